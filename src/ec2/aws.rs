@@ -1,0 +1,1 @@
+//! SDK-backed client.

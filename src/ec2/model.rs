@@ -1,0 +1,430 @@
+//! EC2 domain types: what the operator knows of AWS, independent of the SDK.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::net::Ipv4Addr;
+
+use ipnet::Ipv4Net;
+
+/// EC2 tags (key -> value).
+pub type Tags = BTreeMap<String, String>;
+
+/// Size of a /28 prefix in addresses.
+pub const PREFIX_SIZE: u32 = 16;
+
+/// The EC2 actions the operator calls. The gate meters each against its AWS bucket.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Operation {
+    DescribeInstanceTypes,
+    DescribeInstances,
+    DescribeNetworkInterfaces,
+    DescribeSubnets,
+    DescribeVpcs,
+    DescribeSecurityGroups,
+    DescribeRouteTables,
+    CreateNetworkInterface,
+    AttachNetworkInterface,
+    ModifyNetworkInterfaceAttribute,
+    AssignPrivateIpAddresses,
+    UnassignPrivateIpAddresses,
+    DetachNetworkInterface,
+    DeleteNetworkInterface,
+}
+
+/// AWS's throttling buckets (per account and Region), as documented in "Request throttling for
+/// the Amazon EC2 API". Several actions share a bucket.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Bucket {
+    /// Filtered or paginated non-mutating calls: 100 burst, 20/s.
+    Describe,
+    /// Mutating actions without a bucket of their own (attach, detach): 50 burst, 5/s.
+    GeneralMutating,
+    CreateNetworkInterface,
+    AssignPrivateIpAddresses,
+    UnassignPrivateIpAddresses,
+    ModifyNetworkInterfaceAttribute,
+    DeleteNetworkInterface,
+}
+
+impl Bucket {
+    pub const ALL: [Bucket; 7] = [
+        Bucket::Describe,
+        Bucket::GeneralMutating,
+        Bucket::CreateNetworkInterface,
+        Bucket::AssignPrivateIpAddresses,
+        Bucket::UnassignPrivateIpAddresses,
+        Bucket::ModifyNetworkInterfaceAttribute,
+        Bucket::DeleteNetworkInterface,
+    ];
+
+    /// AWS's published (burst, refill per second) for this bucket.
+    pub const fn aws_default(self) -> (u32, u32) {
+        match self {
+            Bucket::Describe => (100, 20),
+            Bucket::GeneralMutating => (50, 5),
+            _ => (100, 5),
+        }
+    }
+
+    pub const fn name(self) -> &'static str {
+        match self {
+            Bucket::Describe => "describe",
+            Bucket::GeneralMutating => "general-mutating",
+            Bucket::CreateNetworkInterface => "create-network-interface",
+            Bucket::AssignPrivateIpAddresses => "assign-private-ip-addresses",
+            Bucket::UnassignPrivateIpAddresses => "unassign-private-ip-addresses",
+            Bucket::ModifyNetworkInterfaceAttribute => "modify-network-interface-attribute",
+            Bucket::DeleteNetworkInterface => "delete-network-interface",
+        }
+    }
+}
+
+impl Operation {
+    pub const ALL: [Operation; 14] = [
+        Operation::DescribeInstanceTypes,
+        Operation::DescribeInstances,
+        Operation::DescribeNetworkInterfaces,
+        Operation::DescribeSubnets,
+        Operation::DescribeVpcs,
+        Operation::DescribeSecurityGroups,
+        Operation::DescribeRouteTables,
+        Operation::CreateNetworkInterface,
+        Operation::AttachNetworkInterface,
+        Operation::ModifyNetworkInterfaceAttribute,
+        Operation::AssignPrivateIpAddresses,
+        Operation::UnassignPrivateIpAddresses,
+        Operation::DetachNetworkInterface,
+        Operation::DeleteNetworkInterface,
+    ];
+
+    /// The AWS action name, also the `operation` metrics label.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Operation::DescribeInstanceTypes => "DescribeInstanceTypes",
+            Operation::DescribeInstances => "DescribeInstances",
+            Operation::DescribeNetworkInterfaces => "DescribeNetworkInterfaces",
+            Operation::DescribeSubnets => "DescribeSubnets",
+            Operation::DescribeVpcs => "DescribeVpcs",
+            Operation::DescribeSecurityGroups => "DescribeSecurityGroups",
+            Operation::DescribeRouteTables => "DescribeRouteTables",
+            Operation::CreateNetworkInterface => "CreateNetworkInterface",
+            Operation::AttachNetworkInterface => "AttachNetworkInterface",
+            Operation::ModifyNetworkInterfaceAttribute => "ModifyNetworkInterfaceAttribute",
+            Operation::AssignPrivateIpAddresses => "AssignPrivateIpAddresses",
+            Operation::UnassignPrivateIpAddresses => "UnassignPrivateIpAddresses",
+            Operation::DetachNetworkInterface => "DetachNetworkInterface",
+            Operation::DeleteNetworkInterface => "DeleteNetworkInterface",
+        }
+    }
+
+    /// The AWS bucket this action draws from (we always filter or paginate describes).
+    pub const fn bucket(self) -> Bucket {
+        match self {
+            Operation::DescribeInstanceTypes
+            | Operation::DescribeInstances
+            | Operation::DescribeNetworkInterfaces
+            | Operation::DescribeSubnets
+            | Operation::DescribeVpcs
+            | Operation::DescribeSecurityGroups
+            | Operation::DescribeRouteTables => Bucket::Describe,
+            Operation::AttachNetworkInterface | Operation::DetachNetworkInterface => {
+                Bucket::GeneralMutating
+            }
+            Operation::CreateNetworkInterface => Bucket::CreateNetworkInterface,
+            Operation::ModifyNetworkInterfaceAttribute => Bucket::ModifyNetworkInterfaceAttribute,
+            Operation::AssignPrivateIpAddresses => Bucket::AssignPrivateIpAddresses,
+            Operation::UnassignPrivateIpAddresses => Bucket::UnassignPrivateIpAddresses,
+            Operation::DeleteNetworkInterface => Bucket::DeleteNetworkInterface,
+        }
+    }
+
+    pub const fn is_mutating(self) -> bool {
+        !matches!(self.bucket(), Bucket::Describe)
+    }
+}
+
+impl fmt::Display for Operation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// One page of a paginated describe.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Page<T> {
+    pub items: Vec<T>,
+    /// Token for the next page; `None` on the last page.
+    pub next_token: Option<String>,
+}
+
+impl<T> Page<T> {
+    pub fn last(items: Vec<T>) -> Self {
+        Self {
+            items,
+            next_token: None,
+        }
+    }
+}
+
+/// Per-instance-type network limits (`DescribeInstanceTypes`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct InstanceTypeLimits {
+    pub instance_type: String,
+    /// `NetworkInfo.MaximumNetworkInterfaces`.
+    pub max_enis: u32,
+    /// `NetworkInfo.Ipv4AddressesPerInterface` (primary included).
+    pub ipv4_per_eni: u32,
+    /// `NetworkInfo.Ipv6AddressesPerInterface`.
+    pub ipv6_per_eni: u32,
+    /// `Hypervisor == nitro`.
+    pub nitro: bool,
+    pub bare_metal: bool,
+}
+
+impl InstanceTypeLimits {
+    /// /28 prefix delegation is available on Nitro and bare-metal types.
+    pub fn supports_prefix_delegation(&self) -> bool {
+        self.nitro || self.bare_metal
+    }
+}
+
+/// EC2 instance state names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum InstanceState {
+    Pending,
+    Running,
+    ShuttingDown,
+    Terminated,
+    Stopping,
+    Stopped,
+    Unknown,
+}
+
+impl InstanceState {
+    pub fn parse(s: &str) -> Self {
+        match s {
+            "pending" => Self::Pending,
+            "running" => Self::Running,
+            "shutting-down" => Self::ShuttingDown,
+            "terminated" => Self::Terminated,
+            "stopping" => Self::Stopping,
+            "stopped" => Self::Stopped,
+            _ => Self::Unknown,
+        }
+    }
+
+    /// The instance is gone or going: plan nothing more for it.
+    pub fn is_gone(self) -> bool {
+        matches!(self, Self::ShuttingDown | Self::Terminated)
+    }
+}
+
+/// An EC2 instance (`DescribeInstances`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Instance {
+    pub id: String,
+    pub instance_type: String,
+    pub state: InstanceState,
+    pub availability_zone: String,
+    pub vpc_id: String,
+    pub subnet_id: String,
+    pub tags: Tags,
+}
+
+/// A subnet (`DescribeSubnets`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Subnet {
+    pub id: String,
+    pub vpc_id: String,
+    pub availability_zone: String,
+    pub cidr: Ipv4Net,
+    /// `AvailableIpAddressCount`: free single addresses (EC2 does not report free /28 blocks).
+    pub available_addresses: u32,
+    pub tags: Tags,
+}
+
+/// A VPC (`DescribeVpcs`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Vpc {
+    pub id: String,
+    pub primary_cidr: Ipv4Net,
+    /// Associated IPv4 CIDR blocks other than the primary.
+    pub secondary_cidrs: Vec<Ipv4Net>,
+}
+
+/// A security group (`DescribeSecurityGroups`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct SecurityGroup {
+    pub id: String,
+    pub vpc_id: String,
+    pub tags: Tags,
+}
+
+/// A route table (`DescribeRouteTables`): only which subnets it serves.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RouteTable {
+    pub id: String,
+    pub vpc_id: String,
+    /// The VPC's main table also serves every subnet without an explicit association.
+    pub main: bool,
+    pub subnet_ids: Vec<String>,
+}
+
+/// `Status` of a network interface.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EniState {
+    Available,
+    Attaching,
+    InUse,
+    Detaching,
+    Unknown,
+}
+
+impl EniState {
+    pub fn parse(s: &str) -> Self {
+        match s {
+            "available" => Self::Available,
+            "attaching" => Self::Attaching,
+            "in-use" => Self::InUse,
+            "detaching" => Self::Detaching,
+            _ => Self::Unknown,
+        }
+    }
+
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Available => "available",
+            Self::Attaching => "attaching",
+            Self::InUse => "in-use",
+            Self::Detaching => "detaching",
+            Self::Unknown => "unknown",
+        }
+    }
+}
+
+/// The attachment of an ENI to an instance.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Attachment {
+    pub id: String,
+    pub instance_id: String,
+    pub device_index: u32,
+    pub delete_on_termination: bool,
+}
+
+/// A network interface (`DescribeNetworkInterfaces`, `CreateNetworkInterface`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct NetworkInterface {
+    pub id: String,
+    pub subnet_id: String,
+    pub vpc_id: String,
+    pub availability_zone: String,
+    pub mac: String,
+    pub description: String,
+    pub primary_ip: Ipv4Addr,
+    /// Secondary private addresses, primary excluded (prefix addresses are not listed here).
+    pub secondary_ips: Vec<Ipv4Addr>,
+    /// Delegated /28 prefixes.
+    pub prefixes: Vec<Ipv4Net>,
+    pub ipv6_prefixes: Vec<String>,
+    pub security_groups: Vec<String>,
+    pub tags: Tags,
+    pub state: EniState,
+    pub attachment: Option<Attachment>,
+    /// Public IP of an associated Elastic IP, if any.
+    pub public_ip: Option<String>,
+}
+
+impl NetworkInterface {
+    /// Whether every key/value of `selector` is among the ENI's tags (an empty selector matches
+    /// nothing: it selects no ENI for exclusion).
+    pub fn has_all_tags(&self, selector: &Tags) -> bool {
+        !selector.is_empty() && selector.iter().all(|(k, v)| self.tags.get(k) == Some(v))
+    }
+
+    pub fn device_index(&self) -> Option<u32> {
+        self.attachment.as_ref().map(|a| a.device_index)
+    }
+
+    pub fn instance_id(&self) -> Option<&str> {
+        self.attachment.as_ref().map(|a| a.instance_id.as_str())
+    }
+}
+
+/// Filters of `DescribeNetworkInterfaces`. Empty fields do not filter.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct EniFilter {
+    /// `NetworkInterfaceIds` (never combined with a page size: AWS refuses it).
+    pub ids: Vec<String>,
+    pub vpc_id: Option<String>,
+    /// `attachment.instance-id`.
+    pub instance_ids: Vec<String>,
+    pub subnet_ids: Vec<String>,
+    /// One `tag:<key>` filter per entry.
+    pub tags: Tags,
+    /// `status`.
+    pub state: Option<EniState>,
+}
+
+/// Filters of `DescribeInstances`.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct InstanceFilter {
+    pub ids: Vec<String>,
+    pub vpc_id: Option<String>,
+    pub tags: Tags,
+}
+
+/// Filters of `DescribeSubnets`, `DescribeSecurityGroups`, `DescribeVpcs`, `DescribeRouteTables`.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ResourceFilter {
+    pub ids: Vec<String>,
+    pub vpc_id: Option<String>,
+    pub tags: Tags,
+}
+
+/// What to put on an ENI in one call: single addresses or /28 prefixes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AddressRequest {
+    /// `SecondaryPrivateIpAddressCount`.
+    Ips(u32),
+    /// `Ipv4PrefixCount`.
+    Prefixes(u32),
+}
+
+impl AddressRequest {
+    /// Addresses this request yields when granted in full.
+    pub fn addresses(self) -> u32 {
+        match self {
+            AddressRequest::Ips(n) => n,
+            AddressRequest::Prefixes(n) => n * PREFIX_SIZE,
+        }
+    }
+}
+
+/// `CreateNetworkInterface`: everything inline, so a new ENI costs no extra assign call.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CreateEniRequest {
+    pub subnet_id: String,
+    pub security_groups: Vec<String>,
+    pub description: String,
+    /// Set at creation (`TagSpecifications`): ownership is never missing, even after a crash.
+    pub tags: Tags,
+    /// Addresses or prefixes requested inline (`Ips(0)` requests none).
+    pub addresses: AddressRequest,
+    /// Idempotency token: the same intent never creates a second ENI.
+    pub client_token: String,
+}
+
+/// What EC2 reports as assigned by an `AssignPrivateIpAddresses` call. Emulators may list every
+/// address of the ENI here: callers merge it as a set, never count it.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Assigned {
+    pub ips: Vec<Ipv4Addr>,
+    pub prefixes: Vec<Ipv4Net>,
+}
+
+/// All 16 addresses of a /28 prefix.
+pub fn prefix_addresses(prefix: Ipv4Net) -> impl Iterator<Item = Ipv4Addr> {
+    let base = u32::from(prefix.network());
+    let len = 1u32 << (32 - u32::from(prefix.prefix_len()));
+    (0..len).map(move |i| Ipv4Addr::from(base + i))
+}

@@ -1,0 +1,273 @@
+//! The IPAM engine: pure decisions for one node, no I/O.
+//!
+//! Given a node's [`CiliumNode`], the EC2 view of its instance ([`Ec2View`]) and the operator's
+//! settings ([`IpamConfig`]), the engine decides what to do next ([`plan_node`] -> [`NodePlan`])
+//! and what the CiliumNode should say afterwards ([`desired_state`] -> [`DesiredState`]), then
+//! which writes that takes ([`changes`] -> [`ChangeSet`]). The runtime executes the action,
+//! applies its result to the cache, and writes the change set. Nothing here calls EC2 or
+//! Kubernetes, so every rule is tested with plain values.
+//!
+//! Behavioural reference: `shared/spec/behaviour.md` (formulas, selection rules, release) and
+//! `shared/spec/ciliumnode.md` (write-back rules C1-C10).
+
+pub mod capacity;
+pub mod demand;
+pub mod ownership;
+pub mod plan;
+pub mod release;
+pub mod selection;
+pub mod writeback;
+
+use std::collections::BTreeMap;
+use std::net::Ipv4Addr;
+use std::time::{Duration, Instant};
+
+use ipnet::Ipv4Net;
+
+use crate::crd::{AllocationIp, CiliumNode, EniEntry, OperatorSummary};
+use crate::ec2::{
+    CreateEniRequest, Instance, InstanceTypeLimits, NetworkInterface, RouteTable, SecurityGroup,
+    Subnet, Tags, Vpc,
+};
+
+pub use demand::{Demand, Generation};
+pub use release::NodeMemory;
+
+/// Operator-level settings that shape planning (from the command line).
+#[derive(Clone, Debug)]
+pub struct IpamConfig {
+    /// `--aws-enable-prefix-delegation`.
+    pub prefix_delegation: bool,
+    /// `--aws-release-excess-ips`.
+    pub release_excess_ips: bool,
+    /// `--excess-ip-release-delay`.
+    pub release_delay: Duration,
+    /// `--aws-use-primary-address`: list primary addresses in `addresses` and the pool.
+    pub use_primary_address: bool,
+    /// `--eni-tags`: extra tags on every ENI we create (ownership tags win on a conflict).
+    pub eni_tags: Tags,
+    /// `--cluster-name`: goes into the ownership tags.
+    pub cluster_name: String,
+    /// How long a subnet that failed a /28 is skipped for prefixes.
+    pub prefix_cooldown: Duration,
+}
+
+impl Default for IpamConfig {
+    fn default() -> Self {
+        Self {
+            prefix_delegation: false,
+            release_excess_ips: false,
+            release_delay: Duration::from_secs(180),
+            use_primary_address: false,
+            eni_tags: Tags::new(),
+            cluster_name: "default".into(),
+            prefix_cooldown: Duration::from_secs(300),
+        }
+    }
+}
+
+/// What the cache knows of a node's instance.
+#[derive(Clone, Copy, Debug)]
+pub enum InstanceView<'a> {
+    /// Not in the cache (yet): the runtime refreshes it; the node gets an explicit status.
+    Unknown,
+    /// Shutting down or terminated: nothing more is planned for it.
+    Gone,
+    /// Known, with every ENI attached to it (excluded ones included).
+    Known {
+        instance: Option<&'a Instance>,
+        enis: &'a [NetworkInterface],
+    },
+}
+
+/// The EC2 view the engine plans against, borrowed from the runtime's cache.
+#[derive(Clone, Copy, Debug)]
+pub struct Ec2View<'a> {
+    pub instance: InstanceView<'a>,
+    /// Limits of the node's instance type; `None` when unknown (no plan, explicit error).
+    pub limits: Option<&'a InstanceTypeLimits>,
+    pub subnets: &'a BTreeMap<String, Subnet>,
+    pub vpcs: &'a BTreeMap<String, Vpc>,
+    pub security_groups: &'a BTreeMap<String, SecurityGroup>,
+    pub route_tables: &'a [RouteTable],
+    /// Subnets that recently had no room for a /28, with when that was seen.
+    pub prefix_cooldown: &'a BTreeMap<String, Instant>,
+}
+
+/// Why a node cannot be served: becomes `status.ipam.operator-status.error`, an Event reason
+/// and an `errors by reason` metric label.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum ProblemReason {
+    /// `spec.instance-id` is empty.
+    MissingInstanceId,
+    /// A number in `spec.ipam` is negative, or a field is otherwise unusable.
+    InvalidSpec,
+    /// The instance is not known to EC2 (yet).
+    InstanceNotFound,
+    /// The instance is shutting down or terminated.
+    InstanceGone,
+    /// `DescribeInstanceTypes` does not know the instance type.
+    UnknownInstanceType,
+    /// No subnet matches the node's selectors / VPC / AZ, or all are full.
+    NoMatchingSubnet,
+    /// No security group could be determined.
+    NoSecurityGroups,
+    /// VPC or subnet data needed for `status.eni.enis` is missing from the cache.
+    IncompleteEc2Data,
+    /// The node needs addresses but every ENI is full and no interface slot is free.
+    AtCapacity,
+    /// The last EC2 call for the node failed (set by the runtime).
+    Ec2Error,
+}
+
+impl ProblemReason {
+    /// CamelCase name, used as Event reason and metrics label.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::MissingInstanceId => "MissingInstanceId",
+            Self::InvalidSpec => "InvalidSpec",
+            Self::InstanceNotFound => "InstanceNotFound",
+            Self::InstanceGone => "InstanceGone",
+            Self::UnknownInstanceType => "UnknownInstanceType",
+            Self::NoMatchingSubnet => "NoMatchingSubnet",
+            Self::NoSecurityGroups => "NoSecurityGroups",
+            Self::IncompleteEc2Data => "IncompleteEc2Data",
+            Self::AtCapacity => "AtCapacity",
+            Self::Ec2Error => "Ec2Error",
+        }
+    }
+}
+
+/// A reason the node cannot be (fully) served, with a message for humans.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Problem {
+    pub reason: ProblemReason,
+    pub message: String,
+}
+
+/// Addresses to take off one ENI.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Release {
+    pub eni_id: String,
+    pub ips: Vec<Ipv4Addr>,
+    pub prefixes: Vec<Ipv4Net>,
+}
+
+/// A new ENI: the create attempts in order, then attach and delete-on-termination.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CreateEni {
+    pub instance_id: String,
+    pub device_index: u32,
+    /// Try in order; move to the next only when one fails for lack of an aligned /28
+    /// (other subnets with prefixes first, then single addresses).
+    pub attempts: Vec<CreateEniRequest>,
+    /// `spec.eni.delete-on-termination` is not explicitly false.
+    pub delete_on_termination: bool,
+}
+
+/// Top up an existing ENI.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Assign {
+    pub eni_id: String,
+    pub subnet_id: String,
+    pub request: crate::ec2::AddressRequest,
+    /// If `request` asks for prefixes and the subnet has no aligned /28: this many single
+    /// addresses instead.
+    pub fallback_ips: Option<u32>,
+}
+
+/// The one EC2 step to take for a node in this pass.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Action {
+    /// Nothing to do in EC2.
+    None,
+    Assign(Assign),
+    CreateEni(CreateEni),
+    /// Unassign acknowledged (classic) or dropped (multi-pool) addresses.
+    Release(Release),
+}
+
+/// The engine's decision for one node.
+#[derive(Clone, Debug, PartialEq)]
+pub struct NodePlan {
+    pub demand: Demand,
+    pub action: Action,
+    /// Set when the node cannot be (fully) served.
+    pub problem: Option<Problem>,
+}
+
+/// What the CiliumNode's operator-owned fields should say.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct DesiredState {
+    /// `status.eni.enis`: every ENI of the instance. `None` when EC2 data is incomplete: keep
+    /// what is published rather than publish a partial ENI (C4).
+    pub enis: Option<BTreeMap<String, EniEntry>>,
+    /// `spec.ipam.pool`. `None` together with `enis`.
+    pub pool: Option<BTreeMap<String, AllocationIp>>,
+    /// `status.ipam.release-ips` entries the operator sets (`Some(state)`) or removes (`None`).
+    /// Entries not listed are left as they are.
+    pub release_ips: BTreeMap<String, Option<String>>,
+    /// `status.ipam.operator-status.error`; `None` clears it.
+    pub operator_error: Option<String>,
+    pub summary: OperatorSummary,
+}
+
+/// Which endpoint a write goes to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Subresource {
+    Spec,
+    Status,
+}
+
+/// One JSON merge patch, for the main resource or `/status`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Write {
+    pub subresource: Subresource,
+    pub patch: serde_json::Value,
+    /// Carry `metadata.resourceVersion` (optimistic concurrency): set when the write touches
+    /// `release-ips`, which agents write too.
+    pub needs_resource_version: bool,
+}
+
+/// The writes that take the CiliumNode from its current state to the desired one, in the order
+/// C1 requires (pool removals, then status, then pool additions). Empty: nothing to write.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ChangeSet {
+    pub writes: Vec<Write>,
+}
+
+impl ChangeSet {
+    pub fn is_empty(&self) -> bool {
+        self.writes.is_empty()
+    }
+}
+
+/// Decide the next EC2 step for one node. Updates `memory` (release bookkeeping) as a side
+/// effect; otherwise pure. `pending_pods` feeds surge allocation.
+pub fn plan_node(
+    node: &CiliumNode,
+    ec2: &Ec2View<'_>,
+    config: &IpamConfig,
+    memory: &mut NodeMemory,
+    now: Instant,
+    pending_pods: u32,
+) -> NodePlan {
+    plan::plan_node(node, ec2, config, memory, now, pending_pods)
+}
+
+/// What the node's operator-owned fields should say, given the (updated) EC2 view.
+/// `problem` is the plan's (or the executor's) problem, published as operator-status.
+pub fn desired_state(
+    node: &CiliumNode,
+    ec2: &Ec2View<'_>,
+    config: &IpamConfig,
+    memory: &NodeMemory,
+    problem: Option<&Problem>,
+) -> DesiredState {
+    writeback::desired_state(node, ec2, config, memory, problem)
+}
+
+/// The minimal, correctly ordered writes from `node` to `desired`.
+pub fn changes(node: &CiliumNode, desired: &DesiredState) -> ChangeSet {
+    writeback::changes(node, desired)
+}

@@ -1,0 +1,16 @@
+//! eni-operator: gives AWS nodes their pod IP capacity through Cilium's CiliumNode objects.
+//!
+//! Layout (pure logic apart from I/O):
+//! * [`crd`]: the CiliumNode wire types.
+//! * [`ec2`]: the EC2 trait, the SDK client, the in-memory simulator and the rate-limit gate.
+//! * [`ipam`]: the pure engine (demand, capacity, planning, release, write-back).
+//! * [`runtime`]: leader election, caches, deficit queue, reconciler, finalizer, GC.
+//! * [`config`], [`metrics`], [`http`]: settings, Prometheus registry, health/metrics server.
+
+pub mod config;
+pub mod crd;
+pub mod ec2;
+pub mod http;
+pub mod ipam;
+pub mod metrics;
+pub mod runtime;

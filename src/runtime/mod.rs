@@ -1,0 +1,1 @@
+//! The running operator: leader election, caches, deficit queue, reconciler, finalizer, GC.
