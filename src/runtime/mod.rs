@@ -1,1 +1,11 @@
 //! The running operator: leader election, caches, deficit queue, reconciler, finalizer, GC.
+//!
+//! Pure parts ([`queue`], [`cache`], the GC's decision) are separate from I/O ([`refresher`],
+//! [`executor`], [`sink`], [`source`]). The allocation [`core`] takes its input through a
+//! channel and writes through a [`sink::NodeSink`], so it runs without Kubernetes.
+
+pub mod cache;
+pub mod executor;
+pub mod queue;
+pub mod refresher;
+pub mod sink;

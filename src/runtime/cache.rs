@@ -1,0 +1,475 @@
+//! The EC2 cache: what the operator knows of the VPC, kept current by the refresher and by the
+//! results of its own calls. Pure state; I/O lives in `refresher` and `executor`.
+//!
+//! Rules (behaviour.md §10):
+//! * a full refresh merges ENIs per instance and never drops an instance it did not return
+//!   (#46513); an instance goes only when a per-instance describe finds no ENI for it, or its
+//!   CiliumNode is deleted;
+//! * a refresh that started before our own last change to an instance does not overwrite that
+//!   instance (it would resurrect a state we just changed);
+//! * our own results apply at once: created ENIs, assigned addresses merged as sets, unassigned
+//!   ones removed, subnet free counts adjusted.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::Ipv4Addr;
+use std::time::Instant;
+
+use ipnet::Ipv4Net;
+
+use crate::ec2::{
+    Assigned, Attachment, EniState, InstanceTypeLimits, NetworkInterface, PREFIX_SIZE, RouteTable,
+    SecurityGroup, Subnet, Vpc,
+};
+use crate::ipam::{Ec2View, InstanceView};
+
+/// What the cache holds for one instance.
+#[derive(Clone, Debug, Default)]
+pub struct InstanceEntry {
+    pub enis: Vec<NetworkInterface>,
+    /// A per-instance describe found no ENI: the instance is gone.
+    pub gone: bool,
+    /// When we last changed this instance ourselves (a refresh started earlier is stale).
+    pub local_change: Option<Instant>,
+    /// Attachments whose delete-on-termination flag still has to be set (eni -> attachment).
+    pub pending_delete_on_termination: BTreeMap<String, String>,
+}
+
+/// Everything a full refresh lists, taken at `started`.
+#[derive(Clone, Debug)]
+pub struct FullSnapshot {
+    pub started: Instant,
+    pub subnets: Vec<Subnet>,
+    pub vpcs: Vec<Vpc>,
+    pub security_groups: Vec<SecurityGroup>,
+    pub route_tables: Vec<RouteTable>,
+    pub enis: Vec<NetworkInterface>,
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct Ec2Cache {
+    pub subnets: BTreeMap<String, Subnet>,
+    pub vpcs: BTreeMap<String, Vpc>,
+    pub security_groups: BTreeMap<String, SecurityGroup>,
+    pub route_tables: Vec<RouteTable>,
+    pub limits: BTreeMap<String, InstanceTypeLimits>,
+    pub instances: BTreeMap<String, InstanceEntry>,
+    pub prefix_cooldown: BTreeMap<String, Instant>,
+    /// The last full refresh succeeded. False blocks every mutation (§1.2).
+    pub healthy: bool,
+    pub last_full_refresh: Option<Instant>,
+}
+
+impl Ec2Cache {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Apply a successful full refresh.
+    pub fn apply_full(&mut self, snap: FullSnapshot) {
+        self.subnets = snap
+            .subnets
+            .into_iter()
+            .map(|s| (s.id.clone(), s))
+            .collect();
+        self.vpcs = snap.vpcs.into_iter().map(|v| (v.id.clone(), v)).collect();
+        self.security_groups = snap
+            .security_groups
+            .into_iter()
+            .map(|g| (g.id.clone(), g))
+            .collect();
+        self.route_tables = snap.route_tables;
+        let mut by_instance: BTreeMap<String, Vec<NetworkInterface>> = BTreeMap::new();
+        for eni in snap.enis {
+            // ENIs without an attachment belong to no node (GC's business).
+            if let Some(id) = eni.instance_id() {
+                by_instance.entry(id.to_string()).or_default().push(eni);
+            }
+        }
+        for (id, enis) in by_instance {
+            self.replace_instance(&id, enis, snap.started);
+        }
+        self.healthy = true;
+        self.last_full_refresh = Some(snap.started);
+    }
+
+    /// A full refresh failed: block mutations until the next one succeeds.
+    pub fn mark_unhealthy(&mut self) {
+        self.healthy = false;
+    }
+
+    /// Apply a per-instance describe of `requested` instances, started at `started`. Requested
+    /// instances without ENIs are marked gone.
+    pub fn apply_instances(
+        &mut self,
+        requested: &[String],
+        enis: Vec<NetworkInterface>,
+        started: Instant,
+    ) {
+        let mut by_instance: BTreeMap<String, Vec<NetworkInterface>> = requested
+            .iter()
+            .map(|id| (id.clone(), Vec::new()))
+            .collect();
+        for eni in enis {
+            if let Some(id) = eni.instance_id()
+                && let Some(list) = by_instance.get_mut(id)
+            {
+                list.push(eni);
+            }
+        }
+        for (id, enis) in by_instance {
+            self.replace_instance(&id, enis, started);
+        }
+    }
+
+    fn replace_instance(&mut self, id: &str, mut enis: Vec<NetworkInterface>, started: Instant) {
+        let entry = self.instances.entry(id.to_string()).or_default();
+        if entry.local_change.is_some_and(|t| t > started) {
+            // Our own change is newer than this listing.
+            return;
+        }
+        enis.sort_by(|a, b| a.id.cmp(&b.id));
+        entry.gone = enis.is_empty();
+        // A pending flag whose ENI is gone or already flagged needs no retry.
+        entry.pending_delete_on_termination.retain(|eni, _| {
+            enis.iter().any(|e| {
+                &e.id == eni
+                    && e.attachment
+                        .as_ref()
+                        .is_some_and(|a| !a.delete_on_termination)
+            })
+        });
+        entry.enis = enis;
+    }
+
+    /// Forget an instance (its CiliumNode was deleted).
+    pub fn drop_instance(&mut self, id: &str) {
+        self.instances.remove(id);
+    }
+
+    pub fn instance(&self, id: &str) -> Option<&InstanceEntry> {
+        self.instances.get(id)
+    }
+
+    /// Whether a node on this instance should get a targeted refresh before planning.
+    pub fn needs_instance_refresh(&self, id: &str) -> bool {
+        self.instances
+            .get(id)
+            .is_none_or(|e| e.enis.is_empty() && !e.gone)
+    }
+
+    /// The view the engine plans against.
+    pub fn view<'a>(&'a self, instance_id: &str, instance_type: &str) -> Ec2View<'a> {
+        let instance = match self.instances.get(instance_id) {
+            None => InstanceView::Unknown,
+            Some(e) if e.gone => InstanceView::Gone,
+            Some(e) if e.enis.is_empty() => InstanceView::Unknown,
+            Some(e) => InstanceView::Known {
+                instance: None,
+                enis: &e.enis,
+            },
+        };
+        Ec2View {
+            instance,
+            limits: self.limits.get(instance_type),
+            subnets: &self.subnets,
+            vpcs: &self.vpcs,
+            security_groups: &self.security_groups,
+            route_tables: &self.route_tables,
+            prefix_cooldown: &self.prefix_cooldown,
+        }
+    }
+
+    pub fn set_limits(&mut self, limits: impl IntoIterator<Item = InstanceTypeLimits>) {
+        for l in limits {
+            self.limits.insert(l.instance_type.clone(), l);
+        }
+    }
+
+    pub fn set_prefix_cooldown(&mut self, subnet_id: &str, now: Instant) {
+        self.prefix_cooldown.insert(subnet_id.to_string(), now);
+    }
+
+    fn find_eni_mut(&mut self, eni_id: &str) -> Option<(&mut InstanceEntry, usize)> {
+        self.instances.values_mut().find_map(|e| {
+            let i = e.enis.iter().position(|n| n.id == eni_id)?;
+            Some((e, i))
+        })
+    }
+
+    fn adjust_subnet(&mut self, subnet_id: &str, delta: i64) {
+        if let Some(s) = self.subnets.get_mut(subnet_id) {
+            let v = i64::from(s.available_addresses) + delta;
+            s.available_addresses = u32::try_from(v.max(0)).unwrap_or(u32::MAX);
+        }
+    }
+
+    /// Our ENI was created and attached: add it to its instance.
+    pub fn add_attached_eni(
+        &mut self,
+        mut eni: NetworkInterface,
+        attachment: Attachment,
+        now: Instant,
+    ) {
+        let taken = 1 + eni.secondary_ips.len() as i64 + eni.prefixes.len() as i64 * 16;
+        self.adjust_subnet(&eni.subnet_id.clone(), -taken);
+        let instance = attachment.instance_id.clone();
+        eni.state = EniState::InUse;
+        eni.attachment = Some(attachment);
+        let entry = self.instances.entry(instance).or_default();
+        entry.gone = false;
+        entry.local_change = Some(now);
+        entry.enis.retain(|e| e.id != eni.id);
+        entry.enis.push(eni);
+        entry.enis.sort_by(|a, b| a.id.cmp(&b.id));
+    }
+
+    /// An assign succeeded: merge what EC2 reports as a set (emulators may list everything).
+    pub fn merge_assigned(&mut self, eni_id: &str, assigned: &Assigned, now: Instant) {
+        let Some((entry, i)) = self.find_eni_mut(eni_id) else {
+            return;
+        };
+        entry.local_change = Some(now);
+        let eni = &mut entry.enis[i];
+        let mut ips: BTreeSet<Ipv4Addr> = eni.secondary_ips.iter().copied().collect();
+        let mut prefixes: BTreeSet<Ipv4Net> = eni.prefixes.iter().copied().collect();
+        let before = ips.len() as i64 + prefixes.len() as i64 * i64::from(PREFIX_SIZE);
+        ips.extend(
+            assigned
+                .ips
+                .iter()
+                .copied()
+                .filter(|ip| *ip != eni.primary_ip),
+        );
+        prefixes.extend(assigned.prefixes.iter().copied());
+        let after = ips.len() as i64 + prefixes.len() as i64 * i64::from(PREFIX_SIZE);
+        eni.secondary_ips = ips.into_iter().collect();
+        eni.prefixes = prefixes.into_iter().collect();
+        let subnet = eni.subnet_id.clone();
+        self.adjust_subnet(&subnet, before - after);
+    }
+
+    /// An unassign succeeded: drop those addresses and prefixes.
+    pub fn remove_addresses(
+        &mut self,
+        eni_id: &str,
+        ips: &[Ipv4Addr],
+        prefixes: &[Ipv4Net],
+        now: Instant,
+    ) {
+        let Some((entry, i)) = self.find_eni_mut(eni_id) else {
+            return;
+        };
+        entry.local_change = Some(now);
+        let eni = &mut entry.enis[i];
+        let before = eni.secondary_ips.len() as i64 + eni.prefixes.len() as i64 * 16;
+        eni.secondary_ips.retain(|ip| !ips.contains(ip));
+        eni.prefixes.retain(|p| !prefixes.contains(p));
+        let after = eni.secondary_ips.len() as i64 + eni.prefixes.len() as i64 * 16;
+        let subnet = eni.subnet_id.clone();
+        self.adjust_subnet(&subnet, before - after);
+    }
+
+    /// Delete-on-termination is now set (or has to be retried).
+    pub fn set_delete_on_termination(&mut self, eni_id: &str, attachment_id: &str, done: bool) {
+        let Some((entry, i)) = self.find_eni_mut(eni_id) else {
+            return;
+        };
+        if done {
+            entry.pending_delete_on_termination.remove(eni_id);
+            if let Some(a) = entry.enis[i].attachment.as_mut() {
+                a.delete_on_termination = true;
+            }
+        } else {
+            entry
+                .pending_delete_on_termination
+                .insert(eni_id.to_string(), attachment_id.to_string());
+        }
+    }
+
+    /// Device indices in use on an instance.
+    pub fn used_device_indices(&self, instance_id: &str) -> BTreeSet<u32> {
+        self.instances
+            .get(instance_id)
+            .map(|e| e.enis.iter().filter_map(|n| n.device_index()).collect())
+            .unwrap_or_default()
+    }
+
+    /// Totals over all instances: (ENIs, addresses) for metrics.
+    pub fn totals(&self) -> (usize, usize) {
+        let mut enis = 0;
+        let mut addrs = 0;
+        for e in self.instances.values() {
+            enis += e.enis.len();
+            addrs += e
+                .enis
+                .iter()
+                .map(|n| n.secondary_ips.len() + n.prefixes.len() * 16)
+                .sum::<usize>();
+        }
+        (enis, addrs)
+    }
+}
+
+/// The lowest free device index above `after` on an instance with `used` indices.
+pub fn next_free_index(used: &BTreeSet<u32>, after: u32) -> u32 {
+    let mut i = after + 1;
+    while used.contains(&i) {
+        i += 1;
+    }
+    i
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use crate::ec2::Tags;
+    use std::time::Duration;
+
+    pub(crate) fn eni(id: &str, instance: Option<(&str, u32)>, subnet: &str) -> NetworkInterface {
+        NetworkInterface {
+            id: id.into(),
+            subnet_id: subnet.into(),
+            vpc_id: "vpc-1".into(),
+            availability_zone: "az-a".into(),
+            mac: "02:00:00:00:00:01".into(),
+            description: String::new(),
+            primary_ip: Ipv4Addr::new(10, 0, 0, 10),
+            secondary_ips: vec![],
+            prefixes: vec![],
+            ipv6_prefixes: vec![],
+            security_groups: vec![],
+            tags: Tags::new(),
+            state: if instance.is_some() {
+                EniState::InUse
+            } else {
+                EniState::Available
+            },
+            attachment: instance.map(|(i, d)| Attachment {
+                id: format!("attach-{id}"),
+                instance_id: i.into(),
+                device_index: d,
+                delete_on_termination: true,
+            }),
+            public_ip: None,
+        }
+    }
+
+    fn subnet(id: &str, free: u32) -> Subnet {
+        Subnet {
+            id: id.into(),
+            vpc_id: "vpc-1".into(),
+            availability_zone: "az-a".into(),
+            cidr: "10.0.0.0/24".parse().unwrap(),
+            available_addresses: free,
+            tags: Tags::new(),
+        }
+    }
+
+    fn snap(started: Instant, enis: Vec<NetworkInterface>) -> FullSnapshot {
+        FullSnapshot {
+            started,
+            subnets: vec![subnet("subnet-1", 200)],
+            vpcs: vec![],
+            security_groups: vec![],
+            route_tables: vec![],
+            enis,
+        }
+    }
+
+    #[test]
+    fn a_filtered_full_refresh_never_drops_an_instance() {
+        let t = Instant::now();
+        let mut c = Ec2Cache::new();
+        c.apply_full(snap(t, vec![eni("eni-a", Some(("i-a", 0)), "subnet-1")]));
+        c.apply_instances(
+            &["i-b".into()],
+            vec![eni("eni-b", Some(("i-b", 0)), "subnet-x")],
+            t,
+        );
+        // The next full listing misses i-b (its only ENI is outside the filtered subnets).
+        c.apply_full(snap(
+            t + Duration::from_secs(60),
+            vec![eni("eni-a", Some(("i-a", 0)), "subnet-1")],
+        ));
+        assert!(matches!(
+            c.view("i-b", "m5.large").instance,
+            InstanceView::Known { enis, .. } if enis.len() == 1
+        ));
+        assert!(c.healthy);
+    }
+
+    #[test]
+    fn only_a_per_instance_describe_without_enis_marks_an_instance_gone() {
+        let t = Instant::now();
+        let mut c = Ec2Cache::new();
+        c.apply_full(snap(t, vec![eni("eni-a", Some(("i-a", 0)), "subnet-1")]));
+        c.apply_instances(&["i-a".into()], vec![], t + Duration::from_secs(1));
+        assert!(matches!(c.view("i-a", "x").instance, InstanceView::Gone));
+        assert!(matches!(c.view("i-z", "x").instance, InstanceView::Unknown));
+        assert!(c.needs_instance_refresh("i-z"));
+        assert!(!c.needs_instance_refresh("i-a"));
+    }
+
+    #[test]
+    fn a_refresh_older_than_our_change_does_not_overwrite_it() {
+        let t = Instant::now();
+        let mut c = Ec2Cache::new();
+        c.apply_full(snap(t, vec![eni("eni-a", Some(("i-a", 0)), "subnet-1")]));
+        let new = eni("eni-new", None, "subnet-1");
+        let attach = Attachment {
+            id: "attach-new".into(),
+            instance_id: "i-a".into(),
+            device_index: 1,
+            delete_on_termination: false,
+        };
+        c.add_attached_eni(new, attach, t + Duration::from_secs(5));
+        assert_eq!(c.subnets["subnet-1"].available_addresses, 199);
+        // A listing that started before the change arrives later.
+        c.apply_full(snap(
+            t + Duration::from_secs(4),
+            vec![eni("eni-a", Some(("i-a", 0)), "subnet-1")],
+        ));
+        assert_eq!(c.instance("i-a").unwrap().enis.len(), 2);
+        // A newer one replaces.
+        c.apply_full(snap(
+            t + Duration::from_secs(6),
+            vec![eni("eni-a", Some(("i-a", 0)), "subnet-1")],
+        ));
+        assert_eq!(c.instance("i-a").unwrap().enis.len(), 1);
+    }
+
+    #[test]
+    fn own_results_merge_as_sets_and_adjust_subnet_counts() {
+        let t = Instant::now();
+        let mut c = Ec2Cache::new();
+        c.apply_full(snap(t, vec![eni("eni-a", Some(("i-a", 0)), "subnet-1")]));
+        let ip = |n| Ipv4Addr::new(10, 0, 0, n);
+        let assigned = Assigned {
+            ips: vec![ip(20), ip(21)],
+            prefixes: vec!["10.0.0.16/28".parse().unwrap()],
+        };
+        c.merge_assigned("eni-a", &assigned, t);
+        // An emulator answering with the whole set again changes nothing.
+        let all = Assigned {
+            ips: vec![ip(10), ip(20), ip(21)],
+            prefixes: assigned.prefixes.clone(),
+        };
+        c.merge_assigned("eni-a", &all, t);
+        let e = &c.instance("i-a").unwrap().enis[0];
+        assert_eq!(e.secondary_ips, vec![ip(20), ip(21)]);
+        assert_eq!(e.prefixes.len(), 1);
+        assert_eq!(c.subnets["subnet-1"].available_addresses, 200 - 18);
+        c.remove_addresses("eni-a", &[ip(20)], &assigned.prefixes, t);
+        let e = &c.instance("i-a").unwrap().enis[0];
+        assert_eq!(e.secondary_ips, vec![ip(21)]);
+        assert!(e.prefixes.is_empty());
+        assert_eq!(c.subnets["subnet-1"].available_addresses, 200 - 1);
+    }
+
+    #[test]
+    fn next_free_index_skips_used() {
+        let used: BTreeSet<u32> = [0, 1, 2, 4].into();
+        assert_eq!(next_free_index(&used, 1), 3);
+        assert_eq!(next_free_index(&used, 3), 5);
+    }
+}

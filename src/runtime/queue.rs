@@ -1,0 +1,364 @@
+//! The deficit queue: which node gets a worker next.
+//!
+//! Pure: no clocks, no I/O. Callers pass `now` and a jitter sample, so every rule is tested with
+//! plain values.
+//! * ordered by severity: a node with no free address first, then the biggest deficit, then
+//!   excess to release, then routine passes;
+//! * one entry per node (a push while queued raises the priority, never duplicates);
+//! * never two workers on one node: a node being worked on is not handed out again; a push
+//!   meanwhile is remembered and re-queued when the worker finishes;
+//! * per-node exponential backoff on errors (1 s doubling to 5 min, with jitter).
+
+use std::cmp::Ordering;
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::hash::Hash;
+use std::time::{Duration, Instant};
+
+/// How urgently a node needs a worker. Higher sorts first.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Priority {
+    /// Nothing known to be wrong: a periodic rescan.
+    Routine,
+    /// Addresses in excess (release work), by how many.
+    Excess(u32),
+    /// Addresses missing, by how many; some are still free.
+    Deficit(u32),
+    /// No free address at all (pods cannot start), by how many are missing.
+    NoFreeIp(u32),
+    /// Deletion work (finalizer): unblock it first.
+    Deleting,
+}
+
+impl Priority {
+    /// From the node's last known demand figures.
+    pub fn from_demand(available: i64, used: i64, needed: i64, excess: i64) -> Self {
+        let clamp = |n: i64| u32::try_from(n.max(0)).unwrap_or(u32::MAX);
+        if needed > 0 && available - used <= 0 {
+            Priority::NoFreeIp(clamp(needed))
+        } else if needed > 0 {
+            Priority::Deficit(clamp(needed))
+        } else if excess > 0 {
+            Priority::Excess(clamp(excess))
+        } else {
+            Priority::Routine
+        }
+    }
+}
+
+/// Backoff bounds.
+pub const BACKOFF_INITIAL: Duration = Duration::from_secs(1);
+pub const BACKOFF_MAX: Duration = Duration::from_secs(300);
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Key {
+    priority: Priority,
+    seq: u64,
+}
+
+impl Ord for Key {
+    fn cmp(&self, other: &Self) -> Ordering {
+        // Highest priority first; FIFO among equals.
+        other
+            .priority
+            .cmp(&self.priority)
+            .then(self.seq.cmp(&other.seq))
+    }
+}
+
+impl PartialOrd for Key {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+/// The queue of nodes waiting for a worker.
+#[derive(Debug)]
+pub struct DeficitQueue<K: Clone + Eq + Hash + Ord> {
+    ready: BTreeSet<(Key, K)>,
+    queued: HashMap<K, Key>,
+    /// Nodes held back until a time (backoff or an explicit delay).
+    delayed: HashMap<K, (Instant, Priority)>,
+    running: HashSet<K>,
+    /// Pushed while running: re-queue on finish.
+    again: HashMap<K, Priority>,
+    failures: HashMap<K, u32>,
+    seq: u64,
+}
+
+impl<K: Clone + Eq + Hash + Ord> Default for DeficitQueue<K> {
+    fn default() -> Self {
+        Self {
+            ready: BTreeSet::new(),
+            queued: HashMap::new(),
+            delayed: HashMap::new(),
+            running: HashSet::new(),
+            again: HashMap::new(),
+            failures: HashMap::new(),
+            seq: 0,
+        }
+    }
+}
+
+/// How a worker's pass ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    Done,
+    /// Failed: back off exponentially.
+    Failed,
+    /// Not an error, but look again after this long (waiting for a refresh, not running, ...).
+    RetryAfter(Duration),
+}
+
+impl<K: Clone + Eq + Hash + Ord> DeficitQueue<K> {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Ask for a pass over `node`. De-duplicated; raises the priority of a queued entry.
+    pub fn push(&mut self, node: K, priority: Priority) {
+        if self.running.contains(&node) {
+            let p = self.again.entry(node).or_insert(priority);
+            *p = (*p).max(priority);
+            return;
+        }
+        if let Some((_, p)) = self.delayed.get_mut(&node) {
+            // A node in backoff keeps its delay (errors must slow it down), but remembers the
+            // highest priority asked for.
+            *p = (*p).max(priority);
+            return;
+        }
+        if let Some(key) = self.queued.get(&node).copied() {
+            if priority <= key.priority {
+                return;
+            }
+            self.ready.remove(&(key, node.clone()));
+        }
+        self.insert_ready(node, priority);
+    }
+
+    fn insert_ready(&mut self, node: K, priority: Priority) {
+        self.seq += 1;
+        let key = Key {
+            priority,
+            seq: self.seq,
+        };
+        self.queued.insert(node.clone(), key);
+        self.ready.insert((key, node));
+    }
+
+    /// Move delayed entries whose time has come into the ready set.
+    fn promote(&mut self, now: Instant) {
+        let due: Vec<K> = self
+            .delayed
+            .iter()
+            .filter(|(_, (at, _))| *at <= now)
+            .map(|(k, _)| k.clone())
+            .collect();
+        for node in due {
+            if let Some((_, p)) = self.delayed.remove(&node) {
+                self.insert_ready(node, p);
+            }
+        }
+    }
+
+    /// The most urgent ready node; it counts as running until [`finish`](Self::finish).
+    pub fn pop(&mut self, now: Instant) -> Option<K> {
+        self.promote(now);
+        let first = self.ready.iter().next().cloned()?;
+        self.ready.remove(&first);
+        let (_, node) = first;
+        self.queued.remove(&node);
+        self.running.insert(node.clone());
+        Some(node)
+    }
+
+    /// A worker is done with `node`. `jitter` in [0, 1) spreads backoff delays.
+    pub fn finish(&mut self, node: &K, outcome: Outcome, now: Instant, jitter: f64) {
+        self.running.remove(node);
+        let again = self.again.remove(node);
+        match outcome {
+            Outcome::Done => {
+                self.failures.remove(node);
+                if let Some(p) = again {
+                    self.insert_ready(node.clone(), p);
+                }
+            }
+            Outcome::Failed => {
+                let n = self.failures.entry(node.clone()).or_insert(0);
+                *n += 1;
+                let delay = backoff_delay(*n, jitter);
+                let p = again.unwrap_or(Priority::Routine);
+                self.delayed.insert(node.clone(), (now + delay, p));
+            }
+            Outcome::RetryAfter(delay) => {
+                let p = again.unwrap_or(Priority::Routine);
+                self.delayed.insert(node.clone(), (now + delay, p));
+            }
+        }
+    }
+
+    /// Forget a node (CiliumNode deleted). A running worker finishes on its own.
+    pub fn remove(&mut self, node: &K) {
+        if let Some(key) = self.queued.remove(node) {
+            self.ready.remove(&(key, node.clone()));
+        }
+        self.delayed.remove(node);
+        self.again.remove(node);
+        self.failures.remove(node);
+    }
+
+    /// When the earliest delayed node becomes ready.
+    pub fn next_due(&self) -> Option<Instant> {
+        self.delayed.values().map(|(at, _)| *at).min()
+    }
+
+    /// Nodes waiting (ready or delayed), not counting running ones.
+    pub fn depth(&self) -> usize {
+        self.ready.len() + self.delayed.len()
+    }
+
+    pub fn is_running(&self, node: &K) -> bool {
+        self.running.contains(node)
+    }
+
+    pub fn running(&self) -> usize {
+        self.running.len()
+    }
+
+    pub fn failures(&self, node: &K) -> u32 {
+        self.failures.get(node).copied().unwrap_or(0)
+    }
+}
+
+/// Delay after the `failures`-th consecutive failure: 1 s, 2 s, 4 s, ... capped at 5 min, then
+/// "equal jitter": between half and all of that.
+pub fn backoff_delay(failures: u32, jitter: f64) -> Duration {
+    let exp = failures.saturating_sub(1).min(20);
+    let base = BACKOFF_INITIAL.saturating_mul(1u32 << exp).min(BACKOFF_MAX);
+    let jitter = jitter.clamp(0.0, 1.0);
+    base / 2 + base.mul_f64(jitter / 2.0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn t0() -> Instant {
+        Instant::now()
+    }
+
+    #[test]
+    fn most_severe_first_then_fifo() {
+        let now = t0();
+        let mut q = DeficitQueue::new();
+        q.push("routine", Priority::Routine);
+        q.push("excess", Priority::Excess(40));
+        q.push("small", Priority::Deficit(2));
+        q.push("big", Priority::Deficit(30));
+        q.push("starved", Priority::NoFreeIp(1));
+        q.push("small2", Priority::Deficit(2));
+        let order: Vec<_> = std::iter::from_fn(|| q.pop(now)).collect();
+        assert_eq!(
+            order,
+            ["starved", "big", "small", "small2", "excess", "routine"]
+        );
+    }
+
+    #[test]
+    fn push_deduplicates_and_raises_priority() {
+        let now = t0();
+        let mut q = DeficitQueue::new();
+        q.push("a", Priority::Routine);
+        q.push("b", Priority::Deficit(5));
+        q.push("a", Priority::Routine);
+        q.push("a", Priority::NoFreeIp(3));
+        assert_eq!(q.depth(), 2);
+        assert_eq!(q.pop(now), Some("a"));
+        assert_eq!(q.pop(now), Some("b"));
+        assert_eq!(q.pop(now), None);
+    }
+
+    #[test]
+    fn never_hands_out_a_running_node_and_requeues_after() {
+        let now = t0();
+        let mut q = DeficitQueue::new();
+        q.push("a", Priority::Deficit(1));
+        assert_eq!(q.pop(now), Some("a"));
+        q.push("a", Priority::Deficit(9));
+        assert_eq!(q.pop(now), None, "a is running");
+        assert!(q.is_running(&"a"));
+        q.finish(&"a", Outcome::Done, now, 0.0);
+        assert_eq!(q.pop(now), Some("a"), "the push during the run is kept");
+        q.finish(&"a", Outcome::Done, now, 0.0);
+        assert_eq!(q.pop(now), None);
+    }
+
+    #[test]
+    fn failures_back_off_exponentially_and_reset_on_success() {
+        let now = t0();
+        let mut q = DeficitQueue::new();
+        q.push("a", Priority::Deficit(1));
+        let mut expected = Duration::from_secs(1);
+        for _ in 0..4 {
+            let at = q.next_due().unwrap_or(now).max(now);
+            assert_eq!(q.pop(at), Some("a"));
+            q.finish(&"a", Outcome::Failed, at, 0.999_999);
+            let due = q.next_due().expect("delayed");
+            let delay = due - at;
+            assert!(
+                delay <= expected && delay >= expected.mul_f64(0.99),
+                "{delay:?} vs {expected:?}"
+            );
+            assert_eq!(q.pop(due - Duration::from_millis(1)), None, "not before");
+            expected *= 2;
+        }
+        let due = q.next_due().unwrap();
+        assert_eq!(q.pop(due), Some("a"));
+        q.finish(&"a", Outcome::Done, due, 0.0);
+        assert_eq!(q.failures(&"a"), 0);
+    }
+
+    #[test]
+    fn backoff_is_capped_at_five_minutes_with_jitter_at_least_half() {
+        assert_eq!(backoff_delay(1, 0.0), Duration::from_millis(500));
+        assert_eq!(backoff_delay(1, 1.0), Duration::from_secs(1));
+        assert_eq!(backoff_delay(30, 1.0), BACKOFF_MAX);
+        assert_eq!(backoff_delay(30, 0.0), BACKOFF_MAX / 2);
+    }
+
+    #[test]
+    fn a_delayed_node_keeps_its_delay_when_pushed() {
+        let now = t0();
+        let mut q = DeficitQueue::new();
+        q.push("a", Priority::Routine);
+        q.pop(now);
+        q.finish(&"a", Outcome::RetryAfter(Duration::from_secs(60)), now, 0.0);
+        q.push("a", Priority::NoFreeIp(4));
+        assert_eq!(q.pop(now + Duration::from_secs(59)), None);
+        q.push("b", Priority::Deficit(1));
+        let later = now + Duration::from_secs(60);
+        assert_eq!(q.pop(later), Some("a"), "kept the raised priority");
+        assert_eq!(q.pop(later), Some("b"));
+    }
+
+    #[test]
+    fn removed_nodes_are_forgotten() {
+        let now = t0();
+        let mut q = DeficitQueue::new();
+        q.push("a", Priority::Deficit(1));
+        q.push("b", Priority::Deficit(1));
+        q.remove(&"a");
+        assert_eq!(q.pop(now), Some("b"));
+        assert_eq!(q.pop(now), None);
+        assert_eq!(q.depth(), 0);
+    }
+
+    #[test]
+    fn priority_from_demand() {
+        assert_eq!(Priority::from_demand(0, 0, 8, 0), Priority::NoFreeIp(8));
+        assert_eq!(Priority::from_demand(10, 10, 4, 0), Priority::NoFreeIp(4));
+        assert_eq!(Priority::from_demand(10, 2, 4, 0), Priority::Deficit(4));
+        assert_eq!(Priority::from_demand(30, 2, 0, 12), Priority::Excess(12));
+        assert_eq!(Priority::from_demand(10, 2, 0, 0), Priority::Routine);
+    }
+}

@@ -1,0 +1,557 @@
+//! Where the allocation core writes its results: CiliumNode patches, Events, our finalizer.
+//!
+//! [`KubeSink`] talks to the API server with JSON merge patches of operator-owned fields only
+//! (C8); [`MemorySink`] keeps objects in memory and counts writes, for tests and the benchmark.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::sync::Mutex;
+
+use kube::api::{Api, DeleteParams, Patch, PatchParams};
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use serde_json::{Value, json};
+
+use crate::crd::{CiliumNode, FINALIZER};
+use crate::ipam::{ChangeSet, Subresource};
+
+/// The object a write or Event is about.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct NodeRef {
+    pub name: String,
+    pub uid: Option<String>,
+    pub resource_version: Option<String>,
+    pub finalizers: Vec<String>,
+}
+
+impl NodeRef {
+    pub fn of(node: &CiliumNode) -> Self {
+        Self {
+            name: node.metadata.name.clone().unwrap_or_default(),
+            uid: node.metadata.uid.clone(),
+            resource_version: node.metadata.resource_version.clone(),
+            finalizers: node.metadata.finalizers.clone().unwrap_or_default(),
+        }
+    }
+}
+
+/// An Event on a CiliumNode.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NodeEvent {
+    pub warning: bool,
+    pub reason: String,
+    pub message: String,
+}
+
+impl NodeEvent {
+    pub fn normal(reason: &str, message: impl Into<String>) -> Self {
+        Self {
+            warning: false,
+            reason: reason.into(),
+            message: message.into(),
+        }
+    }
+    pub fn warning(reason: &str, message: impl Into<String>) -> Self {
+        Self {
+            warning: true,
+            reason: reason.into(),
+            message: message.into(),
+        }
+    }
+}
+
+#[derive(Clone, Debug, thiserror::Error)]
+pub enum SinkError {
+    /// The object is gone: drop the work silently.
+    #[error("not found")]
+    NotFound,
+    /// Someone wrote first: recompute against this fresh copy on the next pass.
+    #[error("conflict")]
+    Conflict(Option<Box<CiliumNode>>),
+    #[error("{0}")]
+    Other(String),
+}
+
+pub type SinkResult<T> = Result<T, SinkError>;
+
+/// The core's only way to the outside world.
+pub trait NodeSink: Send + Sync + 'static {
+    /// Apply the change set's writes in order. Returns the object after the last write.
+    fn apply(
+        &self,
+        node: &NodeRef,
+        changes: &ChangeSet,
+    ) -> impl Future<Output = SinkResult<Option<CiliumNode>>> + Send;
+
+    fn event(&self, node: &NodeRef, event: NodeEvent) -> impl Future<Output = ()> + Send;
+
+    /// Add (`present`) or remove our finalizer; a no-op when already so.
+    fn set_finalizer(
+        &self,
+        node: &NodeRef,
+        present: bool,
+    ) -> impl Future<Output = SinkResult<Option<CiliumNode>>> + Send;
+
+    fn delete(&self, name: &str) -> impl Future<Output = SinkResult<()>> + Send;
+}
+
+/// The merge patch that sets (or removes) our finalizer, with optimistic concurrency so
+/// another controller's finalizer is never lost.
+pub fn finalizer_patch(node: &NodeRef, present: bool) -> Option<Value> {
+    let has = node.finalizers.iter().any(|f| f == FINALIZER);
+    if has == present {
+        return None;
+    }
+    let mut list: Vec<String> = node
+        .finalizers
+        .iter()
+        .filter(|f| *f != FINALIZER)
+        .cloned()
+        .collect();
+    if present {
+        list.push(FINALIZER.to_string());
+    }
+    Some(json!({"metadata": {
+        "finalizers": list,
+        "resourceVersion": node.resource_version,
+    }}))
+}
+
+/// A write's patch, with `metadata.resourceVersion` when it asks for one.
+fn with_version(patch: &Value, needs: bool, version: Option<&str>) -> Value {
+    let mut p = patch.clone();
+    if needs && let (Some(v), Some(obj)) = (version, p.as_object_mut()) {
+        let meta = obj.entry("metadata").or_insert_with(|| json!({}));
+        if let Some(m) = meta.as_object_mut() {
+            m.insert("resourceVersion".into(), json!(v));
+        }
+    }
+    p
+}
+
+/// RFC 7386 JSON merge patch.
+pub fn merge_patch(target: &mut Value, patch: &Value) {
+    let Value::Object(p) = patch else {
+        *target = patch.clone();
+        return;
+    };
+    if !target.is_object() {
+        *target = json!({});
+    }
+    let t = target.as_object_mut().expect("object");
+    for (k, v) in p {
+        if v.is_null() {
+            t.remove(k);
+        } else {
+            merge_patch(t.entry(k.clone()).or_insert(Value::Null), v);
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+
+/// Writes to a real API server.
+#[derive(Clone)]
+pub struct KubeSink {
+    api: Api<CiliumNode>,
+    recorder: Recorder,
+    params: PatchParams,
+}
+
+impl KubeSink {
+    pub fn new(client: kube::Client, instance: Option<String>) -> Self {
+        let reporter = Reporter {
+            controller: "eni-operator".into(),
+            instance,
+        };
+        Self {
+            api: Api::all(client.clone()),
+            recorder: Recorder::new(client, reporter),
+            params: PatchParams::default(),
+        }
+    }
+
+    async fn classify(&self, name: &str, e: kube::Error) -> SinkError {
+        match &e {
+            kube::Error::Api(s) if s.code == 404 => SinkError::NotFound,
+            kube::Error::Api(s) if s.code == 409 => {
+                SinkError::Conflict(self.api.get_opt(name).await.ok().flatten().map(Box::new))
+            }
+            _ => SinkError::Other(e.to_string()),
+        }
+    }
+}
+
+impl NodeSink for KubeSink {
+    async fn apply(&self, node: &NodeRef, changes: &ChangeSet) -> SinkResult<Option<CiliumNode>> {
+        let mut version = node.resource_version.clone();
+        let mut last = None;
+        for w in &changes.writes {
+            let patch = with_version(&w.patch, w.needs_resource_version, version.as_deref());
+            let result = match w.subresource {
+                Subresource::Spec => {
+                    self.api
+                        .patch(&node.name, &self.params, &Patch::Merge(&patch))
+                        .await
+                }
+                Subresource::Status => {
+                    self.api
+                        .patch_status(&node.name, &self.params, &Patch::Merge(&patch))
+                        .await
+                }
+            };
+            match result {
+                Ok(obj) => {
+                    version = obj.metadata.resource_version.clone();
+                    last = Some(obj);
+                }
+                Err(e) => return Err(self.classify(&node.name, e).await),
+            }
+        }
+        Ok(last)
+    }
+
+    async fn event(&self, node: &NodeRef, event: NodeEvent) {
+        let reference = k8s_openapi::api::core::v1::ObjectReference {
+            api_version: Some("cilium.io/v2".into()),
+            kind: Some("CiliumNode".into()),
+            name: Some(node.name.clone()),
+            uid: node.uid.clone(),
+            ..Default::default()
+        };
+        let ev = Event {
+            type_: if event.warning {
+                EventType::Warning
+            } else {
+                EventType::Normal
+            },
+            reason: event.reason.clone(),
+            note: Some(event.message.chars().take(1000).collect()),
+            action: "Reconcile".into(),
+            secondary: None,
+        };
+        if let Err(e) = self.recorder.publish(&ev, &reference).await {
+            tracing::warn!(node = %node.name, error = %e, "could not publish an Event");
+        }
+    }
+
+    async fn set_finalizer(&self, node: &NodeRef, present: bool) -> SinkResult<Option<CiliumNode>> {
+        let Some(patch) = finalizer_patch(node, present) else {
+            return Ok(None);
+        };
+        match self
+            .api
+            .patch(&node.name, &self.params, &Patch::Merge(&patch))
+            .await
+        {
+            Ok(obj) => Ok(Some(obj)),
+            Err(e) => Err(self.classify(&node.name, e).await),
+        }
+    }
+
+    async fn delete(&self, name: &str) -> SinkResult<()> {
+        match self.api.delete(name, &DeleteParams::default()).await {
+            Ok(_) => Ok(()),
+            Err(e) => match self.classify(name, e).await {
+                SinkError::NotFound => Ok(()),
+                other => Err(other),
+            },
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+
+/// Counts of writes to one node.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct WriteCounts {
+    pub spec: u32,
+    pub status: u32,
+    pub metadata: u32,
+}
+
+impl WriteCounts {
+    pub fn total(&self) -> u32 {
+        self.spec + self.status + self.metadata
+    }
+}
+
+#[derive(Debug, Default)]
+struct MemoryState {
+    objects: BTreeMap<String, Value>,
+    writes: BTreeMap<String, WriteCounts>,
+    events: Vec<(String, NodeEvent)>,
+    next_version: u64,
+}
+
+/// An in-memory API server for CiliumNodes: applies patches like Kubernetes (spec and status
+/// through separate endpoints, resourceVersion checks, finalizers hold deletion).
+#[derive(Debug, Default)]
+pub struct MemorySink {
+    state: Mutex<MemoryState>,
+}
+
+impl MemorySink {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Create or replace an object as an agent would; returns the stored copy.
+    pub fn put(&self, node: &CiliumNode) -> CiliumNode {
+        let mut s = self.state.lock().expect("sink lock");
+        s.next_version += 1;
+        let mut v = serde_json::to_value(node).expect("serialise");
+        let name = node.metadata.name.clone().unwrap_or_default();
+        if let Some(old) = s.objects.get(&name) {
+            // Keep what the server owns: uid, finalizers, deletion mark.
+            for key in ["uid", "finalizers", "deletionTimestamp"] {
+                if let Some(x) = old.pointer(&format!("/metadata/{key}")) {
+                    v["metadata"][key] = x.clone();
+                }
+            }
+        } else {
+            v["metadata"]["uid"] = json!(format!("uid-{name}"));
+        }
+        v["metadata"]["resourceVersion"] = json!(s.next_version.to_string());
+        s.objects.insert(name, v.clone());
+        serde_json::from_value(v).expect("parse")
+    }
+
+    /// Edit a stored object as an agent would (bumps the resourceVersion).
+    pub fn update(&self, name: &str, edit: impl FnOnce(&mut CiliumNode)) -> Option<CiliumNode> {
+        let mut node = self.get(name)?;
+        edit(&mut node);
+        Some(self.put(&node))
+    }
+
+    pub fn get(&self, name: &str) -> Option<CiliumNode> {
+        let s = self.state.lock().expect("sink lock");
+        s.objects
+            .get(name)
+            .map(|v| serde_json::from_value(v.clone()).expect("parse"))
+    }
+
+    pub fn raw(&self, name: &str) -> Option<Value> {
+        self.state
+            .lock()
+            .expect("sink lock")
+            .objects
+            .get(name)
+            .cloned()
+    }
+
+    pub fn writes(&self, name: &str) -> WriteCounts {
+        let s = self.state.lock().expect("sink lock");
+        s.writes.get(name).copied().unwrap_or_default()
+    }
+
+    pub fn total_writes(&self) -> WriteCounts {
+        let s = self.state.lock().expect("sink lock");
+        s.writes
+            .values()
+            .fold(WriteCounts::default(), |a, w| WriteCounts {
+                spec: a.spec + w.spec,
+                status: a.status + w.status,
+                metadata: a.metadata + w.metadata,
+            })
+    }
+
+    pub fn events(&self, name: &str) -> Vec<NodeEvent> {
+        let s = self.state.lock().expect("sink lock");
+        s.events
+            .iter()
+            .filter(|(n, _)| n == name)
+            .map(|(_, e)| e.clone())
+            .collect()
+    }
+
+    /// Start deleting an object: with finalizers it only gets a deletion mark.
+    pub fn begin_delete(&self, name: &str) -> Option<CiliumNode> {
+        let mut s = self.state.lock().expect("sink lock");
+        let v = s.objects.get_mut(name)?;
+        let has_finalizers = v
+            .pointer("/metadata/finalizers")
+            .and_then(Value::as_array)
+            .is_some_and(|a| !a.is_empty());
+        if has_finalizers {
+            v["metadata"]["deletionTimestamp"] = json!("2026-01-01T00:00:00Z");
+            let v = v.clone();
+            Some(serde_json::from_value(v).expect("parse"))
+        } else {
+            s.objects.remove(name);
+            None
+        }
+    }
+
+    fn patch(&self, name: &str, patch: &Value, sub: Option<Subresource>) -> SinkResult<CiliumNode> {
+        let mut s = self.state.lock().expect("sink lock");
+        s.next_version += 1;
+        let version = s.next_version.to_string();
+        let obj = s.objects.get_mut(name).ok_or(SinkError::NotFound)?;
+        if let Some(want) = patch
+            .pointer("/metadata/resourceVersion")
+            .and_then(Value::as_str)
+            && obj
+                .pointer("/metadata/resourceVersion")
+                .and_then(Value::as_str)
+                != Some(want)
+        {
+            let fresh = serde_json::from_value(obj.clone()).expect("parse");
+            return Err(SinkError::Conflict(Some(Box::new(fresh))));
+        }
+        let mut p = patch.clone();
+        if let Some(m) = p.get_mut("metadata").and_then(Value::as_object_mut) {
+            m.remove("resourceVersion");
+        }
+        // Like the API server: the main resource ignores status, /status ignores spec.
+        if let Some(o) = p.as_object_mut() {
+            match sub {
+                Some(Subresource::Spec) | None => {
+                    o.remove("status");
+                }
+                Some(Subresource::Status) => {
+                    o.remove("spec");
+                }
+            }
+        }
+        merge_patch(obj, &p);
+        obj["metadata"]["resourceVersion"] = json!(version);
+        let finalizers_empty = obj
+            .pointer("/metadata/finalizers")
+            .and_then(Value::as_array)
+            .is_none_or(|a| a.is_empty());
+        let deleting = obj.pointer("/metadata/deletionTimestamp").is_some();
+        let out: CiliumNode = serde_json::from_value(obj.clone()).expect("parse");
+        let counts = s.writes.entry(name.to_string()).or_default();
+        match sub {
+            Some(Subresource::Spec) => counts.spec += 1,
+            Some(Subresource::Status) => counts.status += 1,
+            None => counts.metadata += 1,
+        }
+        if deleting && finalizers_empty {
+            s.objects.remove(name);
+        }
+        Ok(out)
+    }
+}
+
+impl NodeSink for MemorySink {
+    async fn apply(&self, node: &NodeRef, changes: &ChangeSet) -> SinkResult<Option<CiliumNode>> {
+        let mut version = node.resource_version.clone();
+        let mut last = None;
+        for w in &changes.writes {
+            let patch = with_version(&w.patch, w.needs_resource_version, version.as_deref());
+            let obj = self.patch(&node.name, &patch, Some(w.subresource))?;
+            version = obj.metadata.resource_version.clone();
+            last = Some(obj);
+        }
+        Ok(last)
+    }
+
+    async fn event(&self, node: &NodeRef, event: NodeEvent) {
+        self.state
+            .lock()
+            .expect("sink lock")
+            .events
+            .push((node.name.clone(), event));
+    }
+
+    async fn set_finalizer(&self, node: &NodeRef, present: bool) -> SinkResult<Option<CiliumNode>> {
+        match finalizer_patch(node, present) {
+            None => Ok(None),
+            Some(p) => self.patch(&node.name, &p, None).map(Some),
+        }
+    }
+
+    async fn delete(&self, name: &str) -> SinkResult<()> {
+        self.begin_delete(name);
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ipam::Write;
+
+    fn node(name: &str) -> CiliumNode {
+        let mut n = CiliumNode::new(name, Default::default());
+        n.spec.instance_id = "i-1".into();
+        n
+    }
+
+    #[test]
+    fn merge_patch_follows_rfc7386() {
+        let mut t = json!({"a": {"b": 1, "c": 2}, "d": [1]});
+        merge_patch(&mut t, &json!({"a": {"b": null, "e": 3}, "d": [2]}));
+        assert_eq!(t, json!({"a": {"c": 2, "e": 3}, "d": [2]}));
+    }
+
+    #[tokio::test]
+    async fn memory_sink_counts_writes_and_checks_versions() {
+        let sink = MemorySink::new();
+        let stored = sink.put(&node("n1"));
+        let r = NodeRef::of(&stored);
+        let changes = ChangeSet {
+            writes: vec![
+                Write {
+                    subresource: Subresource::Status,
+                    patch: json!({"status": {"ipam": {"operator-status": {"error": "x"}}}, "spec": {"instance-id": "ignored"}}),
+                    needs_resource_version: true,
+                },
+                Write {
+                    subresource: Subresource::Spec,
+                    patch: json!({"spec": {"ipam": {"pool": {"10.0.0.1": {"resource": "eni-1"}}}}}),
+                    needs_resource_version: false,
+                },
+            ],
+        };
+        let out = sink.apply(&r, &changes).await.unwrap().unwrap();
+        assert_eq!(
+            out.spec.instance_id, "i-1",
+            "status write cannot touch spec"
+        );
+        assert_eq!(out.spec.ipam.pool.len(), 1);
+        assert_eq!(
+            out.status.unwrap().ipam.operator_status.error.as_deref(),
+            Some("x")
+        );
+        assert_eq!(
+            sink.writes("n1"),
+            WriteCounts {
+                spec: 1,
+                status: 1,
+                metadata: 0
+            }
+        );
+        // The stale version now conflicts on a versioned write.
+        let err = sink.apply(&r, &changes).await.unwrap_err();
+        assert!(matches!(err, SinkError::Conflict(Some(_))));
+    }
+
+    #[tokio::test]
+    async fn finalizer_holds_deletion_until_removed() {
+        let sink = MemorySink::new();
+        let stored = sink.put(&node("n1"));
+        let with = sink
+            .set_finalizer(&NodeRef::of(&stored), true)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            with.metadata.finalizers.as_deref(),
+            Some(&[FINALIZER.to_string()][..])
+        );
+        assert!(
+            sink.set_finalizer(&NodeRef::of(&with), true)
+                .await
+                .unwrap()
+                .is_none()
+        );
+        let marked = sink.begin_delete("n1").expect("held by the finalizer");
+        assert!(marked.metadata.deletion_timestamp.is_some());
+        sink.set_finalizer(&NodeRef::of(&marked), false)
+            .await
+            .unwrap();
+        assert!(sink.get("n1").is_none());
+    }
+}
