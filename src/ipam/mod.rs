@@ -18,6 +18,11 @@ pub mod release;
 pub mod selection;
 pub mod writeback;
 
+#[cfg(test)]
+mod proptests;
+#[cfg(test)]
+pub(crate) mod testkit;
+
 use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
 use std::time::{Duration, Instant};

@@ -1,1 +1,158 @@
-//! placeholder
+//! Ownership of the ENIs eni-operator creates: tags, description and idempotency token.
+//!
+//! Every ENI we create carries two tags set at creation (`TagSpecifications`), so ownership is
+//! never missing even after a crash between create and attach: the cluster, and the instance
+//! the ENI was created for. The garbage collector only ever touches ENIs carrying both, and the
+//! keys differ from Cilium's `io.cilium/*`, so neither operator collects the other's ENIs.
+
+use sha2::{Digest, Sha256};
+
+use crate::ec2::{NetworkInterface, Tags};
+
+use super::capacity::Kind;
+
+/// Tag key naming the cluster that owns the ENI.
+pub const CLUSTER_TAG: &str = "eni-operator.io/cluster-name";
+/// Tag key naming the instance the ENI was created for.
+pub const INSTANCE_TAG: &str = "eni-operator.io/instance-id";
+
+/// The two ownership tags.
+pub fn ownership_tags(cluster: &str, instance_id: &str) -> Tags {
+    Tags::from([
+        (CLUSTER_TAG.to_string(), cluster.to_string()),
+        (INSTANCE_TAG.to_string(), instance_id.to_string()),
+    ])
+}
+
+/// Whether the ENI was created by eni-operator for this cluster.
+pub fn is_owned_by(eni: &NetworkInterface, cluster: &str) -> bool {
+    eni.tags.get(CLUSTER_TAG).map(String::as_str) == Some(cluster)
+        && eni.tags.get(INSTANCE_TAG).is_some_and(|v| !v.is_empty())
+}
+
+/// Tags of a new ENI: `--eni-tags` merged with the ownership tags; ownership wins on a key
+/// conflict, so a user tag can never disown an ENI.
+pub fn eni_tags(extra: &Tags, cluster: &str, instance_id: &str) -> Tags {
+    let mut tags = extra.clone();
+    tags.extend(ownership_tags(cluster, instance_id));
+    tags
+}
+
+/// Description of a new ENI (the same as Cilium's, which agents and humans recognise).
+pub fn description(instance_id: &str) -> String {
+    format!("Cilium-CNI ({instance_id})")
+}
+
+/// The `ClientToken` of a `CreateNetworkInterface` call: sha256 hex (64 chars, EC2's maximum).
+///
+/// Why these inputs: EC2 returns the ENI created earlier with the same token instead of a
+/// second one. A retry of the SAME intent must repeat the token: after a crash, a timeout with
+/// a lost response, or a leader change, the new attempt computes the same cluster, instance,
+/// device index, subnet and kind, and (since the created-but-unattached ENI is not attached)
+/// the same set of attached ENIs, hence the same token: no second ENI. A LATER intent must get
+/// a new token: once the ENI is attached, the attached set changes, so the next ENI (even at a
+/// reused device index after a detach) gets a fresh token. The amount is left out on purpose:
+/// demand may move between the crash and the retry, which must not create a second ENI (EC2
+/// answers a changed parameter with `IdempotentParameterMismatch`, which the runtime treats as
+/// "refresh and re-plan").
+///
+/// ```
+/// use eni_operator::ipam::capacity::Kind;
+/// use eni_operator::ipam::ownership::client_token;
+/// let a = client_token("prod", "i-1", 1, "subnet-a", Kind::Prefixes, &["eni-0".into()]);
+/// let b = client_token("prod", "i-1", 1, "subnet-a", Kind::Prefixes, &["eni-0".into()]);
+/// assert_eq!(a, b);
+/// assert_eq!(a.len(), 64);
+/// let later = client_token("prod", "i-1", 2, "subnet-a", Kind::Prefixes,
+///     &["eni-0".into(), "eni-1".into()]);
+/// assert_ne!(a, later);
+/// ```
+pub fn client_token(
+    cluster: &str,
+    instance_id: &str,
+    device_index: u32,
+    subnet_id: &str,
+    kind: Kind,
+    attached_eni_ids: &[String],
+) -> String {
+    let mut ids: Vec<&str> = attached_eni_ids.iter().map(String::as_str).collect();
+    ids.sort_unstable();
+    ids.dedup();
+    let kind = match kind {
+        Kind::Ips => "ips",
+        Kind::Prefixes => "prefixes",
+    };
+    let mut hasher = Sha256::new();
+    // Length-prefixed fields: no two different inputs hash the same concatenation.
+    for field in [
+        cluster,
+        instance_id,
+        &device_index.to_string(),
+        subnet_id,
+        kind,
+    ]
+    .into_iter()
+    .chain(ids)
+    {
+        hasher.update((field.len() as u64).to_be_bytes());
+        hasher.update(field.as_bytes());
+    }
+    hasher
+        .finalize()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ipam::testkit::*;
+
+    #[test]
+    fn ownership_wins_over_user_tags() {
+        let user = tags(&[(CLUSTER_TAG, "evil"), ("team", "net")]);
+        let t = eni_tags(&user, "prod", "i-1");
+        assert_eq!(t.get(CLUSTER_TAG).unwrap(), "prod");
+        assert_eq!(t.get(INSTANCE_TAG).unwrap(), "i-1");
+        assert_eq!(t.get("team").unwrap(), "net");
+    }
+
+    #[test]
+    fn owned_only_with_both_tags_of_this_cluster() {
+        let mut e = eni("eni-1", 1, "subnet-a");
+        assert!(!is_owned_by(&e, "prod"));
+        e.tags = ownership_tags("prod", "i-1");
+        assert!(is_owned_by(&e, "prod"));
+        assert!(!is_owned_by(&e, "staging"));
+        e.tags.remove(INSTANCE_TAG);
+        assert!(!is_owned_by(&e, "prod"));
+    }
+
+    #[test]
+    fn description_format() {
+        assert_eq!(description("i-0abc"), "Cilium-CNI (i-0abc)");
+    }
+
+    #[test]
+    fn token_is_stable_and_sensitive() {
+        let ids = vec!["eni-b".to_string(), "eni-a".to_string()];
+        let base = client_token("c", "i-1", 1, "s", Kind::Ips, &ids);
+        let reordered = vec!["eni-a".to_string(), "eni-b".to_string()];
+        assert_eq!(
+            base,
+            client_token("c", "i-1", 1, "s", Kind::Ips, &reordered)
+        );
+        assert!(base.len() <= 64 && base.chars().all(|c| c.is_ascii_hexdigit()));
+        for other in [
+            client_token("d", "i-1", 1, "s", Kind::Ips, &ids),
+            client_token("c", "i-2", 1, "s", Kind::Ips, &ids),
+            client_token("c", "i-1", 2, "s", Kind::Ips, &ids),
+            client_token("c", "i-1", 1, "t", Kind::Ips, &ids),
+            client_token("c", "i-1", 1, "s", Kind::Prefixes, &ids),
+            client_token("c", "i-1", 1, "s", Kind::Ips, &ids[..1]),
+        ] {
+            assert_ne!(base, other);
+        }
+    }
+}
