@@ -5,7 +5,11 @@
 //! channel and writes through a [`sink::NodeSink`], so it runs without Kubernetes.
 
 pub mod cache;
+pub mod core;
 pub mod executor;
+pub mod finalizer;
+pub mod gc;
+pub mod metrics;
 pub mod queue;
 pub mod refresher;
 pub mod sink;

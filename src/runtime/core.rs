@@ -1,0 +1,815 @@
+//! The allocation core: cache, deficit queue, bounded workers, executor, node memory.
+//!
+//! Input: [`NodeInput`]s through a channel (CiliumNode upserts and deletions, malformed
+//! objects, whether the Kubernetes Node exists). Output: a [`NodeSink`]. No Kubernetes client
+//! in here, so tests and the benchmark drive it with the simulator and a `MemorySink`.
+//!
+//! Per node and pass: plan -> execute (results go into the cache at once) -> desired state ->
+//! change set -> sink. Errors become `operator-status` + a Warning Event; the node backs off.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::future::Future;
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
+
+use rand::Rng;
+use tokio::sync::mpsc;
+use tokio::task::JoinSet;
+use tracing::{debug, info, warn};
+
+use crate::crd::{CiliumNode, FINALIZER, IGNORE_ANNOTATION};
+use crate::ec2::{Ec2, Ec2Error};
+use crate::ipam::{
+    self, ChangeSet, Demand, IpamConfig, NodeMemory, Problem, ProblemReason, Subresource, Write,
+};
+
+use super::cache::Ec2Cache;
+use super::executor::{Executor, Success};
+use super::finalizer::release_instance_enis;
+use super::metrics::RuntimeMetrics;
+use super::queue::{DeficitQueue, Outcome, Priority};
+use super::refresher::{Refresher, Scope};
+use super::sink::{NodeEvent, NodeRef, NodeSink, SinkError};
+
+/// Settings of the core.
+#[derive(Clone, Debug)]
+pub struct CoreConfig {
+    /// `--parallel-alloc-workers`.
+    pub workers: usize,
+    /// Full EC2 refresh followed by a rescan of every node.
+    pub resync_interval: Duration,
+    /// Minimum spacing of per-instance refreshes after our own changes.
+    pub instance_refresh_spacing: Duration,
+    /// How long a node whose instance is "not running" is left alone.
+    pub not_running_hold: Duration,
+    /// Retry spacing while the EC2 view is unhealthy.
+    pub unhealthy_retry: Duration,
+    /// Load every instance type's limits at start (else only types seen on nodes).
+    pub preload_instance_types: bool,
+    pub ipam: IpamConfig,
+    pub scope: Scope,
+}
+
+impl Default for CoreConfig {
+    fn default() -> Self {
+        Self {
+            workers: 50,
+            resync_interval: Duration::from_secs(60),
+            instance_refresh_spacing: Duration::from_secs(15),
+            not_running_hold: Duration::from_secs(60),
+            unhealthy_retry: Duration::from_secs(60),
+            preload_instance_types: true,
+            ipam: IpamConfig::default(),
+            scope: Scope::default(),
+        }
+    }
+}
+
+/// What the sources tell the core.
+#[derive(Clone, Debug)]
+pub enum NodeInput {
+    /// A CiliumNode was added or changed (parsed).
+    Upsert(Box<CiliumNode>),
+    /// A CiliumNode that does not parse: report it on that object only.
+    Invalid { node: NodeRef, error: String },
+    /// The CiliumNode object is gone.
+    Deleted(String),
+    /// Whether the Kubernetes Node of that name exists.
+    NodePresent { name: String, present: bool },
+    /// Pending pods scheduled to the node (surge allocation).
+    PendingPods { name: String, count: u32 },
+}
+
+#[derive(Debug, Default)]
+struct Slot {
+    node: Option<CiliumNode>,
+    invalid: Option<(NodeRef, String)>,
+    invalid_reported: Option<String>,
+    memory: NodeMemory,
+    /// `None`: not known yet (treated as present: never pull ENIs from a live node).
+    k8s_node: Option<bool>,
+    not_running_until: Option<Instant>,
+    last_problem: Option<String>,
+    demand_seen: Option<Instant>,
+    pending_pods: u32,
+    demand: Demand,
+    errored: bool,
+}
+
+struct Inner<E, S> {
+    ec2: Arc<E>,
+    sink: Arc<S>,
+    cache: Arc<RwLock<Ec2Cache>>,
+    refresher: Refresher<E>,
+    executor: Executor<E>,
+    config: CoreConfig,
+    slots: Mutex<HashMap<String, Slot>>,
+    type_lookups: Mutex<HashMap<String, Instant>>,
+    metrics: RuntimeMetrics,
+}
+
+/// The allocation core. Cheap to clone (a handle).
+pub struct Core<E, S> {
+    inner: Arc<Inner<E, S>>,
+}
+
+impl<E, S> Clone for Core<E, S> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: self.inner.clone(),
+        }
+    }
+}
+
+fn now() -> Instant {
+    tokio::time::Instant::now().into_std()
+}
+
+fn priority_of(slot: &Slot) -> Priority {
+    match &slot.node {
+        Some(n) if n.metadata.deletion_timestamp.is_some() => Priority::Deleting,
+        Some(_) if slot.k8s_node == Some(false) => Priority::Deleting,
+        Some(n) if n.spec.ipam.pool.is_empty() && slot.demand == Demand::default() => {
+            Priority::NoFreeIp(8)
+        }
+        _ => Priority::from_demand(
+            slot.demand.available,
+            slot.demand.used,
+            slot.demand.needed,
+            slot.demand.excess,
+        ),
+    }
+}
+
+enum Done {
+    Pass(String, Outcome, Option<Priority>),
+    Refreshed(Vec<String>),
+    FullRefresh,
+}
+
+impl<E: Ec2, S: NodeSink> Core<E, S> {
+    pub fn new(ec2: Arc<E>, sink: Arc<S>, config: CoreConfig, metrics: RuntimeMetrics) -> Self {
+        let cache = Arc::new(RwLock::new(Ec2Cache::new()));
+        let refresher = Refresher::new(
+            ec2.clone(),
+            cache.clone(),
+            config.scope.clone(),
+            config.instance_refresh_spacing,
+        );
+        let executor = Executor::new(ec2.clone(), cache.clone());
+        Self {
+            inner: Arc::new(Inner {
+                ec2,
+                sink,
+                cache,
+                refresher,
+                executor,
+                config,
+                slots: Mutex::new(HashMap::new()),
+                type_lookups: Mutex::new(HashMap::new()),
+                metrics,
+            }),
+        }
+    }
+
+    pub fn cache(&self) -> &Arc<RwLock<Ec2Cache>> {
+        &self.inner.cache
+    }
+
+    pub fn metrics(&self) -> &RuntimeMetrics {
+        &self.inner.metrics
+    }
+
+    /// The last demand figures of a node.
+    pub fn demand(&self, name: &str) -> Option<Demand> {
+        self.inner
+            .slots
+            .lock()
+            .expect("slots")
+            .get(name)
+            .map(|s| s.demand.clone())
+    }
+
+    /// Run until `shutdown` completes (or the future is dropped: every worker is aborted with
+    /// it, which is how a lost lease stops all mutating work at once).
+    pub async fn run(
+        self,
+        mut inputs: mpsc::Receiver<NodeInput>,
+        shutdown: impl Future<Output = ()>,
+    ) -> Result<(), Ec2Error> {
+        let inner = &self.inner;
+        // A new leader rebuilds its view before acting (§14).
+        if inner.config.preload_instance_types {
+            inner.refresher.instance_types(&[]).await?;
+        }
+        inner.refresher.full().await?;
+        inner.metrics.leader.set(1);
+
+        let mut queue: DeficitQueue<String> = DeficitQueue::new();
+        let mut tasks: JoinSet<Done> = JoinSet::new();
+        let mut waiting: BTreeMap<String, BTreeSet<String>> = BTreeMap::new(); // instance -> nodes
+        let mut refreshing = false;
+        let mut full_running = false;
+        let mut confirm: BTreeSet<String> = BTreeSet::new();
+        let mut resync = tokio::time::interval(inner.config.resync_interval);
+        resync.tick().await;
+        let mut confirm_tick = tokio::time::interval(inner.config.instance_refresh_spacing);
+        confirm_tick.tick().await;
+        tokio::pin!(shutdown);
+        let mut inputs_open = true;
+        let mut workers = 0usize;
+
+        loop {
+            // Start every ready node we have a worker for.
+            while workers < inner.config.workers.max(1) {
+                let Some(name) = queue.pop(now()) else { break };
+                workers += 1;
+                let core = self.clone();
+                tasks.spawn(async move {
+                    let (outcome, again) = core.pass(&name).await;
+                    Done::Pass(name, outcome, again)
+                });
+            }
+            // Batched per-instance refresh of new instances (and confirmations of our changes).
+            if !refreshing && (!waiting.is_empty() || !confirm.is_empty()) {
+                let new: Vec<String> = waiting.keys().cloned().collect();
+                let mut ids = new.clone();
+                let due_confirm = !confirm.is_empty() && waiting.is_empty();
+                if new.is_empty() && !due_confirm {
+                    // Nothing urgent.
+                } else {
+                    let confirm_ids: Vec<String> = if due_confirm {
+                        std::mem::take(&mut confirm).into_iter().collect()
+                    } else {
+                        Vec::new()
+                    };
+                    refreshing = true;
+                    let core = self.clone();
+                    ids.retain(|i| !confirm_ids.contains(i));
+                    tasks.spawn(async move {
+                        if let Err(e) = core.inner.refresher.instances(&ids, false).await {
+                            warn!(error = %e, "per-instance refresh failed");
+                        }
+                        if !confirm_ids.is_empty()
+                            && let Err(e) = core.inner.refresher.instances(&confirm_ids, true).await
+                        {
+                            debug!(error = %e, "confirmation refresh failed");
+                        }
+                        Done::Refreshed(ids)
+                    });
+                }
+            }
+            inner.metrics.queue_depth.set(queue.depth() as i64);
+
+            let next_due = queue.next_due();
+            tokio::select! {
+                () = &mut shutdown => break,
+                input = inputs.recv(), if inputs_open => match input {
+                    None => inputs_open = false,
+                    Some(input) => self.accept(input, &mut queue, &mut waiting, refreshing),
+                },
+                Some(done) = tasks.join_next(), if !tasks.is_empty() => match done {
+                    Ok(Done::Pass(name, outcome, again)) => {
+                        workers -= 1;
+                        queue.finish(&name, outcome, now(), rand::rng().random::<f64>());
+                        if let Some(p) = again {
+                            queue.push(name.clone(), p);
+                        }
+                        if outcome == Outcome::Done && again.is_some()
+                            && let Some(i) = self.instance_of(&name)
+                        {
+                            confirm.insert(i);
+                        }
+                        if queue.depth() == 0 && workers == 0 {
+                            self.publish_totals();
+                        }
+                    }
+                    Ok(Done::Refreshed(ids)) => {
+                        refreshing = false;
+                        for id in ids {
+                            for name in waiting.remove(&id).unwrap_or_default() {
+                                let p = self.priority(&name);
+                                queue.push(name, p);
+                            }
+                        }
+                    }
+                    Ok(Done::FullRefresh) => {
+                        full_running = false;
+                        // Resync pass: every node, neediest first.
+                        let slots = inner.slots.lock().expect("slots");
+                        for (name, slot) in slots.iter() {
+                            queue.push(name.clone(), priority_of(slot));
+                        }
+                        drop(slots);
+                        self.publish_totals();
+                    }
+                    Err(e) => {
+                        // A worker panicked: count it; the node is retried by the next resync.
+                        warn!(error = %e, "a worker task failed");
+                        workers = workers.saturating_sub(1);
+                    }
+                },
+                _ = resync.tick() => {
+                    if !full_running {
+                        full_running = true;
+                        let core = self.clone();
+                        tasks.spawn(async move {
+                            if let Err(e) = core.inner.refresher.full().await {
+                                warn!(error = %e, "full EC2 refresh failed; mutations blocked");
+                                core.inner.metrics.error(&e.code);
+                            }
+                            Done::FullRefresh
+                        });
+                    }
+                }
+                _ = confirm_tick.tick() => {}
+                () = async {
+                    match next_due {
+                        Some(at) => tokio::time::sleep_until(at.into()).await,
+                        None => std::future::pending().await,
+                    }
+                } => {}
+            }
+        }
+        inner.metrics.leader.set(0);
+        Ok(())
+    }
+
+    fn instance_of(&self, name: &str) -> Option<String> {
+        let slots = self.inner.slots.lock().expect("slots");
+        let id = &slots.get(name)?.node.as_ref()?.spec.instance_id;
+        (!id.is_empty()).then(|| id.clone())
+    }
+
+    fn priority(&self, name: &str) -> Priority {
+        let slots = self.inner.slots.lock().expect("slots");
+        slots
+            .get(name)
+            .map(priority_of)
+            .unwrap_or(Priority::Routine)
+    }
+
+    fn accept(
+        &self,
+        input: NodeInput,
+        queue: &mut DeficitQueue<String>,
+        waiting: &mut BTreeMap<String, BTreeSet<String>>,
+        _refreshing: bool,
+    ) {
+        let inner = &self.inner;
+        let mut slots = inner.slots.lock().expect("slots");
+        match input {
+            NodeInput::Upsert(node) => {
+                let name = node.metadata.name.clone().unwrap_or_default();
+                let ignored = node
+                    .metadata
+                    .annotations
+                    .as_ref()
+                    .and_then(|a| a.get(IGNORE_ANNOTATION))
+                    .is_some_and(|v| v == "true");
+                if ignored {
+                    slots.remove(&name);
+                    queue.remove(&name);
+                    return;
+                }
+                let slot = slots.entry(name.clone()).or_default();
+                // Any update is a sign of life (§5.2).
+                slot.not_running_until = None;
+                slot.invalid = None;
+                let instance = node.spec.instance_id.clone();
+                slot.node = Some(*node);
+                let p = priority_of(slot);
+                let unknown = !instance.is_empty()
+                    && p != Priority::Deleting
+                    && inner
+                        .cache
+                        .read()
+                        .expect("cache")
+                        .needs_instance_refresh(&instance);
+                if unknown {
+                    waiting.entry(instance).or_default().insert(name);
+                } else {
+                    queue.push(name, p);
+                }
+            }
+            NodeInput::Invalid { node, error } => {
+                let name = node.name.clone();
+                let slot = slots.entry(name.clone()).or_default();
+                slot.invalid = Some((node, error));
+                queue.push(name, Priority::Routine);
+            }
+            NodeInput::Deleted(name) => {
+                queue.remove(&name);
+                if let Some(slot) = slots.remove(&name)
+                    && let Some(node) = slot.node
+                {
+                    inner
+                        .cache
+                        .write()
+                        .expect("cache")
+                        .drop_instance(&node.spec.instance_id);
+                    inner.refresher.forget(&node.spec.instance_id);
+                }
+            }
+            NodeInput::NodePresent { name, present } => {
+                let slot = slots.entry(name.clone()).or_default();
+                slot.k8s_node = Some(present);
+                if !present && slot.node.is_some() {
+                    queue.push(name, Priority::Deleting);
+                }
+            }
+            NodeInput::PendingPods { name, count } => {
+                let slot = slots.entry(name.clone()).or_default();
+                if slot.pending_pods != count {
+                    slot.pending_pods = count;
+                    if slot.node.is_some() {
+                        queue.push(name, Priority::Deficit(count));
+                    }
+                }
+            }
+        }
+    }
+
+    fn publish_totals(&self) {
+        let slots = self.inner.slots.lock().expect("slots");
+        let m = &self.inner.metrics;
+        let (mut a, mut u, mut n) = (0, 0, 0);
+        let mut states: BTreeMap<&str, i64> = BTreeMap::new();
+        for s in slots.values() {
+            a += s.demand.available;
+            u += s.demand.used;
+            n += s.demand.needed.max(0);
+            let state = if s.errored {
+                "error"
+            } else if s.demand.needed > 0 {
+                "in-deficit"
+            } else {
+                "ok"
+            };
+            *states.entry(state).or_default() += 1;
+        }
+        m.ips_available.set(a);
+        m.ips_used.set(u);
+        m.ips_needed.set(n);
+        for state in ["ok", "in-deficit", "error"] {
+            m.nodes
+                .get_or_create(&vec![("state", state.to_string())])
+                .set(states.get(state).copied().unwrap_or(0));
+        }
+        let (enis, _) = self.inner.cache.read().expect("cache").totals();
+        m.enis_managed.set(enis as i64);
+    }
+
+    /// One pass over one node. Never runs twice at once for a node (the queue sees to it).
+    async fn pass(&self, name: &str) -> (Outcome, Option<Priority>) {
+        let inner = &self.inner;
+        inner.metrics.passes.inc();
+        let (node, mut memory, invalid, invalid_reported, k8s_node, hold, pending) = {
+            let slots = inner.slots.lock().expect("slots");
+            let Some(slot) = slots.get(name) else {
+                return (Outcome::Done, None);
+            };
+            (
+                slot.node.clone(),
+                slot.memory.clone(),
+                slot.invalid.clone(),
+                slot.invalid_reported.clone(),
+                slot.k8s_node,
+                slot.not_running_until,
+                slot.pending_pods,
+            )
+        };
+        if let Some((r, error)) = invalid {
+            return self
+                .report_invalid(name, &r, &error, invalid_reported)
+                .await;
+        }
+        let Some(mut node) = node else {
+            return (Outcome::Done, None);
+        };
+
+        // The Kubernetes Node is gone: delete the CiliumNode; the finalizer runs next.
+        if k8s_node == Some(false) && node.metadata.deletion_timestamp.is_none() {
+            match inner.sink.delete(name).await {
+                Ok(()) | Err(SinkError::NotFound) => {}
+                Err(e) => {
+                    warn!(node = name, error = %e, "could not delete the CiliumNode");
+                    return (Outcome::Failed, None);
+                }
+            }
+            node.metadata.deletion_timestamp =
+                Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                    k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+                ));
+            self.with_slot(name, |s| s.node = Some(node.clone()));
+        }
+        if node.metadata.deletion_timestamp.is_some() {
+            return self.finalize(name, &node, k8s_node.unwrap_or(true)).await;
+        }
+
+        let has_finalizer = node
+            .metadata
+            .finalizers
+            .as_ref()
+            .is_some_and(|f| f.iter().any(|x| x == FINALIZER));
+        if !has_finalizer {
+            match inner.sink.set_finalizer(&NodeRef::of(&node), true).await {
+                Ok(Some(n)) => node = n,
+                Ok(None) => {}
+                Err(SinkError::NotFound) => return (Outcome::Done, None),
+                Err(SinkError::Conflict(fresh)) => {
+                    if let Some(f) = fresh {
+                        self.with_slot(name, |s| s.node = Some(*f));
+                    }
+                    return (Outcome::RetryAfter(Duration::from_millis(500)), None);
+                }
+                Err(e) => {
+                    warn!(node = name, error = %e, "could not add the finalizer");
+                    return (Outcome::Failed, None);
+                }
+            }
+            self.with_slot(name, |s| s.node = Some(node.clone()));
+        }
+
+        let t = now();
+        if !inner.cache.read().expect("cache").healthy {
+            // Never act on an EC2 view we could not refresh (§1.2).
+            return (Outcome::RetryAfter(inner.config.unhealthy_retry), None);
+        }
+        if let Some(until) = hold
+            && until > t
+        {
+            return (Outcome::RetryAfter(until - t), None);
+        }
+
+        let instance_id = node.spec.instance_id.clone();
+        let instance_type = node.spec.eni.instance_type.clone();
+        self.ensure_limits(&instance_type).await;
+        if !instance_id.is_empty()
+            && let Some(e) = inner.executor.retry_pending(&instance_id).await
+        {
+            debug!(node = name, error = %e, "delete-on-termination retry failed");
+        }
+
+        let plan = {
+            let cache = inner.cache.read().expect("cache");
+            let view = cache.view(&instance_id, &instance_type);
+            ipam::plan_node(&node, &view, &inner.config.ipam, &mut memory, t, pending)
+        };
+        let exec = inner.executor.execute(&plan.action).await;
+        if let Some(r) = &exec.released {
+            memory.record_released(r, now());
+        }
+        let problem = match &exec.error {
+            Some(e) => {
+                inner.metrics.error(&e.code);
+                Some(Problem {
+                    reason: ProblemReason::Ec2Error,
+                    message: e.to_string(),
+                })
+            }
+            None => plan.problem.clone(),
+        };
+
+        let desired = {
+            let cache = inner.cache.read().expect("cache");
+            let view = cache.view(&instance_id, &instance_type);
+            ipam::desired_state(&node, &view, &inner.config.ipam, &memory, problem.as_ref())
+        };
+        let changes = ipam::changes(&node, &desired);
+        let mut outcome = Outcome::Done;
+        let mut again = None;
+        let mut written = None;
+        if !changes.is_empty() {
+            match inner.sink.apply(&NodeRef::of(&node), &changes).await {
+                Ok(n) => written = n,
+                Err(SinkError::NotFound) => return (Outcome::Done, None),
+                Err(SinkError::Conflict(fresh)) => {
+                    // Recompute against the fresh object next pass.
+                    written = fresh.map(|f| *f);
+                    again = Some(Priority::Routine);
+                }
+                Err(e) => {
+                    warn!(node = name, error = %e, "CiliumNode write failed");
+                    outcome = Outcome::Failed;
+                }
+            }
+        }
+
+        // Events: successes, and a Warning whenever the problem changes.
+        let node_ref = NodeRef::of(written.as_ref().unwrap_or(&node));
+        if let Some(s) = &exec.success {
+            let ev = match s {
+                Success::EniCreated { eni_id, addresses } => NodeEvent::normal(
+                    "EniCreated",
+                    format!("created and attached {eni_id} with {addresses} addresses"),
+                ),
+                Success::IpsAllocated { eni_id, addresses } => NodeEvent::normal(
+                    "IpsAllocated",
+                    format!("allocated {addresses} addresses on {eni_id}"),
+                ),
+                Success::IpsReleased { eni_id, addresses } => NodeEvent::normal(
+                    "IpsReleased",
+                    format!("released {addresses} addresses from {eni_id}"),
+                ),
+            };
+            inner.sink.event(&node_ref, ev).await;
+        }
+        let message = problem.as_ref().map(|p| p.message.clone());
+        let previous = self.with_slot(name, |s| s.last_problem.clone()).flatten();
+        if message != previous
+            && let Some(p) = &problem
+        {
+            if p.reason != ProblemReason::Ec2Error {
+                inner.metrics.error(p.reason.as_str());
+            }
+            inner
+                .sink
+                .event(&node_ref, NodeEvent::warning(p.reason.as_str(), &p.message))
+                .await;
+        }
+
+        if exec.not_running {
+            let until = now() + inner.config.not_running_hold;
+            self.with_slot(name, |s| s.not_running_until = Some(until));
+            outcome = Outcome::RetryAfter(inner.config.not_running_hold);
+        } else if exec.error.is_some() {
+            outcome = Outcome::Failed;
+        } else if exec.changed {
+            // More may be needed than one action gives: look again at once.
+            again = Some(Priority::from_demand(
+                plan.demand.available,
+                plan.demand.used,
+                plan.demand.needed,
+                plan.demand.excess,
+            ));
+            info!(node = name, "EC2 changed for the node");
+        }
+
+        let t_end = now();
+        let demand = plan.demand.clone();
+        self.with_slot(name, |s| {
+            s.memory = memory;
+            s.last_problem = message;
+            s.errored = problem.is_some();
+            if let Some(n) = written {
+                s.node = Some(n);
+            }
+            let met = demand.needed <= 0 && !exec.changed;
+            match (s.demand_seen, met) {
+                (None, false) => s.demand_seen = Some(t),
+                (Some(seen), true) => {
+                    inner
+                        .metrics
+                        .demand_latency
+                        .observe(t_end.duration_since(seen).as_secs_f64());
+                    s.demand_seen = None;
+                }
+                _ => {}
+            }
+            s.demand = demand;
+        });
+        (outcome, again)
+    }
+
+    fn with_slot<T>(&self, name: &str, f: impl FnOnce(&mut Slot) -> T) -> Option<T> {
+        let mut slots = self.inner.slots.lock().expect("slots");
+        slots.get_mut(name).map(f)
+    }
+
+    /// Describe a type we have no limits for (just that type, at most once a minute).
+    async fn ensure_limits(&self, instance_type: &str) {
+        if instance_type.is_empty()
+            || self
+                .inner
+                .cache
+                .read()
+                .expect("cache")
+                .limits
+                .contains_key(instance_type)
+        {
+            return;
+        }
+        let t = now();
+        {
+            let mut lookups = self.inner.type_lookups.lock().expect("lookups");
+            if lookups
+                .get(instance_type)
+                .is_some_and(|at| t.duration_since(*at) < Duration::from_secs(60))
+            {
+                return;
+            }
+            lookups.insert(instance_type.to_string(), t);
+        }
+        if let Err(e) = self
+            .inner
+            .refresher
+            .instance_types(&[instance_type.to_string()])
+            .await
+        {
+            debug!(instance_type, error = %e, "instance type lookup failed");
+        }
+    }
+
+    /// A CiliumNode that does not parse: say so on that object (once per message).
+    async fn report_invalid(
+        &self,
+        name: &str,
+        node: &NodeRef,
+        error: &str,
+        reported: Option<String>,
+    ) -> (Outcome, Option<Priority>) {
+        if reported.as_deref() == Some(error) {
+            return (Outcome::Done, None);
+        }
+        let message = format!("{}: {error}", ProblemReason::InvalidSpec.as_str());
+        let changes = ChangeSet {
+            writes: vec![Write {
+                subresource: Subresource::Status,
+                patch: serde_json::json!({"status": {"ipam": {"operator-status": {"error": message}}}}),
+                needs_resource_version: false,
+            }],
+        };
+        self.inner
+            .metrics
+            .error(ProblemReason::InvalidSpec.as_str());
+        let result = self.inner.sink.apply(node, &changes).await;
+        self.inner
+            .sink
+            .event(
+                node,
+                NodeEvent::warning(ProblemReason::InvalidSpec.as_str(), &message),
+            )
+            .await;
+        match result {
+            Ok(_) | Err(SinkError::NotFound) => {
+                self.with_slot(name, |s| s.invalid_reported = Some(error.to_string()));
+                (Outcome::Done, None)
+            }
+            Err(_) => (Outcome::Failed, None),
+        }
+    }
+
+    /// The CiliumNode is being deleted. With its Node gone, give back our ENIs first; with the
+    /// Node still there (deleted by hand), touch nothing.
+    async fn finalize(
+        &self,
+        name: &str,
+        node: &CiliumNode,
+        k8s_node_exists: bool,
+    ) -> (Outcome, Option<Priority>) {
+        let inner = &self.inner;
+        let r = NodeRef::of(node);
+        let has_finalizer = r.finalizers.iter().any(|f| f == FINALIZER);
+        let instance = node.spec.instance_id.clone();
+        if has_finalizer && !k8s_node_exists && !instance.is_empty() {
+            match release_instance_enis(&*inner.ec2, &inner.config.ipam.cluster_name, &instance)
+                .await
+            {
+                Ok(n) => {
+                    if n > 0 {
+                        inner
+                            .sink
+                            .event(
+                                &r,
+                                NodeEvent::normal(
+                                    "EnisReleased",
+                                    format!("detached and deleted {n} ENIs of {instance}"),
+                                ),
+                            )
+                            .await;
+                    }
+                }
+                Err(e) => {
+                    inner.metrics.error(&e.code);
+                    inner
+                        .sink
+                        .event(&r, NodeEvent::warning("Ec2Error", e.to_string()))
+                        .await;
+                    return (Outcome::Failed, None);
+                }
+            }
+        }
+        if has_finalizer {
+            match inner.sink.set_finalizer(&r, false).await {
+                Ok(_) | Err(SinkError::NotFound) => {}
+                Err(SinkError::Conflict(fresh)) => {
+                    if let Some(f) = fresh {
+                        self.with_slot(name, |s| s.node = Some(*f));
+                    }
+                    return (Outcome::RetryAfter(Duration::from_millis(500)), None);
+                }
+                Err(e) => {
+                    warn!(node = name, error = %e, "could not remove the finalizer");
+                    return (Outcome::Failed, None);
+                }
+            }
+        }
+        inner.slots.lock().expect("slots").remove(name);
+        if !instance.is_empty() {
+            inner.cache.write().expect("cache").drop_instance(&instance);
+            inner.refresher.forget(&instance);
+        }
+        (Outcome::Done, None)
+    }
+}
