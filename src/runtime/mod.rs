@@ -9,6 +9,7 @@ pub mod core;
 pub mod executor;
 pub mod finalizer;
 pub mod gc;
+pub mod leader;
 pub mod metrics;
 pub mod queue;
 pub mod refresher;
