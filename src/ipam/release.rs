@@ -159,10 +159,7 @@ pub fn classic_candidates(
 
 /// The CIDRs a multi-pool agent derives from the usable ENIs (C3): each /28, and each address
 /// not covered by a prefix as a /32. Maps each CIDR to its ENI.
-pub fn attached_cidrs(
-    enis: &[&NetworkInterface],
-    with_primary: bool,
-) -> BTreeMap<Ipv4Net, String> {
+pub fn attached_cidrs(enis: &[&NetworkInterface], with_primary: bool) -> BTreeMap<Ipv4Net, String> {
     let mut out = BTreeMap::new();
     for eni in enis {
         for p in &eni.prefixes {
@@ -431,8 +428,7 @@ impl NodeMemory {
             .marked
             .iter()
             .filter(|(c, t)| {
-                now.saturating_duration_since(**t) >= config.release_delay
-                    && !allocated.contains(c)
+                now.saturating_duration_since(**t) >= config.release_delay && !allocated.contains(c)
             })
             .map(|(c, _)| *c)
             .collect();
@@ -503,7 +499,10 @@ mod tests {
         let b = eni_with_ips("eni-b", 2, "s", 5);
         let used = BTreeSet::from([b.secondary_ips[0]]);
         let c = classic_candidates(&[&a, &b], &used, &BTreeSet::new(), 10).unwrap();
-        assert_eq!(c.eni_id, "eni-b", "most releasable: 4 on eni-b vs 3 on eni-a");
+        assert_eq!(
+            c.eni_id, "eni-b",
+            "most releasable: 4 on eni-b vs 3 on eni-a"
+        );
         assert_eq!(c.ips.len(), 4);
         assert!(!c.ips.contains(&b.secondary_ips[0]));
         let c = classic_candidates(&[&a, &b], &used, &BTreeSet::new(), 2).unwrap();
@@ -588,18 +587,25 @@ mod tests {
             answer(&mut node, *a, ReleaseState::ReadyForRelease);
         }
         assert!(
-            mem.classic_pass(&node, &usable, 16, &config(), t1).is_none(),
+            mem.classic_pass(&node, &usable, 16, &config(), t1)
+                .is_none(),
             "15 of 16 acknowledged: not yet"
         );
         answer(&mut node, addrs[15], ReleaseState::DoNotRelease);
-        assert!(mem.classic_pass(&node, &usable, 16, &config(), t1).is_none());
+        assert!(
+            mem.classic_pass(&node, &usable, 16, &config(), t1)
+                .is_none()
+        );
         assert_eq!(mem.proposed().count(), 0, "one refusal withdraws the /28");
         // The write-back removed the withdrawn entries; a fresh round, all 16 acknowledged.
         node.status.as_mut().unwrap().ipam.release_ips.clear();
         let t2 = t1 + Duration::from_secs(1);
         mem.classic_pass(&node, &usable, 16, &config(), t2);
         let t3 = t2 + Duration::from_secs(180);
-        assert!(mem.classic_pass(&node, &usable, 16, &config(), t3).is_none());
+        assert!(
+            mem.classic_pass(&node, &usable, 16, &config(), t3)
+                .is_none()
+        );
         assert_eq!(mem.proposed().count(), 16);
         for a in &addrs {
             answer(&mut node, *a, ReleaseState::ReadyForRelease);
@@ -637,7 +643,13 @@ mod tests {
         mem.observe_generation(Generation::Classic);
         let t0 = Instant::now();
         mem.classic_pass(&node(), &usable, 2, &config(), t0);
-        mem.classic_pass(&node(), &usable, 2, &config(), t0 + Duration::from_secs(180));
+        mem.classic_pass(
+            &node(),
+            &usable,
+            2,
+            &config(),
+            t0 + Duration::from_secs(180),
+        );
         assert_eq!(mem.proposed().count(), 2);
         mem.observe_generation(Generation::MultiPool);
         assert_eq!(mem.proposed().count(), 0);
