@@ -33,6 +33,28 @@ pub fn is_excluded(eni: &NetworkInterface, spec: &EniSpec) -> bool {
     below_first || eni.has_all_tags(&spec.exclude_interface_tags)
 }
 
+/// The ENIs attached to the node's instance (C5: an ENI of another instance never counts).
+pub fn instance_enis<'a>(
+    instance_id: &str,
+    enis: &'a [NetworkInterface],
+) -> Vec<&'a NetworkInterface> {
+    enis.iter()
+        .filter(|e| e.instance_id() == Some(instance_id))
+        .collect()
+}
+
+/// The ENIs usable for pods: attached to the instance and not excluded.
+pub fn usable_enis<'a>(
+    instance_id: &str,
+    spec: &EniSpec,
+    enis: &'a [NetworkInterface],
+) -> Vec<&'a NetworkInterface> {
+    instance_enis(instance_id, enis)
+        .into_iter()
+        .filter(|e| !is_excluded(e, spec))
+        .collect()
+}
+
 /// Whether the primary address is offered to pods. Either knob turns it on (the node's
 /// `spec.eni.use-primary-address` or the operator's `--aws-use-primary-address`): counting it in
 /// capacity without listing it (or the reverse) miscounts room by one per ENI (§3), so the two

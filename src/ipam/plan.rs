@@ -1,19 +1,730 @@
-//! Allocation planning.
+//! One maintenance decision for one node (behaviour.md §1.3, §4, §5, §6).
+//!
+//! Order: refuse with an explicit [`Problem`] when the node cannot be served (no instance ID,
+//! invalid spec, instance unknown or gone, limits unknown); track multi-pool drops; release
+//! (a pass that releases does not allocate); else top up the first usable ENI (ascending device
+//! index) whose subnet has room; else create an ENI if an interface slot is free; else report
+//! the node at capacity. Bounds that always hold: the instance's interface and per-ENI slot
+//! limits, subnet free counts, max-allocate, and needed + max-above-watermark + surge (rounded
+//! up to whole /28s when prefixes are requested).
+
 use std::time::Instant;
 
-use super::*;
+use crate::crd::CiliumNode;
+use crate::ec2::{AddressRequest, CreateEniRequest, InstanceTypeLimits, NetworkInterface, Subnet};
 
-pub fn plan_node(
-    _node: &CiliumNode,
-    _ec2: &Ec2View<'_>,
-    _config: &IpamConfig,
-    _memory: &mut NodeMemory,
-    _now: Instant,
-    _pending_pods: u32,
-) -> NodePlan {
+use super::capacity::{
+    Kind, first_interface_index, free_slots, is_prefix_delegated, max_allocatable, offers_primary,
+    usable_addresses, usable_enis,
+};
+use super::demand::{self, Demand, Generation, Watermarks};
+use super::ownership::{client_token, description, eni_tags};
+use super::release::{allocated_cidrs, attached_cidrs};
+use super::selection::{
+    next_device_index, prefix_eligible, select_security_groups, select_subnets,
+};
+use super::{
+    Action, Assign, CreateEni, Ec2View, InstanceView, IpamConfig, NodeMemory, NodePlan, Problem,
+    ProblemReason,
+};
+
+const PREFIX: u32 = crate::ec2::PREFIX_SIZE;
+
+fn refuse(demand: Demand, reason: ProblemReason, message: String) -> NodePlan {
     NodePlan {
-        demand: Demand::default(),
+        demand,
         action: Action::None,
-        problem: None,
+        problem: Some(Problem { reason, message }),
+    }
+}
+
+/// See [`super::plan_node`].
+pub fn plan_node(
+    node: &CiliumNode,
+    ec2: &Ec2View<'_>,
+    config: &IpamConfig,
+    memory: &mut NodeMemory,
+    now: Instant,
+    pending_pods: u32,
+) -> NodePlan {
+    let early = Demand {
+        generation: demand::generation(node),
+        ..Default::default()
+    };
+    let instance_id = node.spec.instance_id.as_str();
+    if instance_id.is_empty() {
+        return refuse(
+            early,
+            ProblemReason::MissingInstanceId,
+            "spec.instance-id is empty: the agent has not reported its EC2 instance".into(),
+        );
+    }
+    let marks = match demand::watermarks(node) {
+        Ok(m) => m,
+        Err(p) => return refuse(early, p.reason, p.message),
+    };
+    if let Some(f) = node.spec.eni.first_interface_index.filter(|f| *f < 0) {
+        return refuse(
+            early,
+            ProblemReason::InvalidSpec,
+            format!("spec.eni.first-interface-index is negative ({f})"),
+        );
+    }
+    let enis = match ec2.instance {
+        InstanceView::Unknown => {
+            return refuse(
+                early,
+                ProblemReason::InstanceNotFound,
+                format!("instance {instance_id} not found in EC2 (yet); refreshing"),
+            );
+        }
+        InstanceView::Gone => {
+            return refuse(
+                early,
+                ProblemReason::InstanceGone,
+                format!("instance {instance_id} is shutting down or terminated"),
+            );
+        }
+        InstanceView::Known { instance, enis } => {
+            if let Some(i) = instance.filter(|i| i.state.is_gone()) {
+                return refuse(
+                    early,
+                    ProblemReason::InstanceGone,
+                    format!("instance {instance_id} is {:?}", i.state),
+                );
+            }
+            if enis.is_empty() {
+                return refuse(
+                    early,
+                    ProblemReason::InstanceNotFound,
+                    format!("instance {instance_id} has no ENI in EC2; refreshing"),
+                );
+            }
+            enis
+        }
+    };
+    let Some(limits) = ec2.limits else {
+        return refuse(
+            early,
+            ProblemReason::UnknownInstanceType,
+            format!(
+                "limits of instance type {:?} unknown (DescribeInstanceTypes)",
+                node.spec.eni.instance_type
+            ),
+        );
+    };
+
+    let spec = &node.spec.eni;
+    let with_primary = offers_primary(config, spec);
+    let usable = usable_enis(instance_id, spec, enis);
+    let available: i64 = usable
+        .iter()
+        .map(|e| usable_addresses(e, with_primary).len() as i64)
+        .sum();
+    let pd = is_prefix_delegated(config, Some(limits), spec);
+    let instance_max = max_allocatable(Some(limits), spec.first_interface_index, pd);
+    let demand = demand::compute(node, &marks, available, instance_max);
+    memory.observe_generation(demand.generation);
+
+    let release = match demand.generation {
+        Generation::MultiPool => {
+            let allocated = allocated_cidrs(node);
+            memory.track_multi_pool(&allocated, &attached_cidrs(&usable, with_primary), now);
+            memory.multi_pool_release(&usable, &allocated, demand.excess, config, now)
+        }
+        Generation::Classic => memory.classic_pass(node, &usable, demand.excess, config, now),
+    };
+    if let Some(release) = release {
+        return NodePlan {
+            demand,
+            action: Action::Release(release),
+            problem: None,
+        };
+    }
+    if demand.needed <= 0 {
+        return NodePlan {
+            demand,
+            action: Action::None,
+            problem: None,
+        };
+    }
+
+    let max = if marks.max_allocate > 0 {
+        marks.max_allocate
+    } else {
+        instance_max
+    };
+    let alloc = Allocation::new(&demand, &marks, max, pending_pods, pd);
+    let (action, problem) = allocate(node, ec2, config, limits, enis, &usable, &alloc, now);
+    NodePlan {
+        demand,
+        action,
+        problem,
+    }
+}
+
+/// The bounds of one allocation.
+struct Allocation {
+    /// MaxIPsToAllocate = needed + W + surge, capped by max-allocate.
+    cap: u32,
+    /// Room left under max-allocate; `None` when uncapped.
+    under_max: Option<u32>,
+    prefix_delegated: bool,
+}
+
+fn to_u32(n: i64) -> u32 {
+    u32::try_from(n.max(0)).unwrap_or(u32::MAX)
+}
+
+impl Allocation {
+    fn new(demand: &Demand, marks: &Watermarks, max: i64, pending: u32, pd: bool) -> Self {
+        let surge = (i64::from(pending) - demand.needed).max(0);
+        let mut cap = demand.needed + marks.max_above_watermark + surge;
+        let under_max = (max > 0).then(|| to_u32(max - demand.available));
+        if let Some(m) = under_max {
+            cap = cap.min(i64::from(m));
+        }
+        Self {
+            cap: to_u32(cap),
+            under_max,
+            prefix_delegated: pd,
+        }
+    }
+
+    /// Prefixes for `amount` addresses: ⌈amount/16⌉, within `slots`, `subnet_blocks` /28s the
+    /// subnet could hold, and max-allocate (whole prefixes only).
+    fn prefixes(&self, amount: u32, slots: u32, subnet_blocks: u32) -> u32 {
+        let mut n = amount.div_ceil(PREFIX).min(slots).min(subnet_blocks);
+        if let Some(m) = self.under_max {
+            n = n.min(m / PREFIX);
+        }
+        n
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn allocate(
+    node: &CiliumNode,
+    ec2: &Ec2View<'_>,
+    config: &IpamConfig,
+    limits: &InstanceTypeLimits,
+    enis: &[NetworkInterface],
+    usable: &[&NetworkInterface],
+    alloc: &Allocation,
+    now: Instant,
+) -> (Action, Option<Problem>) {
+    if alloc.cap == 0 {
+        return (Action::None, None);
+    }
+    let mut ordered: Vec<&NetworkInterface> = usable.to_vec();
+    ordered.sort_by_key(|e| (e.device_index(), e.id.clone()));
+    let mut any_room = false;
+    for eni in ordered {
+        let slots = free_slots(eni, limits);
+        if slots == 0 {
+            continue;
+        }
+        any_room = true;
+        let Some(subnet) = ec2.subnets.get(&eni.subnet_id) else {
+            continue;
+        };
+        if let Some(assign) = top_up(ec2, config, alloc, eni, subnet, slots, now) {
+            return (Action::Assign(assign), None);
+        }
+    }
+
+    let f = first_interface_index(&node.spec.eni);
+    let instance_id = node.spec.instance_id.as_str();
+    let Some(device_index) = next_device_index(
+        &super::capacity::instance_enis(instance_id, enis)
+            .into_iter()
+            .cloned()
+            .collect::<Vec<_>>(),
+        f,
+        limits.max_enis,
+    ) else {
+        let problem = if any_room {
+            Problem {
+                reason: ProblemReason::NoMatchingSubnet,
+                message: "the subnets of the node's ENIs are full and no interface slot is free"
+                    .into(),
+            }
+        } else {
+            Problem {
+                reason: ProblemReason::AtCapacity,
+                message: format!(
+                    "instance is at capacity: {} ENIs with no free address slot",
+                    limits.max_enis
+                ),
+            }
+        };
+        return (Action::None, Some(problem));
+    };
+    match create(node, ec2, config, limits, enis, alloc, device_index, now) {
+        Ok(Some(create)) => (Action::CreateEni(create), None),
+        Ok(None) => (
+            Action::None,
+            Some(Problem {
+                reason: ProblemReason::AtCapacity,
+                message: "a new ENI could hold no address (instance type has one address per ENI)"
+                    .into(),
+            }),
+        ),
+        Err(problem) => (Action::None, Some(problem)),
+    }
+}
+
+/// Assign on an existing ENI: /28s on a prefix-delegated node when the subnet may fit one (with
+/// single addresses as the fallback), else single addresses.
+fn top_up(
+    ec2: &Ec2View<'_>,
+    config: &IpamConfig,
+    alloc: &Allocation,
+    eni: &NetworkInterface,
+    subnet: &Subnet,
+    slots: u32,
+    now: Instant,
+) -> Option<Assign> {
+    let free = subnet.available_addresses;
+    let singles = alloc.cap.min(slots).min(free);
+    if alloc.prefix_delegated && prefix_eligible(ec2, config, subnet, now) {
+        let amount = alloc.cap.min(free).min(slots * PREFIX);
+        let n = alloc.prefixes(amount, slots, free / PREFIX);
+        if n > 0 {
+            return Some(Assign {
+                eni_id: eni.id.clone(),
+                subnet_id: subnet.id.clone(),
+                request: AddressRequest::Prefixes(n),
+                fallback_ips: (singles > 0).then_some(singles),
+            });
+        }
+    }
+    (singles > 0).then(|| Assign {
+        eni_id: eni.id.clone(),
+        subnet_id: subnet.id.clone(),
+        request: AddressRequest::Ips(singles),
+        fallback_ips: None,
+    })
+}
+
+/// A new ENI with everything inline. Attempts: /28s in the chosen subnet, then /28s in the
+/// other eligible subnets (not cooling down), then single addresses in the chosen subnet; on a
+/// node without delegation, single addresses only. The new ENI's primary address takes one
+/// free address of its subnet too.
+#[allow(clippy::too_many_arguments)]
+fn create(
+    node: &CiliumNode,
+    ec2: &Ec2View<'_>,
+    config: &IpamConfig,
+    limits: &InstanceTypeLimits,
+    enis: &[NetworkInterface],
+    alloc: &Allocation,
+    device_index: u32,
+    now: Instant,
+) -> Result<Option<CreateEni>, Problem> {
+    let subnets = select_subnets(node, ec2, limits.ipv4_per_eni)?;
+    let security_groups = select_security_groups(node, ec2, enis)?;
+    let instance_id = node.spec.instance_id.as_str();
+    let attached: Vec<String> = super::capacity::instance_enis(instance_id, enis)
+        .iter()
+        .map(|e| e.id.clone())
+        .collect();
+    let tags = eni_tags(&config.eni_tags, &config.cluster_name, instance_id);
+    let request = |subnet: &Subnet, addresses: AddressRequest| {
+        let kind = match addresses {
+            AddressRequest::Ips(_) => Kind::Ips,
+            AddressRequest::Prefixes(_) => Kind::Prefixes,
+        };
+        CreateEniRequest {
+            subnet_id: subnet.id.clone(),
+            security_groups: security_groups.clone(),
+            description: description(instance_id),
+            tags: tags.clone(),
+            addresses,
+            client_token: client_token(
+                &config.cluster_name,
+                instance_id,
+                device_index,
+                &subnet.id,
+                kind,
+                &attached,
+            ),
+        }
+    };
+    let slots = limits.ipv4_per_eni.saturating_sub(1);
+    let mut attempts = Vec::new();
+    if alloc.prefix_delegated {
+        let amount = alloc.cap.min(slots * PREFIX);
+        for subnet in subnets
+            .iter()
+            .filter(|s| prefix_eligible(ec2, config, s, now))
+        {
+            let blocks = subnet.available_addresses.saturating_sub(1) / PREFIX;
+            let n = alloc.prefixes(amount, slots, blocks);
+            if n > 0 {
+                attempts.push(request(subnet, AddressRequest::Prefixes(n)));
+            }
+        }
+    }
+    let chosen = subnets[0];
+    let singles = alloc
+        .cap
+        .min(slots)
+        .min(chosen.available_addresses.saturating_sub(1));
+    if singles > 0 {
+        attempts.push(request(chosen, AddressRequest::Ips(singles)));
+    }
+    if attempts.is_empty() {
+        return Ok(None);
+    }
+    Ok(Some(CreateEni {
+        instance_id: instance_id.to_string(),
+        device_index,
+        attempts,
+        delete_on_termination: node.spec.eni.delete_on_termination != Some(false),
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::crd::{AllocationIp, IpamPoolRequest};
+    use crate::ec2::InstanceState;
+    use crate::ipam::ownership::{CLUSTER_TAG, INSTANCE_TAG};
+    use crate::ipam::testkit::*;
+    use std::time::Duration;
+
+    fn run(node: &CiliumNode, w: &World, config: &IpamConfig, pending: u32) -> NodePlan {
+        plan_node(
+            node,
+            &w.view(),
+            config,
+            &mut NodeMemory::new(),
+            Instant::now(),
+            pending,
+        )
+    }
+
+    fn pd_config() -> IpamConfig {
+        IpamConfig {
+            prefix_delegation: true,
+            cluster_name: "prod".into(),
+            ..Default::default()
+        }
+    }
+
+    fn reason(p: &NodePlan) -> Option<ProblemReason> {
+        p.problem.as_ref().map(|p| p.reason)
+    }
+
+    #[test]
+    fn problems_stop_planning() {
+        let w = World::new();
+        let cfg = IpamConfig::default();
+        let mut n = node();
+        n.spec.instance_id.clear();
+        assert_eq!(
+            reason(&run(&n, &w, &cfg, 0)),
+            Some(ProblemReason::MissingInstanceId)
+        );
+        let mut n = node();
+        n.spec.ipam.pre_allocate = -2;
+        assert_eq!(
+            reason(&run(&n, &w, &cfg, 0)),
+            Some(ProblemReason::InvalidSpec)
+        );
+        let mut n = node();
+        n.spec.eni.first_interface_index = Some(-1);
+        assert_eq!(
+            reason(&run(&n, &w, &cfg, 0)),
+            Some(ProblemReason::InvalidSpec)
+        );
+
+        let mut unknown = World::new();
+        unknown.presence = Presence::Unknown;
+        assert_eq!(
+            reason(&run(&node(), &unknown, &cfg, 0)),
+            Some(ProblemReason::InstanceNotFound)
+        );
+        let mut no_enis = World::new();
+        no_enis.enis.clear();
+        assert_eq!(
+            reason(&run(&node(), &no_enis, &cfg, 0)),
+            Some(ProblemReason::InstanceNotFound)
+        );
+        let mut gone = World::new();
+        gone.presence = Presence::Gone;
+        assert_eq!(
+            reason(&run(&node(), &gone, &cfg, 0)),
+            Some(ProblemReason::InstanceGone)
+        );
+        let mut terminated = World::new();
+        terminated.instance.state = InstanceState::ShuttingDown;
+        assert_eq!(
+            reason(&run(&node(), &terminated, &cfg, 0)),
+            Some(ProblemReason::InstanceGone)
+        );
+        let mut no_limits = World::new();
+        no_limits.limits = None;
+        let p = run(&node(), &no_limits, &cfg, 0);
+        assert_eq!(reason(&p), Some(ProblemReason::UnknownInstanceType));
+        assert_eq!(p.action, Action::None);
+    }
+
+    #[test]
+    fn top_up_first_eni_by_device_index_with_watermark_and_surge() {
+        let mut w = World::new();
+        w.enis.push(eni_with_ips("eni-2", 2, "subnet-b", 2));
+        w.enis.push(eni_with_ips("eni-1", 1, "subnet-a", 0));
+        let mut n = node();
+        n.spec.ipam.max_above_watermark = 1;
+        // A = 2, U = 0, P = 8: needed 6; W 1; pending 7 -> surge 1; room on eni-0: 9.
+        let p = run(&n, &w, &IpamConfig::default(), 7);
+        assert_eq!(p.demand.needed, 6);
+        let Action::Assign(a) = p.action else {
+            panic!("{:?}", p.action)
+        };
+        assert_eq!(a.eni_id, "eni-0");
+        assert_eq!(a.request, AddressRequest::Ips(8));
+        assert_eq!(a.fallback_ips, None);
+    }
+
+    #[test]
+    fn top_up_bounded_by_subnet_and_room_and_max() {
+        let mut w = World::new();
+        w.subnets.get_mut("subnet-a").unwrap().available_addresses = 3;
+        let mut n = node();
+        n.spec.ipam.min_allocate = 20;
+        let p = run(&n, &w, &IpamConfig::default(), 0);
+        assert_eq!(
+            p.action,
+            Action::Assign(Assign {
+                eni_id: "eni-0".into(),
+                subnet_id: "subnet-a".into(),
+                request: AddressRequest::Ips(3),
+                fallback_ips: None
+            })
+        );
+        let mut w = World::new();
+        w.enis[0] = eni_with_ips("eni-0", 0, "subnet-a", 7);
+        n.spec.ipam.max_allocate = 8;
+        let p = run(&n, &w, &IpamConfig::default(), 50);
+        assert_eq!(
+            p.action_request(),
+            Some(AddressRequest::Ips(1)),
+            "max-allocate"
+        );
+    }
+
+    impl NodePlan {
+        fn action_request(&self) -> Option<AddressRequest> {
+            match &self.action {
+                Action::Assign(a) => Some(a.request),
+                _ => None,
+            }
+        }
+    }
+
+    #[test]
+    fn prefix_node_requests_whole_prefixes_with_fallback() {
+        let w = World::new();
+        let mut n = node();
+        n.spec.ipam.min_allocate = 20;
+        let p = run(&n, &w, &pd_config(), 0);
+        let Action::Assign(a) = p.action else {
+            panic!()
+        };
+        assert_eq!(a.request, AddressRequest::Prefixes(2));
+        assert_eq!(a.fallback_ips, Some(9));
+        // Subnet cooling down: single addresses straight away.
+        let mut cool = World::new();
+        cool.cooldown.insert("subnet-a".into(), Instant::now());
+        let p = run(&n, &cool, &pd_config(), 0);
+        assert_eq!(p.action_request(), Some(AddressRequest::Ips(9)));
+    }
+
+    #[test]
+    fn create_eni_when_full_with_everything_inline() {
+        let mut w = World::new();
+        w.enis[0] = eni_with_ips("eni-0", 0, "subnet-a", 9);
+        w.enis[0].security_groups = vec!["sg-b".into(), "sg-a".into()];
+        let mut n = node();
+        n.spec.ipam.min_allocate = 17; // 9 available: a deficit of 8
+        let cfg = IpamConfig {
+            cluster_name: "prod".into(),
+            eni_tags: tags(&[("team", "net")]),
+            ..Default::default()
+        };
+        let p = run(&n, &w, &cfg, 0);
+        let Action::CreateEni(c) = p.action else {
+            panic!("{:?}", p.action)
+        };
+        assert_eq!(c.device_index, 1);
+        assert!(c.delete_on_termination);
+        assert_eq!(c.attempts.len(), 1);
+        let r = &c.attempts[0];
+        assert_eq!(r.subnet_id, "subnet-a");
+        assert_eq!(r.security_groups, ["sg-a", "sg-b"]);
+        assert_eq!(r.description, "Cilium-CNI (i-1)");
+        assert_eq!(r.tags.get(CLUSTER_TAG).unwrap(), "prod");
+        assert_eq!(r.tags.get(INSTANCE_TAG).unwrap(), "i-1");
+        assert_eq!(r.tags.get("team").unwrap(), "net");
+        assert_eq!(r.addresses, AddressRequest::Ips(8));
+        n.spec.eni.delete_on_termination = Some(false);
+        let Action::CreateEni(c) = run(&n, &w, &cfg, 0).action else {
+            panic!()
+        };
+        assert!(!c.delete_on_termination);
+    }
+
+    #[test]
+    fn create_eni_prefix_attempts_order() {
+        let mut w = World::new();
+        w.enis[0] = eni_with_ips("eni-0", 0, "subnet-a", 9);
+        w.add_subnet(subnet("subnet-c", "10.0.32.0/20", 300));
+        w.add_subnet(subnet("subnet-d", "10.0.48.0/20", 30));
+        w.cooldown.insert("subnet-c".into(), Instant::now());
+        let mut n = node();
+        n.spec.eni.subnet_ids = vec!["subnet-b".into(), "subnet-c".into(), "subnet-d".into()];
+        n.spec.ipam.min_allocate = 9 + 40;
+        let p = run(&n, &w, &pd_config(), 0);
+        let Action::CreateEni(c) = p.action else {
+            panic!("{:?}", p.action)
+        };
+        let got: Vec<(String, AddressRequest)> = c
+            .attempts
+            .iter()
+            .map(|a| (a.subnet_id.clone(), a.addresses))
+            .collect();
+        // Chosen: most free among the listed, subnet-c, but it cools down for /28s.
+        assert_eq!(
+            got,
+            [
+                ("subnet-b".to_string(), AddressRequest::Prefixes(3)),
+                ("subnet-d".to_string(), AddressRequest::Prefixes(1)),
+                ("subnet-c".to_string(), AddressRequest::Ips(9)),
+            ]
+        );
+        let tokens: std::collections::BTreeSet<&str> =
+            c.attempts.iter().map(|a| a.client_token.as_str()).collect();
+        assert_eq!(tokens.len(), 3, "one token per intent");
+    }
+
+    #[test]
+    fn at_capacity_and_full_subnets() {
+        let mut w = World::new();
+        w.enis = vec![
+            eni_with_ips("eni-0", 0, "subnet-a", 9),
+            eni_with_ips("eni-1", 1, "subnet-a", 9),
+            eni_with_ips("eni-2", 2, "subnet-a", 9),
+        ];
+        let mut n = node();
+        n.spec.ipam.min_allocate = 40;
+        assert_eq!(
+            run(&n, &w, &IpamConfig::default(), 0).demand.needed,
+            0,
+            "instance max"
+        );
+        n.spec.ipam.max_allocate = 100; // above the instance maximum of 27
+        let p = run(&n, &w, &IpamConfig::default(), 0);
+        assert_eq!(reason(&p), Some(ProblemReason::AtCapacity));
+        assert_eq!(p.action, Action::None);
+        w.enis[2] = eni_with_ips("eni-2", 2, "subnet-a", 1);
+        w.subnets.get_mut("subnet-a").unwrap().available_addresses = 0;
+        assert_eq!(
+            reason(&run(&n, &w, &IpamConfig::default(), 0)),
+            Some(ProblemReason::NoMatchingSubnet)
+        );
+    }
+
+    #[test]
+    fn create_eni_reports_selection_problems() {
+        let mut w = World::new();
+        w.enis[0] = eni_with_ips("eni-0", 0, "subnet-a", 9);
+        let mut n = node();
+        n.spec.ipam.min_allocate = 20;
+        n.spec.eni.subnet_ids = vec!["subnet-x".into()];
+        assert_eq!(
+            reason(&run(&n, &w, &IpamConfig::default(), 0)),
+            Some(ProblemReason::NoMatchingSubnet)
+        );
+        n.spec.eni.subnet_ids.clear();
+        n.spec.eni.security_group_tags = tags(&[("k", "v")]);
+        assert_eq!(
+            reason(&run(&n, &w, &IpamConfig::default(), 0)),
+            Some(ProblemReason::NoSecurityGroups)
+        );
+    }
+
+    #[test]
+    fn excluded_enis_are_not_used_or_counted() {
+        let mut w = World::new();
+        w.enis[0] = eni_with_ips("eni-0", 0, "subnet-a", 5);
+        w.enis.push(eni_with_ips("eni-1", 1, "subnet-a", 0));
+        let mut n = node();
+        n.spec.eni.first_interface_index = Some(1);
+        let p = run(&n, &w, &IpamConfig::default(), 0);
+        assert_eq!(p.demand.available, 0);
+        let Action::Assign(a) = p.action else {
+            panic!()
+        };
+        assert_eq!(a.eni_id, "eni-1");
+    }
+
+    #[test]
+    fn multi_pool_demand_from_requested() {
+        let w = World::new();
+        let mut n = node();
+        let mut req = IpamPoolRequest {
+            pool: "default".into(),
+            ..Default::default()
+        };
+        req.needed.ipv4_addrs = 5;
+        n.spec.ipam.pools.requested.push(req);
+        let p = run(&n, &w, &IpamConfig::default(), 0);
+        assert_eq!(p.demand.generation, Generation::MultiPool);
+        assert_eq!((p.demand.used, p.demand.needed), (0, 8));
+        n.status
+            .as_mut()
+            .unwrap()
+            .ipam
+            .used
+            .insert("10.0.0.9".into(), AllocationIp::default());
+        assert_eq!(
+            run(&n, &w, &IpamConfig::default(), 0).demand.generation,
+            Generation::Classic
+        );
+    }
+
+    #[test]
+    fn release_comes_before_allocation_and_needs_the_delay() {
+        let mut w = World::new();
+        w.enis[0] = eni_with_ips("eni-0", 0, "subnet-a", 9);
+        w.enis.push(eni_with_ips("eni-1", 1, "subnet-a", 9));
+        let n = node();
+        let cfg = IpamConfig {
+            release_excess_ips: true,
+            release_delay: Duration::from_secs(1),
+            ..Default::default()
+        };
+        let mut mem = NodeMemory::new();
+        let t0 = Instant::now();
+        let p = plan_node(&n, &w.view(), &cfg, &mut mem, t0, 0);
+        assert_eq!(p.demand.excess, 10);
+        assert_eq!(p.action, Action::None);
+        let p = plan_node(
+            &n,
+            &w.view(),
+            &cfg,
+            &mut mem,
+            t0 + Duration::from_secs(1),
+            0,
+        );
+        assert_eq!(p.action, Action::None, "proposed, waiting for the agent");
+        assert_eq!(
+            mem.proposed().count(),
+            9,
+            "most releasable ENI, capped at excess"
+        );
     }
 }
