@@ -1,0 +1,1 @@
+//! The simulator's own mechanics: throttling, latency, faults, detach delay, termination.
