@@ -1,0 +1,548 @@
+//! An in-memory EC2 that follows AWS's documented rules, for the engine's tests and for
+//! benchmarks: subnet capacity (5 reserved addresses, aligned /28 prefixes, fragmentation),
+//! per-instance-type limits, device-index conflicts, asynchronous detach, delete on termination,
+//! client-token idempotency, pagination, AWS's per-action throttling buckets, and injectable
+//! latency and faults with per-operation counters.
+//!
+//! [`Simulator`] is a cheap `Clone` handle; the state sits behind one mutex that is never held
+//! across an await. All time is tokio time, so tests can run under `tokio::time::pause()`.
+
+mod addressing;
+mod faults;
+mod state;
+mod throttle;
+#[cfg(test)]
+mod tests;
+
+use std::net::Ipv4Addr;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use ipnet::Ipv4Net;
+use tokio::time::Instant;
+
+pub use faults::{Fault, OpStats, SimStats};
+
+use self::addressing::AddressPool;
+use self::faults::Faults;
+use self::state::{EniRec, State, SubnetRec};
+use self::throttle::Throttle;
+use super::model::*;
+use super::{Ec2, Ec2Error, Result};
+
+/// Describe page size when none is configured (EC2's usual maximum).
+pub const DEFAULT_PAGE_SIZE: usize = 1000;
+
+/// A realistic subset of `DescribeInstanceTypes` (ENIs, IPv4 per ENI, hypervisor).
+pub fn default_instance_types() -> Vec<InstanceTypeLimits> {
+    let t = |name: &str, enis, ips, nitro, metal| InstanceTypeLimits {
+        instance_type: name.to_owned(),
+        max_enis: enis,
+        ipv4_per_eni: ips,
+        ipv6_per_eni: ips,
+        nitro,
+        bare_metal: metal,
+    };
+    vec![
+        t("m5.large", 3, 10, true, false),
+        t("m5.xlarge", 4, 15, true, false),
+        t("m5.2xlarge", 4, 15, true, false),
+        t("m5.24xlarge", 15, 50, true, false),
+        t("m5.metal", 15, 50, false, true),
+        t("c5.large", 3, 10, true, false),
+        t("t3.medium", 3, 6, true, false),
+        t("t3.large", 3, 12, true, false),
+        t("t2.medium", 3, 6, false, false),
+    ]
+}
+
+struct Inner {
+    state: State,
+    throttle: Throttle,
+    faults: Faults,
+}
+
+/// The simulated EC2 account and Region. Clones share the same state.
+#[derive(Clone)]
+pub struct Simulator {
+    inner: Arc<Mutex<Inner>>,
+}
+
+impl Default for Simulator {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl std::fmt::Debug for Simulator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Simulator").finish_non_exhaustive()
+    }
+}
+
+impl Simulator {
+    /// An empty account with the default instance types, AWS's throttling buckets, page size
+    /// [`DEFAULT_PAGE_SIZE`], immediate detach and no injected trouble.
+    pub fn new() -> Self {
+        let mut state = State::new(DEFAULT_PAGE_SIZE);
+        for t in default_instance_types() {
+            state.types.insert(t.instance_type.clone(), t);
+        }
+        Self {
+            inner: Arc::new(Mutex::new(Inner {
+                state,
+                throttle: Throttle::aws_default(Instant::now()),
+                faults: Faults::new(0),
+            })),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        // A panic elsewhere cannot leave the state half-updated in a way tests rely on.
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    // ---- knobs ----
+
+    /// Items per describe page.
+    pub fn set_page_size(&self, page_size: usize) {
+        self.lock().state.page_size = page_size.max(1);
+    }
+
+    /// How long a detached ENI stays `detaching` before it becomes `available`.
+    pub fn set_detach_delay(&self, delay: Duration) {
+        self.lock().state.detach_delay = delay;
+    }
+
+    /// Turn request throttling off.
+    pub fn disable_throttling(&self) {
+        self.lock().throttle = Throttle::disabled();
+    }
+
+    /// Back to AWS's documented buckets, all full.
+    pub fn reset_throttling(&self) {
+        self.lock().throttle = Throttle::aws_default(Instant::now());
+    }
+
+    /// Override one bucket (it starts full); throttling is enabled if it was off.
+    pub fn set_bucket(&self, bucket: Bucket, burst: u32, per_second: u32) {
+        self.lock()
+            .throttle
+            .set(bucket, burst, per_second, Instant::now());
+    }
+
+    /// Every call of `op` takes this long (tokio time) before it is answered.
+    pub fn set_latency(&self, op: Operation, latency: Duration) {
+        self.lock().faults.set_latency(op, latency);
+    }
+
+    /// Answer a fraction `rate` of the calls of `op` with `fault` (seeded RNG).
+    pub fn set_fault_rate(&self, op: Operation, rate: f64, fault: Fault) {
+        self.lock().faults.set_rate(op, rate, fault);
+    }
+
+    /// Reseed the fault RNG.
+    pub fn set_seed(&self, seed: u64) {
+        let mut inner = self.lock();
+        let stats = std::mem::take(&mut inner.faults.stats);
+        let old = std::mem::replace(&mut inner.faults, Faults::new(seed));
+        drop(old);
+        inner.faults.stats = stats;
+    }
+
+    /// Answer the next `times` calls of `op` with `fault`.
+    pub fn inject(&self, op: Operation, fault: Fault, times: usize) {
+        self.lock().faults.queue(op, fault, times);
+    }
+
+    /// Answer the next `times` calls of `op` with the AWS error `code` (HTTP 500 for
+    /// `InternalError`, 503 for `RequestLimitExceeded`, else 400).
+    pub fn inject_error(&self, op: Operation, code: &str, times: usize) {
+        let status = match code {
+            "InternalError" | "InternalFailure" => 500,
+            "RequestLimitExceeded" | "Unavailable" | "ServiceUnavailable" => 503,
+            _ => 400,
+        };
+        self.inject(op, Fault::new(code, "injected by the simulator", status), times);
+    }
+
+    /// Per-operation counters so far.
+    pub fn stats(&self) -> SimStats {
+        self.lock().faults.stats.clone()
+    }
+
+    // ---- seeding ----
+
+    pub fn add_instance_type(&self, limits: InstanceTypeLimits) {
+        self.lock()
+            .state
+            .types
+            .insert(limits.instance_type.clone(), limits);
+    }
+
+    pub fn add_vpc(&self, primary: Ipv4Net, secondary: &[Ipv4Net]) -> String {
+        let mut inner = self.lock();
+        let id = inner.state.new_id("vpc");
+        inner.state.vpcs.insert(
+            id.clone(),
+            Vpc {
+                id: id.clone(),
+                primary_cidr: primary,
+                secondary_cidrs: secondary.to_vec(),
+            },
+        );
+        id
+    }
+
+    /// # Panics
+    /// If the VPC is unknown, the CIDR is outside the VPC's blocks, overlaps another subnet,
+    /// or is smaller than a /28 (EC2's minimum).
+    pub fn add_subnet(&self, vpc_id: &str, zone: &str, cidr: Ipv4Net, tags: Tags) -> String {
+        let mut inner = self.lock();
+        let st = &mut inner.state;
+        let vpc = st.vpcs.get(vpc_id).expect("add_subnet: unknown VPC");
+        assert!(
+            std::iter::once(&vpc.primary_cidr)
+                .chain(&vpc.secondary_cidrs)
+                .any(|b| b.contains(&cidr)),
+            "add_subnet: {cidr} is outside the VPC"
+        );
+        assert!(cidr.prefix_len() <= 28, "add_subnet: EC2's smallest subnet is a /28");
+        assert!(
+            st.subnets
+                .values()
+                .all(|s| !s.subnet.cidr.contains(&cidr) && !cidr.contains(&s.subnet.cidr)),
+            "add_subnet: {cidr} overlaps another subnet"
+        );
+        let id = st.new_id("subnet");
+        let pool = AddressPool::new(cidr);
+        st.subnets.insert(
+            id.clone(),
+            SubnetRec {
+                subnet: Subnet {
+                    id: id.clone(),
+                    vpc_id: vpc_id.to_owned(),
+                    availability_zone: zone.to_owned(),
+                    cidr: cidr.trunc(),
+                    available_addresses: pool.available(),
+                    tags,
+                },
+                pool,
+            },
+        );
+        id
+    }
+
+    pub fn add_security_group(&self, vpc_id: &str, tags: Tags) -> String {
+        let mut inner = self.lock();
+        assert!(
+            inner.state.vpcs.contains_key(vpc_id),
+            "add_security_group: unknown VPC"
+        );
+        let id = inner.state.new_id("sg");
+        inner.state.security_groups.insert(
+            id.clone(),
+            SecurityGroup {
+                id: id.clone(),
+                vpc_id: vpc_id.to_owned(),
+                tags,
+            },
+        );
+        id
+    }
+
+    pub fn add_route_table(&self, vpc_id: &str, main: bool, subnet_ids: &[String]) -> String {
+        let mut inner = self.lock();
+        let id = inner.state.new_id("rtb");
+        inner.state.route_tables.insert(
+            id.clone(),
+            RouteTable {
+                id: id.clone(),
+                vpc_id: vpc_id.to_owned(),
+                main,
+                subnet_ids: subnet_ids.to_vec(),
+            },
+        );
+        id
+    }
+
+    /// Launch a running instance with its primary ENI at device index 0 (delete on
+    /// termination, primary address from the subnet, the given groups).
+    ///
+    /// # Panics
+    /// On an unknown type or subnet, or a full subnet.
+    pub fn run_instance(&self, instance_type: &str, subnet_id: &str, groups: &[String]) -> Instance {
+        let mut inner = self.lock();
+        let st = &mut inner.state;
+        assert!(
+            st.types.contains_key(instance_type),
+            "run_instance: unknown type {instance_type}"
+        );
+        let subnet = st
+            .subnets
+            .get(subnet_id)
+            .expect("run_instance: unknown subnet")
+            .subnet
+            .clone();
+        let id = st.new_id("i");
+        let instance = Instance {
+            id: id.clone(),
+            instance_type: instance_type.to_owned(),
+            state: InstanceState::Running,
+            availability_zone: subnet.availability_zone.clone(),
+            vpc_id: subnet.vpc_id.clone(),
+            subnet_id: subnet_id.to_owned(),
+            tags: Tags::new(),
+        };
+        st.instances.insert(id.clone(), instance.clone());
+        let eni = st
+            .create_network_interface(&CreateEniRequest {
+                subnet_id: subnet_id.to_owned(),
+                security_groups: groups.to_vec(),
+                description: "Primary network interface".to_owned(),
+                tags: Tags::new(),
+                addresses: AddressRequest::Ips(0),
+                client_token: String::new(),
+            })
+            .expect("run_instance: primary ENI");
+        let attachment = st
+            .attach_network_interface(&eni.id, &id, 0)
+            .expect("run_instance: attach primary ENI");
+        st.set_delete_on_termination(&eni.id, &attachment, true)
+            .expect("run_instance: delete on termination");
+        instance
+    }
+
+    /// The ENI at device index 0 of an instance.
+    pub fn primary_eni_id(&self, instance_id: &str) -> Option<String> {
+        self.lock()
+            .state
+            .enis
+            .values()
+            .find(|r| r.eni.instance_id() == Some(instance_id) && r.eni.device_index() == Some(0))
+            .map(|r| r.eni.id.clone())
+    }
+
+    pub fn set_instance_tags(&self, instance_id: &str, tags: Tags) {
+        if let Some(i) = self.lock().state.instances.get_mut(instance_id) {
+            i.tags = tags;
+        }
+    }
+
+    /// Force an instance state (e.g. `Stopping` to test "is not 'running'").
+    pub fn set_instance_state(&self, instance_id: &str, state: InstanceState) {
+        if let Some(i) = self.lock().state.instances.get_mut(instance_id) {
+            i.state = state;
+        }
+    }
+
+    /// Terminate: delete-on-termination ENIs are deleted, the others detached (`available`).
+    /// False if the instance is unknown.
+    pub fn terminate_instance(&self, instance_id: &str) -> bool {
+        self.lock().state.terminate_instance(instance_id)
+    }
+
+    /// A snapshot of an ENI without going through the API (no throttling, no counters).
+    pub fn network_interface(&self, eni_id: &str) -> Option<NetworkInterface> {
+        let mut inner = self.lock();
+        inner.state.settle(Instant::now());
+        inner.state.enis.get(eni_id).map(|r: &EniRec| r.eni.clone())
+    }
+
+    /// Check AWS's invariants over the whole state (see `State::check_invariants`).
+    pub fn check_invariants(&self) -> std::result::Result<(), String> {
+        let mut inner = self.lock();
+        inner.state.settle(Instant::now());
+        inner.state.check_invariants()
+    }
+
+    // ---- the API path ----
+
+    /// One API call: latency, then (under the lock) counters, throttling, injected faults and
+    /// finally the operation itself.
+    async fn call<T>(&self, op: Operation, f: impl FnOnce(&mut State, Instant) -> Result<T>) -> Result<T> {
+        let latency = self.lock().faults.latency(op);
+        if !latency.is_zero() {
+            tokio::time::sleep(latency).await;
+        }
+        let mut inner = self.lock();
+        let now = Instant::now();
+        inner.faults.count(op).calls += 1;
+        if !inner.throttle.try_take(op.bucket(), now) {
+            inner.faults.count(op).throttled += 1;
+            return Err(Ec2Error::from_aws(
+                op,
+                "RequestLimitExceeded",
+                "Request limit exceeded.",
+                Some(503),
+            ));
+        }
+        if let Some(e) = inner.faults.next(op) {
+            inner.faults.count(op).faults += 1;
+            return Err(e);
+        }
+        inner.state.settle(now);
+        let result = f(&mut inner.state, now);
+        let stats = inner.faults.count(op);
+        if result.is_ok() {
+            stats.ok += 1;
+        } else {
+            stats.rejected += 1;
+        }
+        result
+    }
+}
+
+impl Ec2 for Simulator {
+    async fn describe_instance_types(
+        &self,
+        types: &[String],
+        next_token: Option<String>,
+    ) -> Result<Page<InstanceTypeLimits>> {
+        self.call(Operation::DescribeInstanceTypes, |s, _| {
+            s.describe_instance_types(types, next_token)
+        })
+        .await
+    }
+
+    async fn describe_instances(
+        &self,
+        filter: &InstanceFilter,
+        next_token: Option<String>,
+    ) -> Result<Page<Instance>> {
+        self.call(Operation::DescribeInstances, |s, _| {
+            s.describe_instances(filter, next_token)
+        })
+        .await
+    }
+
+    async fn describe_network_interfaces(
+        &self,
+        filter: &EniFilter,
+        next_token: Option<String>,
+    ) -> Result<Page<NetworkInterface>> {
+        self.call(Operation::DescribeNetworkInterfaces, |s, _| {
+            s.describe_network_interfaces(filter, next_token)
+        })
+        .await
+    }
+
+    async fn describe_subnets(
+        &self,
+        filter: &ResourceFilter,
+        next_token: Option<String>,
+    ) -> Result<Page<Subnet>> {
+        self.call(Operation::DescribeSubnets, |s, _| {
+            s.describe_subnets(filter, next_token)
+        })
+        .await
+    }
+
+    async fn describe_vpcs(
+        &self,
+        filter: &ResourceFilter,
+        next_token: Option<String>,
+    ) -> Result<Page<Vpc>> {
+        self.call(Operation::DescribeVpcs, |s, _| s.describe_vpcs(filter, next_token))
+            .await
+    }
+
+    async fn describe_security_groups(
+        &self,
+        filter: &ResourceFilter,
+        next_token: Option<String>,
+    ) -> Result<Page<SecurityGroup>> {
+        self.call(Operation::DescribeSecurityGroups, |s, _| {
+            s.describe_security_groups(filter, next_token)
+        })
+        .await
+    }
+
+    async fn describe_route_tables(
+        &self,
+        filter: &ResourceFilter,
+        next_token: Option<String>,
+    ) -> Result<Page<RouteTable>> {
+        self.call(Operation::DescribeRouteTables, |s, _| {
+            s.describe_route_tables(filter, next_token)
+        })
+        .await
+    }
+
+    async fn create_network_interface(&self, request: &CreateEniRequest) -> Result<NetworkInterface> {
+        self.call(Operation::CreateNetworkInterface, |s, _| {
+            s.create_network_interface(request)
+        })
+        .await
+    }
+
+    async fn attach_network_interface(
+        &self,
+        eni_id: &str,
+        instance_id: &str,
+        device_index: u32,
+    ) -> Result<String> {
+        self.call(Operation::AttachNetworkInterface, |s, _| {
+            s.attach_network_interface(eni_id, instance_id, device_index)
+        })
+        .await
+    }
+
+    async fn set_delete_on_termination(
+        &self,
+        eni_id: &str,
+        attachment_id: &str,
+        delete_on_termination: bool,
+    ) -> Result<()> {
+        self.call(Operation::ModifyNetworkInterfaceAttribute, |s, _| {
+            s.set_delete_on_termination(eni_id, attachment_id, delete_on_termination)
+        })
+        .await
+    }
+
+    async fn assign_private_ip_addresses(
+        &self,
+        eni_id: &str,
+        request: AddressRequest,
+    ) -> Result<Assigned> {
+        self.call(Operation::AssignPrivateIpAddresses, |s, _| {
+            s.assign_private_ip_addresses(eni_id, request)
+        })
+        .await
+    }
+
+    async fn unassign_private_ip_addresses(
+        &self,
+        eni_id: &str,
+        ips: &[Ipv4Addr],
+        prefixes: &[Ipv4Net],
+    ) -> Result<()> {
+        let op = Operation::UnassignPrivateIpAddresses;
+        // AWS takes addresses and prefixes in separate calls: each one is metered.
+        if !ips.is_empty() {
+            self.call(op, |s, _| s.unassign_private_ip_addresses(op, eni_id, ips, &[]))
+                .await?;
+        }
+        if !prefixes.is_empty() {
+            self.call(op, |s, _| {
+                s.unassign_private_ip_addresses(op, eni_id, &[], prefixes)
+            })
+            .await?;
+        }
+        Ok(())
+    }
+
+    async fn detach_network_interface(&self, attachment_id: &str, _force: bool) -> Result<()> {
+        self.call(Operation::DetachNetworkInterface, |s, now| {
+            s.detach_network_interface(attachment_id, now)
+        })
+        .await
+    }
+
+    async fn delete_network_interface(&self, eni_id: &str) -> Result<()> {
+        self.call(Operation::DeleteNetworkInterface, |s, _| {
+            s.delete_network_interface(eni_id)
+        })
+        .await
+    }
+}

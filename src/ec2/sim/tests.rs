@@ -1,0 +1,266 @@
+//! The simulator's own mechanics: throttling through the API, latency, faults, counters,
+//! asynchronous detach, termination and invariants. AWS's rules per operation are covered by
+//! the contract suite (`tests/contract`).
+
+use std::time::Duration;
+
+use super::*;
+use crate::ec2::error::ErrorKind;
+
+fn net(s: &str) -> Ipv4Net {
+    s.parse().unwrap()
+}
+
+/// One VPC, one /24 subnet in zone a, one group, one m5.large.
+fn small_world() -> (Simulator, String, String, Instance) {
+    let sim = Simulator::new();
+    let vpc = sim.add_vpc(net("10.0.0.0/16"), &[]);
+    let subnet = sim.add_subnet(&vpc, "us-east-1a", net("10.0.0.0/24"), Tags::new());
+    let sg = sim.add_security_group(&vpc, Tags::new());
+    let inst = sim.run_instance("m5.large", &subnet, std::slice::from_ref(&sg));
+    (sim, subnet, sg, inst)
+}
+
+fn create_req(subnet: &str, sg: &str, addresses: AddressRequest, token: &str) -> CreateEniRequest {
+    CreateEniRequest {
+        subnet_id: subnet.to_owned(),
+        security_groups: vec![sg.to_owned()],
+        description: "test".to_owned(),
+        tags: Tags::new(),
+        addresses,
+        client_token: token.to_owned(),
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn api_calls_are_throttled_per_bucket_and_refill_with_tokio_time() {
+    let (sim, ..) = small_world();
+    sim.set_bucket(Bucket::Describe, 5, 2);
+    let f = ResourceFilter::default();
+    let mut answers = Vec::new();
+    for _ in 0..8 {
+        answers.push(sim.describe_vpcs(&f, None).await);
+    }
+    let throttled: Vec<_> = answers.iter().filter_map(|a| a.as_ref().err()).collect();
+    assert_eq!(throttled.len(), 3);
+    assert!(throttled.iter().all(|e| e.kind == ErrorKind::Throttled
+        && e.code == "RequestLimitExceeded"
+        && e.operation == Operation::DescribeVpcs));
+    // Describes share one bucket: another describe is throttled too, a mutation is not.
+    assert!(sim.describe_subnets(&f, None).await.unwrap_err().is_throttled());
+    let eni = sim.describe_network_interfaces(&EniFilter::default(), None).await;
+    assert!(eni.is_err());
+    let missing = sim.delete_network_interface("eni-0").await.unwrap_err();
+    assert!(missing.is_not_found(), "{missing}");
+    tokio::time::advance(Duration::from_millis(1000)).await;
+    assert!(sim.describe_vpcs(&f, None).await.is_ok());
+    assert!(sim.describe_vpcs(&f, None).await.is_ok());
+    assert!(sim.describe_vpcs(&f, None).await.unwrap_err().is_throttled());
+
+    let stats = sim.stats();
+    let vpcs = stats.get(Operation::DescribeVpcs);
+    assert_eq!((vpcs.calls, vpcs.ok, vpcs.throttled), (11, 7, 4));
+    assert_eq!(stats.get(Operation::DeleteNetworkInterface).rejected, 1);
+    assert_eq!(stats.total().calls, 14);
+}
+
+#[tokio::test(start_paused = true)]
+async fn default_buckets_are_aws_documented_ones() {
+    let (sim, subnet, sg, inst) = small_world();
+    // GeneralMutating: 50 burst. Attach calls fail on the rules but still take tokens.
+    let eni = sim
+        .create_network_interface(&create_req(&subnet, &sg, AddressRequest::Ips(0), ""))
+        .await
+        .unwrap();
+    let mut throttled = 0;
+    for _ in 0..60 {
+        if let Err(e) = sim.attach_network_interface(&eni.id, &inst.id, 0).await
+            && e.is_throttled()
+        {
+            throttled += 1;
+        }
+    }
+    assert_eq!(throttled, 10);
+    sim.disable_throttling();
+    assert!(sim.attach_network_interface(&eni.id, &inst.id, 1).await.is_ok());
+}
+
+#[tokio::test(start_paused = true)]
+async fn latency_is_tokio_time() {
+    let (sim, ..) = small_world();
+    sim.set_latency(Operation::DescribeSubnets, Duration::from_secs(3));
+    let start = Instant::now();
+    sim.describe_subnets(&ResourceFilter::default(), None)
+        .await
+        .unwrap();
+    assert_eq!(start.elapsed(), Duration::from_secs(3));
+    let start = Instant::now();
+    sim.describe_vpcs(&ResourceFilter::default(), None)
+        .await
+        .unwrap();
+    assert_eq!(start.elapsed(), Duration::ZERO);
+}
+
+#[tokio::test]
+async fn one_off_and_random_faults_are_counted() {
+    let (sim, subnet, sg, _) = small_world();
+    let op = Operation::CreateNetworkInterface;
+    sim.inject_error(op, "InternalError", 2);
+    let req = create_req(&subnet, &sg, AddressRequest::Ips(1), "");
+    for _ in 0..2 {
+        let e = sim.create_network_interface(&req).await.unwrap_err();
+        assert_eq!((e.kind, e.code.as_str()), (ErrorKind::Transient, "InternalError"));
+    }
+    assert!(sim.create_network_interface(&req).await.is_ok());
+
+    sim.set_seed(42);
+    sim.set_fault_rate(
+        Operation::DescribeVpcs,
+        0.5,
+        Fault::new("Unavailable", "try later", 503),
+    );
+    sim.disable_throttling();
+    let mut failed = 0;
+    for _ in 0..400 {
+        if sim.describe_vpcs(&ResourceFilter::default(), None).await.is_err() {
+            failed += 1;
+        }
+    }
+    assert!((150..250).contains(&failed), "{failed} of 400 at 50%");
+    let stats = sim.stats();
+    assert_eq!(stats.get(op).faults, 2);
+    assert_eq!(stats.get(op).ok, 1);
+    let vpcs = stats.get(Operation::DescribeVpcs);
+    assert_eq!(vpcs.faults, failed);
+    assert_eq!(vpcs.ok + vpcs.faults, 400);
+    // A fault leaves no trace in the state: only one ENI besides the primary was created.
+    let enis = sim
+        .describe_network_interfaces(&EniFilter::default(), None)
+        .await
+        .unwrap();
+    assert_eq!(enis.items.len(), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn detach_takes_the_configured_delay() {
+    let (sim, subnet, sg, inst) = small_world();
+    sim.set_detach_delay(Duration::from_secs(5));
+    let eni = sim
+        .create_network_interface(&create_req(&subnet, &sg, AddressRequest::Ips(2), ""))
+        .await
+        .unwrap();
+    let att = sim.attach_network_interface(&eni.id, &inst.id, 1).await.unwrap();
+    sim.detach_network_interface(&att, false).await.unwrap();
+    let now = sim.network_interface(&eni.id).unwrap();
+    assert_eq!(now.state, EniState::Detaching);
+    assert_eq!(now.device_index(), Some(1));
+    // Still in use while detaching, and its device index is still taken.
+    let e = sim.delete_network_interface(&eni.id).await.unwrap_err();
+    assert!(e.message.contains("currently in use"), "{e}");
+    let other = sim
+        .create_network_interface(&create_req(&subnet, &sg, AddressRequest::Ips(0), ""))
+        .await
+        .unwrap();
+    let e = sim
+        .attach_network_interface(&other.id, &inst.id, 1)
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind, ErrorKind::DeviceIndexInUse);
+    tokio::time::advance(Duration::from_secs(5)).await;
+    let after = sim.network_interface(&eni.id).unwrap();
+    assert_eq!((after.state, after.attachment), (EniState::Available, None));
+    sim.delete_network_interface(&eni.id).await.unwrap();
+    sim.check_invariants().unwrap();
+}
+
+#[tokio::test]
+async fn termination_deletes_only_delete_on_termination_enis() {
+    let (sim, subnet, sg, inst) = small_world();
+    let free_before = sim.lock().state.subnets[&subnet].pool.available();
+    let primary = sim.primary_eni_id(&inst.id).unwrap();
+    let p = sim.network_interface(&primary).unwrap();
+    assert!(p.attachment.as_ref().unwrap().delete_on_termination);
+    let mut ids = Vec::new();
+    for (i, dot) in [(1, true), (2, false)] {
+        let eni = sim
+            .create_network_interface(&create_req(&subnet, &sg, AddressRequest::Ips(3), ""))
+            .await
+            .unwrap();
+        let att = sim.attach_network_interface(&eni.id, &inst.id, i).await.unwrap();
+        sim.set_delete_on_termination(&eni.id, &att, dot).await.unwrap();
+        ids.push(eni.id);
+    }
+    assert!(sim.terminate_instance(&inst.id));
+    assert!(sim.network_interface(&primary).is_none());
+    assert!(sim.network_interface(&ids[0]).is_none());
+    let kept = sim.network_interface(&ids[1]).unwrap();
+    assert_eq!((kept.state, kept.attachment), (EniState::Available, None));
+    // Primary (1) and the deleted ENI (4) are back; the kept ENI still holds 4.
+    assert_eq!(
+        sim.lock().state.subnets[&subnet].pool.available(),
+        free_before + 1 - 4
+    );
+    let i = sim
+        .describe_instances(&InstanceFilter::default(), None)
+        .await
+        .unwrap();
+    assert_eq!(i.items[0].state, InstanceState::Terminated);
+    let e = sim.attach_network_interface(&ids[1], &inst.id, 1).await.unwrap_err();
+    assert_eq!(e.kind, ErrorKind::InstanceNotRunning);
+    sim.check_invariants().unwrap();
+}
+
+#[tokio::test]
+async fn prefixes_need_nitro_or_bare_metal() {
+    let (sim, subnet, sg, _) = small_world();
+    let xen = sim.run_instance("t2.medium", &subnet, std::slice::from_ref(&sg));
+    let metal = sim.run_instance("m5.metal", &subnet, std::slice::from_ref(&sg));
+    for (inst, ok) in [(&xen, false), (&metal, true)] {
+        let eni = sim
+            .create_network_interface(&create_req(&subnet, &sg, AddressRequest::Ips(0), ""))
+            .await
+            .unwrap();
+        sim.attach_network_interface(&eni.id, &inst.id, 1).await.unwrap();
+        let r = sim
+            .assign_private_ip_addresses(&eni.id, AddressRequest::Prefixes(1))
+            .await;
+        assert_eq!(r.is_ok(), ok, "{}: {r:?}", inst.instance_type);
+        if let Err(e) = r {
+            assert_eq!((e.kind, e.code.as_str()), (ErrorKind::Other, "InvalidParameterValue"));
+        }
+    }
+    // An unattached ENI with a prefix cannot go onto a Xen instance either.
+    let eni = sim
+        .create_network_interface(&create_req(&subnet, &sg, AddressRequest::Prefixes(1), ""))
+        .await
+        .unwrap();
+    assert_eq!(eni.prefixes.len(), 1);
+    let e = sim.attach_network_interface(&eni.id, &xen.id, 2).await.unwrap_err();
+    assert!(e.message.contains("Prefix delegation"), "{e}");
+    sim.check_invariants().unwrap();
+}
+
+#[tokio::test]
+async fn clones_share_state_and_invariants_hold_under_concurrency() {
+    let (sim, subnet, sg, _) = small_world();
+    sim.disable_throttling();
+    let tasks: Vec<_> = (0..20)
+        .map(|i| {
+            let sim = sim.clone();
+            let req = create_req(&subnet, &sg, AddressRequest::Ips(10), &format!("t{}", i % 10));
+            tokio::spawn(async move { sim.create_network_interface(&req).await })
+        })
+        .collect();
+    let mut ids = std::collections::BTreeSet::new();
+    for t in tasks {
+        ids.insert(t.await.unwrap().unwrap().id);
+    }
+    // Ten distinct tokens: ten ENIs, whatever the interleaving.
+    assert_eq!(ids.len(), 10);
+    sim.check_invariants().unwrap();
+    let s = sim
+        .describe_subnets(&ResourceFilter::default(), None)
+        .await
+        .unwrap();
+    assert_eq!(s.items[0].available_addresses, 251 - 1 - 10 * 11);
+}

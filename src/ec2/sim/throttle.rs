@@ -1,0 +1,143 @@
+//! AWS-style request throttling: one token bucket per [`Bucket`], refilled continuously. A
+//! throttled request takes no token (AWS's model). Driven by tokio time so tests can run under
+//! `tokio::time::pause()` without waiting.
+
+use std::collections::BTreeMap;
+
+use tokio::time::Instant;
+
+use crate::ec2::model::Bucket;
+
+#[derive(Clone, Debug)]
+struct TokenBucket {
+    burst: f64,
+    per_second: f64,
+    tokens: f64,
+    last: Instant,
+}
+
+impl TokenBucket {
+    fn new(burst: u32, per_second: u32, now: Instant) -> Self {
+        Self {
+            burst: f64::from(burst),
+            per_second: f64::from(per_second),
+            tokens: f64::from(burst),
+            last: now,
+        }
+    }
+
+    fn try_take(&mut self, now: Instant) -> bool {
+        let elapsed = now.saturating_duration_since(self.last).as_secs_f64();
+        self.tokens = (self.tokens + elapsed * self.per_second).min(self.burst);
+        self.last = now;
+        // A hair of tolerance absorbs float rounding of the refill.
+        if self.tokens >= 1.0 - 1e-9 {
+            self.tokens = (self.tokens - 1.0).max(0.0);
+            true
+        } else {
+            false
+        }
+    }
+}
+
+/// The account's buckets; `None` when throttling is disabled.
+#[derive(Clone, Debug)]
+pub(crate) struct Throttle {
+    buckets: Option<BTreeMap<Bucket, TokenBucket>>,
+}
+
+impl Throttle {
+    /// AWS's documented buckets (`Bucket::aws_default`), all full.
+    pub(crate) fn aws_default(now: Instant) -> Self {
+        let buckets = Bucket::ALL
+            .iter()
+            .map(|&b| {
+                let (burst, rate) = b.aws_default();
+                (b, TokenBucket::new(burst, rate, now))
+            })
+            .collect();
+        Self {
+            buckets: Some(buckets),
+        }
+    }
+
+    pub(crate) fn disabled() -> Self {
+        Self { buckets: None }
+    }
+
+    /// Replace one bucket (full), enabling throttling with AWS defaults for the others.
+    pub(crate) fn set(&mut self, bucket: Bucket, burst: u32, per_second: u32, now: Instant) {
+        let buckets = self
+            .buckets
+            .get_or_insert_with(|| Self::aws_default(now).buckets.unwrap_or_default());
+        buckets.insert(bucket, TokenBucket::new(burst, per_second, now));
+    }
+
+    /// Take a token from `bucket`; false means answer `RequestLimitExceeded`.
+    pub(crate) fn try_take(&mut self, bucket: Bucket, now: Instant) -> bool {
+        match &mut self.buckets {
+            None => true,
+            Some(buckets) => buckets
+                .get_mut(&bucket)
+                .is_none_or(|b| b.try_take(now)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    fn drain(t: &mut Throttle, bucket: Bucket) -> u32 {
+        let mut n = 0;
+        while t.try_take(bucket, Instant::now()) {
+            n += 1;
+            assert!(n < 10_000, "bucket never empties");
+        }
+        n
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn burst_then_refill_at_the_documented_rate() {
+        let mut t = Throttle::aws_default(Instant::now());
+        assert_eq!(drain(&mut t, Bucket::CreateNetworkInterface), 100);
+        // The other buckets are independent.
+        assert_eq!(drain(&mut t, Bucket::GeneralMutating), 50);
+        assert_eq!(drain(&mut t, Bucket::Describe), 100);
+        tokio::time::advance(Duration::from_secs(2)).await;
+        assert_eq!(drain(&mut t, Bucket::CreateNetworkInterface), 10);
+        assert_eq!(drain(&mut t, Bucket::GeneralMutating), 10);
+        assert_eq!(drain(&mut t, Bucket::Describe), 40);
+        tokio::time::advance(Duration::from_millis(199)).await;
+        assert_eq!(drain(&mut t, Bucket::CreateNetworkInterface), 0);
+        tokio::time::advance(Duration::from_millis(1)).await;
+        assert_eq!(drain(&mut t, Bucket::CreateNetworkInterface), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn refill_is_capped_at_the_burst() {
+        let mut t = Throttle::aws_default(Instant::now());
+        drain(&mut t, Bucket::DeleteNetworkInterface);
+        tokio::time::advance(Duration::from_secs(3600)).await;
+        assert_eq!(drain(&mut t, Bucket::DeleteNetworkInterface), 100);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn configured_bucket_and_disabled_throttle() {
+        let mut t = Throttle::disabled();
+        assert_eq!(
+            (0..1000)
+                .filter(|_| t.try_take(Bucket::Describe, Instant::now()))
+                .count(),
+            1000
+        );
+        t.set(Bucket::Describe, 3, 1, Instant::now());
+        assert_eq!(drain(&mut t, Bucket::Describe), 3);
+        // Setting one bucket enables the AWS defaults for the rest.
+        assert_eq!(drain(&mut t, Bucket::GeneralMutating), 50);
+        tokio::time::advance(Duration::from_secs(1)).await;
+        assert_eq!(drain(&mut t, Bucket::Describe), 1);
+    }
+}
