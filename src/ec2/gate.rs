@@ -1,1 +1,637 @@
-//! Gate.
+//! The one gate every EC2 call passes through: token buckets, backoff, metrics.
+//!
+//! * **Buckets.** By default one governor bucket per AWS throttling [`Bucket`], at
+//!   `rate_fraction` of AWS's published burst and refill (headroom for other callers in the
+//!   account), each overridable. Alternatively one bucket shared by every call (Cilium's mode), so
+//!   the benchmark can compare the two. Every attempt, and every page of a describe, takes a token.
+//! * **Retries.** `backon` exponential backoff with jitter, bounded attempts, only for throttled
+//!   and transient errors; client errors return at once. The SDK's own retry is off
+//!   ([`super::aws`]), so this is the only policy.
+//! * **Throttle penalty.** A throttled answer means the *account's* bucket at AWS is empty, so
+//!   every caller of that bucket, not only the failing call, must slow down. Each of our buckets
+//!   keeps a "not before" instant that all its callers wait for before taking a token. It is set
+//!   to `now + base_delay × 2^(strikes−1)` (capped at `max_delay`), where `strikes` counts
+//!   consecutive throttled answers of the bucket; any success resets the strikes. This is
+//!   simpler than rescaling the governor quota and adapts without configuration.
+//! * **Time** is tokio's (a governor [`Clock`] over `tokio::time::Instant`, waits with
+//!   `tokio::time::sleep`), so tests and benchmarks run under `tokio::time::pause()` at simulated
+//!   speed.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::net::Ipv4Addr;
+use std::num::NonZeroU32;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use backon::{ExponentialBuilder, Retryable};
+use governor::clock::Clock;
+use governor::middleware::NoOpMiddleware;
+use governor::state::{InMemoryState, NotKeyed};
+use governor::{Quota, RateLimiter};
+use ipnet::Ipv4Net;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+use tokio::time::Instant;
+
+use super::error::ErrorKind;
+use super::model::*;
+use super::{Ec2, Ec2Error, Result};
+
+/// Rates, bursts and retry policy of the gate.
+#[derive(Clone, Debug, PartialEq)]
+pub struct GateConfig {
+    /// Fraction of AWS's burst and refill used by default (burst at least 1).
+    pub rate_fraction: f64,
+    /// Per-bucket (burst, refill per second), replacing the scaled AWS default.
+    pub overrides: BTreeMap<Bucket, (u32, f64)>,
+    /// One bucket (refill per second, burst) for every call instead of per-action buckets.
+    pub single_bucket: Option<(f64, u32)>,
+    /// Attempts per call, the first included.
+    pub max_attempts: u32,
+    pub base_delay: Duration,
+    pub max_delay: Duration,
+}
+
+impl Default for GateConfig {
+    fn default() -> Self {
+        Self::aws_defaults()
+    }
+}
+
+impl GateConfig {
+    /// Per-action buckets at 80 % of AWS's published figures.
+    pub fn aws_defaults() -> Self {
+        Self {
+            rate_fraction: 0.8,
+            overrides: BTreeMap::new(),
+            single_bucket: None,
+            max_attempts: 5,
+            base_delay: Duration::from_millis(200),
+            max_delay: Duration::from_secs(20),
+        }
+    }
+
+    /// Cilium's operator: one bucket of 4 qps, burst 20, for every call.
+    pub fn cilium_like() -> Self {
+        Self {
+            single_bucket: Some((4.0, 20)),
+            ..Self::aws_defaults()
+        }
+    }
+
+    /// (burst, refill per second) the gate uses for `bucket` in per-action mode.
+    pub fn bucket_limits(&self, bucket: Bucket) -> (u32, f64) {
+        if let Some(limits) = self.overrides.get(&bucket) {
+            return *limits;
+        }
+        let (burst, rate) = bucket.aws_default();
+        let burst = ((f64::from(burst) * self.rate_fraction).floor() as u32).max(1);
+        (burst, f64::from(rate) * self.rate_fraction)
+    }
+}
+
+/// governor clock on tokio's time, so a paused runtime drives the buckets.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct TokioClock;
+
+impl Clock for TokioClock {
+    type Instant = std::time::Instant;
+
+    fn now(&self) -> Self::Instant {
+        Instant::now().into_std()
+    }
+}
+
+type Limiter = RateLimiter<NotKeyed, InMemoryState, TokioClock, NoOpMiddleware<std::time::Instant>>;
+
+fn limiter(burst: u32, per_sec: f64) -> Limiter {
+    let per_sec = if per_sec.is_finite() && per_sec > 0.0 {
+        per_sec
+    } else {
+        1e-3
+    };
+    let period = Duration::from_secs_f64(1.0 / per_sec).max(Duration::from_nanos(1));
+    let quota = Quota::with_period(period)
+        .expect("non-zero period")
+        .allow_burst(NonZeroU32::new(burst.max(1)).expect("burst at least 1"));
+    RateLimiter::direct_with_clock(quota, TokioClock)
+}
+
+/// The throttle penalty of one bucket (see the module docs).
+#[derive(Debug)]
+struct Penalty {
+    not_before: Instant,
+    strikes: u32,
+}
+
+struct BucketState {
+    limiter: Limiter,
+    penalty: Mutex<Penalty>,
+}
+
+impl BucketState {
+    fn new(burst: u32, per_sec: f64) -> Self {
+        Self {
+            limiter: limiter(burst, per_sec),
+            penalty: Mutex::new(Penalty {
+                not_before: Instant::now(),
+                strikes: 0,
+            }),
+        }
+    }
+
+    /// Wait out the penalty, then for a token.
+    async fn acquire(&self) {
+        loop {
+            let not_before = self.penalty.lock().expect("penalty lock").not_before;
+            if Instant::now() < not_before {
+                tokio::time::sleep_until(not_before).await;
+                continue;
+            }
+            match self.limiter.check() {
+                Ok(()) => return,
+                Err(not_until) => {
+                    tokio::time::sleep(not_until.wait_time_from(TokioClock.now())).await
+                }
+            }
+        }
+    }
+
+    fn throttled(&self, base: Duration, max: Duration) {
+        let mut p = self.penalty.lock().expect("penalty lock");
+        p.strikes = p.strikes.saturating_add(1);
+        let factor = 1u32 << (p.strikes - 1).min(16);
+        let delay = base.saturating_mul(factor).min(max);
+        p.not_before = p.not_before.max(Instant::now() + delay);
+    }
+
+    fn succeeded(&self) {
+        self.penalty.lock().expect("penalty lock").strikes = 0;
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OpLabels {
+    operation: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OutcomeLabels {
+    operation: &'static str,
+    outcome: &'static str,
+}
+
+type HistogramFamily = Family<OpLabels, Histogram, fn() -> Histogram>;
+
+fn latency_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(0.005, 2.0, 14))
+}
+
+/// Prometheus metrics of the gate. Clones share the same series.
+#[derive(Clone, Debug)]
+pub struct GateMetrics {
+    calls: Family<OutcomeLabels, Counter>,
+    duration: HistogramFamily,
+    wait: HistogramFamily,
+    retries: Family<OpLabels, Counter>,
+    throttled: Family<OpLabels, Counter>,
+}
+
+impl Default for GateMetrics {
+    fn default() -> Self {
+        Self {
+            calls: Family::default(),
+            duration: Family::new_with_constructor(latency_histogram),
+            wait: Family::new_with_constructor(latency_histogram),
+            retries: Family::default(),
+            throttled: Family::default(),
+        }
+    }
+}
+
+impl GateMetrics {
+    /// Register under `ec2_api_calls_total`, `ec2_api_duration_seconds`,
+    /// `ec2_rate_limit_wait_seconds`, `ec2_api_retries_total`, `ec2_api_throttled_total`.
+    pub fn register(&self, registry: &mut Registry) {
+        // prometheus-client appends `_total` to counters.
+        registry.register(
+            "ec2_api_calls",
+            "EC2 API calls (attempts) by operation and outcome",
+            self.calls.clone(),
+        );
+        registry.register(
+            "ec2_api_duration_seconds",
+            "Latency of one EC2 API call",
+            self.duration.clone(),
+        );
+        registry.register(
+            "ec2_rate_limit_wait_seconds",
+            "Time an EC2 call waited for the client-side rate limiter",
+            self.wait.clone(),
+        );
+        registry.register(
+            "ec2_api_retries",
+            "EC2 API calls retried after a throttled or transient failure",
+            self.retries.clone(),
+        );
+        registry.register(
+            "ec2_api_throttled",
+            "EC2 API answers that were throttled",
+            self.throttled.clone(),
+        );
+    }
+}
+
+/// The `outcome` label of a failed call.
+pub fn outcome_label(kind: ErrorKind) -> &'static str {
+    match kind {
+        ErrorKind::Throttled => "throttled",
+        ErrorKind::SubnetExhausted => "subnet_exhausted",
+        ErrorKind::InsufficientCidrBlocks => "insufficient_cidr_blocks",
+        ErrorKind::AttachmentLimitExceeded => "attachment_limit_exceeded",
+        ErrorKind::IpLimitExceeded => "ip_limit_exceeded",
+        ErrorKind::DeviceIndexInUse => "device_index_in_use",
+        ErrorKind::InstanceNotRunning => "instance_not_running",
+        ErrorKind::NotFound(_) => "not_found",
+        ErrorKind::IdempotencyMismatch => "idempotency_mismatch",
+        ErrorKind::Unauthorized => "unauthorized",
+        ErrorKind::Transient => "transient",
+        ErrorKind::Other => "other",
+    }
+}
+
+fn op_index(op: Operation) -> usize {
+    Operation::ALL
+        .iter()
+        .position(|o| *o == op)
+        .expect("every operation is in ALL")
+}
+
+const OPS: usize = Operation::ALL.len();
+
+/// Cheap in-process counters, readable by benchmarks without parsing Prometheus output.
+#[derive(Debug, Default)]
+struct Counters {
+    calls: [AtomicU64; OPS],
+    throttled: [AtomicU64; OPS],
+    retries: [AtomicU64; OPS],
+    wait_nanos: [AtomicU64; OPS],
+}
+
+/// A snapshot of the gate's counters.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct GateStats {
+    /// API calls made (attempts, pages included) per operation.
+    pub calls: BTreeMap<Operation, u64>,
+    /// Throttled answers per operation.
+    pub throttled: BTreeMap<Operation, u64>,
+    /// Retries per operation.
+    pub retries: BTreeMap<Operation, u64>,
+    /// Total time spent waiting for tokens and penalties, per operation.
+    pub waited: BTreeMap<Operation, Duration>,
+}
+
+impl GateStats {
+    pub fn total_calls(&self) -> u64 {
+        self.calls.values().sum()
+    }
+
+    pub fn total_throttled(&self) -> u64 {
+        self.throttled.values().sum()
+    }
+
+    pub fn total_retries(&self) -> u64 {
+        self.retries.values().sum()
+    }
+}
+
+/// Rate-limited, retrying wrapper of any [`Ec2`].
+pub struct Gate<E: Ec2> {
+    inner: E,
+    config: GateConfig,
+    /// Per-action mode: indexed like [`Bucket::ALL`]; single-bucket mode: one entry.
+    buckets: Vec<BucketState>,
+    metrics: GateMetrics,
+    counters: Counters,
+}
+
+impl<E: Ec2> Gate<E> {
+    pub fn new(inner: E, config: GateConfig) -> Self {
+        let buckets = match config.single_bucket {
+            Some((qps, burst)) => vec![BucketState::new(burst, qps)],
+            None => Bucket::ALL
+                .iter()
+                .map(|b| {
+                    let (burst, rate) = config.bucket_limits(*b);
+                    BucketState::new(burst, rate)
+                })
+                .collect(),
+        };
+        Self {
+            inner,
+            config,
+            buckets,
+            metrics: GateMetrics::default(),
+            counters: Counters::default(),
+        }
+    }
+
+    pub fn inner(&self) -> &E {
+        &self.inner
+    }
+
+    pub fn config(&self) -> &GateConfig {
+        &self.config
+    }
+
+    pub fn metrics(&self) -> &GateMetrics {
+        &self.metrics
+    }
+
+    pub fn stats(&self) -> GateStats {
+        let read = |arr: &[AtomicU64; OPS]| {
+            Operation::ALL
+                .iter()
+                .map(|op| (*op, arr[op_index(*op)].load(Ordering::Relaxed)))
+                .filter(|(_, n)| *n > 0)
+                .collect::<BTreeMap<_, _>>()
+        };
+        GateStats {
+            calls: read(&self.counters.calls),
+            throttled: read(&self.counters.throttled),
+            retries: read(&self.counters.retries),
+            waited: read(&self.counters.wait_nanos)
+                .into_iter()
+                .map(|(op, n)| (op, Duration::from_nanos(n)))
+                .collect(),
+        }
+    }
+
+    fn bucket(&self, op: Operation) -> &BucketState {
+        if self.buckets.len() == 1 {
+            return &self.buckets[0];
+        }
+        let i = Bucket::ALL
+            .iter()
+            .position(|b| *b == op.bucket())
+            .expect("every bucket is in ALL");
+        &self.buckets[i]
+    }
+
+    /// One attempt: token, call, bookkeeping. `call` is lazy: nothing is sent before the token.
+    /// `tokens` is the number of AWS calls the trait call makes (unassign may make two).
+    async fn attempt<T>(
+        &self,
+        op: Operation,
+        tokens: u32,
+        call: impl Future<Output = Result<T>>,
+    ) -> Result<T> {
+        let i = op_index(op);
+        let labels = OpLabels {
+            operation: op.name(),
+        };
+        let bucket = self.bucket(op);
+        let waiting = Instant::now();
+        for _ in 0..tokens {
+            bucket.acquire().await;
+        }
+        let waited = waiting.elapsed();
+        self.metrics
+            .wait
+            .get_or_create(&labels)
+            .observe(waited.as_secs_f64());
+        self.counters.wait_nanos[i].fetch_add(waited.as_nanos() as u64, Ordering::Relaxed);
+
+        let started = Instant::now();
+        self.counters.calls[i].fetch_add(u64::from(tokens), Ordering::Relaxed);
+        let result = call.await;
+        self.metrics
+            .duration
+            .get_or_create(&labels)
+            .observe(started.elapsed().as_secs_f64());
+        let outcome = match &result {
+            Ok(_) => {
+                bucket.succeeded();
+                "success"
+            }
+            Err(e) => {
+                if e.is_throttled() {
+                    bucket.throttled(self.config.base_delay, self.config.max_delay);
+                    self.counters.throttled[i].fetch_add(1, Ordering::Relaxed);
+                    self.metrics.throttled.get_or_create(&labels).inc();
+                }
+                outcome_label(e.kind)
+            }
+        };
+        self.metrics
+            .calls
+            .get_or_create(&OutcomeLabels {
+                operation: op.name(),
+                outcome,
+            })
+            .inc();
+        result
+    }
+
+    /// Run `call` through the bucket of `op`, retrying throttled and transient failures.
+    async fn call<T, F, Fut>(&self, op: Operation, call: F) -> Result<T>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T>>,
+    {
+        self.call_n(op, 1, call).await
+    }
+
+    async fn call_n<T, F, Fut>(&self, op: Operation, tokens: u32, mut call: F) -> Result<T>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T>>,
+    {
+        let backoff = ExponentialBuilder::default()
+            .with_min_delay(self.config.base_delay)
+            .with_max_delay(self.config.max_delay)
+            .with_max_times(self.config.max_attempts.saturating_sub(1) as usize)
+            .with_jitter();
+        (|| self.attempt(op, tokens, call()))
+            .retry(backoff)
+            .sleep(tokio::time::sleep)
+            .when(Ec2Error::is_retryable)
+            .notify(|err: &Ec2Error, delay: Duration| {
+                self.counters.retries[op_index(op)].fetch_add(1, Ordering::Relaxed);
+                self.metrics
+                    .retries
+                    .get_or_create(&OpLabels {
+                        operation: op.name(),
+                    })
+                    .inc();
+                tracing::debug!(%op, code = %err.code, ?delay, "retrying EC2 call");
+            })
+            .await
+    }
+}
+
+impl<E: Ec2> Ec2 for Gate<E> {
+    async fn describe_instance_types(
+        &self,
+        types: &[String],
+        next_token: Option<String>,
+    ) -> Result<Page<InstanceTypeLimits>> {
+        self.call(Operation::DescribeInstanceTypes, || {
+            self.inner
+                .describe_instance_types(types, next_token.clone())
+        })
+        .await
+    }
+
+    async fn describe_instances(
+        &self,
+        filter: &InstanceFilter,
+        next_token: Option<String>,
+    ) -> Result<Page<Instance>> {
+        self.call(Operation::DescribeInstances, || {
+            self.inner.describe_instances(filter, next_token.clone())
+        })
+        .await
+    }
+
+    async fn describe_network_interfaces(
+        &self,
+        filter: &EniFilter,
+        next_token: Option<String>,
+    ) -> Result<Page<NetworkInterface>> {
+        self.call(Operation::DescribeNetworkInterfaces, || {
+            self.inner
+                .describe_network_interfaces(filter, next_token.clone())
+        })
+        .await
+    }
+
+    async fn describe_subnets(
+        &self,
+        filter: &ResourceFilter,
+        next_token: Option<String>,
+    ) -> Result<Page<Subnet>> {
+        self.call(Operation::DescribeSubnets, || {
+            self.inner.describe_subnets(filter, next_token.clone())
+        })
+        .await
+    }
+
+    async fn describe_vpcs(
+        &self,
+        filter: &ResourceFilter,
+        next_token: Option<String>,
+    ) -> Result<Page<Vpc>> {
+        self.call(Operation::DescribeVpcs, || {
+            self.inner.describe_vpcs(filter, next_token.clone())
+        })
+        .await
+    }
+
+    async fn describe_security_groups(
+        &self,
+        filter: &ResourceFilter,
+        next_token: Option<String>,
+    ) -> Result<Page<SecurityGroup>> {
+        self.call(Operation::DescribeSecurityGroups, || {
+            self.inner
+                .describe_security_groups(filter, next_token.clone())
+        })
+        .await
+    }
+
+    async fn describe_route_tables(
+        &self,
+        filter: &ResourceFilter,
+        next_token: Option<String>,
+    ) -> Result<Page<RouteTable>> {
+        self.call(Operation::DescribeRouteTables, || {
+            self.inner.describe_route_tables(filter, next_token.clone())
+        })
+        .await
+    }
+
+    async fn create_network_interface(
+        &self,
+        request: &CreateEniRequest,
+    ) -> Result<NetworkInterface> {
+        self.call(Operation::CreateNetworkInterface, || {
+            self.inner.create_network_interface(request)
+        })
+        .await
+    }
+
+    async fn attach_network_interface(
+        &self,
+        eni_id: &str,
+        instance_id: &str,
+        device_index: u32,
+    ) -> Result<String> {
+        self.call(Operation::AttachNetworkInterface, || {
+            self.inner
+                .attach_network_interface(eni_id, instance_id, device_index)
+        })
+        .await
+    }
+
+    async fn set_delete_on_termination(
+        &self,
+        eni_id: &str,
+        attachment_id: &str,
+        delete_on_termination: bool,
+    ) -> Result<()> {
+        self.call(Operation::ModifyNetworkInterfaceAttribute, || {
+            self.inner
+                .set_delete_on_termination(eni_id, attachment_id, delete_on_termination)
+        })
+        .await
+    }
+
+    async fn assign_private_ip_addresses(
+        &self,
+        eni_id: &str,
+        request: AddressRequest,
+    ) -> Result<Assigned> {
+        self.call(Operation::AssignPrivateIpAddresses, || {
+            self.inner.assign_private_ip_addresses(eni_id, request)
+        })
+        .await
+    }
+
+    async fn unassign_private_ip_addresses(
+        &self,
+        eni_id: &str,
+        ips: &[Ipv4Addr],
+        prefixes: &[Ipv4Net],
+    ) -> Result<()> {
+        // One AWS call per non-empty kind (see `AwsEc2`), so one token each.
+        let tokens = u32::from(!ips.is_empty()) + u32::from(!prefixes.is_empty());
+        self.call_n(Operation::UnassignPrivateIpAddresses, tokens, || {
+            self.inner
+                .unassign_private_ip_addresses(eni_id, ips, prefixes)
+        })
+        .await
+    }
+
+    async fn detach_network_interface(&self, attachment_id: &str, force: bool) -> Result<()> {
+        self.call(Operation::DetachNetworkInterface, || {
+            self.inner.detach_network_interface(attachment_id, force)
+        })
+        .await
+    }
+
+    async fn delete_network_interface(&self, eni_id: &str) -> Result<()> {
+        self.call(Operation::DeleteNetworkInterface, || {
+            self.inner.delete_network_interface(eni_id)
+        })
+        .await
+    }
+}
+
+#[cfg(test)]
+mod tests;

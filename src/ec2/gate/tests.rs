@@ -1,0 +1,545 @@
+//! Gate tests on a fake backend, under paused tokio time: the fake records the (tokio) instant of
+//! every call, so rates are checked on simulated time, never on the wall clock.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+
+use super::*;
+use crate::ec2::collect_pages;
+
+/// Counts calls with timestamps; can be told to fail the next calls of an operation.
+#[derive(Default)]
+struct Fake {
+    log: Mutex<Vec<(Operation, Instant)>>,
+    script: Mutex<HashMap<Operation, VecDeque<Ec2Error>>>,
+    /// Pages a describe of subnets returns.
+    pages: u32,
+}
+
+impl Fake {
+    fn fail(&self, op: Operation, code: &str, times: usize) {
+        let err = Ec2Error::from_aws(op, code, "scripted", Some(400));
+        self.script
+            .lock()
+            .unwrap()
+            .entry(op)
+            .or_default()
+            .extend(std::iter::repeat_n(err, times));
+    }
+
+    fn record(&self, op: Operation) -> Result<()> {
+        self.log.lock().unwrap().push((op, Instant::now()));
+        match self
+            .script
+            .lock()
+            .unwrap()
+            .get_mut(&op)
+            .and_then(|q| q.pop_front())
+        {
+            Some(err) => Err(err),
+            None => Ok(()),
+        }
+    }
+
+    fn times(&self, op: Option<Operation>) -> Vec<Instant> {
+        self.log
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(o, _)| op.is_none_or(|op| *o == op))
+            .map(|(_, t)| *t)
+            .collect()
+    }
+}
+
+fn eni() -> NetworkInterface {
+    NetworkInterface {
+        id: "eni-1".into(),
+        subnet_id: "subnet-1".into(),
+        vpc_id: "vpc-1".into(),
+        availability_zone: "us-east-1a".into(),
+        mac: String::new(),
+        description: String::new(),
+        primary_ip: Ipv4Addr::new(10, 0, 0, 5),
+        secondary_ips: vec![],
+        prefixes: vec![],
+        ipv6_prefixes: vec![],
+        security_groups: vec![],
+        tags: Tags::new(),
+        state: EniState::Available,
+        attachment: None,
+        public_ip: None,
+    }
+}
+
+impl Ec2 for Fake {
+    async fn describe_instance_types(
+        &self,
+        _: &[String],
+        _: Option<String>,
+    ) -> Result<Page<InstanceTypeLimits>> {
+        self.record(Operation::DescribeInstanceTypes)?;
+        Ok(Page::last(vec![]))
+    }
+    async fn describe_instances(
+        &self,
+        _: &InstanceFilter,
+        _: Option<String>,
+    ) -> Result<Page<Instance>> {
+        self.record(Operation::DescribeInstances)?;
+        Ok(Page::last(vec![]))
+    }
+    async fn describe_network_interfaces(
+        &self,
+        _: &EniFilter,
+        _: Option<String>,
+    ) -> Result<Page<NetworkInterface>> {
+        self.record(Operation::DescribeNetworkInterfaces)?;
+        Ok(Page::last(vec![eni()]))
+    }
+    async fn describe_subnets(
+        &self,
+        _: &ResourceFilter,
+        next_token: Option<String>,
+    ) -> Result<Page<Subnet>> {
+        self.record(Operation::DescribeSubnets)?;
+        let n: u32 = next_token.map_or(0, |t| t.parse().unwrap());
+        let subnet = Subnet {
+            id: format!("subnet-{n}"),
+            vpc_id: "vpc-1".into(),
+            availability_zone: "us-east-1a".into(),
+            cidr: "10.0.0.0/24".parse().unwrap(),
+            available_addresses: 251,
+            tags: Tags::new(),
+        };
+        let next_token = (n + 1 < self.pages).then(|| (n + 1).to_string());
+        Ok(Page {
+            items: vec![subnet],
+            next_token,
+        })
+    }
+    async fn describe_vpcs(&self, _: &ResourceFilter, _: Option<String>) -> Result<Page<Vpc>> {
+        self.record(Operation::DescribeVpcs)?;
+        Ok(Page::last(vec![]))
+    }
+    async fn describe_security_groups(
+        &self,
+        _: &ResourceFilter,
+        _: Option<String>,
+    ) -> Result<Page<SecurityGroup>> {
+        self.record(Operation::DescribeSecurityGroups)?;
+        Ok(Page::last(vec![]))
+    }
+    async fn describe_route_tables(
+        &self,
+        _: &ResourceFilter,
+        _: Option<String>,
+    ) -> Result<Page<RouteTable>> {
+        self.record(Operation::DescribeRouteTables)?;
+        Ok(Page::last(vec![]))
+    }
+    async fn create_network_interface(&self, _: &CreateEniRequest) -> Result<NetworkInterface> {
+        self.record(Operation::CreateNetworkInterface)?;
+        Ok(eni())
+    }
+    async fn attach_network_interface(&self, _: &str, _: &str, _: u32) -> Result<String> {
+        self.record(Operation::AttachNetworkInterface)?;
+        Ok("eni-attach-1".into())
+    }
+    async fn set_delete_on_termination(&self, _: &str, _: &str, _: bool) -> Result<()> {
+        self.record(Operation::ModifyNetworkInterfaceAttribute)
+    }
+    async fn assign_private_ip_addresses(&self, _: &str, _: AddressRequest) -> Result<Assigned> {
+        self.record(Operation::AssignPrivateIpAddresses)?;
+        Ok(Assigned::default())
+    }
+    async fn unassign_private_ip_addresses(
+        &self,
+        _: &str,
+        _: &[Ipv4Addr],
+        _: &[Ipv4Net],
+    ) -> Result<()> {
+        self.record(Operation::UnassignPrivateIpAddresses)
+    }
+    async fn detach_network_interface(&self, _: &str, _: bool) -> Result<()> {
+        self.record(Operation::DetachNetworkInterface)
+    }
+    async fn delete_network_interface(&self, _: &str) -> Result<()> {
+        self.record(Operation::DeleteNetworkInterface)
+    }
+}
+
+/// For every window [t_i, t_j] of the sorted call times: calls ≤ burst + rate × (t_j − t_i).
+fn assert_within_rate(mut times: Vec<Instant>, burst: u32, per_sec: f64) {
+    times.sort();
+    for i in 0..times.len() {
+        for j in i..times.len() {
+            let calls = (j - i + 1) as f64;
+            let window = (times[j] - times[i]).as_secs_f64();
+            let allowed = f64::from(burst) + per_sec * window + 1e-6;
+            assert!(
+                calls <= allowed,
+                "{calls} calls in {window}s exceed burst {burst} + {per_sec}/s"
+            );
+        }
+    }
+}
+
+fn gate(fake: Fake, config: GateConfig) -> Arc<Gate<Fake>> {
+    Arc::new(Gate::new(fake, config))
+}
+
+#[test]
+fn default_buckets_are_a_fraction_of_aws() {
+    let config = GateConfig::aws_defaults();
+    assert_eq!(config.bucket_limits(Bucket::Describe), (80, 16.0));
+    assert_eq!(config.bucket_limits(Bucket::GeneralMutating), (40, 4.0));
+    assert_eq!(
+        config.bucket_limits(Bucket::CreateNetworkInterface),
+        (80, 4.0)
+    );
+    let tiny = GateConfig {
+        rate_fraction: 0.001,
+        ..GateConfig::aws_defaults()
+    };
+    assert_eq!(
+        tiny.bucket_limits(Bucket::Describe).0,
+        1,
+        "burst at least 1"
+    );
+    let mut overridden = GateConfig::aws_defaults();
+    overridden.overrides.insert(Bucket::Describe, (7, 2.5));
+    assert_eq!(overridden.bucket_limits(Bucket::Describe), (7, 2.5));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_thousand_concurrent_calls_never_exceed_the_rate() {
+    let g = gate(Fake::default(), GateConfig::aws_defaults());
+    let (burst, rate) = g.config().bucket_limits(Bucket::Describe);
+    let start = Instant::now();
+    let tasks: Vec<_> = (0..1000)
+        .map(|i| {
+            let g = g.clone();
+            tokio::spawn(async move {
+                // Mix the describes that share AWS's describe bucket.
+                if i % 2 == 0 {
+                    g.describe_subnets(&ResourceFilter::default(), None)
+                        .await
+                        .map(|_| ())
+                } else {
+                    g.describe_network_interfaces(&EniFilter::default(), None)
+                        .await
+                        .map(|_| ())
+                }
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await.unwrap().unwrap();
+    }
+    let times = g.inner().times(None);
+    assert_eq!(times.len(), 1000);
+    assert_within_rate(times.clone(), burst, rate);
+    // And the bucket was used, not starved: the last call comes when the rate allows it.
+    let last = times
+        .iter()
+        .max()
+        .unwrap()
+        .duration_since(start)
+        .as_secs_f64();
+    let expected = (1000.0 - f64::from(burst)) / rate;
+    assert!(
+        (last - expected).abs() < 0.5,
+        "last call at {last}s, expected ~{expected}s"
+    );
+    assert_eq!(g.stats().total_calls(), 1000);
+}
+
+#[tokio::test(start_paused = true)]
+async fn buckets_are_independent_per_action() {
+    let g = gate(Fake::default(), GateConfig::aws_defaults());
+    let start = Instant::now();
+    // 40 creates and 40 attaches: each within its own burst, so none waits.
+    let creates = (0..40).map(|_| {
+        let g = g.clone();
+        tokio::spawn(async move {
+            g.create_network_interface(&CreateEniRequest {
+                subnet_id: "subnet-1".into(),
+                security_groups: vec![],
+                description: String::new(),
+                tags: Tags::new(),
+                addresses: AddressRequest::Ips(1),
+                client_token: "t".into(),
+            })
+            .await
+            .map(|_| ())
+        })
+    });
+    let attaches = (0..40).map(|_| {
+        let g = g.clone();
+        tokio::spawn(async move {
+            g.attach_network_interface("eni-1", "i-1", 1)
+                .await
+                .map(|_| ())
+        })
+    });
+    let all: Vec<_> = creates.chain(attaches).collect();
+    for t in all {
+        t.await.unwrap().unwrap();
+    }
+    assert!(g.inner().times(None).iter().all(|t| *t == start));
+}
+
+#[tokio::test(start_paused = true)]
+async fn single_bucket_mode_shares_one_bucket_across_operations() {
+    let g = gate(Fake::default(), GateConfig::cilium_like());
+    let start = Instant::now();
+    let tasks: Vec<_> = (0..60)
+        .map(|i| {
+            let g = g.clone();
+            tokio::spawn(async move {
+                match i % 3 {
+                    0 => g
+                        .describe_subnets(&ResourceFilter::default(), None)
+                        .await
+                        .map(|_| ()),
+                    1 => g
+                        .attach_network_interface("eni-1", "i-1", 1)
+                        .await
+                        .map(|_| ()),
+                    _ => g.delete_network_interface("eni-1").await,
+                }
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await.unwrap().unwrap();
+    }
+    let times = g.inner().times(None);
+    assert_within_rate(times.clone(), 20, 4.0);
+    let last = times.iter().max().unwrap().duration_since(start);
+    assert!(
+        last >= Duration::from_secs(10),
+        "60 calls at 4/s after a burst of 20: {last:?}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn throttling_is_retried_with_backoff() {
+    let fake = Fake::default();
+    fake.fail(
+        Operation::AssignPrivateIpAddresses,
+        "RequestLimitExceeded",
+        2,
+    );
+    let g = gate(fake, GateConfig::aws_defaults());
+    g.assign_private_ip_addresses("eni-1", AddressRequest::Ips(3))
+        .await
+        .expect("third attempt succeeds");
+    let times = g.inner().times(Some(Operation::AssignPrivateIpAddresses));
+    assert_eq!(times.len(), 3);
+    // Each retry waits at least the base delay (backoff and bucket penalty).
+    for pair in times.windows(2) {
+        assert!(
+            pair[1] - pair[0] >= Duration::from_millis(200),
+            "{:?}",
+            pair[1] - pair[0]
+        );
+    }
+    let stats = g.stats();
+    assert_eq!(stats.retries[&Operation::AssignPrivateIpAddresses], 2);
+    assert_eq!(stats.throttled[&Operation::AssignPrivateIpAddresses], 2);
+    assert_eq!(stats.calls[&Operation::AssignPrivateIpAddresses], 3);
+}
+
+#[tokio::test(start_paused = true)]
+async fn transient_failures_are_retried() {
+    let fake = Fake::default();
+    fake.fail(Operation::DeleteNetworkInterface, "InternalError", 1);
+    let g = gate(fake, GateConfig::aws_defaults());
+    g.delete_network_interface("eni-1").await.unwrap();
+    assert_eq!(g.inner().times(None).len(), 2);
+    assert_eq!(g.stats().total_throttled(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn client_errors_are_not_retried() {
+    let fake = Fake::default();
+    fake.fail(
+        Operation::AssignPrivateIpAddresses,
+        "PrivateIpAddressLimitExceeded",
+        1,
+    );
+    let g = gate(fake, GateConfig::aws_defaults());
+    let err = g
+        .assign_private_ip_addresses("eni-1", AddressRequest::Ips(3))
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind, ErrorKind::IpLimitExceeded);
+    assert_eq!(g.inner().times(None).len(), 1);
+    assert_eq!(g.stats().total_retries(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn attempts_are_bounded() {
+    let fake = Fake::default();
+    fake.fail(
+        Operation::CreateNetworkInterface,
+        "RequestLimitExceeded",
+        10,
+    );
+    let config = GateConfig {
+        max_attempts: 3,
+        ..GateConfig::aws_defaults()
+    };
+    let g = gate(fake, config);
+    let err = g
+        .create_network_interface(&CreateEniRequest {
+            subnet_id: "subnet-1".into(),
+            security_groups: vec![],
+            description: String::new(),
+            tags: Tags::new(),
+            addresses: AddressRequest::Ips(0),
+            client_token: "t".into(),
+        })
+        .await
+        .unwrap_err();
+    assert!(err.is_throttled());
+    assert_eq!(g.inner().times(None).len(), 3);
+    assert_eq!(g.stats().total_retries(), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_throttled_answer_slows_the_whole_bucket() {
+    let fake = Fake::default();
+    fake.fail(Operation::AttachNetworkInterface, "RequestLimitExceeded", 1);
+    let g = gate(fake, GateConfig::aws_defaults());
+    let start = Instant::now();
+    let throttled = {
+        let g = g.clone();
+        tokio::spawn(async move { g.attach_network_interface("eni-1", "i-1", 1).await })
+    };
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    // Detach shares the general mutating bucket with attach: it waits out the penalty although
+    // tokens are plentiful. Delete has a bucket of its own and goes at once.
+    let (detach, delete) = tokio::join!(
+        g.detach_network_interface("eni-attach-1", false),
+        g.delete_network_interface("eni-2"),
+    );
+    detach.unwrap();
+    delete.unwrap();
+    throttled.await.unwrap().unwrap();
+    let at = |op| g.inner().times(Some(op))[0].duration_since(start);
+    assert!(at(Operation::DetachNetworkInterface) >= Duration::from_millis(200));
+    assert_eq!(
+        at(Operation::DeleteNetworkInterface),
+        Duration::from_millis(10)
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn consecutive_throttles_grow_the_penalty_and_success_resets_it() {
+    let fake = Fake::default();
+    fake.fail(Operation::DetachNetworkInterface, "RequestLimitExceeded", 3);
+    let config = GateConfig {
+        max_attempts: 1,
+        ..GateConfig::aws_defaults()
+    };
+    let g = gate(fake, config);
+    let mut starts = Vec::new();
+    for _ in 0..4 {
+        let _ = g.detach_network_interface("a", false).await;
+        starts.push(*g.inner().times(None).last().unwrap());
+    }
+    let gaps: Vec<_> = starts.windows(2).map(|w| w[1] - w[0]).collect();
+    assert_eq!(
+        gaps,
+        vec![
+            Duration::from_millis(200),
+            Duration::from_millis(400),
+            Duration::from_millis(800)
+        ]
+    );
+    // After the success, the next call waits for nothing.
+    let before = Instant::now();
+    g.detach_network_interface("a", false).await.unwrap();
+    assert_eq!(*g.inner().times(None).last().unwrap(), before);
+}
+
+#[tokio::test(start_paused = true)]
+async fn every_page_takes_a_token() {
+    let fake = Fake {
+        pages: 3,
+        ..Fake::default()
+    };
+    let mut config = GateConfig::aws_defaults();
+    config.overrides.insert(Bucket::Describe, (1, 1.0));
+    let g = gate(fake, config);
+    let start = Instant::now();
+    let all = ResourceFilter::default();
+    let subnets = collect_pages(|t| g.describe_subnets(&all, t))
+        .await
+        .unwrap();
+    assert_eq!(subnets.len(), 3);
+    let times: Vec<_> = g
+        .inner()
+        .times(None)
+        .iter()
+        .map(|t| t.duration_since(start))
+        .collect();
+    assert_eq!(
+        times,
+        vec![
+            Duration::ZERO,
+            Duration::from_secs(1),
+            Duration::from_secs(2)
+        ]
+    );
+    assert_eq!(g.stats().calls[&Operation::DescribeSubnets], 3);
+}
+
+#[tokio::test(start_paused = true)]
+async fn unassigning_ips_and_prefixes_takes_two_tokens() {
+    let mut config = GateConfig::aws_defaults();
+    config
+        .overrides
+        .insert(Bucket::UnassignPrivateIpAddresses, (1, 1.0));
+    let g = gate(Fake::default(), config);
+    let start = Instant::now();
+    let ip = [Ipv4Addr::new(10, 0, 0, 9)];
+    let prefix = ["10.0.1.0/28".parse().unwrap()];
+    g.unassign_private_ip_addresses("eni-1", &ip, &prefix)
+        .await
+        .unwrap();
+    // The second token came one period after the first.
+    assert_eq!(start.elapsed(), Duration::from_secs(1));
+    assert_eq!(g.stats().calls[&Operation::UnassignPrivateIpAddresses], 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn metrics_count_calls_by_outcome() {
+    let fake = Fake::default();
+    fake.fail(
+        Operation::AssignPrivateIpAddresses,
+        "RequestLimitExceeded",
+        1,
+    );
+    let g = gate(fake, GateConfig::aws_defaults());
+    let mut registry = Registry::default();
+    g.metrics().register(&mut registry);
+    g.assign_private_ip_addresses("eni-1", AddressRequest::Ips(1))
+        .await
+        .unwrap();
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+    for line in [
+        r#"ec2_api_calls_total{operation="AssignPrivateIpAddresses",outcome="throttled"} 1"#,
+        r#"ec2_api_calls_total{operation="AssignPrivateIpAddresses",outcome="success"} 1"#,
+        r#"ec2_api_retries_total{operation="AssignPrivateIpAddresses"} 1"#,
+        r#"ec2_api_throttled_total{operation="AssignPrivateIpAddresses"} 1"#,
+        r#"ec2_api_duration_seconds_count{operation="AssignPrivateIpAddresses"} 2"#,
+        r#"ec2_rate_limit_wait_seconds_count{operation="AssignPrivateIpAddresses"} 2"#,
+    ] {
+        assert!(text.contains(line), "missing {line} in\n{text}");
+    }
+}
