@@ -1,1 +1,857 @@
-//! Settings.
+//! Settings: every flag is also an `ENI_OPERATOR_*` environment variable (flag wins).
+//!
+//! Flag names follow Cilium's operator where it has one, so existing values carry over.
+//! Standard variables are read by the libraries themselves, not here:
+//! * `KUBECONFIG` (or the in-cluster service account): kube's `Client::try_default`;
+//! * `AWS_REGION`, `AWS_ENDPOINT_URL` / `AWS_ENDPOINT_URL_EC2`, `AWS_ACCESS_KEY_ID`,
+//!   `AWS_SECRET_ACCESS_KEY`, `AWS_SESSION_TOKEN`, `AWS_PROFILE`, web identity (IRSA) and pod
+//!   identity variables: aws-config's default chain (`--aws-region` and `--ec2-api-endpoint`
+//!   override them when set);
+//! * `RUST_LOG`: the tracing filter (default `info`);
+//! * `POD_NAMESPACE` / `POD_NAME` (downward API): fallbacks for `--namespace` / `--identity`.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::net::SocketAddr;
+use std::str::FromStr;
+use std::time::Duration;
+
+use clap::{Args, Parser, ValueEnum};
+
+use crate::ec2::Bucket;
+
+pub const DEFAULT_NAMESPACE: &str = "eni-operator";
+
+/// The invalid-configuration error: one line, naming the setting.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[error("invalid configuration: {0}")]
+pub struct ConfigError(pub String);
+
+/// All settings of the operator.
+#[derive(Parser, Debug, Clone)]
+#[command(
+    name = "eni-operator",
+    version,
+    about = "Gives AWS nodes their pod IP capacity (ENIs, secondary IPs, /28 prefixes) through Cilium's CiliumNode objects",
+    after_help = "Every flag can also be set by the environment variable shown with it. \
+Also read: KUBECONFIG (or in-cluster config), AWS_REGION, AWS_ENDPOINT_URL / AWS_ENDPOINT_URL_EC2 \
+and the AWS credential chain (AWS_ACCESS_KEY_ID, AWS_PROFILE, IRSA, ...), RUST_LOG (default info), \
+POD_NAMESPACE and POD_NAME."
+)]
+pub struct Settings {
+    #[command(flatten)]
+    pub server: ServerSettings,
+    #[command(flatten)]
+    pub kube: KubeSettings,
+    #[command(flatten)]
+    pub ec2: Ec2Settings,
+    #[command(flatten)]
+    pub gate: GateSettings,
+    #[command(flatten)]
+    pub ipam: IpamSettings,
+    #[command(flatten)]
+    pub runtime: RuntimeSettings,
+}
+
+#[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+/// HTTP endpoints and logging.
+#[derive(Args, Debug, Clone)]
+#[command(next_help_heading = "Server")]
+pub struct ServerSettings {
+    /// Address serving Prometheus `/metrics`.
+    #[arg(
+        long,
+        env = "ENI_OPERATOR_METRICS_ADDR",
+        default_value = "0.0.0.0:9963"
+    )]
+    pub metrics_addr: SocketAddr,
+    /// Address serving `/healthz` and `/readyz` (may equal --metrics-addr: one listener).
+    #[arg(long, env = "ENI_OPERATOR_HEALTH_ADDR", default_value = "0.0.0.0:9234")]
+    pub health_addr: SocketAddr,
+    /// Log format (the filter comes from RUST_LOG, default `info`).
+    #[arg(long, env = "ENI_OPERATOR_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+}
+
+/// Kubernetes client and leader election.
+#[derive(Args, Debug, Clone)]
+#[command(next_help_heading = "Kubernetes and leader election")]
+pub struct KubeSettings {
+    /// Namespace of the leader-election Lease [fallback env: POD_NAMESPACE; default: eni-operator].
+    #[arg(long, env = "ENI_OPERATOR_NAMESPACE")]
+    pub namespace: Option<String>,
+    /// Run leader election (turn off only for a single replica, e.g. local runs).
+    #[arg(long, env = "ENI_OPERATOR_LEADER_ELECTION", default_value_t = true, num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set)]
+    pub leader_election: bool,
+    /// Name of the leader-election Lease.
+    #[arg(
+        long,
+        env = "ENI_OPERATOR_LEADER_ELECTION_LEASE_NAME",
+        default_value = "eni-operator"
+    )]
+    pub leader_election_lease_name: String,
+    /// How long a leader's lease is valid without renewal.
+    #[arg(long, env = "ENI_OPERATOR_LEADER_ELECTION_LEASE_DURATION", default_value = "15s", value_parser = parse_duration)]
+    pub leader_election_lease_duration: Duration,
+    /// The leader steps down if it cannot renew within this time.
+    #[arg(long, env = "ENI_OPERATOR_LEADER_ELECTION_RENEW_DEADLINE", default_value = "10s", value_parser = parse_duration)]
+    pub leader_election_renew_deadline: Duration,
+    /// Interval between lease acquisition/renewal attempts.
+    #[arg(long, env = "ENI_OPERATOR_LEADER_ELECTION_RETRY_PERIOD", default_value = "2s", value_parser = parse_duration)]
+    pub leader_election_retry_period: Duration,
+    /// This replica's identity in the Lease [fallback env: POD_NAME; default: hostname + random suffix].
+    #[arg(long, env = "ENI_OPERATOR_IDENTITY")]
+    pub identity: Option<String>,
+    /// Client-side rate limit on Kubernetes API calls. kube-rs has no built-in limiter: accepted
+    /// for parity with Cilium's flag, enforced only where the runtime applies it.
+    #[arg(long, env = "ENI_OPERATOR_K8S_CLIENT_QPS", default_value_t = 50.0)]
+    pub k8s_client_qps: f64,
+    /// Burst for --k8s-client-qps.
+    #[arg(long, env = "ENI_OPERATOR_K8S_CLIENT_BURST", default_value_t = 100)]
+    pub k8s_client_burst: u32,
+}
+
+/// The EC2 client.
+#[derive(Args, Debug, Clone)]
+#[command(next_help_heading = "EC2 client")]
+pub struct Ec2Settings {
+    /// AWS Region (default: aws-config's chain: AWS_REGION, profile, IMDS).
+    #[arg(long, env = "ENI_OPERATOR_AWS_REGION")]
+    pub aws_region: Option<String>,
+    /// EC2 endpoint override (host or URL; `https://` is prepended when no scheme is given),
+    /// e.g. for LocalStack or moto. AWS_ENDPOINT_URL_EC2 works too.
+    #[arg(long, env = "ENI_OPERATOR_EC2_API_ENDPOINT")]
+    pub ec2_api_endpoint: Option<String>,
+    /// MaxResults per Describe page (0: let AWS choose).
+    #[arg(
+        long,
+        env = "ENI_OPERATOR_AWS_MAX_RESULTS_PER_CALL",
+        default_value_t = 0
+    )]
+    pub aws_max_results_per_call: i32,
+    /// TCP connect timeout to EC2.
+    #[arg(long, env = "ENI_OPERATOR_EC2_CONNECT_TIMEOUT", default_value = "5s", value_parser = parse_duration)]
+    pub ec2_connect_timeout: Duration,
+    /// Timeout of one EC2 operation (one attempt of one call).
+    #[arg(long, env = "ENI_OPERATOR_EC2_OPERATION_TIMEOUT", default_value = "30s", value_parser = parse_duration)]
+    pub ec2_operation_timeout: Duration,
+}
+
+/// Client-side EC2 throttling (the gate).
+#[derive(Args, Debug, Clone)]
+#[command(next_help_heading = "EC2 rate limits")]
+pub struct GateSettings {
+    /// Share of AWS's per-action token-bucket rates we use, leaving headroom for other callers in
+    /// the account and Region. In (0, 1].
+    #[arg(long, env = "ENI_OPERATOR_EC2_RATE_FRACTION", default_value_t = 0.8)]
+    pub ec2_rate_fraction: f64,
+    /// Override one bucket as NAME=BURST/RATE (rate per second), repeatable or comma-separated.
+    /// Names: describe, general-mutating, create-network-interface, assign-private-ip-addresses,
+    /// unassign-private-ip-addresses, modify-network-interface-attribute, delete-network-interface.
+    #[arg(long, env = "ENI_OPERATOR_EC2_BUCKET", value_delimiter = ',')]
+    pub ec2_bucket: Vec<BucketOverride>,
+    /// Attempts per EC2 call (throttling and transient errors), including the first.
+    #[arg(long, env = "ENI_OPERATOR_EC2_MAX_ATTEMPTS", default_value_t = 5)]
+    pub ec2_max_attempts: u32,
+    /// Cilium-style single bucket for ALL EC2 calls, rate per second. Not recommended (one
+    /// action's burst starves the others); kept for comparison. Needs --limit-ipam-api-burst.
+    #[arg(long, env = "ENI_OPERATOR_LIMIT_IPAM_API_QPS")]
+    pub limit_ipam_api_qps: Option<f64>,
+    /// Burst of the single Cilium-style bucket. Needs --limit-ipam-api-qps.
+    #[arg(long, env = "ENI_OPERATOR_LIMIT_IPAM_API_BURST")]
+    pub limit_ipam_api_burst: Option<u32>,
+}
+
+/// IPAM behaviour.
+#[derive(Args, Debug, Clone)]
+#[command(next_help_heading = "IPAM")]
+pub struct IpamSettings {
+    /// Assign /28 prefixes instead of single addresses on Nitro instances (per-node opt-out:
+    /// spec.eni.disable-prefix-delegation).
+    #[arg(long, env = "ENI_OPERATOR_AWS_ENABLE_PREFIX_DELEGATION", default_value_t = false, num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set)]
+    pub aws_enable_prefix_delegation: bool,
+    /// Release addresses above the node's needs (after --excess-ip-release-delay).
+    #[arg(long, env = "ENI_OPERATOR_AWS_RELEASE_EXCESS_IPS", default_value_t = false, num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set)]
+    pub aws_release_excess_ips: bool,
+    /// Seconds an address must stay in excess before it is released.
+    #[arg(
+        long,
+        env = "ENI_OPERATOR_EXCESS_IP_RELEASE_DELAY",
+        default_value_t = 180
+    )]
+    pub excess_ip_release_delay: u64,
+    /// Offer each ENI's primary address to pods (+1 per ENI); per-node spec.eni.use-primary-address wins.
+    #[arg(long, env = "ENI_OPERATOR_AWS_USE_PRIMARY_ADDRESS", default_value_t = false, num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set)]
+    pub aws_use_primary_address: bool,
+    /// Extra tags for the ENIs we create, k=v[,k2=v2], repeatable.
+    #[arg(long, env = "ENI_OPERATOR_ENI_TAGS", value_delimiter = ',')]
+    pub eni_tags: Vec<Tag>,
+    /// Cluster name, stored in the eni-operator.io/cluster-name ownership tag of created ENIs.
+    #[arg(long, env = "ENI_OPERATOR_CLUSTER_NAME", default_value = "default")]
+    pub cluster_name: String,
+    /// Only consider these subnets (IDs, comma-separated or repeated).
+    #[arg(long, env = "ENI_OPERATOR_SUBNET_IDS_FILTER", value_delimiter = ',')]
+    pub subnet_ids_filter: Vec<String>,
+    /// Only consider subnets carrying all these tags, k=v[,k2=v2].
+    #[arg(long, env = "ENI_OPERATOR_SUBNET_TAGS_FILTER", value_delimiter = ',')]
+    pub subnet_tags_filter: Vec<Tag>,
+    /// Only consider instances carrying all these tags, k=v[,k2=v2].
+    #[arg(long, env = "ENI_OPERATOR_INSTANCE_TAGS_FILTER", value_delimiter = ',')]
+    pub instance_tags_filter: Vec<Tag>,
+    /// Only consider resources in this VPC.
+    #[arg(long, env = "ENI_OPERATOR_VPC_ID")]
+    pub vpc_id: Option<String>,
+}
+
+/// Loops and concurrency of the running operator.
+#[derive(Args, Debug, Clone)]
+#[command(next_help_heading = "Runtime")]
+pub struct RuntimeSettings {
+    /// Nodes allocated for concurrently.
+    #[arg(
+        long,
+        env = "ENI_OPERATOR_PARALLEL_ALLOC_WORKERS",
+        default_value_t = 50
+    )]
+    pub parallel_alloc_workers: usize,
+    /// Full refresh of the EC2 caches (instances, ENIs, subnets, VPCs).
+    #[arg(long, env = "ENI_OPERATOR_EC2_RESYNC_INTERVAL", default_value = "1m", value_parser = parse_duration)]
+    pub ec2_resync_interval: Duration,
+    /// Minimum spacing between two on-demand EC2 refreshes.
+    #[arg(long, env = "ENI_OPERATOR_EC2_REFRESH_MIN_SPACING", default_value = "15s", value_parser = parse_duration)]
+    pub ec2_refresh_min_spacing: Duration,
+    /// Full rescan of all CiliumNodes.
+    #[arg(long, env = "ENI_OPERATOR_NODE_RESYNC_INTERVAL", default_value = "1m", value_parser = parse_duration)]
+    pub node_resync_interval: Duration,
+    /// Interval of the garbage collector of leaked ENIs (0 disables it).
+    #[arg(long, env = "ENI_OPERATOR_ENI_GC_INTERVAL", default_value = "5m", value_parser = parse_duration)]
+    pub eni_gc_interval: Duration,
+    /// At most this many ENIs deleted per GC run.
+    #[arg(long, env = "ENI_OPERATOR_ENI_GC_MAX_PER_RUN", default_value_t = 25)]
+    pub eni_gc_max_per_run: usize,
+}
+
+impl Settings {
+    /// Parse the process's arguments and environment, apply fallbacks, validate.
+    pub fn load() -> Result<Self, clap::Error> {
+        Self::load_from(std::env::args_os())
+    }
+
+    /// As [`Settings::load`] with explicit arguments (environment still from the process).
+    pub fn load_from<I, T>(args: I) -> Result<Self, clap::Error>
+    where
+        I: IntoIterator<Item = T>,
+        T: Into<std::ffi::OsString> + Clone,
+    {
+        let mut settings = Self::try_parse_from(args)?;
+        settings.apply_fallbacks(|name| std::env::var(name).ok());
+        settings.validate().map_err(|e| {
+            use clap::CommandFactory;
+            Self::command().error(clap::error::ErrorKind::ValueValidation, e.0)
+        })?;
+        Ok(settings)
+    }
+
+    /// Fill `namespace` and `identity` from the downward-API variables or their defaults.
+    pub fn apply_fallbacks(&mut self, env: impl Fn(&str) -> Option<String>) {
+        let non_empty = |v: Option<String>| v.filter(|s| !s.is_empty());
+        if non_empty(self.kube.namespace.clone()).is_none() {
+            self.kube.namespace =
+                Some(non_empty(env("POD_NAMESPACE")).unwrap_or_else(|| DEFAULT_NAMESPACE.into()));
+        }
+        if non_empty(self.kube.identity.clone()).is_none() {
+            self.kube.identity = Some(non_empty(env("POD_NAME")).unwrap_or_else(|| {
+                let host = non_empty(env("HOSTNAME"))
+                    .or_else(|| {
+                        std::fs::read_to_string("/etc/hostname")
+                            .ok()
+                            .map(|s| s.trim().to_string())
+                    })
+                    .filter(|s| !s.is_empty())
+                    .unwrap_or_else(|| "eni-operator".into());
+                // Two local runs on one host must not share a leader identity.
+                format!("{host}-{:08x}", rand::random::<u32>())
+            }));
+        }
+    }
+
+    /// Cross-field rules clap cannot express.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let err = |m: String| Err(ConfigError(m));
+        let k = &self.kube;
+        if k.leader_election_renew_deadline >= k.leader_election_lease_duration {
+            return err(format!(
+                "--leader-election-renew-deadline ({:?}) must be shorter than --leader-election-lease-duration ({:?})",
+                k.leader_election_renew_deadline, k.leader_election_lease_duration
+            ));
+        }
+        if k.leader_election_retry_period >= k.leader_election_renew_deadline {
+            return err(format!(
+                "--leader-election-retry-period ({:?}) must be shorter than --leader-election-renew-deadline ({:?})",
+                k.leader_election_retry_period, k.leader_election_renew_deadline
+            ));
+        }
+        if k.leader_election_retry_period.is_zero() {
+            return err("--leader-election-retry-period must be positive".into());
+        }
+        if k.leader_election_lease_name.is_empty() {
+            return err("--leader-election-lease-name must not be empty".into());
+        }
+        if !(k.k8s_client_qps > 0.0 && k.k8s_client_qps.is_finite()) || k.k8s_client_burst == 0 {
+            return err("--k8s-client-qps and --k8s-client-burst must be positive".into());
+        }
+        let e = &self.ec2;
+        if e.aws_max_results_per_call < 0 {
+            return err("--aws-max-results-per-call must be >= 0".into());
+        }
+        if e.ec2_connect_timeout.is_zero() || e.ec2_operation_timeout.is_zero() {
+            return err(
+                "--ec2-connect-timeout and --ec2-operation-timeout must be positive".into(),
+            );
+        }
+        if e.ec2_api_endpoint.as_deref() == Some("") {
+            return err("--ec2-api-endpoint must not be empty when set".into());
+        }
+        let g = &self.gate;
+        if !(g.ec2_rate_fraction > 0.0 && g.ec2_rate_fraction <= 1.0) {
+            return err(format!(
+                "--ec2-rate-fraction must be in (0, 1], got {}",
+                g.ec2_rate_fraction
+            ));
+        }
+        if g.ec2_max_attempts == 0 {
+            return err("--ec2-max-attempts must be at least 1".into());
+        }
+        match (g.limit_ipam_api_qps, g.limit_ipam_api_burst) {
+            (None, None) => {}
+            (Some(q), Some(b)) if q > 0.0 && q.is_finite() && b > 0 => {}
+            (Some(_), Some(_)) => {
+                return err(
+                    "--limit-ipam-api-qps and --limit-ipam-api-burst must be positive".into(),
+                );
+            }
+            _ => {
+                return err(
+                    "--limit-ipam-api-qps and --limit-ipam-api-burst must be set together".into(),
+                );
+            }
+        }
+        let i = &self.ipam;
+        if i.cluster_name.is_empty() {
+            return err("--cluster-name must not be empty".into());
+        }
+        let r = &self.runtime;
+        if r.parallel_alloc_workers == 0 {
+            return err("--parallel-alloc-workers must be at least 1".into());
+        }
+        if r.ec2_resync_interval.is_zero() || r.node_resync_interval.is_zero() {
+            return err("--ec2-resync-interval and --node-resync-interval must be positive".into());
+        }
+        if r.ec2_refresh_min_spacing > r.ec2_resync_interval {
+            return err(format!(
+                "--ec2-refresh-min-spacing ({:?}) must not exceed --ec2-resync-interval ({:?})",
+                r.ec2_refresh_min_spacing, r.ec2_resync_interval
+            ));
+        }
+        if !r.eni_gc_interval.is_zero() && r.eni_gc_max_per_run == 0 {
+            return err("--eni-gc-max-per-run must be at least 1 while the GC is enabled".into());
+        }
+        Ok(())
+    }
+}
+
+impl KubeSettings {
+    /// Namespace of the Lease (after [`Settings::apply_fallbacks`]).
+    pub fn namespace(&self) -> &str {
+        self.namespace.as_deref().unwrap_or(DEFAULT_NAMESPACE)
+    }
+
+    /// This replica's leader-election identity (after [`Settings::apply_fallbacks`]).
+    pub fn identity(&self) -> &str {
+        self.identity.as_deref().unwrap_or("eni-operator")
+    }
+}
+
+impl Ec2Settings {
+    /// The endpoint URL for the SDK: Cilium accepts a bare host, the SDK needs a scheme.
+    pub fn endpoint_url(&self) -> Option<String> {
+        self.ec2_api_endpoint.as_ref().map(|e| {
+            if e.contains("://") {
+                e.clone()
+            } else {
+                format!("https://{e}")
+            }
+        })
+    }
+
+    /// `MaxResults` for Describe calls, `None` when AWS should choose.
+    pub fn max_results(&self) -> Option<i32> {
+        (self.aws_max_results_per_call > 0).then_some(self.aws_max_results_per_call)
+    }
+
+    /// The SDK configuration: default credential chain and Region, with our overrides. SDK
+    /// retries are disabled because the gate owns the one retry policy (and its metrics).
+    pub async fn sdk_config(&self) -> aws_config::SdkConfig {
+        use aws_config::{BehaviorVersion, Region, retry::RetryConfig, timeout::TimeoutConfig};
+        let mut loader = aws_config::defaults(BehaviorVersion::latest())
+            .retry_config(RetryConfig::disabled())
+            .timeout_config(
+                TimeoutConfig::builder()
+                    .connect_timeout(self.ec2_connect_timeout)
+                    .operation_attempt_timeout(self.ec2_operation_timeout)
+                    .build(),
+            );
+        if let Some(region) = &self.aws_region {
+            loader = loader.region(Region::new(region.clone()));
+        }
+        if let Some(url) = self.endpoint_url() {
+            loader = loader.endpoint_url(url);
+        }
+        loader.load().await
+    }
+}
+
+impl GateSettings {
+    /// (burst, rate per second) for a bucket: an override, else AWS's default × the fraction.
+    pub fn bucket_limits(&self, bucket: Bucket) -> (u32, f64) {
+        if let Some(o) = self.ec2_bucket.iter().rev().find(|o| o.bucket == bucket) {
+            return (o.burst, o.rate);
+        }
+        let (burst, rate) = bucket.aws_default();
+        let burst = ((burst as f64 * self.ec2_rate_fraction).floor() as u32).max(1);
+        (burst, rate as f64 * self.ec2_rate_fraction)
+    }
+}
+
+impl IpamSettings {
+    pub fn eni_tags(&self) -> BTreeMap<String, String> {
+        Tag::map(&self.eni_tags)
+    }
+
+    pub fn subnet_tags(&self) -> BTreeMap<String, String> {
+        Tag::map(&self.subnet_tags_filter)
+    }
+
+    pub fn instance_tags(&self) -> BTreeMap<String, String> {
+        Tag::map(&self.instance_tags_filter)
+    }
+
+    pub fn excess_ip_release_delay(&self) -> Duration {
+        Duration::from_secs(self.excess_ip_release_delay)
+    }
+}
+
+impl RuntimeSettings {
+    /// `None` when the ENI GC is disabled (`--eni-gc-interval 0`).
+    pub fn eni_gc_interval(&self) -> Option<Duration> {
+        (!self.eni_gc_interval.is_zero()).then_some(self.eni_gc_interval)
+    }
+}
+
+/// Parse `500ms`, `15s`, `1m`, `1h`, compounds like `1m30s`, or bare seconds (`30`).
+pub fn parse_duration(input: &str) -> Result<Duration, String> {
+    let s = input.trim();
+    if s.is_empty() {
+        return Err("empty duration".into());
+    }
+    if let Ok(secs) = s.parse::<u64>() {
+        return Ok(Duration::from_secs(secs));
+    }
+    let mut total = Duration::ZERO;
+    let mut rest = s;
+    while !rest.is_empty() {
+        let digits = rest
+            .find(|c: char| !c.is_ascii_digit())
+            .unwrap_or(rest.len());
+        if digits == 0 {
+            return Err(format!(
+                "invalid duration {input:?}: expected a number, e.g. 500ms, 15s, 1m, 1h"
+            ));
+        }
+        let n: u64 = rest[..digits]
+            .parse()
+            .map_err(|_| format!("invalid duration {input:?}: number too large"))?;
+        rest = &rest[digits..];
+        let unit = rest
+            .find(|c: char| c.is_ascii_digit())
+            .unwrap_or(rest.len());
+        let part = match &rest[..unit] {
+            "ms" => Duration::from_millis(n),
+            "s" => Duration::from_secs(n),
+            "m" => Duration::from_secs(n.saturating_mul(60)),
+            "h" => Duration::from_secs(n.saturating_mul(3600)),
+            other => {
+                return Err(format!(
+                    "invalid duration {input:?}: unknown unit {other:?} (use ms, s, m or h)"
+                ));
+            }
+        };
+        total = total.saturating_add(part);
+        rest = &rest[unit..];
+    }
+    Ok(total)
+}
+
+/// One `key=value` tag.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Tag {
+    pub key: String,
+    pub value: String,
+}
+
+impl Tag {
+    fn map(tags: &[Tag]) -> BTreeMap<String, String> {
+        tags.iter()
+            .map(|t| (t.key.clone(), t.value.clone()))
+            .collect()
+    }
+}
+
+impl FromStr for Tag {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.split_once('=') {
+            Some((k, v)) if !k.trim().is_empty() => Ok(Tag {
+                key: k.trim().to_string(),
+                value: v.trim().to_string(),
+            }),
+            _ => Err(format!("invalid tag {s:?}: expected key=value")),
+        }
+    }
+}
+
+impl fmt::Display for Tag {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}={}", self.key, self.value)
+    }
+}
+
+/// `NAME=BURST/RATE`: replaces one gate bucket's limits (not scaled by the rate fraction).
+#[derive(Clone, Debug, PartialEq)]
+pub struct BucketOverride {
+    pub bucket: Bucket,
+    pub burst: u32,
+    /// Tokens per second.
+    pub rate: f64,
+}
+
+impl FromStr for BucketOverride {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        let bad = || {
+            format!("invalid bucket override {s:?}: expected NAME=BURST/RATE, e.g. describe=100/20")
+        };
+        let (name, limits) = s.split_once('=').ok_or_else(bad)?;
+        let name = name.trim();
+        let bucket = Bucket::ALL
+            .into_iter()
+            .find(|b| b.name() == name)
+            .ok_or_else(|| {
+                let names: Vec<_> = Bucket::ALL.iter().map(|b| b.name()).collect();
+                format!("unknown EC2 bucket {name:?}; known: {}", names.join(", "))
+            })?;
+        let (burst, rate) = limits.split_once('/').ok_or_else(bad)?;
+        let burst: u32 = burst.trim().parse().map_err(|_| bad())?;
+        let rate: f64 = rate.trim().parse().map_err(|_| bad())?;
+        if burst == 0 || !(rate > 0.0 && rate.is_finite()) {
+            return Err(format!(
+                "invalid bucket override {s:?}: burst and rate must be positive"
+            ));
+        }
+        Ok(BucketOverride {
+            bucket,
+            burst,
+            rate,
+        })
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use clap::CommandFactory;
+    use std::sync::{Mutex, MutexGuard};
+
+    /// Serialises tests that read or write the process environment.
+    static ENV_LOCK: Mutex<()> = Mutex::new(());
+
+    /// Every environment variable a setting reads.
+    pub(crate) fn setting_env_names() -> Vec<String> {
+        Settings::command()
+            .get_arguments()
+            .filter_map(|a| a.get_env())
+            .map(|e| e.to_string_lossy().into_owned())
+            .collect()
+    }
+
+    /// Takes the lock and clears every setting's variable (a developer's shell may set some).
+    fn clean_env() -> MutexGuard<'static, ()> {
+        let guard = ENV_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+        for name in setting_env_names() {
+            // SAFETY: the environment is only touched under ENV_LOCK, by these tests.
+            unsafe { std::env::remove_var(name) };
+        }
+        guard
+    }
+
+    fn parse(args: &[&str]) -> Result<Settings, clap::Error> {
+        Settings::load_from(std::iter::once("eni-operator").chain(args.iter().copied()))
+    }
+
+    #[test]
+    fn defaults() {
+        let _g = clean_env();
+        let s = parse(&["--namespace", "ns", "--identity", "me"]).unwrap();
+        assert_eq!(s.server.metrics_addr, "0.0.0.0:9963".parse().unwrap());
+        assert_eq!(s.server.health_addr, "0.0.0.0:9234".parse().unwrap());
+        assert_eq!(s.server.log_format, LogFormat::Text);
+        assert!(s.kube.leader_election);
+        assert_eq!(s.kube.leader_election_lease_name, "eni-operator");
+        assert_eq!(
+            s.kube.leader_election_lease_duration,
+            Duration::from_secs(15)
+        );
+        assert_eq!(
+            s.kube.leader_election_renew_deadline,
+            Duration::from_secs(10)
+        );
+        assert_eq!(s.kube.leader_election_retry_period, Duration::from_secs(2));
+        assert_eq!(
+            (s.kube.k8s_client_qps, s.kube.k8s_client_burst),
+            (50.0, 100)
+        );
+        assert_eq!(s.ec2.aws_region, None);
+        assert_eq!(s.ec2.endpoint_url(), None);
+        assert_eq!(s.ec2.max_results(), None);
+        assert_eq!(s.ec2.ec2_connect_timeout, Duration::from_secs(5));
+        assert_eq!(s.ec2.ec2_operation_timeout, Duration::from_secs(30));
+        assert_eq!(s.gate.ec2_rate_fraction, 0.8);
+        assert!(s.gate.ec2_bucket.is_empty());
+        assert_eq!(s.gate.ec2_max_attempts, 5);
+        assert_eq!(s.gate.limit_ipam_api_qps, None);
+        assert!(!s.ipam.aws_enable_prefix_delegation);
+        assert!(!s.ipam.aws_release_excess_ips);
+        assert_eq!(s.ipam.excess_ip_release_delay(), Duration::from_secs(180));
+        assert!(!s.ipam.aws_use_primary_address);
+        assert!(s.ipam.eni_tags().is_empty());
+        assert_eq!(s.ipam.cluster_name, "default");
+        assert_eq!(s.ipam.vpc_id, None);
+        assert_eq!(s.runtime.parallel_alloc_workers, 50);
+        assert_eq!(s.runtime.ec2_resync_interval, Duration::from_secs(60));
+        assert_eq!(s.runtime.ec2_refresh_min_spacing, Duration::from_secs(15));
+        assert_eq!(s.runtime.node_resync_interval, Duration::from_secs(60));
+        assert_eq!(s.runtime.eni_gc_interval(), Some(Duration::from_secs(300)));
+        assert_eq!(s.runtime.eni_gc_max_per_run, 25);
+        assert_eq!(s.kube.namespace(), "ns");
+        assert_eq!(s.kube.identity(), "me");
+    }
+
+    #[test]
+    fn env_overrides_default_and_flag_overrides_env() {
+        let _g = clean_env();
+        // SAFETY: under ENV_LOCK (see clean_env).
+        unsafe {
+            std::env::set_var("ENI_OPERATOR_CLUSTER_NAME", "prod");
+            std::env::set_var("ENI_OPERATOR_AWS_RELEASE_EXCESS_IPS", "true");
+            std::env::set_var("ENI_OPERATOR_ENI_GC_INTERVAL", "0");
+            std::env::set_var("ENI_OPERATOR_ENI_TAGS", "team=net,env=prod");
+            std::env::set_var("ENI_OPERATOR_LEADER_ELECTION", "false");
+            std::env::set_var(
+                "ENI_OPERATOR_EC2_BUCKET",
+                "describe=10/2,delete-network-interface=4/1",
+            );
+        }
+        let s = parse(&["--cluster-name", "flag-wins"]).unwrap();
+        clean_env_inner();
+        assert_eq!(s.ipam.cluster_name, "flag-wins");
+        assert!(s.ipam.aws_release_excess_ips);
+        assert_eq!(s.runtime.eni_gc_interval(), None);
+        assert!(!s.kube.leader_election);
+        assert_eq!(
+            s.ipam.eni_tags(),
+            BTreeMap::from([("team".into(), "net".into()), ("env".into(), "prod".into())])
+        );
+        assert_eq!(s.gate.bucket_limits(Bucket::Describe), (10, 2.0));
+        assert_eq!(
+            s.gate.bucket_limits(Bucket::DeleteNetworkInterface),
+            (4, 1.0)
+        );
+        // Not overridden: AWS default scaled by the fraction.
+        assert_eq!(s.gate.bucket_limits(Bucket::GeneralMutating), (40, 4.0));
+    }
+
+    /// Clears the variables without taking the lock (the caller holds it).
+    fn clean_env_inner() {
+        for name in setting_env_names() {
+            // SAFETY: called only while ENV_LOCK is held.
+            unsafe { std::env::remove_var(name) };
+        }
+    }
+
+    #[test]
+    fn downward_api_fallbacks() {
+        let _g = clean_env();
+        let mut s = Settings::try_parse_from(["eni-operator"]).unwrap();
+        s.apply_fallbacks(|n| match n {
+            "POD_NAMESPACE" => Some("kube-system".into()),
+            "POD_NAME" => Some("eni-operator-abc".into()),
+            _ => None,
+        });
+        assert_eq!(s.kube.namespace(), "kube-system");
+        assert_eq!(s.kube.identity(), "eni-operator-abc");
+
+        let mut s = Settings::try_parse_from(["eni-operator"]).unwrap();
+        s.apply_fallbacks(|n| (n == "HOSTNAME").then(|| "laptop".to_string()));
+        assert_eq!(s.kube.namespace(), DEFAULT_NAMESPACE);
+        let id = s.kube.identity();
+        assert!(
+            id.starts_with("laptop-") && id.len() == "laptop-".len() + 8,
+            "{id}"
+        );
+
+        // An explicit flag beats the downward API.
+        let mut s = Settings::try_parse_from(["eni-operator", "--namespace", "mine"]).unwrap();
+        s.apply_fallbacks(|_| Some("other".into()));
+        assert_eq!(s.kube.namespace(), "mine");
+    }
+
+    #[test]
+    fn bool_flags_take_optional_values() {
+        let _g = clean_env();
+        let s = parse(&["--aws-enable-prefix-delegation", "--leader-election=false"]).unwrap();
+        assert!(s.ipam.aws_enable_prefix_delegation);
+        assert!(!s.kube.leader_election);
+    }
+
+    #[test]
+    fn durations() {
+        let d = |s| parse_duration(s);
+        assert_eq!(d("15s"), Ok(Duration::from_secs(15)));
+        assert_eq!(d("1m"), Ok(Duration::from_secs(60)));
+        assert_eq!(d("5m"), Ok(Duration::from_secs(300)));
+        assert_eq!(d("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(d("2h"), Ok(Duration::from_secs(7200)));
+        assert_eq!(d("1m30s"), Ok(Duration::from_secs(90)));
+        assert_eq!(d("45"), Ok(Duration::from_secs(45)));
+        assert_eq!(d("0"), Ok(Duration::ZERO));
+        for bad in ["", "s", "10x", "1.5s", "-1s", "m5"] {
+            assert!(d(bad).is_err(), "{bad:?} should be rejected");
+        }
+    }
+
+    #[test]
+    fn tags_and_bucket_overrides() {
+        assert_eq!(
+            "a=b".parse::<Tag>(),
+            Ok(Tag {
+                key: "a".into(),
+                value: "b".into()
+            })
+        );
+        assert_eq!("a=".parse::<Tag>().unwrap().value, "");
+        assert!("=b".parse::<Tag>().is_err());
+        assert!("ab".parse::<Tag>().is_err());
+
+        let o: BucketOverride = "create-network-interface=20/2.5".parse().unwrap();
+        assert_eq!(o.bucket, Bucket::CreateNetworkInterface);
+        assert_eq!((o.burst, o.rate), (20, 2.5));
+        for bad in [
+            "nope=1/1",
+            "describe",
+            "describe=10",
+            "describe=0/1",
+            "describe=1/0",
+            "describe=x/1",
+        ] {
+            assert!(bad.parse::<BucketOverride>().is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn endpoint_gets_a_scheme() {
+        let _g = clean_env();
+        let s = parse(&["--ec2-api-endpoint", "ec2.eu-west-1.amazonaws.com"]).unwrap();
+        assert_eq!(
+            s.ec2.endpoint_url().as_deref(),
+            Some("https://ec2.eu-west-1.amazonaws.com")
+        );
+        let s = parse(&["--ec2-api-endpoint", "http://127.0.0.1:5000"]).unwrap();
+        assert_eq!(
+            s.ec2.endpoint_url().as_deref(),
+            Some("http://127.0.0.1:5000")
+        );
+    }
+
+    #[test]
+    fn validation_errors() {
+        let _g = clean_env();
+        let cases: &[(&[&str], &str)] = &[
+            (
+                &["--leader-election-renew-deadline", "15s"],
+                "--leader-election-renew-deadline",
+            ),
+            (
+                &["--leader-election-retry-period", "10s"],
+                "--leader-election-retry-period",
+            ),
+            (&["--ec2-rate-fraction", "0"], "--ec2-rate-fraction"),
+            (&["--ec2-rate-fraction", "1.5"], "--ec2-rate-fraction"),
+            (&["--ec2-max-attempts", "0"], "--ec2-max-attempts"),
+            (&["--limit-ipam-api-qps", "4"], "set together"),
+            (
+                &["--limit-ipam-api-qps", "0", "--limit-ipam-api-burst", "2"],
+                "positive",
+            ),
+            (&["--cluster-name", ""], "--cluster-name"),
+            (
+                &["--parallel-alloc-workers", "0"],
+                "--parallel-alloc-workers",
+            ),
+            (
+                &["--ec2-refresh-min-spacing", "2m"],
+                "--ec2-refresh-min-spacing",
+            ),
+            (&["--eni-gc-max-per-run", "0"], "--eni-gc-max-per-run"),
+            (
+                &["--aws-max-results-per-call", "-1"],
+                "--aws-max-results-per-call",
+            ),
+            (&["--node-resync-interval", "0"], "--node-resync-interval"),
+        ];
+        for (args, needle) in cases {
+            let e = parse(args).expect_err(&format!("{args:?} should be rejected"));
+            assert!(e.to_string().contains(needle), "{args:?}: {e}");
+        }
+        // GC disabled: max-per-run is irrelevant.
+        assert!(parse(&["--eni-gc-interval", "0", "--eni-gc-max-per-run", "0"]).is_ok());
+        // Parser errors name the flag too.
+        let e = parse(&["--ec2-resync-interval", "soon"]).unwrap_err();
+        assert!(e.to_string().contains("--ec2-resync-interval"), "{e}");
+        let e = parse(&["--ec2-bucket", "nope=1/1"]).unwrap_err();
+        assert!(e.to_string().contains("unknown EC2 bucket"), "{e}");
+    }
+
+    #[test]
+    fn every_flag_has_an_env_var_and_help() {
+        for arg in Settings::command().get_arguments() {
+            let id = arg.get_id().as_str();
+            if matches!(id, "help" | "version") {
+                continue;
+            }
+            let env = arg
+                .get_env()
+                .unwrap_or_else(|| panic!("{id} has no env var"));
+            let expected = format!("ENI_OPERATOR_{}", id.to_uppercase());
+            assert_eq!(env.to_string_lossy(), expected, "env name of --{id}");
+            assert!(arg.get_help().is_some(), "--{id} has no help");
+        }
+        Settings::command().debug_assert();
+    }
+}

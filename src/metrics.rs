@@ -1,1 +1,117 @@
-//! Metrics.
+//! The Prometheus registry (prefix `eni_operator`) shared by every component, and its encoding.
+//!
+//! Components own their metric families and register them once at start-up. The pattern:
+//!
+//! ```
+//! use prometheus_client::metrics::{counter::Counter, family::Family};
+//! use eni_operator::metrics::MetricsRegistry;
+//!
+//! type Labels = Vec<(String, String)>;
+//!
+//! #[derive(Clone, Default)]
+//! struct GcMetrics {
+//!     deleted: Family<Labels, Counter>,
+//! }
+//!
+//! impl GcMetrics {
+//!     fn register(registry: &MetricsRegistry) -> Self {
+//!         let m = Self::default();
+//!         // Exposed as `eni_operator_gc_enis_deleted_total{reason="..."}`.
+//!         registry.register("gc_enis_deleted", "ENIs deleted by the GC", m.deleted.clone());
+//!         m
+//!     }
+//! }
+//!
+//! let registry = MetricsRegistry::new();
+//! let gc = GcMetrics::register(&registry);
+//! gc.deleted.get_or_create(&vec![("reason".into(), "leaked".into())]).inc();
+//! assert!(registry.encode().contains("eni_operator_gc_enis_deleted_total{reason=\"leaked\"} 1"));
+//! ```
+
+use std::sync::{Arc, RwLock};
+
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::info::Info;
+use prometheus_client::registry::{Metric, Registry};
+
+pub const PREFIX: &str = "eni_operator";
+
+/// A cheaply cloneable handle on the one registry; registration may happen after the HTTP
+/// server has started (the runtime registers its families when it becomes leader).
+#[derive(Clone)]
+pub struct MetricsRegistry {
+    inner: Arc<RwLock<Registry>>,
+}
+
+impl Default for MetricsRegistry {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl MetricsRegistry {
+    /// A registry with `eni_operator_build_info{version="..."} 1` already in it.
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix(PREFIX);
+        registry.register(
+            "build",
+            "eni-operator build information",
+            Info::new(vec![("version", env!("CARGO_PKG_VERSION"))]),
+        );
+        Self {
+            inner: Arc::new(RwLock::new(registry)),
+        }
+    }
+
+    /// Register one metric or family under `eni_operator_<name>`.
+    pub fn register(&self, name: &str, help: &str, metric: impl Metric) {
+        self.with(|r| r.register(name, help, metric));
+    }
+
+    /// Full access, e.g. for `sub_registry_with_prefix` or `register_with_unit`.
+    pub fn with<R>(&self, f: impl FnOnce(&mut Registry) -> R) -> R {
+        // A panic while registering leaves the registry usable: keep serving metrics.
+        let mut guard = self.inner.write().unwrap_or_else(|e| e.into_inner());
+        f(&mut guard)
+    }
+
+    /// The OpenMetrics text exposition of everything registered.
+    pub fn encode(&self) -> String {
+        let guard = self.inner.read().unwrap_or_else(|e| e.into_inner());
+        let mut out = String::new();
+        // Writing into a String cannot fail; an encoder error would be a bug in a metric.
+        if let Err(e) = encode(&mut out, &guard) {
+            tracing::error!(error = %e, "encoding metrics failed");
+        }
+        out
+    }
+}
+
+/// `Content-Type` of [`MetricsRegistry::encode`]'s output.
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use prometheus_client::metrics::gauge::Gauge;
+
+    #[test]
+    fn prefix_build_info_and_late_registration() {
+        let registry = MetricsRegistry::new();
+        let text = registry.encode();
+        assert!(
+            text.contains(&format!(
+                "eni_operator_build_info{{version=\"{}\"}} 1",
+                env!("CARGO_PKG_VERSION")
+            )),
+            "{text}"
+        );
+        assert!(text.ends_with("# EOF\n"));
+
+        let clone = registry.clone();
+        let gauge: Gauge = Gauge::default();
+        clone.register("nodes", "Nodes managed", gauge.clone());
+        gauge.set(7);
+        assert!(registry.encode().contains("eni_operator_nodes 7"));
+    }
+}

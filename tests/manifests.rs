@@ -1,0 +1,519 @@
+//! Every object in `manifests/` parses into its k8s-openapi type and loses no field doing so
+//! (a misspelt field fails), the CRD matches the Rust types, the ConfigMap only sets real
+//! settings, and the IAM policy grants exactly the EC2 actions the operator calls.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Service, ServiceAccount};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{
+    CustomResourceDefinition, JSONSchemaProps, JSONSchemaPropsOrArray, JSONSchemaPropsOrBool,
+};
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+const NAMESPACE: &str = "eni-operator";
+
+fn manifests_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("manifests")
+}
+
+/// All objects of all `manifests/*.yaml`, in file order, with their file name.
+fn documents() -> Vec<(String, Value)> {
+    let mut files: Vec<_> = std::fs::read_dir(manifests_dir())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "yaml" || e == "yml"))
+        .collect();
+    files.sort();
+    let mut docs = Vec::new();
+    for file in files {
+        let name = file.file_name().unwrap().to_string_lossy().into_owned();
+        let text = std::fs::read_to_string(&file).unwrap();
+        for doc in serde_yaml::Deserializer::from_str(&text) {
+            let value =
+                Value::deserialize(doc).unwrap_or_else(|e| panic!("{name}: invalid YAML: {e}"));
+            if !value.is_null() {
+                docs.push((name.clone(), value));
+            }
+        }
+    }
+    docs
+}
+
+/// Parse into `T`, then check that serializing it back gives the same JSON: a field `T` does
+/// not know (a typo) would be dropped and show up as a difference.
+fn typed<T: DeserializeOwned + Serialize>(file: &str, value: &Value) -> T {
+    let parsed: T = serde_json::from_value(value.clone())
+        .unwrap_or_else(|e| panic!("{file}: {} does not parse: {e}", value["kind"]));
+    let back = serde_json::to_value(&parsed).unwrap();
+    assert_eq!(
+        &back, value,
+        "{file}: {} has fields its type does not know",
+        value["kind"]
+    );
+    parsed
+}
+
+#[derive(Default)]
+struct Objects {
+    crds: Vec<CustomResourceDefinition>,
+    namespaces: Vec<Namespace>,
+    service_accounts: Vec<ServiceAccount>,
+    cluster_roles: Vec<ClusterRole>,
+    cluster_role_bindings: Vec<ClusterRoleBinding>,
+    roles: Vec<Role>,
+    role_bindings: Vec<RoleBinding>,
+    config_maps: Vec<ConfigMap>,
+    deployments: Vec<Deployment>,
+    pdbs: Vec<PodDisruptionBudget>,
+    services: Vec<Service>,
+}
+
+fn objects() -> Objects {
+    let mut o = Objects::default();
+    for (file, v) in documents() {
+        let kind = v["kind"].as_str().unwrap_or_default().to_string();
+        let api = v["apiVersion"].as_str().unwrap_or_default().to_string();
+        match (api.as_str(), kind.as_str()) {
+            ("apiextensions.k8s.io/v1", "CustomResourceDefinition") => {
+                o.crds.push(typed(&file, &v))
+            }
+            ("v1", "Namespace") => o.namespaces.push(typed(&file, &v)),
+            ("v1", "ServiceAccount") => o.service_accounts.push(typed(&file, &v)),
+            ("rbac.authorization.k8s.io/v1", "ClusterRole") => {
+                o.cluster_roles.push(typed(&file, &v))
+            }
+            ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding") => {
+                o.cluster_role_bindings.push(typed(&file, &v))
+            }
+            ("rbac.authorization.k8s.io/v1", "Role") => o.roles.push(typed(&file, &v)),
+            ("rbac.authorization.k8s.io/v1", "RoleBinding") => {
+                o.role_bindings.push(typed(&file, &v))
+            }
+            ("v1", "ConfigMap") => o.config_maps.push(typed(&file, &v)),
+            ("apps/v1", "Deployment") => o.deployments.push(typed(&file, &v)),
+            ("policy/v1", "PodDisruptionBudget") => o.pdbs.push(typed(&file, &v)),
+            ("v1", "Service") => o.services.push(typed(&file, &v)),
+            _ => panic!("{file}: unexpected object {api} {kind}"),
+        }
+    }
+    o
+}
+
+#[test]
+fn every_object_parses_and_the_set_is_complete() {
+    let o = objects();
+    let counts = [
+        o.crds.len(),
+        o.namespaces.len(),
+        o.service_accounts.len(),
+        o.cluster_roles.len(),
+        o.cluster_role_bindings.len(),
+        o.roles.len(),
+        o.role_bindings.len(),
+        o.config_maps.len(),
+        o.deployments.len(),
+        o.pdbs.len(),
+        o.services.len(),
+    ];
+    assert_eq!(counts, [1; 11]);
+    assert_eq!(o.namespaces[0].metadata.name.as_deref(), Some(NAMESPACE));
+    // Namespaced objects all live in the operator's namespace.
+    let namespaced = [
+        &o.service_accounts[0].metadata,
+        &o.roles[0].metadata,
+        &o.role_bindings[0].metadata,
+        &o.config_maps[0].metadata,
+        &o.deployments[0].metadata,
+        &o.pdbs[0].metadata,
+        &o.services[0].metadata,
+    ];
+    for meta in namespaced {
+        assert_eq!(
+            meta.namespace.as_deref(),
+            Some(NAMESPACE),
+            "{:?}",
+            meta.name
+        );
+    }
+}
+
+#[test]
+fn files_are_ordered_crd_and_namespace_first() {
+    let docs = documents();
+    let kinds: Vec<_> = docs
+        .iter()
+        .map(|(_, v)| v["kind"].as_str().unwrap())
+        .collect();
+    assert_eq!(kinds[0], "CustomResourceDefinition");
+    assert_eq!(kinds[1], "Namespace");
+    assert_eq!(docs[0].0, "00-crd-ciliumnodes.yaml");
+    // The IAM policy must not sit where `kubectl apply -f manifests/` would pick it up.
+    let json_at_top = std::fs::read_dir(manifests_dir())
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .any(|e| e.path().extension().is_some_and(|x| x == "json"));
+    assert!(!json_at_top, "no .json directly in manifests/");
+}
+
+#[test]
+fn crd_file_matches_the_types() {
+    let file = std::fs::read_to_string(manifests_dir().join("00-crd-ciliumnodes.yaml")).unwrap();
+    assert!(
+        file == eni_operator::crd::crd_yaml(),
+        "manifests/00-crd-ciliumnodes.yaml is stale: run `make crds`"
+    );
+}
+
+#[test]
+fn crd_declares_cilium_io_v2() {
+    let crd = objects().crds.remove(0);
+    assert_eq!(crd.metadata.name.as_deref(), Some("ciliumnodes.cilium.io"));
+    let spec = &crd.spec;
+    assert_eq!(spec.group, "cilium.io");
+    assert_eq!(spec.scope, "Cluster");
+    assert_eq!(spec.names.kind, "CiliumNode");
+    assert_eq!(spec.names.plural, "ciliumnodes");
+    assert_eq!(
+        spec.names.short_names.as_deref(),
+        Some(&["cn".to_string(), "ciliumn".to_string()][..])
+    );
+    assert_eq!(spec.versions.len(), 1);
+    let v2 = &spec.versions[0];
+    assert_eq!(v2.name, "v2");
+    assert!(v2.served && v2.storage);
+    assert!(v2.subresources.as_ref().unwrap().status.is_some());
+    let columns: Vec<_> = v2
+        .additional_printer_columns
+        .as_ref()
+        .unwrap()
+        .iter()
+        .map(|c| (c.name.as_str(), c.json_path.as_str()))
+        .collect();
+    for (name, path) in [
+        ("Instance", ".spec.instance-id"),
+        ("Type", ".spec.eni.instance-type"),
+        ("ENIs", ".status.eni-operator.enis"),
+        ("Available", ".status.eni-operator.available"),
+        ("Used", ".status.eni-operator.used"),
+        ("Age", ".metadata.creationTimestamp"),
+    ] {
+        assert!(columns.contains(&(name, path)), "column {name} {path}");
+    }
+
+    let root = v2
+        .schema
+        .as_ref()
+        .unwrap()
+        .open_api_v3_schema
+        .as_ref()
+        .unwrap();
+    let props = root.properties.as_ref().unwrap();
+    check_structural("", root);
+    // Cilium's fields we do not model (spec.addresses, status.ipam.pod-cidrs, ...) survive.
+    for path in [
+        &["spec"][..],
+        &["spec", "eni"],
+        &["spec", "ipam"],
+        &["status"],
+        &["status", "eni"],
+        &["status", "ipam"],
+    ] {
+        let mut node = &props[path[0]];
+        for p in &path[1..] {
+            node = &node.properties.as_ref().unwrap()[*p];
+        }
+        assert_eq!(
+            node.x_kubernetes_preserve_unknown_fields,
+            Some(true),
+            "{path:?} must preserve unknown fields"
+        );
+    }
+}
+
+/// The API server rejects a schema that has `additionalProperties` next to `properties`, or a
+/// node without a type (outside preserve-unknown-fields / int-or-string).
+fn check_structural(path: &str, s: &JSONSchemaProps) {
+    assert!(
+        !(s.properties.is_some() && s.additional_properties.is_some()),
+        "{path}: properties and additionalProperties together"
+    );
+    assert!(
+        s.type_.is_some() || s.x_kubernetes_preserve_unknown_fields == Some(true),
+        "{path}: no type"
+    );
+    for (name, child) in s.properties.iter().flatten() {
+        check_structural(&format!("{path}.{name}"), child);
+    }
+    if let Some(JSONSchemaPropsOrBool::Schema(child)) = &s.additional_properties {
+        check_structural(&format!("{path}[*]"), child);
+    }
+    if let Some(JSONSchemaPropsOrArray::Schema(child)) = &s.items {
+        check_structural(&format!("{path}[]"), child);
+    }
+}
+
+#[test]
+fn configmap_sets_only_real_settings() {
+    use clap::CommandFactory;
+    use eni_operator::config::Settings;
+    let cm = objects().config_maps.remove(0);
+    let data = cm.data.unwrap();
+    let known: BTreeSet<String> = Settings::command()
+        .get_arguments()
+        .filter_map(|a| a.get_env())
+        .map(|e| e.to_string_lossy().into_owned())
+        .collect();
+    for key in data.keys() {
+        assert!(known.contains(key), "ConfigMap key {key} is not a setting");
+    }
+    // The values parse and validate (this is the only test of this binary touching the env).
+    for (key, value) in &data {
+        // SAFETY: no other test in this binary reads or writes the environment.
+        unsafe { std::env::set_var(key, value) };
+    }
+    let settings = Settings::load_from(["eni-operator"]).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        settings.ipam.cluster_name,
+        data["ENI_OPERATOR_CLUSTER_NAME"]
+    );
+
+    // The Deployment's ports and probes match the configured addresses.
+    let deploy = objects().deployments.remove(0);
+    let container = &deploy.spec.unwrap().template.spec.unwrap().containers[0];
+    let port = |name: &str| {
+        container
+            .ports
+            .iter()
+            .flatten()
+            .find(|p| p.name.as_deref() == Some(name))
+            .unwrap()
+            .container_port
+    };
+    assert_eq!(port("metrics") as u16, settings.server.metrics_addr.port());
+    assert_eq!(port("health") as u16, settings.server.health_addr.port());
+    let env_from = container.env_from.as_ref().unwrap();
+    assert_eq!(
+        env_from[0].config_map_ref.as_ref().unwrap().name,
+        cm.metadata.name.unwrap()
+    );
+    let probe_path = |p: &Option<k8s_openapi::api::core::v1::Probe>| {
+        p.as_ref().unwrap().http_get.as_ref().unwrap().path.clone()
+    };
+    assert_eq!(
+        probe_path(&container.liveness_probe).as_deref(),
+        Some("/healthz")
+    );
+    assert_eq!(
+        probe_path(&container.readiness_probe).as_deref(),
+        Some("/readyz")
+    );
+}
+
+#[test]
+fn deployment_is_hardened_and_uses_the_service_account() {
+    let o = objects();
+    let deploy = &o.deployments[0];
+    let spec = deploy.spec.as_ref().unwrap();
+    assert_eq!(spec.replicas, Some(2));
+    let pod = spec.template.spec.as_ref().unwrap();
+    let sa = o.service_accounts[0].metadata.name.clone();
+    assert_eq!(pod.service_account_name, sa);
+    let pod_sc = pod.security_context.as_ref().unwrap();
+    assert_eq!(pod_sc.run_as_non_root, Some(true));
+    assert_eq!(
+        pod_sc.seccomp_profile.as_ref().unwrap().type_,
+        "RuntimeDefault"
+    );
+    let c = &pod.containers[0];
+    let sc = c.security_context.as_ref().unwrap();
+    assert_eq!(sc.read_only_root_filesystem, Some(true));
+    assert_eq!(sc.allow_privilege_escalation, Some(false));
+    assert_eq!(
+        sc.capabilities.as_ref().unwrap().drop.as_deref(),
+        Some(&["ALL".to_string()][..])
+    );
+    let res = c.resources.as_ref().unwrap();
+    assert!(res.requests.is_some() && res.limits.is_some());
+    let env: Vec<_> = c.env.iter().flatten().map(|e| e.name.as_str()).collect();
+    assert!(env.contains(&"POD_NAME") && env.contains(&"POD_NAMESPACE"));
+    assert!(
+        pod.affinity
+            .as_ref()
+            .and_then(|a| a.pod_anti_affinity.as_ref())
+            .is_some()
+    );
+
+    // Bindings point at the ServiceAccount; the PDB and Service select the pods.
+    let subject_ok = |subjects: &Option<Vec<k8s_openapi::api::rbac::v1::Subject>>| {
+        subjects.iter().flatten().any(|s| {
+            s.kind == "ServiceAccount"
+                && Some(&s.name) == sa.as_ref()
+                && s.namespace.as_deref() == Some(NAMESPACE)
+        })
+    };
+    assert!(subject_ok(&o.cluster_role_bindings[0].subjects));
+    assert!(subject_ok(&o.role_bindings[0].subjects));
+    assert_eq!(
+        o.cluster_role_bindings[0].role_ref.name,
+        o.cluster_roles[0].metadata.name.clone().unwrap()
+    );
+    assert_eq!(
+        o.role_bindings[0].role_ref.name,
+        o.roles[0].metadata.name.clone().unwrap()
+    );
+    let pod_labels = spec
+        .template
+        .metadata
+        .as_ref()
+        .unwrap()
+        .labels
+        .clone()
+        .unwrap();
+    let selects = |sel: &std::collections::BTreeMap<String, String>| {
+        sel.iter().all(|(k, v)| pod_labels.get(k) == Some(v))
+    };
+    let pdb = o.pdbs[0].spec.as_ref().unwrap();
+    assert!(selects(
+        pdb.selector
+            .as_ref()
+            .unwrap()
+            .match_labels
+            .as_ref()
+            .unwrap()
+    ));
+    assert_eq!(
+        pdb.min_available,
+        Some(k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(1))
+    );
+    assert!(selects(
+        o.services[0]
+            .spec
+            .as_ref()
+            .unwrap()
+            .selector
+            .as_ref()
+            .unwrap()
+    ));
+}
+
+#[test]
+fn rbac_grants_exactly_what_the_operator_uses() {
+    let o = objects();
+    let rules = o.cluster_roles[0].rules.clone().unwrap();
+    let verbs = |group: &str, resource: &str| -> BTreeSet<String> {
+        rules
+            .iter()
+            .filter(|r| {
+                r.api_groups.iter().flatten().any(|g| g == group)
+                    && r.resources.iter().flatten().any(|x| x == resource)
+            })
+            .flat_map(|r| r.verbs.clone())
+            .collect()
+    };
+    let set = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<BTreeSet<_>>();
+    assert_eq!(
+        verbs("cilium.io", "ciliumnodes"),
+        set(&["get", "list", "watch", "patch", "update", "delete"])
+    );
+    assert_eq!(
+        verbs("cilium.io", "ciliumnodes/status"),
+        set(&["get", "patch", "update"])
+    );
+    assert_eq!(verbs("", "nodes"), set(&["get", "list", "watch"]));
+    assert_eq!(verbs("", "events"), set(&["create", "patch"]));
+    assert_eq!(verbs("events.k8s.io", "events"), set(&["create", "patch"]));
+    assert_eq!(rules.len(), 5, "no other cluster-wide rules");
+    let lease_rules = o.roles[0].rules.clone().unwrap();
+    assert_eq!(lease_rules.len(), 1);
+    assert_eq!(
+        lease_rules[0].resources.as_deref(),
+        Some(&["leases".to_string()][..])
+    );
+    assert_eq!(
+        lease_rules[0]
+            .verbs
+            .iter()
+            .cloned()
+            .collect::<BTreeSet<_>>(),
+        set(&["get", "list", "watch", "create", "update", "patch"])
+    );
+}
+
+#[test]
+fn iam_policy_grants_the_ec2_actions_with_tag_conditions() {
+    let text = std::fs::read_to_string(manifests_dir().join("aws/iam-policy.json")).unwrap();
+    let policy: Value = serde_json::from_str(&text).expect("valid JSON");
+    assert_eq!(policy["Version"], "2012-10-17");
+    let statements = policy["Statement"].as_array().unwrap();
+    let actions_of = |s: &Value| -> Vec<String> {
+        match &s["Action"] {
+            Value::String(a) => vec![a.clone()],
+            Value::Array(a) => a.iter().map(|x| x.as_str().unwrap().to_string()).collect(),
+            other => panic!("bad Action {other}"),
+        }
+    };
+    let all: BTreeSet<String> = statements.iter().flat_map(actions_of).collect();
+    let expected: BTreeSet<String> = [
+        "DescribeInstanceTypes",
+        "DescribeInstances",
+        "DescribeNetworkInterfaces",
+        "DescribeSubnets",
+        "DescribeVpcs",
+        "DescribeSecurityGroups",
+        "DescribeRouteTables",
+        "CreateNetworkInterface",
+        "AttachNetworkInterface",
+        "ModifyNetworkInterfaceAttribute",
+        "AssignPrivateIpAddresses",
+        "UnassignPrivateIpAddresses",
+        "DetachNetworkInterface",
+        "DeleteNetworkInterface",
+        "CreateTags",
+    ]
+    .iter()
+    .map(|a| format!("ec2:{a}"))
+    .collect();
+    assert_eq!(all, expected);
+    for s in statements {
+        assert_eq!(s["Effect"], "Allow");
+    }
+    let conditions = |action: &str, resource_part: &str| -> Vec<&Value> {
+        statements
+            .iter()
+            .filter(|s| actions_of(s).iter().any(|a| a == action))
+            .filter(|s| s["Resource"].to_string().contains(resource_part))
+            .map(|s| &s["Condition"])
+            .collect()
+    };
+    // Every grant touching an ENI for these actions carries the ownership-tag condition.
+    for c in conditions("ec2:CreateNetworkInterface", "network-interface") {
+        assert_eq!(
+            c["Null"]["aws:RequestTag/eni-operator.io/cluster-name"], "false",
+            "{c}"
+        );
+    }
+    for action in ["ec2:DeleteNetworkInterface", "ec2:DetachNetworkInterface"] {
+        let cs = conditions(action, "network-interface");
+        assert!(!cs.is_empty());
+        for c in cs {
+            assert_eq!(
+                c["Null"]["ec2:ResourceTag/eni-operator.io/cluster-name"], "false",
+                "{action}: {c}"
+            );
+        }
+        // Never an unconditional "*" grant.
+        assert!(conditions(action, "\"*\"").is_empty(), "{action} on *");
+    }
+    for c in conditions("ec2:CreateTags", "") {
+        assert_eq!(
+            c["StringEquals"]["ec2:CreateAction"], "CreateNetworkInterface",
+            "{c}"
+        );
+    }
+}
