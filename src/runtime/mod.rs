@@ -14,3 +14,4 @@ pub mod metrics;
 pub mod queue;
 pub mod refresher;
 pub mod sink;
+pub mod source;
