@@ -64,8 +64,10 @@ async fn main() -> ExitCode {
     }
 }
 
-/// The operator proper: runs until `shutdown` is cancelled. For now it only reports ready; the
-/// runtime (leader election, caches, reconciler, GC) plugs in here.
+/// The operator proper: runs until `shutdown` is cancelled, or fails when leadership is lost
+/// (the process then exits non-zero and Kubernetes restarts it with a clean state).
+///
+/// Standby replicas only take part in the election: no watches, no EC2 calls, no writes.
 async fn run_operator(
     settings: Settings,
     client: kube::Client,
@@ -73,11 +75,143 @@ async fn run_operator(
     readiness: Readiness,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
-    let _ = (settings, client, registry);
+    use std::sync::Arc;
+
+    use eni_operator::ec2::Bucket;
+    use eni_operator::ec2::aws::{AwsClientConfig, AwsEc2};
+    use eni_operator::ec2::gate::{Gate, GateConfig};
+    use eni_operator::ipam::IpamConfig;
+    use eni_operator::runtime::core::{Core, CoreConfig};
+    use eni_operator::runtime::leader::{Elector, KubeLease, LeaderConfig};
+    use eni_operator::runtime::metrics::RuntimeMetrics;
+    use eni_operator::runtime::refresher::Scope;
+    use eni_operator::runtime::sink::KubeSink;
+    use eni_operator::runtime::{gc, source};
+
+    if !settings.ipam.instance_tags_filter.is_empty() {
+        tracing::warn!("--instance-tags-filter is not supported yet and is ignored");
+    }
+    let gate_config = GateConfig {
+        rate_fraction: settings.gate.ec2_rate_fraction,
+        overrides: Bucket::ALL
+            .iter()
+            .map(|b| (*b, settings.gate.bucket_limits(*b)))
+            .collect(),
+        single_bucket: settings
+            .gate
+            .limit_ipam_api_qps
+            .zip(settings.gate.limit_ipam_api_burst),
+        max_attempts: settings.gate.ec2_max_attempts,
+        ..GateConfig::aws_defaults()
+    };
+    let aws = AwsEc2::new(&AwsClientConfig {
+        region: settings.ec2.aws_region.clone(),
+        endpoint_url: settings.ec2.endpoint_url(),
+        connect_timeout: settings.ec2.ec2_connect_timeout,
+        operation_timeout: settings.ec2.ec2_operation_timeout,
+        max_results_per_call: settings.ec2.max_results(),
+    })
+    .await;
+    let ec2 = Arc::new(Gate::new(aws, gate_config));
+    registry.with(|r| ec2.metrics().register(r));
+    let metrics = registry.with(RuntimeMetrics::register);
+
+    let core_config = CoreConfig {
+        workers: settings.runtime.parallel_alloc_workers,
+        resync_interval: settings.runtime.ec2_resync_interval,
+        instance_refresh_spacing: settings.runtime.ec2_refresh_min_spacing,
+        ipam: IpamConfig {
+            prefix_delegation: settings.ipam.aws_enable_prefix_delegation,
+            release_excess_ips: settings.ipam.aws_release_excess_ips,
+            release_delay: settings.ipam.excess_ip_release_delay(),
+            use_primary_address: settings.ipam.aws_use_primary_address,
+            eni_tags: settings.ipam.eni_tags(),
+            cluster_name: settings.ipam.cluster_name.clone(),
+            ..IpamConfig::default()
+        },
+        scope: Scope {
+            vpc_id: settings.ipam.vpc_id.clone(),
+            subnet_ids: settings.ipam.subnet_ids_filter.clone(),
+            subnet_tags: settings.ipam.subnet_tags(),
+        },
+        ..CoreConfig::default()
+    };
+    let sink = Arc::new(KubeSink::new(
+        client.clone(),
+        Some(settings.kube.identity().to_string()),
+    ));
+
+    // Everything a leader does, in one future: dropping it aborts all of it at once.
+    let work = {
+        let ec2 = ec2.clone();
+        let client = client.clone();
+        let shutdown = shutdown.clone();
+        let metrics = metrics.clone();
+        let settings = settings.clone();
+        async move {
+            let (tx, rx) = tokio::sync::mpsc::channel(4096);
+            let core = Core::new(ec2.clone(), sink, core_config, metrics);
+            let gc_loop = async {
+                match settings.runtime.eni_gc_interval() {
+                    Some(interval) => {
+                        gc::run_loop(
+                            ec2.clone(),
+                            settings.ipam.cluster_name.clone(),
+                            settings.ipam.subnet_ids_filter.clone(),
+                            interval,
+                            settings.runtime.eni_gc_max_per_run,
+                        )
+                        .await
+                    }
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                result = core.run(rx, shutdown.cancelled()) => result.map_err(anyhow::Error::from),
+                () = source::watch_cilium_nodes(client.clone(), tx.clone()) => Ok(()),
+                () = source::watch_nodes(client, tx) => Ok(()),
+                () = gc_loop => Ok(()),
+            }
+        }
+    };
+
     readiness.set(true);
-    shutdown.cancelled().await;
+    let result = if settings.kube.leader_election {
+        let lease = KubeLease::new(
+            client,
+            settings.kube.namespace(),
+            settings.kube.leader_election_lease_name.clone(),
+        );
+        let mut elector = Elector::new(
+            lease,
+            LeaderConfig {
+                identity: settings.kube.identity().to_string(),
+                lease_duration: settings.kube.leader_election_lease_duration,
+                renew_deadline: settings.kube.leader_election_renew_deadline,
+                retry_period: settings.kube.leader_election_retry_period,
+            },
+        );
+        let outcome = tokio::select! {
+            r = elector.run(work) => Some(r),
+            () = shutdown.cancelled() => None,
+        };
+        match outcome {
+            Some(Ok(inner)) => inner,
+            Some(Err(lost)) => {
+                metrics.leader.set(0);
+                Err(anyhow::Error::from(lost))
+            }
+            None => {
+                // Hand the lease over at once instead of making the standby wait it out.
+                elector.release().await;
+                Ok(())
+            }
+        }
+    } else {
+        work.await
+    };
     readiness.set(false);
-    Ok(())
+    result
 }
 
 /// In-cluster config or KUBECONFIG, checked with one cheap call so a bad config fails now.

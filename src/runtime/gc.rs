@@ -103,6 +103,29 @@ impl EniGc {
     }
 }
 
+/// Run the collector every `interval` until dropped.
+pub async fn run_loop<E: Ec2>(
+    ec2: std::sync::Arc<E>,
+    cluster: String,
+    subnet_ids: Vec<String>,
+    interval: std::time::Duration,
+    max_per_run: usize,
+) {
+    let mut gc = EniGc::new(cluster, max_per_run);
+    let mut tick = tokio::time::interval(interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        match gc.run_once(&*ec2, &subnet_ids).await {
+            Ok(r) if !r.deleted.is_empty() || r.marked > 0 => {
+                info!(deleted = r.deleted.len(), marked = r.marked, "ENI GC run");
+            }
+            Ok(_) => {}
+            Err(e) => tracing::warn!(error = %e, "ENI GC listing failed"),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

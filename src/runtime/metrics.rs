@@ -49,10 +49,11 @@ impl Default for RuntimeMetrics {
 }
 
 impl RuntimeMetrics {
-    /// Create the metrics and register them under `registry`.
+    /// Create the metrics and register them in `registry` (which carries the `eni_operator`
+    /// prefix).
     pub fn register(registry: &mut Registry) -> Self {
         let m = Self::default();
-        let r = registry.sub_registry_with_prefix("eni_operator");
+        let r = registry;
         r.register("leader", "1 while this replica leads", m.leader.clone());
         r.register(
             "queue_depth",
