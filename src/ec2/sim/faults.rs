@@ -129,9 +129,7 @@ impl Faults {
             return Some(f.to_error(op));
         }
         let (rate, fault) = self.rates.get(&op)?;
-        self.rng
-            .random_bool(*rate)
-            .then(|| fault.to_error(op))
+        self.rng.random_bool(*rate).then(|| fault.to_error(op))
     }
 
     pub(crate) fn count(&mut self, op: Operation) -> &mut OpStats {
@@ -171,7 +169,10 @@ mod tests {
         let mut f = Faults::new(7);
         f.set_rate(op, 1.0, Fault::internal_error());
         let e = f.next(op).unwrap();
-        assert_eq!((e.kind, e.code.as_str()), (ErrorKind::Transient, "InternalError"));
+        assert_eq!(
+            (e.kind, e.code.as_str()),
+            (ErrorKind::Transient, "InternalError")
+        );
         f.set_rate(op, 0.0, Fault::internal_error());
         assert!(f.next(op).is_none());
     }

@@ -10,9 +10,9 @@
 mod addressing;
 mod faults;
 mod state;
-mod throttle;
 #[cfg(test)]
 mod tests;
+mod throttle;
 
 use std::net::Ipv4Addr;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -163,7 +163,11 @@ impl Simulator {
             "RequestLimitExceeded" | "Unavailable" | "ServiceUnavailable" => 503,
             _ => 400,
         };
-        self.inject(op, Fault::new(code, "injected by the simulator", status), times);
+        self.inject(
+            op,
+            Fault::new(code, "injected by the simulator", status),
+            times,
+        );
     }
 
     /// Per-operation counters so far.
@@ -207,7 +211,10 @@ impl Simulator {
                 .any(|b| b.contains(&cidr)),
             "add_subnet: {cidr} is outside the VPC"
         );
-        assert!(cidr.prefix_len() <= 28, "add_subnet: EC2's smallest subnet is a /28");
+        assert!(
+            cidr.prefix_len() <= 28,
+            "add_subnet: EC2's smallest subnet is a /28"
+        );
         assert!(
             st.subnets
                 .values()
@@ -271,7 +278,12 @@ impl Simulator {
     ///
     /// # Panics
     /// On an unknown type or subnet, or a full subnet.
-    pub fn run_instance(&self, instance_type: &str, subnet_id: &str, groups: &[String]) -> Instance {
+    pub fn run_instance(
+        &self,
+        instance_type: &str,
+        subnet_id: &str,
+        groups: &[String],
+    ) -> Instance {
         let mut inner = self.lock();
         let st = &mut inner.state;
         assert!(
@@ -360,7 +372,11 @@ impl Simulator {
 
     /// One API call: latency, then (under the lock) counters, throttling, injected faults and
     /// finally the operation itself.
-    async fn call<T>(&self, op: Operation, f: impl FnOnce(&mut State, Instant) -> Result<T>) -> Result<T> {
+    async fn call<T>(
+        &self,
+        op: Operation,
+        f: impl FnOnce(&mut State, Instant) -> Result<T>,
+    ) -> Result<T> {
         let latency = self.lock().faults.latency(op);
         if !latency.is_zero() {
             tokio::time::sleep(latency).await;
@@ -443,8 +459,10 @@ impl Ec2 for Simulator {
         filter: &ResourceFilter,
         next_token: Option<String>,
     ) -> Result<Page<Vpc>> {
-        self.call(Operation::DescribeVpcs, |s, _| s.describe_vpcs(filter, next_token))
-            .await
+        self.call(Operation::DescribeVpcs, |s, _| {
+            s.describe_vpcs(filter, next_token)
+        })
+        .await
     }
 
     async fn describe_security_groups(
@@ -469,7 +487,10 @@ impl Ec2 for Simulator {
         .await
     }
 
-    async fn create_network_interface(&self, request: &CreateEniRequest) -> Result<NetworkInterface> {
+    async fn create_network_interface(
+        &self,
+        request: &CreateEniRequest,
+    ) -> Result<NetworkInterface> {
         self.call(Operation::CreateNetworkInterface, |s, _| {
             s.create_network_interface(request)
         })
@@ -520,8 +541,10 @@ impl Ec2 for Simulator {
         let op = Operation::UnassignPrivateIpAddresses;
         // AWS takes addresses and prefixes in separate calls: each one is metered.
         if !ips.is_empty() {
-            self.call(op, |s, _| s.unassign_private_ip_addresses(op, eni_id, ips, &[]))
-                .await?;
+            self.call(op, |s, _| {
+                s.unassign_private_ip_addresses(op, eni_id, ips, &[])
+            })
+            .await?;
         }
         if !prefixes.is_empty() {
             self.call(op, |s, _| {

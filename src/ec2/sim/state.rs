@@ -163,7 +163,11 @@ impl State {
     /// The most IPv4 slots any ENI can have before an instance type applies (unattached ENI):
     /// the largest `Ipv4AddressesPerInterface` of the known types.
     fn unattached_slot_limit(&self) -> u32 {
-        self.types.values().map(|t| t.ipv4_per_eni).max().unwrap_or(50)
+        self.types
+            .values()
+            .map(|t| t.ipv4_per_eni)
+            .max()
+            .unwrap_or(50)
     }
 
     fn limits_of_instance(&self, instance_id: &str) -> Option<&InstanceTypeLimits> {
@@ -472,7 +476,10 @@ impl State {
                     return Err(aws_err(
                         op,
                         "InvalidParameterValue",
-                        format!("Security group {g} and subnet {} belong to different networks.", subnet.id),
+                        format!(
+                            "Security group {g} and subnet {} belong to different networks.",
+                            subnet.id
+                        ),
                     ));
                 }
                 None => {
@@ -650,7 +657,12 @@ impl State {
     fn eni_by_attachment(&self, attachment_id: &str) -> Option<String> {
         self.enis
             .values()
-            .find(|r| r.eni.attachment.as_ref().is_some_and(|a| a.id == attachment_id))
+            .find(|r| {
+                r.eni
+                    .attachment
+                    .as_ref()
+                    .is_some_and(|a| a.id == attachment_id)
+            })
             .map(|r| r.eni.id.clone())
     }
 
@@ -715,21 +727,29 @@ impl State {
             return Err(aws_err(
                 op,
                 "InvalidParameterValue",
-                format!("Some of the specified addresses are not assigned to interface {eni_id}: {ip}"),
+                format!(
+                    "Some of the specified addresses are not assigned to interface {eni_id}: {ip}"
+                ),
             ));
         }
         if let Some(p) = missing_prefix {
             return Err(aws_err(
                 op,
                 "InvalidParameterValue",
-                format!("Some of the specified prefixes are not assigned to interface {eni_id}: {p}"),
+                format!(
+                    "Some of the specified prefixes are not assigned to interface {eni_id}: {p}"
+                ),
             ));
         }
         let subnet_id = eni.subnet_id.clone();
         let rec = self.enis.get_mut(eni_id).expect("checked above");
         rec.eni.secondary_ips.retain(|ip| !ips.contains(ip));
         rec.eni.prefixes.retain(|p| !prefixes.contains(p));
-        let pool = &mut self.subnets.get_mut(&subnet_id).expect("subnet exists").pool;
+        let pool = &mut self
+            .subnets
+            .get_mut(&subnet_id)
+            .expect("subnet exists")
+            .pool;
         for ip in ips {
             pool.release_ip(*ip);
         }
@@ -848,16 +868,26 @@ impl State {
             }
             let (limit, prefixes_ok) = self.eni_limits(e);
             if slots_used(e) > limit {
-                return Err(format!("{} uses {} slots, limit {limit}", e.id, slots_used(e)));
+                return Err(format!(
+                    "{} uses {} slots, limit {limit}",
+                    e.id,
+                    slots_used(e)
+                ));
             }
             if !prefixes_ok && !e.prefixes.is_empty() {
-                return Err(format!("{} holds prefixes on a type without delegation", e.id));
+                return Err(format!(
+                    "{} holds prefixes on a type without delegation",
+                    e.id
+                ));
             }
         }
         for (id, rec) in &self.subnets {
             let held = per_subnet.get(id.as_str()).copied().unwrap_or(0);
             if rec.pool.held() != held {
-                return Err(format!("{id}: pool holds {} but ENIs hold {held}", rec.pool.held()));
+                return Err(format!(
+                    "{id}: pool holds {} but ENIs hold {held}",
+                    rec.pool.held()
+                ));
             }
             let size = 1u32 << (32 - u32::from(rec.subnet.cidr.prefix_len()));
             if rec.pool.available() + held + 5 != size {

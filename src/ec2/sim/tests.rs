@@ -47,15 +47,27 @@ async fn api_calls_are_throttled_per_bucket_and_refill_with_tokio_time() {
         && e.code == "RequestLimitExceeded"
         && e.operation == Operation::DescribeVpcs));
     // Describes share one bucket: another describe is throttled too, a mutation is not.
-    assert!(sim.describe_subnets(&f, None).await.unwrap_err().is_throttled());
-    let eni = sim.describe_network_interfaces(&EniFilter::default(), None).await;
+    assert!(
+        sim.describe_subnets(&f, None)
+            .await
+            .unwrap_err()
+            .is_throttled()
+    );
+    let eni = sim
+        .describe_network_interfaces(&EniFilter::default(), None)
+        .await;
     assert!(eni.is_err());
     let missing = sim.delete_network_interface("eni-0").await.unwrap_err();
     assert!(missing.is_not_found(), "{missing}");
     tokio::time::advance(Duration::from_millis(1000)).await;
     assert!(sim.describe_vpcs(&f, None).await.is_ok());
     assert!(sim.describe_vpcs(&f, None).await.is_ok());
-    assert!(sim.describe_vpcs(&f, None).await.unwrap_err().is_throttled());
+    assert!(
+        sim.describe_vpcs(&f, None)
+            .await
+            .unwrap_err()
+            .is_throttled()
+    );
 
     let stats = sim.stats();
     let vpcs = stats.get(Operation::DescribeVpcs);
@@ -82,7 +94,11 @@ async fn default_buckets_are_aws_documented_ones() {
     }
     assert_eq!(throttled, 10);
     sim.disable_throttling();
-    assert!(sim.attach_network_interface(&eni.id, &inst.id, 1).await.is_ok());
+    assert!(
+        sim.attach_network_interface(&eni.id, &inst.id, 1)
+            .await
+            .is_ok()
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -109,7 +125,10 @@ async fn one_off_and_random_faults_are_counted() {
     let req = create_req(&subnet, &sg, AddressRequest::Ips(1), "");
     for _ in 0..2 {
         let e = sim.create_network_interface(&req).await.unwrap_err();
-        assert_eq!((e.kind, e.code.as_str()), (ErrorKind::Transient, "InternalError"));
+        assert_eq!(
+            (e.kind, e.code.as_str()),
+            (ErrorKind::Transient, "InternalError")
+        );
     }
     assert!(sim.create_network_interface(&req).await.is_ok());
 
@@ -122,7 +141,11 @@ async fn one_off_and_random_faults_are_counted() {
     sim.disable_throttling();
     let mut failed = 0;
     for _ in 0..400 {
-        if sim.describe_vpcs(&ResourceFilter::default(), None).await.is_err() {
+        if sim
+            .describe_vpcs(&ResourceFilter::default(), None)
+            .await
+            .is_err()
+        {
             failed += 1;
         }
     }
@@ -149,7 +172,10 @@ async fn detach_takes_the_configured_delay() {
         .create_network_interface(&create_req(&subnet, &sg, AddressRequest::Ips(2), ""))
         .await
         .unwrap();
-    let att = sim.attach_network_interface(&eni.id, &inst.id, 1).await.unwrap();
+    let att = sim
+        .attach_network_interface(&eni.id, &inst.id, 1)
+        .await
+        .unwrap();
     sim.detach_network_interface(&att, false).await.unwrap();
     let now = sim.network_interface(&eni.id).unwrap();
     assert_eq!(now.state, EniState::Detaching);
@@ -186,8 +212,13 @@ async fn termination_deletes_only_delete_on_termination_enis() {
             .create_network_interface(&create_req(&subnet, &sg, AddressRequest::Ips(3), ""))
             .await
             .unwrap();
-        let att = sim.attach_network_interface(&eni.id, &inst.id, i).await.unwrap();
-        sim.set_delete_on_termination(&eni.id, &att, dot).await.unwrap();
+        let att = sim
+            .attach_network_interface(&eni.id, &inst.id, i)
+            .await
+            .unwrap();
+        sim.set_delete_on_termination(&eni.id, &att, dot)
+            .await
+            .unwrap();
         ids.push(eni.id);
     }
     assert!(sim.terminate_instance(&inst.id));
@@ -205,7 +236,10 @@ async fn termination_deletes_only_delete_on_termination_enis() {
         .await
         .unwrap();
     assert_eq!(i.items[0].state, InstanceState::Terminated);
-    let e = sim.attach_network_interface(&ids[1], &inst.id, 1).await.unwrap_err();
+    let e = sim
+        .attach_network_interface(&ids[1], &inst.id, 1)
+        .await
+        .unwrap_err();
     assert_eq!(e.kind, ErrorKind::InstanceNotRunning);
     sim.check_invariants().unwrap();
 }
@@ -220,13 +254,18 @@ async fn prefixes_need_nitro_or_bare_metal() {
             .create_network_interface(&create_req(&subnet, &sg, AddressRequest::Ips(0), ""))
             .await
             .unwrap();
-        sim.attach_network_interface(&eni.id, &inst.id, 1).await.unwrap();
+        sim.attach_network_interface(&eni.id, &inst.id, 1)
+            .await
+            .unwrap();
         let r = sim
             .assign_private_ip_addresses(&eni.id, AddressRequest::Prefixes(1))
             .await;
         assert_eq!(r.is_ok(), ok, "{}: {r:?}", inst.instance_type);
         if let Err(e) = r {
-            assert_eq!((e.kind, e.code.as_str()), (ErrorKind::Other, "InvalidParameterValue"));
+            assert_eq!(
+                (e.kind, e.code.as_str()),
+                (ErrorKind::Other, "InvalidParameterValue")
+            );
         }
     }
     // An unattached ENI with a prefix cannot go onto a Xen instance either.
@@ -235,7 +274,10 @@ async fn prefixes_need_nitro_or_bare_metal() {
         .await
         .unwrap();
     assert_eq!(eni.prefixes.len(), 1);
-    let e = sim.attach_network_interface(&eni.id, &xen.id, 2).await.unwrap_err();
+    let e = sim
+        .attach_network_interface(&eni.id, &xen.id, 2)
+        .await
+        .unwrap_err();
     assert!(e.message.contains("Prefix delegation"), "{e}");
     sim.check_invariants().unwrap();
 }
@@ -247,7 +289,12 @@ async fn clones_share_state_and_invariants_hold_under_concurrency() {
     let tasks: Vec<_> = (0..20)
         .map(|i| {
             let sim = sim.clone();
-            let req = create_req(&subnet, &sg, AddressRequest::Ips(10), &format!("t{}", i % 10));
+            let req = create_req(
+                &subnet,
+                &sg,
+                AddressRequest::Ips(10),
+                &format!("t{}", i % 10),
+            );
             tokio::spawn(async move { sim.create_network_interface(&req).await })
         })
         .collect();

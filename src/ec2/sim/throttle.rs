@@ -77,9 +77,7 @@ impl Throttle {
     pub(crate) fn try_take(&mut self, bucket: Bucket, now: Instant) -> bool {
         match &mut self.buckets {
             None => true,
-            Some(buckets) => buckets
-                .get_mut(&bucket)
-                .is_none_or(|b| b.try_take(now)),
+            Some(buckets) => buckets.get_mut(&bucket).is_none_or(|b| b.try_take(now)),
         }
     }
 }
