@@ -92,7 +92,7 @@ fn encode_token(last_key: &str) -> String {
 }
 
 fn decode_token(token: &str) -> Option<String> {
-    if token.len() % 2 != 0 {
+    if !token.len().is_multiple_of(2) {
         return None;
     }
     let bytes = (0..token.len())
@@ -107,9 +107,9 @@ fn tags_match(have: &Tags, want: &Tags) -> bool {
 }
 
 /// IDs asked for explicitly must all exist (EC2 fails the whole call otherwise).
-fn require_ids<'a>(
+fn require_ids(
     op: Operation,
-    ids: &'a [String],
+    ids: &[String],
     exists: impl Fn(&str) -> bool,
     code: &str,
     what: &str,
