@@ -1,0 +1,93 @@
+//! The EC2 contract suite (`tests/contract`) against the in-memory simulator.
+
+mod contract;
+mod support;
+
+use eni_operator::ec2::Tags;
+use eni_operator::ec2::sim::Simulator;
+use support::world::{SeededInstance, SeededSubnet, World};
+
+/// The seeded world of `support::world`, in a fresh simulator with a describe page size of 2
+/// so every describe in the suite walks several pages.
+fn simulator_world() -> (Simulator, World) {
+    let sim = Simulator::new();
+    sim.set_page_size(2);
+    let (zone_a, zone_b) = ("us-east-1a", "us-east-1b");
+    let (vpc_cidr, secondary) = ("10.0.0.0/16", "100.64.0.0/16");
+    let vpc_id = sim.add_vpc(vpc_cidr.parse().unwrap(), &[secondary.parse().unwrap()]);
+    let pod_tag = || vec![("eni-operator-test/pods".to_owned(), "true".to_owned())];
+    let subnets: Vec<SeededSubnet> = [
+        (zone_a, "10.0.0.0/24", vec![]),
+        (zone_a, "100.64.0.0/20", pod_tag()),
+        (zone_b, "10.0.16.0/24", vec![]),
+        (zone_a, "10.0.32.0/28", vec![]),
+    ]
+    .into_iter()
+    .map(|(zone, cidr, tags)| SeededSubnet {
+        id: sim.add_subnet(
+            &vpc_id,
+            zone,
+            cidr.parse().unwrap(),
+            tags.iter().cloned().collect(),
+        ),
+        availability_zone: zone.to_owned(),
+        cidr: cidr.to_owned(),
+        tags,
+    })
+    .collect();
+    sim.add_route_table(&vpc_id, true, &[]);
+    let security_groups = vec![
+        sim.add_security_group(&vpc_id, pod_tag().into_iter().collect()),
+        sim.add_security_group(&vpc_id, Tags::new()),
+    ];
+    let instances = [("m5.large", 0), ("t3.medium", 2)]
+        .into_iter()
+        .map(|(instance_type, subnet)| {
+            let subnet = &subnets[subnet];
+            let i = sim.run_instance(instance_type, &subnet.id, &security_groups[1..]);
+            SeededInstance {
+                primary_eni_id: sim.primary_eni_id(&i.id).expect("primary ENI"),
+                id: i.id,
+                instance_type: instance_type.to_owned(),
+                availability_zone: subnet.availability_zone.clone(),
+                subnet_id: subnet.id.clone(),
+            }
+        })
+        .collect();
+    let world = World {
+        region: "us-east-1".to_owned(),
+        zone_a: zone_a.to_owned(),
+        zone_b: zone_b.to_owned(),
+        vpc_id,
+        vpc_cidr: vpc_cidr.to_owned(),
+        vpc_secondary_cidr: secondary.to_owned(),
+        subnets,
+        security_groups,
+        instances,
+        enforces_aws_rules: true,
+    };
+    (sim, world)
+}
+
+/// Run one contract check, then the simulator's own invariants over what it left behind.
+macro_rules! sim_contract {
+    ($($check:ident),* $(,)?) => {$(
+        #[tokio::test]
+        async fn $check() {
+            let (sim, world) = simulator_world();
+            assert_eq!(world.region, "us-east-1");
+            contract::$check(&sim, &world).await;
+            sim.check_invariants().unwrap();
+            assert_eq!(sim.stats().total().throttled, 0, "the suite stays within AWS's buckets");
+        }
+    )*};
+}
+
+sim_contract!(
+    describes,
+    create_attach_assign_unassign_detach_delete,
+    not_found_errors,
+    idempotent_create,
+    pagination,
+    limits_and_exhaustion,
+);
