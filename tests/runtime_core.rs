@@ -133,7 +133,9 @@ async fn a_burst_of_nodes_all_reach_their_demand() {
     let (core, tx, _task) = start(gate, &sink, config(50));
     let mut names = Vec::new();
     for i in 0..NODES {
-        let inst = w.sim.run_instance("m5.large", &w.subnet, &[w.sg.clone()]);
+        let inst = w
+            .sim
+            .run_instance("m5.large", &w.subnet, std::slice::from_ref(&w.sg));
         let name = format!("node-{i}");
         let stored = sink.put(&agent_node(&w, &name, &inst.id, WANT));
         tx.send(NodeInput::Upsert(Box::new(stored))).await.unwrap();
@@ -219,7 +221,9 @@ async fn a_node_with_a_bad_spec_gets_an_error_and_the_rest_proceed() {
     let sink = Arc::new(MemorySink::new());
     let (_core, tx, _task) = start(w.sim.clone(), &sink, config(4));
     // Malformed: a string where a number belongs. The source reports it per object.
-    let inst = w.sim.run_instance("m5.large", &w.subnet, &[w.sg.clone()]);
+    let inst = w
+        .sim
+        .run_instance("m5.large", &w.subnet, std::slice::from_ref(&w.sg));
     let bad = sink.put(&agent_node(&w, "bad", &inst.id, 4));
     let mut raw = serde_json::to_value(&bad).unwrap();
     raw["spec"]["ipam"]["pre-allocate"] = serde_json::json!("lots");
@@ -235,7 +239,9 @@ async fn a_node_with_a_bad_spec_gets_an_error_and_the_rest_proceed() {
     tx.send(NodeInput::Upsert(Box::new(noid))).await.unwrap();
     let mut good = Vec::new();
     for i in 0..5 {
-        let inst = w.sim.run_instance("m5.large", &w.subnet, &[w.sg.clone()]);
+        let inst = w
+            .sim
+            .run_instance("m5.large", &w.subnet, std::slice::from_ref(&w.sg));
         let name = format!("good-{i}");
         let n = sink.put(&agent_node(&w, &name, &inst.id, 12));
         tx.send(NodeInput::Upsert(Box::new(n))).await.unwrap();
@@ -281,7 +287,9 @@ async fn a_crash_between_create_and_attach_leaves_an_eni_that_gc_removes() {
         .set_latency(Operation::AttachNetworkInterface, Duration::from_secs(30));
     let sink = Arc::new(MemorySink::new());
     let (_core, tx, task) = start(w.sim.clone(), &sink, config(4));
-    let inst = w.sim.run_instance("m5.large", &w.subnet, &[w.sg.clone()]);
+    let inst = w
+        .sim
+        .run_instance("m5.large", &w.subnet, std::slice::from_ref(&w.sg));
     let n = sink.put(&agent_node(&w, "n", &inst.id, 16));
     tx.send(NodeInput::Upsert(Box::new(n))).await.unwrap();
     let sim = w.sim.clone();
@@ -464,7 +472,9 @@ async fn two_cores_racing_for_one_lease_never_both_mutate() {
     }
     let mut names = Vec::new();
     for i in 0..10 {
-        let inst = w.sim.run_instance("m5.large", &w.subnet, &[w.sg.clone()]);
+        let inst = w
+            .sim
+            .run_instance("m5.large", &w.subnet, std::slice::from_ref(&w.sg));
         let name = format!("n{i}");
         let n = sink.put(&agent_node(&w, &name, &inst.id, 8));
         for tx in &senders {
@@ -553,8 +563,12 @@ async fn the_finalizer_deletes_only_our_enis_and_only_when_the_node_is_gone() {
     w.sim.set_detach_delay(Duration::from_secs(3));
     let sink = Arc::new(MemorySink::new());
     let (_core, tx, _task) = start(w.sim.clone(), &sink, config(4));
-    let gone = w.sim.run_instance("m5.large", &w.subnet, &[w.sg.clone()]);
-    let kept = w.sim.run_instance("m5.large", &w.subnet, &[w.sg.clone()]);
+    let gone = w
+        .sim
+        .run_instance("m5.large", &w.subnet, std::slice::from_ref(&w.sg));
+    let kept = w
+        .sim
+        .run_instance("m5.large", &w.subnet, std::slice::from_ref(&w.sg));
     // Someone else's ENI on the instance whose node goes away: never ours to delete.
     let foreign = w
         .sim
@@ -670,7 +684,9 @@ async fn release_handshake_with_a_classic_agent() {
     cfg.ipam.release_delay = Duration::from_secs(10);
     cfg.resync_interval = Duration::from_secs(5);
     let (_core, tx, _task) = start(w.sim.clone(), &sink, cfg);
-    let inst = w.sim.run_instance("m5.large", &w.subnet, &[w.sg.clone()]);
+    let inst = w
+        .sim
+        .run_instance("m5.large", &w.subnet, std::slice::from_ref(&w.sg));
     let n = sink.put(&agent_node(&w, "n", &inst.id, 16));
     tx.send(NodeInput::Upsert(Box::new(n))).await.unwrap();
     assert!(wait_until(|| served(&sink, "n", 16), Duration::from_secs(60)).await);

@@ -36,12 +36,9 @@ impl Default for RuntimeMetrics {
             ips_used: Gauge::default(),
             ips_needed: Gauge::default(),
             enis_managed: Gauge::default(),
-            demand_latency: Histogram::new(
-                [
-                    0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0,
-                ]
-                .into_iter(),
-            ),
+            demand_latency: Histogram::new([
+                0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0,
+            ]),
             errors: Family::default(),
             passes: Counter::default(),
         }
