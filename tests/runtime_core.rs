@@ -616,6 +616,7 @@ async fn the_finalizer_deletes_only_our_enis_and_only_when_the_node_is_gone() {
     assert_eq!(ours(&attached_enis(&w.sim, &gone.id).await, &gone.id), 1);
 
     // The Node "gone" is deleted: the operator deletes the CiliumNode and releases our ENI.
+    sink.set_node_exists("gone", false);
     tx.send(NodeInput::NodePresent {
         name: "gone".into(),
         present: false,
@@ -760,4 +761,41 @@ async fn release_handshake_with_a_classic_agent() {
         .sum();
     assert_eq!(ec2_ips, end.spec.ipam.pool.len());
     assert!(sink.events("n").iter().any(|e| e.reason == "IpsReleased"));
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_unhealthy_ec2_view_blocks_mutations_until_a_full_refresh_succeeds() {
+    let w = world();
+    let sink = Arc::new(MemorySink::new());
+    let (_core, tx, _task) = start(w.sim.clone(), &sink, config(4));
+    let inst = w
+        .sim
+        .run_instance("m5.large", &w.subnet, std::slice::from_ref(&w.sg));
+    let n = sink.put(&agent_node(&w, "n", &inst.id, 4));
+    tx.send(NodeInput::Upsert(Box::new(n))).await.unwrap();
+    assert!(wait_until(|| served(&sink, "n", 4), Duration::from_secs(30)).await);
+
+    // The next full refresh fails: the view is unhealthy.
+    w.sim
+        .inject_error(Operation::DescribeVpcs, "InternalError", 1);
+    tokio::time::sleep(Duration::from_secs(61)).await;
+    let mutating = |sim: &Simulator| -> u64 {
+        Operation::ALL
+            .iter()
+            .filter(|o| o.is_mutating())
+            .map(|o| sim.stats().get(*o).calls)
+            .sum()
+    };
+    let before = mutating(&w.sim);
+    let n = sink.update("n", |n| n.spec.ipam.min_allocate = 12).unwrap();
+    tx.send(NodeInput::Upsert(Box::new(n))).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    assert_eq!(
+        mutating(&w.sim),
+        before,
+        "no EC2 mutation on an unhealthy view"
+    );
+    assert!(!served(&sink, "n", 12));
+    // The next full refresh succeeds; the node is served.
+    assert!(wait_until(|| served(&sink, "n", 12), Duration::from_secs(180)).await);
 }

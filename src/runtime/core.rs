@@ -504,7 +504,7 @@ impl<E: Ec2, S: NodeSink> Core<E, S> {
             self.with_slot(name, |s| s.node = Some(node.clone()));
         }
         if node.metadata.deletion_timestamp.is_some() {
-            return self.finalize(name, &node, k8s_node.unwrap_or(true)).await;
+            return self.finalize(name, &node).await;
         }
 
         let has_finalizer = node
@@ -752,16 +752,22 @@ impl<E: Ec2, S: NodeSink> Core<E, S> {
 
     /// The CiliumNode is being deleted. With its Node gone, give back our ENIs first; with the
     /// Node still there (deleted by hand), touch nothing.
-    async fn finalize(
-        &self,
-        name: &str,
-        node: &CiliumNode,
-        k8s_node_exists: bool,
-    ) -> (Outcome, Option<Priority>) {
+    async fn finalize(&self, name: &str, node: &CiliumNode) -> (Outcome, Option<Priority>) {
         let inner = &self.inner;
         let r = NodeRef::of(node);
         let has_finalizer = r.finalizers.iter().any(|f| f == FINALIZER);
         let instance = node.spec.instance_id.clone();
+        let k8s_node_exists = if has_finalizer {
+            match inner.sink.node_exists(name).await {
+                Ok(exists) => exists,
+                Err(e) => {
+                    warn!(node = name, error = %e, "cannot tell whether the Node exists");
+                    return (Outcome::Failed, None);
+                }
+            }
+        } else {
+            true
+        };
         if has_finalizer && !k8s_node_exists && !instance.is_empty() {
             match release_instance_enis(&*inner.ec2, &inner.config.ipam.cluster_name, &instance)
                 .await

@@ -92,6 +92,10 @@ pub trait NodeSink: Send + Sync + 'static {
     ) -> impl Future<Output = SinkResult<Option<CiliumNode>>> + Send;
 
     fn delete(&self, name: &str) -> impl Future<Output = SinkResult<()>> + Send;
+
+    /// Whether the Kubernetes Node of this name exists right now. Asked by the finalizer at the
+    /// moment it decides, not taken from a watch that may lag behind the CiliumNode's deletion.
+    fn node_exists(&self, name: &str) -> impl Future<Output = SinkResult<bool>> + Send;
 }
 
 /// The merge patch that sets (or removes) our finalizer, with optimistic concurrency so
@@ -153,6 +157,7 @@ pub fn merge_patch(target: &mut Value, patch: &Value) {
 #[derive(Clone)]
 pub struct KubeSink {
     api: Api<CiliumNode>,
+    nodes: Api<k8s_openapi::api::core::v1::Node>,
     recorder: Recorder,
     params: PatchParams,
 }
@@ -165,6 +170,7 @@ impl KubeSink {
         };
         Self {
             api: Api::all(client.clone()),
+            nodes: Api::all(client.clone()),
             recorder: Recorder::new(client, reporter),
             params: PatchParams::default(),
         }
@@ -257,6 +263,13 @@ impl NodeSink for KubeSink {
             },
         }
     }
+
+    async fn node_exists(&self, name: &str) -> SinkResult<bool> {
+        match self.nodes.get_opt(name).await {
+            Ok(n) => Ok(n.is_some_and(|n| n.metadata.deletion_timestamp.is_none())),
+            Err(e) => Err(SinkError::Other(e.to_string())),
+        }
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -281,6 +294,8 @@ struct MemoryState {
     writes: BTreeMap<String, WriteCounts>,
     events: Vec<(String, NodeEvent)>,
     next_version: u64,
+    /// Kubernetes Nodes known to be gone (every other Node exists).
+    gone_nodes: std::collections::BTreeSet<String>,
 }
 
 /// An in-memory API server for CiliumNodes: applies patches like Kubernetes (spec and status
@@ -362,6 +377,16 @@ impl MemorySink {
             .filter(|(n, _)| n == name)
             .map(|(_, e)| e.clone())
             .collect()
+    }
+
+    /// Record whether the Kubernetes Node of this name exists.
+    pub fn set_node_exists(&self, name: &str, exists: bool) {
+        let mut s = self.state.lock().expect("sink lock");
+        if exists {
+            s.gone_nodes.remove(name);
+        } else {
+            s.gone_nodes.insert(name.to_string());
+        }
     }
 
     /// Start deleting an object: with finalizers it only gets a deletion mark.
@@ -465,6 +490,11 @@ impl NodeSink for MemorySink {
     async fn delete(&self, name: &str) -> SinkResult<()> {
         self.begin_delete(name);
         Ok(())
+    }
+
+    async fn node_exists(&self, name: &str) -> SinkResult<bool> {
+        let s = self.state.lock().expect("sink lock");
+        Ok(!s.gone_nodes.contains(name))
     }
 }
 
