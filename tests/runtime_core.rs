@@ -799,3 +799,39 @@ async fn an_unhealthy_ec2_view_blocks_mutations_until_a_full_refresh_succeeds() 
     // The next full refresh succeeds; the node is served.
     assert!(wait_until(|| served(&sink, "n", 12), Duration::from_secs(180)).await);
 }
+
+#[tokio::test(start_paused = true)]
+async fn an_ignored_node_is_let_go_with_its_finalizer() {
+    let w = world();
+    let sink = Arc::new(MemorySink::new());
+    let (_core, tx, _task) = start(w.sim.clone(), &sink, config(4));
+    let inst = w
+        .sim
+        .run_instance("m5.large", &w.subnet, std::slice::from_ref(&w.sg));
+    let n = sink.put(&agent_node(&w, "n", &inst.id, 4));
+    tx.send(NodeInput::Upsert(Box::new(n))).await.unwrap();
+    assert!(wait_until(|| served(&sink, "n", 4), Duration::from_secs(30)).await);
+    let n = sink
+        .update("n", |n| {
+            n.metadata.annotations = Some(
+                [(
+                    eni_operator::crd::IGNORE_ANNOTATION.to_string(),
+                    "true".to_string(),
+                )]
+                .into(),
+            );
+            n.spec.ipam.min_allocate = 12;
+        })
+        .unwrap();
+    tx.send(NodeInput::Upsert(Box::new(n))).await.unwrap();
+    let no_finalizer = || {
+        sink.get("n")
+            .and_then(|n| n.metadata.finalizers)
+            .is_none_or(|f| f.is_empty())
+    };
+    assert!(wait_until(no_finalizer, Duration::from_secs(10)).await);
+    let writes = sink.writes("n");
+    tokio::time::sleep(Duration::from_secs(130)).await;
+    assert_eq!(sink.writes("n"), writes, "an ignored node is never written");
+    assert!(!served(&sink, "n", 12));
+}

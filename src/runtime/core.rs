@@ -94,6 +94,8 @@ struct Slot {
     pending_pods: u32,
     demand: Demand,
     errored: bool,
+    /// Annotated `ipam.cilium.io/ignore`: only our finalizer is left to remove.
+    ignored: bool,
 }
 
 struct Inner<E, S> {
@@ -368,11 +370,25 @@ impl<E: Ec2, S: NodeSink> Core<E, S> {
                     .and_then(|a| a.get(IGNORE_ANNOTATION))
                     .is_some_and(|v| v == "true");
                 if ignored {
-                    slots.remove(&name);
-                    queue.remove(&name);
+                    // Opted out: let go of the node, including our finalizer if it has one.
+                    let ours = node
+                        .metadata
+                        .finalizers
+                        .as_ref()
+                        .is_some_and(|f| f.iter().any(|x| x == FINALIZER));
+                    if ours {
+                        let slot = slots.entry(name.clone()).or_default();
+                        slot.ignored = true;
+                        slot.node = Some(*node);
+                        queue.push(name, Priority::Deleting);
+                    } else {
+                        slots.remove(&name);
+                        queue.remove(&name);
+                    }
                     return;
                 }
                 let slot = slots.entry(name.clone()).or_default();
+                slot.ignored = false;
                 // Any update is a sign of life (§5.2).
                 slot.not_running_until = None;
                 slot.invalid = None;
@@ -464,7 +480,7 @@ impl<E: Ec2, S: NodeSink> Core<E, S> {
     async fn pass(&self, name: &str) -> (Outcome, Option<Priority>) {
         let inner = &self.inner;
         inner.metrics.passes.inc();
-        let (node, mut memory, invalid, invalid_reported, k8s_node, hold, pending) = {
+        let (node, mut memory, invalid, invalid_reported, k8s_node, hold, pending, ignored) = {
             let slots = inner.slots.lock().expect("slots");
             let Some(slot) = slots.get(name) else {
                 return (Outcome::Done, None);
@@ -477,6 +493,7 @@ impl<E: Ec2, S: NodeSink> Core<E, S> {
                 slot.k8s_node,
                 slot.not_running_until,
                 slot.pending_pods,
+                slot.ignored,
             )
         };
         if let Some((r, error)) = invalid {
@@ -487,6 +504,15 @@ impl<E: Ec2, S: NodeSink> Core<E, S> {
         let Some(mut node) = node else {
             return (Outcome::Done, None);
         };
+        if ignored {
+            return match inner.sink.set_finalizer(&NodeRef::of(&node), false).await {
+                Ok(_) | Err(SinkError::NotFound) => {
+                    inner.slots.lock().expect("slots").remove(name);
+                    (Outcome::Done, None)
+                }
+                Err(_) => (Outcome::Failed, None),
+            };
+        }
 
         // The Kubernetes Node is gone: delete the CiliumNode; the finalizer runs next.
         if k8s_node == Some(false) && node.metadata.deletion_timestamp.is_none() {
