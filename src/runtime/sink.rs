@@ -172,7 +172,10 @@ impl KubeSink {
             api: Api::all(client.clone()),
             nodes: Api::all(client.clone()),
             recorder: Recorder::new(client, reporter),
-            params: PatchParams::default(),
+            params: PatchParams {
+                field_manager: Some("eni-operator".into()),
+                ..PatchParams::default()
+            },
         }
     }
 
