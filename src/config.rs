@@ -131,7 +131,8 @@ pub struct Ec2Settings {
     #[arg(
         long,
         env = "ENI_OPERATOR_AWS_MAX_RESULTS_PER_CALL",
-        default_value_t = 0
+        default_value_t = 0,
+        allow_negative_numbers = true
     )]
     pub aws_max_results_per_call: i32,
     /// TCP connect timeout to EC2.
