@@ -839,6 +839,22 @@ pub(crate) mod tests {
         assert!(e.to_string().contains("unknown EC2 bucket"), "{e}");
     }
 
+    /// The README's configuration reference (generated from `--help`) lists every setting.
+    #[test]
+    fn readme_documents_every_setting() {
+        let readme = include_str!("../README.md");
+        for arg in Settings::command().get_arguments() {
+            let (Some(flag), Some(env)) = (arg.get_long(), arg.get_env()) else {
+                continue;
+            };
+            let row = format!("| `--{flag}` | `{}` |", env.to_string_lossy());
+            assert!(
+                readme.contains(&row),
+                "README lacks {row}: regenerate with scripts/config-table.py"
+            );
+        }
+    }
+
     #[test]
     fn every_flag_has_an_env_var_and_help() {
         for arg in Settings::command().get_arguments() {
