@@ -131,7 +131,8 @@ pub struct Ec2Settings {
     #[arg(
         long,
         env = "ENI_OPERATOR_AWS_MAX_RESULTS_PER_CALL",
-        default_value_t = 0
+        default_value_t = 0,
+        allow_negative_numbers = true
     )]
     pub aws_max_results_per_call: i32,
     /// TCP connect timeout to EC2.
@@ -836,6 +837,22 @@ pub(crate) mod tests {
         assert!(e.to_string().contains("--ec2-resync-interval"), "{e}");
         let e = parse(&["--ec2-bucket", "nope=1/1"]).unwrap_err();
         assert!(e.to_string().contains("unknown EC2 bucket"), "{e}");
+    }
+
+    /// The README's configuration reference (generated from `--help`) lists every setting.
+    #[test]
+    fn readme_documents_every_setting() {
+        let readme = include_str!("../README.md");
+        for arg in Settings::command().get_arguments() {
+            let (Some(flag), Some(env)) = (arg.get_long(), arg.get_env()) else {
+                continue;
+            };
+            let row = format!("| `--{flag}` | `{}` |", env.to_string_lossy());
+            assert!(
+                readme.contains(&row),
+                "README lacks {row}: regenerate with scripts/config-table.py"
+            );
+        }
     }
 
     #[test]
