@@ -93,7 +93,7 @@ pub fn plan_node(
                     format!("instance {instance_id} is {:?}", i.state),
                 );
             }
-            if enis.is_empty() {
+            if super::capacity::instance_enis(instance_id, enis).is_empty() {
                 return refuse(
                     early,
                     ProblemReason::InstanceNotFound,
@@ -450,6 +450,12 @@ mod tests {
         no_enis.enis.clear();
         assert_eq!(
             reason(&run(&node(), &no_enis, &cfg, 0)),
+            Some(ProblemReason::InstanceNotFound)
+        );
+        let mut foreign = World::new();
+        foreign.enis[0].attachment.as_mut().unwrap().instance_id = "i-other".into();
+        assert_eq!(
+            reason(&run(&node(), &foreign, &cfg, 0)),
             Some(ProblemReason::InstanceNotFound)
         );
         let mut gone = World::new();

@@ -786,6 +786,39 @@ mod tests {
     }
 
     #[test]
+    fn every_problem_reason_reaches_operator_status() {
+        let w = World::new();
+        let reasons = [
+            ProblemReason::MissingInstanceId,
+            ProblemReason::InvalidSpec,
+            ProblemReason::InstanceNotFound,
+            ProblemReason::InstanceGone,
+            ProblemReason::UnknownInstanceType,
+            ProblemReason::NoMatchingSubnet,
+            ProblemReason::NoSecurityGroups,
+            ProblemReason::IncompleteEc2Data,
+            ProblemReason::AtCapacity,
+            ProblemReason::Ec2Error,
+        ];
+        let names: BTreeSet<&str> = reasons.iter().map(|r| r.as_str()).collect();
+        assert_eq!(names.len(), reasons.len(), "distinct names");
+        for reason in reasons {
+            let p = Problem {
+                reason,
+                message: "m".into(),
+            };
+            let d = desired_state(
+                &node(),
+                &w.view(),
+                &IpamConfig::default(),
+                &NodeMemory::new(),
+                Some(&p),
+            );
+            assert_eq!(d.operator_error, Some(format!("{}: m", reason.as_str())));
+        }
+    }
+
+    #[test]
     fn merge_diff_basics() {
         assert_eq!(merge_diff(&json!({"a": 1}), &json!({"a": 1})), None);
         assert_eq!(
