@@ -494,3 +494,57 @@ async fn an_unreachable_endpoint_is_transient_and_retried() {
     assert_eq!(err.kind, ErrorKind::Transient, "{err}");
     assert_eq!(gate.stats().calls[&Operation::DescribeSubnets], 2);
 }
+
+/// Set in the child process of [`production_config_reads_the_environment`].
+const CHILD: &str = "ENI_OPERATOR_TEST_ENV_CHILD";
+
+/// `AwsEc2::new` as in production, with region, credentials and endpoint only from the
+/// environment: `AWS_ENDPOINT_URL_EC2` (which wins over `AWS_ENDPOINT_URL`) and
+/// `AWS_ENDPOINT_URL` alone. The environment cannot be changed safely in a multi-threaded test
+/// binary, so the test re-runs itself in a child process with the variables set.
+#[tokio::test]
+async fn production_config_reads_the_environment() {
+    if std::env::var_os(CHILD).is_some() {
+        let client = AwsEc2::new(&AwsClientConfig::default()).await;
+        let vpcs = client
+            .describe_vpcs(&ResourceFilter::default(), None)
+            .await
+            .expect("describe VPCs through the endpoint from the environment");
+        // moto's default VPC.
+        assert!(!vpcs.items.is_empty());
+        return;
+    }
+    let server = MotoServer::start();
+    let dead = format!(
+        "http://127.0.0.1:{}",
+        std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port()
+    );
+    let service_specific = [
+        ("AWS_ENDPOINT_URL_EC2", server.endpoint()),
+        ("AWS_ENDPOINT_URL", dead.as_str()),
+    ];
+    let generic = [("AWS_ENDPOINT_URL", server.endpoint())];
+    for envs in [&service_specific[..], &generic[..]] {
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["production_config_reads_the_environment", "--exact"])
+            .env_clear()
+            .env(CHILD, "1")
+            .env("AWS_REGION", moto::REGION)
+            .env("AWS_ACCESS_KEY_ID", "testing")
+            .env("AWS_SECRET_ACCESS_KEY", "testing")
+            .env("AWS_EC2_METADATA_DISABLED", "true")
+            .envs(envs.iter().copied())
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success() && stdout.contains("1 passed"),
+            "{envs:?}: {stdout}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
