@@ -422,6 +422,7 @@ impl<E: Ec2> Gate<E> {
             Err(e) => {
                 if e.is_throttled() {
                     bucket.throttled(self.config.base_delay, self.config.max_delay);
+                    tracing::debug!(%op, bucket = op.bucket().name(), "throttled: slowing the bucket");
                     self.counters.throttled[i].fetch_add(1, Ordering::Relaxed);
                     self.metrics.throttled.get_or_create(&labels).inc();
                 }
@@ -609,6 +610,9 @@ impl<E: Ec2> Ec2 for Gate<E> {
         ips: &[Ipv4Addr],
         prefixes: &[Ipv4Net],
     ) -> Result<()> {
+        if ips.is_empty() && prefixes.is_empty() {
+            return Ok(());
+        }
         // One AWS call per non-empty kind (see `AwsEc2`), so one token each.
         let tokens = u32::from(!ips.is_empty()) + u32::from(!prefixes.is_empty());
         self.call_n(Operation::UnassignPrivateIpAddresses, tokens, || {

@@ -1,1 +1,2 @@
+pub mod moto;
 pub mod world;

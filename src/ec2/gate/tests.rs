@@ -514,6 +514,12 @@ async fn unassigning_ips_and_prefixes_takes_two_tokens() {
     // The second token came one period after the first.
     assert_eq!(start.elapsed(), Duration::from_secs(1));
     assert_eq!(g.stats().calls[&Operation::UnassignPrivateIpAddresses], 2);
+    // Nothing to unassign: no call, no token.
+    g.unassign_private_ip_addresses("eni-1", &[], &[])
+        .await
+        .unwrap();
+    assert_eq!(g.inner().times(None).len(), 1);
+    assert_eq!(start.elapsed(), Duration::from_secs(1));
 }
 
 #[tokio::test(start_paused = true)]
