@@ -164,6 +164,27 @@ async fn one_off_and_random_faults_are_counted() {
     assert_eq!(enis.items.len(), 2);
 }
 
+#[tokio::test]
+async fn client_tokens_are_at_most_64_ascii_characters() {
+    let (sim, subnet, sg, _) = small_world();
+    let ok = "a".repeat(64);
+    assert!(
+        sim.create_network_interface(&create_req(&subnet, &sg, AddressRequest::Ips(0), &ok))
+            .await
+            .is_ok()
+    );
+    for bad in ["a".repeat(65), "é".to_owned()] {
+        let e = sim
+            .create_network_interface(&create_req(&subnet, &sg, AddressRequest::Ips(0), &bad))
+            .await
+            .unwrap_err();
+        assert_eq!(
+            (e.kind, e.code.as_str()),
+            (ErrorKind::Other, "InvalidParameterValue")
+        );
+    }
+}
+
 #[tokio::test(start_paused = true)]
 async fn detach_takes_the_configured_delay() {
     let (sim, subnet, sg, inst) = small_world();
