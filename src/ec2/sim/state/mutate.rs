@@ -430,6 +430,7 @@ impl State {
         }
         rec.eni.state = EniState::Detaching;
         rec.detach_at = Some(now + delay);
+        self.detaching += 1;
         self.settle(now);
         Ok(())
     }
