@@ -18,6 +18,8 @@ pub(crate) struct AddressPool {
     /// `used[i]`: offset `i` from the network address is held by an ENI.
     used: Vec<bool>,
     free: u32,
+    /// No offset below this one is free: allocation scans start here.
+    lowest: u32,
 }
 
 impl AddressPool {
@@ -29,6 +31,7 @@ impl AddressPool {
             cidr,
             used: vec![false; size as usize],
             free: size - reserved,
+            lowest: 0,
         }
     }
 
@@ -59,15 +62,11 @@ impl AddressPool {
         self.free
     }
 
-    /// Aligned /28 blocks that are entirely free.
-    pub(crate) fn free_blocks(&self) -> Vec<u32> {
-        if self.size() < PREFIX_SIZE {
-            return Vec::new();
-        }
-        (0..self.size() / PREFIX_SIZE)
+    /// Start offsets of the aligned /28 blocks that are entirely free, lowest first.
+    pub(crate) fn free_blocks(&self) -> impl Iterator<Item = u32> + '_ {
+        (self.lowest / PREFIX_SIZE..self.size() / PREFIX_SIZE)
             .map(|b| b * PREFIX_SIZE)
             .filter(|&start| (start..start + PREFIX_SIZE).all(|o| self.is_free(o)))
-            .collect()
     }
 
     /// `n` single addresses, lowest first; all or nothing.
@@ -75,12 +74,15 @@ impl AddressPool {
         if n > self.free {
             return None;
         }
-        let offsets: Vec<u32> = (0..self.size())
+        let offsets: Vec<u32> = (self.lowest..self.size())
             .filter(|&o| self.is_free(o))
             .take(n as usize)
             .collect();
         for &o in &offsets {
             self.used[o as usize] = true;
+        }
+        if let Some(&last) = offsets.last() {
+            self.lowest = last + 1;
         }
         self.free -= n;
         Some(offsets.into_iter().map(|o| self.addr(o)).collect())
@@ -88,11 +90,10 @@ impl AddressPool {
 
     /// `n` aligned /28 prefixes, lowest first; all or nothing.
     pub(crate) fn take_prefixes(&mut self, n: u32) -> Option<Vec<Ipv4Net>> {
-        let blocks = self.free_blocks();
-        if (blocks.len() as u32) < n {
+        let taken: Vec<u32> = self.free_blocks().take(n as usize).collect();
+        if (taken.len() as u32) < n {
             return None;
         }
-        let taken: Vec<u32> = blocks.into_iter().take(n as usize).collect();
         for &start in &taken {
             for o in start..start + PREFIX_SIZE {
                 self.used[o as usize] = true;
@@ -115,6 +116,7 @@ impl AddressPool {
         {
             self.used[o as usize] = false;
             self.free += 1;
+            self.lowest = self.lowest.min(o);
         }
     }
 
@@ -153,14 +155,14 @@ mod tests {
     fn prefixes_are_aligned_and_skip_reserved_blocks() {
         let mut pool = AddressPool::new(net("10.0.0.0/26"));
         // Blocks 0 and 3 contain reserved addresses: only 2 prefixes fit.
-        assert_eq!(pool.free_blocks(), vec![16, 32]);
+        assert_eq!(pool.free_blocks().collect::<Vec<_>>(), vec![16, 32]);
         let p = pool.take_prefixes(2).unwrap();
         assert_eq!(p, vec![net("10.0.0.16/28"), net("10.0.0.32/28")]);
         assert_eq!(pool.available(), 59 - 32);
         assert!(pool.take_prefixes(1).is_none());
         pool.release_prefix(p[0]);
         assert_eq!(pool.available(), 59 - 16);
-        assert_eq!(pool.free_blocks(), vec![16]);
+        assert_eq!(pool.free_blocks().collect::<Vec<_>>(), vec![16]);
     }
 
     #[test]
@@ -173,6 +175,22 @@ mod tests {
         assert_eq!(pool.available(), 2);
         assert!(pool.take_prefixes(1).is_none());
         assert_eq!(pool.take_ips(2).unwrap().len(), 2);
+    }
+
+    #[test]
+    fn released_addresses_are_reused_lowest_first() {
+        let mut pool = AddressPool::new(net("10.0.0.0/24"));
+        let a = pool.take_ips(40).unwrap();
+        pool.release_ip(a[3]);
+        pool.release_ip(a[1]);
+        assert_eq!(
+            pool.take_ips(3).unwrap(),
+            vec![a[1], a[3], "10.0.0.44".parse().unwrap()]
+        );
+        // Blocks 16 and 32 are partly used; the first free /28 is at .48.
+        assert_eq!(pool.take_prefixes(1).unwrap(), vec![net("10.0.0.48/28")]);
+        pool.release_ip(a[0]);
+        assert_eq!(pool.take_ips(1).unwrap(), vec![a[0]]);
     }
 
     #[test]

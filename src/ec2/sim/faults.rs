@@ -99,6 +99,10 @@ impl Faults {
         }
     }
 
+    pub(crate) fn reseed(&mut self, seed: u64) {
+        self.rng = StdRng::seed_from_u64(seed);
+    }
+
     pub(crate) fn latency(&self, op: Operation) -> Duration {
         self.latency.get(&op).copied().unwrap_or_default()
     }
@@ -166,7 +170,11 @@ mod tests {
         assert_eq!(a, run(7), "same seed, same faults");
         let n = a.iter().filter(|&&x| x).count();
         assert!((800..1200).contains(&n), "{n} faults of 4000 at 25%");
-        let mut f = Faults::new(7);
+        let mut f = Faults::new(1);
+        f.set_rate(op, 0.25, Fault::internal_error());
+        f.reseed(7);
+        let reseeded: Vec<_> = (0..4000).map(|_| f.next(op).is_some()).collect();
+        assert_eq!(a, reseeded, "reseeding keeps the configured rate");
         f.set_rate(op, 1.0, Fault::internal_error());
         let e = f.next(op).unwrap();
         assert_eq!(

@@ -141,13 +141,9 @@ impl Simulator {
         self.lock().faults.set_rate(op, rate, fault);
     }
 
-    /// Reseed the fault RNG.
+    /// Reseed the fault RNG (configured latency, rates and queued faults stay).
     pub fn set_seed(&self, seed: u64) {
-        let mut inner = self.lock();
-        let stats = std::mem::take(&mut inner.faults.stats);
-        let old = std::mem::replace(&mut inner.faults, Faults::new(seed));
-        drop(old);
-        inner.faults.stats = stats;
+        self.lock().faults.reseed(seed);
     }
 
     /// Answer the next `times` calls of `op` with `fault`.

@@ -164,6 +164,27 @@ async fn one_off_and_random_faults_are_counted() {
     assert_eq!(enis.items.len(), 2);
 }
 
+#[tokio::test]
+async fn client_tokens_are_at_most_64_ascii_characters() {
+    let (sim, subnet, sg, _) = small_world();
+    let ok = "a".repeat(64);
+    assert!(
+        sim.create_network_interface(&create_req(&subnet, &sg, AddressRequest::Ips(0), &ok))
+            .await
+            .is_ok()
+    );
+    for bad in ["a".repeat(65), "é".to_owned()] {
+        let e = sim
+            .create_network_interface(&create_req(&subnet, &sg, AddressRequest::Ips(0), &bad))
+            .await
+            .unwrap_err();
+        assert_eq!(
+            (e.kind, e.code.as_str()),
+            (ErrorKind::Other, "InvalidParameterValue")
+        );
+    }
+}
+
 #[tokio::test(start_paused = true)]
 async fn detach_takes_the_configured_delay() {
     let (sim, subnet, sg, inst) = small_world();
@@ -310,4 +331,176 @@ async fn clones_share_state_and_invariants_hold_under_concurrency() {
         .await
         .unwrap();
     assert_eq!(s.items[0].available_addresses, 251 - 1 - 10 * 11);
+}
+
+mod invariants {
+    //! Random operation sequences never break AWS's invariants, and a rejected call changes
+    //! nothing (EC2's calls are all or nothing).
+
+    use proptest::prelude::*;
+
+    use super::*;
+
+    #[derive(Clone, Debug)]
+    enum Op {
+        Create {
+            subnet: usize,
+            prefixes: bool,
+            n: u32,
+        },
+        Attach {
+            eni: usize,
+            instance: usize,
+            device: u32,
+        },
+        Assign {
+            eni: usize,
+            prefixes: bool,
+            n: u32,
+        },
+        Unassign {
+            eni: usize,
+            ips: usize,
+            prefixes: usize,
+        },
+        Detach {
+            eni: usize,
+        },
+        Delete {
+            eni: usize,
+        },
+        Terminate {
+            instance: usize,
+        },
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            3 => (0..3usize, any::<bool>(), 0..20u32)
+                .prop_map(|(subnet, prefixes, n)| Op::Create { subnet, prefixes, n }),
+            6 => (0..64usize, 0..2usize, 1..5u32)
+                .prop_map(|(eni, instance, device)| Op::Attach { eni, instance, device }),
+            3 => (0..64usize, any::<bool>(), 1..12u32)
+                .prop_map(|(eni, prefixes, n)| Op::Assign { eni, prefixes, n }),
+            2 => (0..64usize, 0..4usize, 0..2usize)
+                .prop_map(|(eni, ips, prefixes)| Op::Unassign { eni, ips, prefixes }),
+            1 => (0..64usize).prop_map(|eni| Op::Detach { eni }),
+            1 => (0..64usize).prop_map(|eni| Op::Delete { eni }),
+            1 => (0..3usize).prop_map(|instance| Op::Terminate { instance }),
+        ]
+    }
+
+    type Snapshot = (Vec<NetworkInterface>, Vec<u32>);
+
+    fn snapshot(st: &State) -> Snapshot {
+        (
+            st.enis.values().map(|r| r.eni.clone()).collect(),
+            st.subnets.values().map(|s| s.pool.available()).collect(),
+        )
+    }
+
+    fn pick(st: &State, i: usize) -> Option<NetworkInterface> {
+        let n = st.enis.len();
+        (n > 0).then(|| st.enis.values().nth(i % n).unwrap().eni.clone())
+    }
+
+    fn apply(st: &mut State, subnets: &[String], instances: &[String], op: &Op) -> bool {
+        let now = Instant::now();
+        let req = |addresses| CreateEniRequest {
+            subnet_id: String::new(),
+            security_groups: Vec::new(),
+            description: String::new(),
+            tags: Tags::new(),
+            addresses,
+            client_token: String::new(),
+        };
+        match *op {
+            Op::Create {
+                subnet,
+                prefixes,
+                n,
+            } => {
+                let addresses = if prefixes {
+                    AddressRequest::Prefixes(n % 4)
+                } else {
+                    AddressRequest::Ips(n)
+                };
+                let mut r = req(addresses);
+                r.subnet_id = subnets[subnet].clone();
+                st.create_network_interface(&r).is_ok()
+            }
+            Op::Attach {
+                eni,
+                instance,
+                device,
+            } => pick(st, eni).is_some_and(|e| {
+                st.attach_network_interface(&e.id, &instances[instance], device)
+                    .is_ok()
+            }),
+            Op::Assign { eni, prefixes, n } => pick(st, eni).is_some_and(|e| {
+                let r = if prefixes {
+                    AddressRequest::Prefixes(n % 3 + 1)
+                } else {
+                    AddressRequest::Ips(n)
+                };
+                st.assign_private_ip_addresses(&e.id, r).is_ok()
+            }),
+            Op::Unassign { eni, ips, prefixes } => pick(st, eni).is_some_and(|e| {
+                let mut ips: Vec<_> = e.secondary_ips.iter().take(ips).copied().collect();
+                // Sometimes ask for an address the ENI does not hold: all must be refused.
+                if ips.len() == 3 {
+                    ips.push(e.primary_ip);
+                }
+                let prefixes: Vec<_> = e.prefixes.iter().take(prefixes).copied().collect();
+                st.unassign_private_ip_addresses(
+                    Operation::UnassignPrivateIpAddresses,
+                    &e.id,
+                    &ips,
+                    &prefixes,
+                )
+                .is_ok()
+            }),
+            Op::Detach { eni } => pick(st, eni)
+                .and_then(|e| e.attachment)
+                .is_some_and(|a| st.detach_network_interface(&a.id, now).is_ok()),
+            Op::Delete { eni } => {
+                pick(st, eni).is_some_and(|e| st.delete_network_interface(&e.id).is_ok())
+            }
+            Op::Terminate { instance } => {
+                st.terminate_instance(&instances[instance]);
+                true
+            }
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(128))]
+
+        #[test]
+        fn invariants_hold_and_rejections_leave_no_trace(ops in prop::collection::vec(op(), 1..60)) {
+            let sim = Simulator::new();
+            let vpc = sim.add_vpc(net("10.0.0.0/16"), &[]);
+            let subnets = vec![
+                sim.add_subnet(&vpc, "a", net("10.0.0.0/24"), Tags::new()),
+                sim.add_subnet(&vpc, "a", net("10.0.1.0/26"), Tags::new()),
+                sim.add_subnet(&vpc, "b", net("10.0.2.0/27"), Tags::new()),
+            ];
+            let instances: Vec<String> = [("t3.medium", 0), ("t2.medium", 1), ("m5.large", 2)]
+                .iter()
+                .map(|(t, s)| sim.run_instance(t, &subnets[*s], &[]).id)
+                .collect();
+            let mut inner = sim.lock();
+            let st = &mut inner.state;
+            for op in &ops {
+                let before = snapshot(st);
+                let ok = apply(st, &subnets, &instances, op);
+                if !ok && !matches!(op, Op::Terminate { .. }) {
+                    prop_assert_eq!(&before, &snapshot(st), "{:?} was refused but changed state", op);
+                }
+                if let Err(e) = st.check_invariants() {
+                    return Err(TestCaseError::fail(format!("after {op:?}: {e}")));
+                }
+            }
+        }
+    }
 }

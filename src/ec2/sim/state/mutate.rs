@@ -7,6 +7,9 @@ use tokio::time::Instant;
 
 use super::*;
 
+/// EC2's limit on a client token's length.
+const MAX_CLIENT_TOKEN: usize = 64;
+
 impl State {
     /// Take `request` from the subnet, within `slots_left` ENI slots; all or nothing.
     fn take_addresses(
@@ -74,6 +77,17 @@ impl State {
         req: &CreateEniRequest,
     ) -> Result<NetworkInterface> {
         let op = Operation::CreateNetworkInterface;
+        // https://docs.aws.amazon.com/ec2/latest/devguide/ec2-api-idempotency.html
+        if req.client_token.len() > MAX_CLIENT_TOKEN || !req.client_token.is_ascii() {
+            return Err(aws_err(
+                op,
+                "InvalidParameterValue",
+                format!(
+                    "Value ({}) for parameter clientToken is invalid: at most {MAX_CLIENT_TOKEN} ASCII characters.",
+                    req.client_token
+                ),
+            ));
+        }
         if !req.client_token.is_empty()
             && let Some(t) = self.tokens.get(&req.client_token)
         {
@@ -416,6 +430,7 @@ impl State {
         }
         rec.eni.state = EniState::Detaching;
         rec.detach_at = Some(now + delay);
+        self.detaching += 1;
         self.settle(now);
         Ok(())
     }
