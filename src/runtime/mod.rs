@@ -1,8 +1,9 @@
 //! The running operator: leader election, caches, deficit queue, reconciler, finalizer, GC.
 //!
-//! Pure parts ([`queue`], [`cache`], the GC's decision) are separate from I/O ([`refresher`],
-//! [`executor`], [`sink`], [`source`]). The allocation [`core`] takes its input through a
-//! channel and writes through a [`sink::NodeSink`], so it runs without Kubernetes.
+//! Pure parts ([`queue`], [`cache`], the GC's decision in [`gc`]) are separate from I/O
+//! ([`refresher`], [`executor`], [`sink`], [`source`], [`leader`]'s lease locks). The
+//! allocation [`core`] takes its input through a channel and writes through a
+//! [`sink::NodeSink`], so it runs without Kubernetes (tests, benchmark).
 
 pub mod cache;
 pub mod core;
