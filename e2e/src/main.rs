@@ -1,1 +1,2 @@
+mod agent;
 fn main() {}
