@@ -140,7 +140,9 @@ fn usable_enis(cn: &CiliumNode) -> impl Iterator<Item = &EniEntry> {
         .into_iter()
         .flat_map(|s| s.eni.enis.values())
         .filter(move |e| e.number >= first)
-        .filter(move |e| exclude.is_empty() || !exclude.iter().all(|(k, v)| e.tags.get(k) == Some(v)))
+        .filter(move |e| {
+            exclude.is_empty() || !exclude.iter().all(|(k, v)| e.tags.get(k) == Some(v))
+        })
 }
 
 /// Rule C2: every pool address is listed by its ENI in `status.eni.enis`. Returns the
@@ -204,24 +206,37 @@ impl ClassicAgent {
 
     pub fn step(&mut self, cn: &CiliumNode, pods: usize) -> Step {
         let mut step = Step::default();
-        let reported: BTreeMap<String, AllocationIp> =
-            cn.status.as_ref().map(|s| s.ipam.used.clone()).unwrap_or_default();
+        let reported: BTreeMap<String, AllocationIp> = cn
+            .status
+            .as_ref()
+            .map(|s| s.ipam.used.clone())
+            .unwrap_or_default();
         let used = self.used.get_or_insert_with(|| reported.clone());
         let pool = &cn.spec.ipam.pool;
 
         // Something we hand out left the pool: the operator released an address in use.
         for ip in used.keys() {
             if !pool.contains_key(ip) {
-                step.violations.push(format!("in-use address {ip} left spec.ipam.pool"));
+                step.violations
+                    .push(format!("in-use address {ip} left spec.ipam.pool"));
             }
         }
-        if !c2_violations(cn).is_empty() {
+        let c2 = c2_violations(cn);
+        if !c2.is_empty() {
             // validateENIConfig fails: the agent ignores the whole update.
+            step.violations.push(format!(
+                "C2: pool addresses missing from their ENI: {}",
+                c2.join(", ")
+            ));
             step.ignored = true;
             return step;
         }
 
-        let release_ips = cn.status.as_ref().map(|s| s.ipam.release_ips.clone()).unwrap_or_default();
+        let release_ips = cn
+            .status
+            .as_ref()
+            .map(|s| s.ipam.release_ips.clone())
+            .unwrap_or_default();
         let mut answers = Map::new();
         for (ip, state) in &release_ips {
             match ReleaseState::parse(state) {
@@ -243,8 +258,10 @@ impl ClassicAgent {
         let target = endpoints(pods);
         // Free the most recently started pods first; router and health stay.
         if used.len() > target {
-            let mut by_rank: Vec<(usize, String)> =
-                used.iter().map(|(ip, a)| (owner_rank(&a.owner), ip.clone())).collect();
+            let mut by_rank: Vec<(usize, String)> = used
+                .iter()
+                .map(|(ip, a)| (owner_rank(&a.owner), ip.clone()))
+                .collect();
             by_rank.sort();
             for (_, ip) in by_rank.into_iter().skip(target) {
                 used.remove(&ip);
@@ -270,7 +287,11 @@ impl ClassicAgent {
                 let idx = missing.next().expect("unbounded range");
                 used.insert(
                     ip.clone(),
-                    AllocationIp { owner: owner(idx), resource: a.resource.clone(), ..Default::default() },
+                    AllocationIp {
+                        owner: owner(idx),
+                        resource: a.resource.clone(),
+                        ..Default::default()
+                    },
                 );
             }
         }
@@ -295,7 +316,10 @@ impl ClassicAgent {
             ipam.insert("release-ips".into(), Value::Object(answers));
         }
         if !ipam.is_empty() {
-            step.status_patch = Some(with_resource_version(cn, json!({ "status": { "ipam": ipam } })));
+            step.status_patch = Some(with_resource_version(
+                cn,
+                json!({ "status": { "ipam": ipam } }),
+            ));
         }
         step
     }
@@ -348,9 +372,13 @@ impl MultiPoolAgent {
             .flat_map(|a| a.cidrs.iter().filter_map(|c| Cidr::parse(c)))
             .collect();
         // First sight (or a simulator restart): what is attached but not listed was given back.
-        let dropped = self
-            .dropped
-            .get_or_insert_with(|| if listed.is_empty() { BTreeSet::new() } else { &attached - &listed });
+        let dropped = self.dropped.get_or_insert_with(|| {
+            if listed.is_empty() {
+                BTreeSet::new()
+            } else {
+                &attached - &listed
+            }
+        });
         dropped.retain(|c| attached.contains(c));
 
         // An address in use whose CIDR is gone: the operator released it under us.
@@ -361,18 +389,24 @@ impl MultiPoolAgent {
             .copied()
             .collect();
         for ip in lost {
-            step.violations.push(format!("in-use address {ip} is no longer attached"));
+            step.violations
+                .push(format!("in-use address {ip} is no longer attached"));
             self.in_use.remove(&ip);
         }
         let c2 = c2_violations(cn);
         if !c2.is_empty() {
+            step.violations.push(format!(
+                "C2: pool addresses missing from their ENI: {}",
+                c2.join(", ")
+            ));
             step.ignored = true;
             return step;
         }
 
         let target = endpoints(pods);
         if self.in_use.len() > target {
-            let mut by_idx: Vec<(usize, Ipv4Addr)> = self.in_use.iter().map(|(ip, i)| (*i, *ip)).collect();
+            let mut by_idx: Vec<(usize, Ipv4Addr)> =
+                self.in_use.iter().map(|(ip, i)| (*i, *ip)).collect();
             by_idx.sort();
             for (_, ip) in by_idx.into_iter().skip(target) {
                 self.in_use.remove(&ip);
@@ -381,7 +415,10 @@ impl MultiPoolAgent {
         let mut held: BTreeSet<Cidr> = &attached - dropped;
         // Allocate from held CIDRs in order; re-adopt dropped ones when they run out (#46674).
         while self.in_use.len() < target {
-            let next = held.iter().flat_map(|c| c.addresses()).find(|ip| !self.in_use.contains_key(ip));
+            let next = held
+                .iter()
+                .flat_map(|c| c.addresses())
+                .find(|ip| !self.in_use.contains_key(ip));
             match next {
                 Some(ip) => {
                     let taken: BTreeSet<usize> = self.in_use.values().copied().collect();
@@ -439,7 +476,12 @@ impl MultiPoolAgent {
         }
         // Zero out a `used` map left by a classic agent (Cilium PR #45154): that is how the
         // operator tells the generations apart.
-        if let Some(used) = cn.status.as_ref().map(|s| &s.ipam.used).filter(|u| !u.is_empty()) {
+        if let Some(used) = cn
+            .status
+            .as_ref()
+            .map(|s| &s.ipam.used)
+            .filter(|u| !u.is_empty())
+        {
             let nulls: Map<String, Value> = used.keys().map(|k| (k.clone(), Value::Null)).collect();
             step.status_patch = Some(json!({ "status": { "ipam": { "used": nulls } } }));
         }
@@ -485,7 +527,9 @@ impl PodsScript {
     pub fn parse(s: &str) -> Result<Self, String> {
         let mut steps = Vec::new();
         for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
-            let (t, n) = part.split_once(':').ok_or_else(|| format!("{part:?}: expected SECS:PODS"))?;
+            let (t, n) = part
+                .split_once(':')
+                .ok_or_else(|| format!("{part:?}: expected SECS:PODS"))?;
             let t: u64 = t.trim().parse().map_err(|e| format!("{part:?}: {e}"))?;
             let n: usize = n.trim().parse().map_err(|e| format!("{part:?}: {e}"))?;
             steps.push((t, n));
@@ -499,7 +543,11 @@ impl PodsScript {
 
     /// Pods wanted `elapsed` seconds after the start (0 before the first step).
     pub fn pods_at(&self, elapsed: u64) -> usize {
-        self.0.iter().take_while(|(t, _)| *t <= elapsed).last().map_or(0, |s| s.1)
+        self.0
+            .iter()
+            .take_while(|(t, _)| *t <= elapsed)
+            .last()
+            .map_or(0, |s| s.1)
     }
 
     /// Seconds after which nothing changes any more.
@@ -518,6 +566,8 @@ pub struct AgentReport {
     pub writes: u64,
     pub conflicts: u64,
     pub ignored_updates: u64,
+    /// `ready-for-release` answers sent: proof that release went through the handshake.
+    pub ready_answers: u64,
     /// Set once the agent has seen the object after the last demand change.
     pub settled: bool,
 }
@@ -560,7 +610,10 @@ pub fn spawn_agent(
         node,
         generation,
         demand: Arc::new(Mutex::new(pods)),
-        report: Arc::new(Mutex::new(AgentReport { pods, ..Default::default() })),
+        report: Arc::new(Mutex::new(AgentReport {
+            pods,
+            ..Default::default()
+        })),
         stop: Arc::new(tokio::sync::Notify::new()),
     };
     let h = handle.clone();
@@ -582,7 +635,9 @@ pub fn spawn_agent(
 async fn run_once(client: &kube::Client, h: &AgentHandle, agent: &mut Agent) -> kube::Result<()> {
     use kube::api::{Api, Patch, PatchParams};
     let api: Api<CiliumNode> = Api::all(client.clone());
-    let Some(cn) = api.get_opt(&h.node).await? else { return Ok(()) };
+    let Some(cn) = api.get_opt(&h.node).await? else {
+        return Ok(());
+    };
     if cn.metadata.deletion_timestamp.is_some() {
         return Ok(());
     }
@@ -614,13 +669,28 @@ async fn run_once(client: &kube::Client, h: &AgentHandle, agent: &mut Agent) -> 
     r.pods = pods;
     r.used = agent.used();
     r.unsatisfied = step.unsatisfied;
-    r.violations.extend(step.violations.iter().map(|v| format!("{}: {v}", h.node)));
+    r.violations
+        .extend(step.violations.iter().map(|v| format!("{}: {v}", h.node)));
     r.writes += writes;
     r.conflicts += conflicts;
     r.ignored_updates += u64::from(step.ignored);
+    if writes > 0 {
+        r.ready_answers += ready_answers(&step);
+    }
     r.settled = !step.ignored && conflicts == 0 && failed.is_none();
     drop(r);
     failed.map_or(Ok(()), Err)
+}
+
+fn ready_answers(step: &Step) -> u64 {
+    let ready = ReleaseState::ReadyForRelease.as_str();
+    step.status_patch
+        .as_ref()
+        .and_then(|p| p.pointer("/status/ipam/release-ips"))
+        .and_then(Value::as_object)
+        .map_or(0, |m| {
+            m.values().filter(|v| v.as_str() == Some(ready)).count() as u64
+        })
 }
 
 /// After a rejected write the object still shows the old `used`; a classic agent re-reads it,
@@ -655,10 +725,13 @@ mod tests {
         for e in enis {
             if e.number >= 1 {
                 for a in &e.addresses {
-                    cn.spec
-                        .ipam
-                        .pool
-                        .insert(a.clone(), AllocationIp { resource: e.id.clone(), ..Default::default() });
+                    cn.spec.ipam.pool.insert(
+                        a.clone(),
+                        AllocationIp {
+                            resource: e.id.clone(),
+                            ..Default::default()
+                        },
+                    );
                 }
             }
             status.eni.enis.insert(e.id.clone(), e);
@@ -703,13 +776,22 @@ mod tests {
     }
 
     fn release_state(cn: &CiliumNode, ip: &str) -> Option<String> {
-        cn.status.as_ref().unwrap().ipam.release_ips.get(ip).cloned()
+        cn.status
+            .as_ref()
+            .unwrap()
+            .ipam
+            .release_ips
+            .get(ip)
+            .cloned()
     }
 
     #[test]
     fn classic_allocates_router_health_and_pods_from_the_pool() {
         let addrs = ips("10.0.1", 10..20);
-        let cn = node(vec![eni("eni-0", 0, &["10.0.0.5"], &[]), eni("eni-1", 1, &refs(&addrs), &[])]);
+        let cn = node(vec![
+            eni("eni-0", 0, &["10.0.0.5"], &[]),
+            eni("eni-1", 1, &refs(&addrs), &[]),
+        ]);
         let mut agent = ClassicAgent::new();
         let step = agent.step(&cn, 3);
         assert_eq!(step.unsatisfied, 0);
@@ -722,7 +804,10 @@ mod tests {
         assert_eq!(used["10.0.1.11"]["owner"], "health");
         assert_eq!(used["10.0.1.12"]["resource"], "eni-1");
         assert_eq!(used["10.0.1.14"]["owner"], "e2e/pod-2");
-        assert!(step.spec_patch.is_none(), "classic agents write only status");
+        assert!(
+            step.spec_patch.is_none(),
+            "classic agents write only status"
+        );
         // Nothing changed: nothing written.
         let cn2 = apply(&cn, &patch);
         assert_eq!(agent.step(&cn2, 3), Step::default());
@@ -741,18 +826,45 @@ mod tests {
 
     #[test]
     fn classic_skips_excluded_enis_and_addresses_in_release() {
-        let mut cn = node(vec![eni("eni-1", 1, &["10.0.1.1", "10.0.1.2", "10.0.1.3"], &[])]);
+        let mut cn = node(vec![eni(
+            "eni-1",
+            1,
+            &["10.0.1.1", "10.0.1.2", "10.0.1.3"],
+            &[],
+        )]);
         let mut ex = eni("eni-2", 2, &["10.0.2.1"], &[]);
         ex.tags.insert("skip".into(), "yes".into());
-        cn.spec.ipam.pool.insert("10.0.2.1".into(), AllocationIp { resource: "eni-2".into(), ..Default::default() });
-        cn.status.as_mut().unwrap().eni.enis.insert("eni-2".into(), ex);
-        cn.spec.eni.exclude_interface_tags.insert("skip".into(), "yes".into());
-        cn.status.as_mut().unwrap().ipam.release_ips.insert("10.0.1.1".into(), "marked-for-release".into());
+        cn.spec.ipam.pool.insert(
+            "10.0.2.1".into(),
+            AllocationIp {
+                resource: "eni-2".into(),
+                ..Default::default()
+            },
+        );
+        cn.status
+            .as_mut()
+            .unwrap()
+            .eni
+            .enis
+            .insert("eni-2".into(), ex);
+        cn.spec
+            .eni
+            .exclude_interface_tags
+            .insert("skip".into(), "yes".into());
+        cn.status
+            .as_mut()
+            .unwrap()
+            .ipam
+            .release_ips
+            .insert("10.0.1.1".into(), "marked-for-release".into());
         let mut agent = ClassicAgent::new();
         let step = agent.step(&cn, 1);
         assert_eq!(step.unsatisfied, 1);
         let used: BTreeSet<String> = agent.used();
-        assert_eq!(used, BTreeSet::from(["10.0.1.2".to_string(), "10.0.1.3".to_string()]));
+        assert_eq!(
+            used,
+            BTreeSet::from(["10.0.1.2".to_string(), "10.0.1.3".to_string()])
+        );
     }
 
     #[test]
@@ -775,14 +887,30 @@ mod tests {
         assert_eq!(answers["10.0.1.15"], "ready-for-release");
         assert_eq!(answers["10.0.9.9"], "do-not-release");
         assert_eq!(answers.as_object().unwrap().len(), 4);
+        assert_eq!(ready_answers(&step), 1);
         let cn = apply(&cn, step.status_patch.as_ref().unwrap());
         // Answered entries are not answered again.
         assert!(agent.step(&cn, 1).status_patch.is_none());
         // A marked address is never handed out, even when demand grows.
         let mut cn = cn;
-        cn.status.as_mut().unwrap().ipam.release_ips.remove("10.0.9.9");
-        cn.status.as_mut().unwrap().ipam.release_ips.remove("10.0.1.10");
-        cn.status.as_mut().unwrap().ipam.release_ips.remove("10.0.1.11");
+        cn.status
+            .as_mut()
+            .unwrap()
+            .ipam
+            .release_ips
+            .remove("10.0.9.9");
+        cn.status
+            .as_mut()
+            .unwrap()
+            .ipam
+            .release_ips
+            .remove("10.0.1.10");
+        cn.status
+            .as_mut()
+            .unwrap()
+            .ipam
+            .release_ips
+            .remove("10.0.1.11");
         let step = agent.step(&cn, 10);
         assert!(!agent.used().contains("10.0.1.15"));
         assert_eq!(step.unsatisfied, 12 - 5);
@@ -794,14 +922,30 @@ mod tests {
         let mut cn = node(vec![eni("eni-1", 1, &refs(&addrs), &[])]);
         let mut agent = ClassicAgent::new();
         cn = apply(&cn, &agent.step(&cn, 0).status_patch.unwrap());
-        cn.status.as_mut().unwrap().ipam.release_ips.insert("10.0.1.13".into(), "released".into());
+        cn.status
+            .as_mut()
+            .unwrap()
+            .ipam
+            .release_ips
+            .insert("10.0.1.13".into(), "released".into());
         // Still in the pool: keep the entry.
         assert!(agent.step(&cn, 0).status_patch.is_none());
         cn.spec.ipam.pool.remove("10.0.1.13");
-        cn.status.as_mut().unwrap().eni.enis.get_mut("eni-1").unwrap().addresses.retain(|a| a != "10.0.1.13");
+        cn.status
+            .as_mut()
+            .unwrap()
+            .eni
+            .enis
+            .get_mut("eni-1")
+            .unwrap()
+            .addresses
+            .retain(|a| a != "10.0.1.13");
         let step = agent.step(&cn, 0);
         let patch = step.status_patch.unwrap();
-        assert_eq!(patch["status"]["ipam"]["release-ips"]["10.0.1.13"], Value::Null);
+        assert_eq!(
+            patch["status"]["ipam"]["release-ips"]["10.0.1.13"],
+            Value::Null
+        );
         let cn = apply(&cn, &patch);
         assert_eq!(release_state(&cn, "10.0.1.13"), None);
         assert!(step.violations.is_empty());
@@ -819,9 +963,19 @@ mod tests {
         assert_eq!(used.len(), 4);
         assert!(used.values().all(Value::is_null));
         let cn = apply(&cn, &patch);
-        let owners: BTreeSet<String> =
-            cn.status.as_ref().unwrap().ipam.used.values().map(|a| a.owner.clone()).collect();
-        assert_eq!(owners, BTreeSet::from(["router".into(), "health".into(), "e2e/pod-0".into()]));
+        let owners: BTreeSet<String> = cn
+            .status
+            .as_ref()
+            .unwrap()
+            .ipam
+            .used
+            .values()
+            .map(|a| a.owner.clone())
+            .collect();
+        assert_eq!(
+            owners,
+            BTreeSet::from(["router".into(), "health".into(), "e2e/pod-0".into()])
+        );
     }
 
     #[test]
@@ -830,9 +984,20 @@ mod tests {
         let mut cn = node(vec![eni("eni-1", 1, &refs(&addrs), &[])]);
         cn = apply(&cn, &ClassicAgent::new().step(&cn, 1).status_patch.unwrap());
         let mut restarted = ClassicAgent::new();
-        assert!(restarted.step(&cn, 1).status_patch.is_none(), "adopts the reported used map");
+        assert!(
+            restarted.step(&cn, 1).status_patch.is_none(),
+            "adopts the reported used map"
+        );
         cn.spec.ipam.pool.remove("10.0.1.12");
-        cn.status.as_mut().unwrap().eni.enis.get_mut("eni-1").unwrap().addresses.retain(|a| a != "10.0.1.12");
+        cn.status
+            .as_mut()
+            .unwrap()
+            .eni
+            .enis
+            .get_mut("eni-1")
+            .unwrap()
+            .addresses
+            .retain(|a| a != "10.0.1.12");
         let step = restarted.step(&cn, 1);
         assert_eq!(step.violations.len(), 1, "{:?}", step.violations);
         assert!(step.violations[0].contains("10.0.1.12"));
@@ -841,11 +1006,22 @@ mod tests {
     #[test]
     fn classic_ignores_an_update_that_breaks_c2() {
         let mut cn = node(vec![eni("eni-1", 1, &["10.0.1.1"], &[])]);
-        cn.spec.ipam.pool.insert("10.0.1.2".into(), AllocationIp { resource: "eni-1".into(), ..Default::default() });
+        cn.spec.ipam.pool.insert(
+            "10.0.1.2".into(),
+            AllocationIp {
+                resource: "eni-1".into(),
+                ..Default::default()
+            },
+        );
         assert_eq!(c2_violations(&cn).len(), 1);
         let step = ClassicAgent::new().step(&cn, 0);
         assert!(step.ignored);
         assert!(step.status_patch.is_none());
+        assert!(
+            step.violations[0].contains("10.0.1.2"),
+            "{:?}",
+            step.violations
+        );
     }
 
     #[test]
@@ -888,13 +1064,21 @@ mod tests {
         let mut agent = MultiPoolAgent::new();
         cn = apply(&cn, &agent.step(&cn, 20).spec_patch.unwrap());
         let held = |cn: &CiliumNode| cn.spec.ipam.pools.allocated[0].cidrs.len();
-        assert_eq!(held(&cn), 30, "22 in use + 8 wanted > 30 attached: keeps all");
+        assert_eq!(
+            held(&cn),
+            30,
+            "22 in use + 8 wanted > 30 attached: keeps all"
+        );
         assert_eq!(cn.spec.ipam.pools.requested[0].needed.ipv4_addrs, 30);
         cn = apply(&cn, &agent.step(&cn, 2).spec_patch.unwrap());
         assert_eq!(held(&cn), 12);
         assert_eq!(cn.spec.ipam.pools.requested[0].needed.ipv4_addrs, 12);
         // No dropped CIDR holds an address in use.
-        let kept: BTreeSet<String> = cn.spec.ipam.pools.allocated[0].cidrs.iter().cloned().collect();
+        let kept: BTreeSet<String> = cn.spec.ipam.pools.allocated[0]
+            .cidrs
+            .iter()
+            .cloned()
+            .collect();
         for ip in agent.used() {
             assert!(kept.contains(&format!("{ip}/32")));
         }
@@ -910,17 +1094,24 @@ mod tests {
         let p1 = ips("10.0.1", 16..32);
         let p2 = ips("10.0.1", 32..48);
         let all: Vec<String> = p1.iter().chain(&p2).cloned().collect();
-        let cn = node(vec![eni("eni-1", 1, &refs(&all), &["10.0.1.16/28", "10.0.1.32/28"])]);
+        let cn = node(vec![eni(
+            "eni-1",
+            1,
+            &refs(&all),
+            &["10.0.1.16/28", "10.0.1.32/28"],
+        )]);
         let mut agent = MultiPoolAgent::new();
         let step = agent.step(&cn, 0);
         // Router and health sit in the first /28; free = 30, and dropping the idle second
         // /28 leaves 14 ≥ 8 free: it goes.
-        let cidrs = &step.spec_patch.as_ref().unwrap()["spec"]["ipam"]["pools"]["allocated"][0]["cidrs"];
+        let cidrs =
+            &step.spec_patch.as_ref().unwrap()["spec"]["ipam"]["pools"]["allocated"][0]["cidrs"];
         assert_eq!(cidrs, &json!(["10.0.1.16/28"]));
         let cn = apply(&cn, step.spec_patch.as_ref().unwrap());
         // 10 pods: 12 in use needs 20 with headroom: the /28 comes back.
         let step = agent.step(&cn, 10);
-        let cidrs = &step.spec_patch.as_ref().unwrap()["spec"]["ipam"]["pools"]["allocated"][0]["cidrs"];
+        let cidrs =
+            &step.spec_patch.as_ref().unwrap()["spec"]["ipam"]["pools"]["allocated"][0]["cidrs"];
         assert_eq!(cidrs, &json!(["10.0.1.16/28", "10.0.1.32/28"]));
     }
 
@@ -928,13 +1119,29 @@ mod tests {
     fn multi_pool_flags_released_in_use_cidr_and_zeroes_classic_used() {
         let addrs = ips("10.0.1", 10..20);
         let mut cn = node(vec![eni("eni-1", 1, &refs(&addrs), &[])]);
-        cn.status.as_mut().unwrap().ipam.used.insert("10.0.1.10".into(), AllocationIp::default());
+        cn.status
+            .as_mut()
+            .unwrap()
+            .ipam
+            .used
+            .insert("10.0.1.10".into(), AllocationIp::default());
         let mut agent = MultiPoolAgent::new();
         let step = agent.step(&cn, 0);
-        assert_eq!(step.status_patch.unwrap()["status"]["ipam"]["used"]["10.0.1.10"], Value::Null);
+        assert_eq!(
+            step.status_patch.unwrap()["status"]["ipam"]["used"]["10.0.1.10"],
+            Value::Null
+        );
         cn = apply(&cn, &step.spec_patch.unwrap());
         cn.spec.ipam.pool.remove("10.0.1.10");
-        cn.status.as_mut().unwrap().eni.enis.get_mut("eni-1").unwrap().addresses.retain(|a| a != "10.0.1.10");
+        cn.status
+            .as_mut()
+            .unwrap()
+            .eni
+            .enis
+            .get_mut("eni-1")
+            .unwrap()
+            .addresses
+            .retain(|a| a != "10.0.1.10");
         let step = agent.step(&cn, 0);
         assert_eq!(step.violations.len(), 1);
         assert!(step.violations[0].contains("10.0.1.10"));
