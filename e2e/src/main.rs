@@ -41,6 +41,13 @@ enum Cmd {
     Run(Box<RunArgs>),
     /// Play N agents against the current KUBECONFIG.
     Agents(AgentsArgs),
+    /// Seed the EC2 endpoint only and print what was made (a check of the endpoint).
+    Seed {
+        #[arg(long, env = "EC2_ENDPOINT")]
+        ec2_endpoint: String,
+        #[arg(long, env = "AWS_REGION", default_value = "us-east-1")]
+        region: String,
+    },
     /// Print the YAML documents of the given kinds.
     FilterManifests {
         #[arg(long, value_delimiter = ',')]
@@ -137,6 +144,10 @@ async fn main() -> std::process::ExitCode {
     let res = match Cli::parse().cmd {
         Cmd::Run(a) => run(*a).await,
         Cmd::Agents(a) => agents(a).await,
+        Cmd::Seed {
+            ec2_endpoint,
+            region,
+        } => seed(ec2_endpoint, region).await,
         Cmd::FilterManifests { kinds, files } => filter_manifests(&kinds, &files),
     };
     match res {
@@ -249,6 +260,27 @@ async fn run(a: RunArgs) -> Result<bool> {
     suite.world.terminate_all(&ec2).await;
     println!("{passed} passed, {failed} failed");
     Ok(failed == 0)
+}
+
+async fn seed(endpoint: String, region: String) -> Result<bool> {
+    let ec2 = ec2seed::client(&ec2seed::Ec2Target { endpoint, region }).await;
+    let mut world = ec2seed::World::seed(&ec2, "seed-check").await?;
+    for (t, z) in [
+        ("m5.large", 0),
+        ("t3.large", 1),
+        ("m5.xlarge", 0),
+        ("c5.xlarge", 1),
+    ] {
+        let inst = world.launch(&ec2, t, z).await?;
+        let enis = ec2seed::instance_enis(&ec2, &inst.id).await?;
+        println!("{inst:?}: ENIs {enis:?}");
+        if enis.len() != 1 || enis[0].device_index != Some(0) {
+            bail!("{}: expected one primary ENI at device index 0", inst.id);
+        }
+    }
+    println!("{world:#?}");
+    world.terminate_all(&ec2).await;
+    Ok(true)
 }
 
 async fn agents(a: AgentsArgs) -> Result<bool> {
