@@ -187,6 +187,13 @@ fn with_resource_version(cn: &CiliumNode, mut patch: Value) -> Value {
     patch
 }
 
+/// Addresses an agent must not hand out: proposed, acknowledged or released.
+fn withheld(state: Option<&String>) -> bool {
+    state
+        .and_then(|s| ReleaseState::parse(s))
+        .is_some_and(|s| s != ReleaseState::DoNotRelease)
+}
+
 /// The classic (CRD allocator) agent of one node. Its `used` map is its own state; it is seeded
 /// from the object on first sight, so a restarted simulator adopts what it had handed out.
 #[derive(Clone, Debug, Default)]
@@ -275,7 +282,7 @@ impl ClassicAgent {
                 .iter()
                 .filter(|(ip, a)| {
                     !used.contains_key(*ip)
-                        && !release_ips.contains_key(*ip)
+                        && !withheld(release_ips.get(*ip))
                         && usable.contains(a.resource.as_str())
                 })
                 .filter_map(|(ip, a)| parse_ip(ip).map(|p| (p, ip, a)))
@@ -456,7 +463,8 @@ impl MultiPoolAgent {
             }
         }
 
-        let requested = (in_use + MULTI_POOL_PRE_ALLOCATE) as i64;
+        // needed = in use + pending + pre-allocation; pending are endpoints still without address.
+        let requested = (in_use + step.unsatisfied + MULTI_POOL_PRE_ALLOCATE) as i64;
         let cidrs: Vec<String> = held.iter().map(ToString::to_string).collect();
         let current_req = cn
             .spec
@@ -1055,6 +1063,25 @@ mod tests {
         assert_eq!(pools["allocated"][0]["cidrs"].as_array().unwrap().len(), 14);
         let cn = apply(&cn, &patch);
         assert!(agent.step(&cn, 4).spec_patch.is_none(), "stable");
+    }
+
+    #[test]
+    fn multi_pool_requests_pending_endpoints_before_any_eni() {
+        let cn = node(vec![eni("eni-0", 0, &["10.0.0.5"], &[])]);
+        let step = MultiPoolAgent::new().step(&cn, 3);
+        assert_eq!(step.unsatisfied, 5);
+        let pools = &step.spec_patch.unwrap()["spec"]["ipam"]["pools"];
+        assert_eq!(pools["requested"][0]["needed"]["ipv4-addrs"], 5 + 8);
+        assert_eq!(pools["allocated"][0]["cidrs"], json!([]));
+    }
+
+    #[test]
+    fn withheld_states() {
+        assert!(withheld(Some(&"marked-for-release".to_string())));
+        assert!(withheld(Some(&"ready-for-release".to_string())));
+        assert!(withheld(Some(&"released".to_string())));
+        assert!(!withheld(Some(&"do-not-release".to_string())));
+        assert!(!withheld(None));
     }
 
     #[test]

@@ -208,23 +208,48 @@ pub fn pool_not_on_instance(cn: &CiliumNode, instance_enis: &[EniView]) -> Vec<S
         .collect()
 }
 
-/// Resources the operator's ServiceAccount must be allowed: (group, resource, subresource, verb).
-pub const REQUIRED_ACCESS: &[(&str, &str, &str, &str)] = &[
-    ("cilium.io", "ciliumnodes", "", "get"),
-    ("cilium.io", "ciliumnodes", "", "list"),
-    ("cilium.io", "ciliumnodes", "", "watch"),
-    ("cilium.io", "ciliumnodes", "", "patch"),
-    ("cilium.io", "ciliumnodes", "status", "patch"),
-    ("", "nodes", "", "get"),
-    ("", "nodes", "", "list"),
-    ("", "nodes", "", "watch"),
-    ("coordination.k8s.io", "leases", "", "get"),
-    ("coordination.k8s.io", "leases", "", "create"),
-    ("coordination.k8s.io", "leases", "", "update"),
+/// One permission: (group, resource, subresource, verb).
+pub type Access = (&'static str, &'static str, &'static str, &'static str);
+
+/// What the operator's ServiceAccount must be allowed; each entry lists alternatives, one of
+/// which suffices (writes may be patches or updates; Events of either API group).
+pub const REQUIRED_ACCESS: &[&[Access]] = &[
+    &[("cilium.io", "ciliumnodes", "", "get")],
+    &[("cilium.io", "ciliumnodes", "", "list")],
+    &[("cilium.io", "ciliumnodes", "", "watch")],
+    &[
+        ("cilium.io", "ciliumnodes", "", "patch"),
+        ("cilium.io", "ciliumnodes", "", "update"),
+    ],
+    &[
+        ("cilium.io", "ciliumnodes", "status", "patch"),
+        ("cilium.io", "ciliumnodes", "status", "update"),
+    ],
+    &[("", "nodes", "", "get")],
+    &[("coordination.k8s.io", "leases", "", "get")],
+    &[("coordination.k8s.io", "leases", "", "create")],
+    &[
+        ("coordination.k8s.io", "leases", "", "patch"),
+        ("coordination.k8s.io", "leases", "", "update"),
+    ],
+    &[
+        ("", "events", "", "create"),
+        ("events.k8s.io", "events", "", "create"),
+    ],
 ];
 
+/// The namespace a permission is checked in: leases live in the operator's namespace, Events
+/// about cluster-scoped objects in `default`; everything else is cluster-scoped.
+pub fn access_namespace(resource: &str, operator_ns: &str) -> Option<String> {
+    match resource {
+        "leases" => Some(operator_ns.to_string()),
+        "events" => Some("default".to_string()),
+        _ => None,
+    }
+}
+
 /// Access an operator must not have (proof it is not running as admin).
-pub const FORBIDDEN_ACCESS: &[(&str, &str, &str, &str)] = &[
+pub const FORBIDDEN_ACCESS: &[Access] = &[
     ("", "nodes", "", "delete"),
     ("", "secrets", "", "list"),
     ("", "pods", "", "create"),
@@ -393,6 +418,14 @@ mod tests {
             pool_not_on_instance(&cn, &enis),
             vec!["10.0.0.2".to_string()]
         );
+    }
+
+    #[test]
+    fn access_namespaces() {
+        assert_eq!(access_namespace("leases", "ns").as_deref(), Some("ns"));
+        assert_eq!(access_namespace("events", "ns").as_deref(), Some("default"));
+        assert_eq!(access_namespace("ciliumnodes", "ns"), None);
+        assert!(REQUIRED_ACCESS.iter().all(|alts| !alts.is_empty()));
     }
 
     #[test]

@@ -177,7 +177,8 @@ impl Operators {
                 let (bin, kubeconfig, log_dir) = (bin.clone(), kubeconfig.clone(), log_dir.clone());
                 for _ in 0..replicas {
                     self.started += 1;
-                    let identity = format!("e2e-operator-{}", self.started);
+                    // Fixed width, so that no identity contains another.
+                    let identity = format!("e2e-operator-{:04}", self.started);
                     let args = self.settings.args(
                         Some(&identity),
                         Some((free_port()?, free_port()?)),
@@ -307,7 +308,7 @@ impl Operators {
                 let op = self
                     .local
                     .iter_mut()
-                    .find(|o| o.identity == identity)
+                    .find(|o| identity.contains(o.identity.as_str()))
                     .ok_or_else(|| anyhow!("no local operator {identity}"))?;
                 op.child.kill().await?;
                 Ok(())

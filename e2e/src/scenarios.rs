@@ -1208,31 +1208,19 @@ impl Suite {
             "system:serviceaccount:{}:{}",
             self.ops.settings.namespace, self.cfg.service_account
         );
+        let ns = self.ops.settings.namespace.clone();
         let mut missing = Vec::new();
-        for &(group, resource, sub, verb) in REQUIRED_ACCESS {
-            let ns = (group == "coordination.k8s.io").then(|| self.ops.settings.namespace.clone());
-            if !self.allowed(&user, group, resource, sub, verb, ns).await? {
-                missing.push(format!(
-                    "{verb} {resource}{}{sub}",
-                    if sub.is_empty() { "" } else { "/" }
-                ));
+        for alternatives in REQUIRED_ACCESS {
+            let mut ok = false;
+            for &(group, resource, sub, verb) in *alternatives {
+                let at = checks::access_namespace(resource, &ns);
+                ok |= self.allowed(&user, group, resource, sub, verb, at).await?;
             }
-        }
-        let events = self
-            .allowed(&user, "", "events", "", "create", Some("default".into()))
-            .await?
-            || self
-                .allowed(
-                    &user,
-                    "events.k8s.io",
-                    "events",
-                    "",
-                    "create",
-                    Some("default".into()),
-                )
-                .await?;
-        if !events {
-            missing.push("create events".into());
+            if !ok {
+                let (_, resource, sub, verb) = alternatives[0];
+                let slash = if sub.is_empty() { "" } else { "/" };
+                missing.push(format!("{verb} {resource}{slash}{sub}"));
+            }
         }
         ensure!(missing.is_empty(), "{user} lacks: {}", missing.join(", "));
         for &(group, resource, sub, verb) in FORBIDDEN_ACCESS {
