@@ -141,7 +141,10 @@ pub struct Operators {
     pub settings: OperatorSettings,
     mode: Mode,
     kube: kube::Client,
-    local: Vec<LocalOperator>,
+    // A std Mutex: never held across an await.
+    local: std::sync::Mutex<Vec<LocalOperator>>,
+    /// Logs of the operators started since the last `reset_logs`.
+    logs: Vec<PathBuf>,
     started: u32,
 }
 
@@ -157,7 +160,8 @@ impl Operators {
             settings,
             mode,
             kube,
-            local: Vec::new(),
+            local: std::sync::Mutex::new(Vec::new()),
+            logs: Vec::new(),
             started: 0,
         }
     }
@@ -211,7 +215,8 @@ impl Operators {
                         .spawn()
                         .with_context(|| format!("starting {}", bin.display()))?;
                     tracing::info!(%identity, log = %log.display(), "operator started: {}", args.join(" "));
-                    self.local.push(LocalOperator {
+                    self.logs.push(log.clone());
+                    self.local.lock().expect("poisoned").push(LocalOperator {
                         identity,
                         child,
                         log,
@@ -253,11 +258,11 @@ impl Operators {
     }
 
     /// Identities of the running operators (local mode) or pod names (in-cluster).
-    pub async fn running(&mut self) -> Result<Vec<String>> {
+    pub async fn running(&self) -> Result<Vec<String>> {
         match &self.mode {
             Mode::Local { .. } => {
                 let mut alive = Vec::new();
-                for op in &mut self.local {
+                for op in self.local.lock().expect("poisoned").iter_mut() {
                     if op.child.try_wait()?.is_none() {
                         alive.push(op.identity.clone());
                     }
@@ -305,12 +310,12 @@ impl Operators {
     pub async fn kill(&mut self, identity: &str) -> Result<()> {
         match &self.mode {
             Mode::Local { .. } => {
-                let op = self
-                    .local
+                let mut local = self.local.lock().expect("poisoned");
+                let op = local
                     .iter_mut()
                     .find(|o| identity.contains(o.identity.as_str()))
                     .ok_or_else(|| anyhow!("no local operator {identity}"))?;
-                op.child.kill().await?;
+                op.child.start_kill()?;
                 Ok(())
             }
             Mode::InCluster { .. } => {
@@ -337,7 +342,8 @@ impl Operators {
     pub async fn stop_all(&mut self) -> Result<()> {
         match &self.mode {
             Mode::Local { .. } => {
-                for mut op in self.local.drain(..) {
+                let ops = std::mem::take(&mut *self.local.lock().expect("poisoned"));
+                for mut op in ops {
                     if let Some(pid) = op.child.id() {
                         // SIGTERM lets the operator release its lease.
                         let _ = std::process::Command::new("kill")
@@ -364,12 +370,44 @@ impl Operators {
         }
     }
 
-    /// Lines of the local operators' logs containing `needle` (empty in-cluster).
-    pub fn log_lines(&self, needle: &str) -> Vec<String> {
-        let needle = needle.to_lowercase();
-        self.local
+    /// Forgets the logs of earlier scenarios.
+    pub fn reset_logs(&mut self) {
+        self.logs.clear();
+    }
+
+    /// Set when every local operator has exited on its own: waiting longer is pointless.
+    pub fn exited_note(&self) -> Option<String> {
+        let mut local = self.local.lock().expect("poisoned");
+        if local.is_empty()
+            || local
+                .iter_mut()
+                .any(|o| matches!(o.child.try_wait(), Ok(None)))
+        {
+            return None;
+        }
+        let tail: Vec<String> = local
             .iter()
             .filter_map(|o| std::fs::read_to_string(&o.log).ok())
+            .flat_map(|s| {
+                s.lines()
+                    .rev()
+                    .take(5)
+                    .map(String::from)
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        Some(format!(
+            "every operator process exited; last log lines: {}",
+            tail.join(" | ")
+        ))
+    }
+
+    /// Lines of this scenario's local operator logs containing `needle` (empty in-cluster).
+    pub fn log_lines(&self, needle: &str) -> Vec<String> {
+        let needle = needle.to_lowercase();
+        self.logs
+            .iter()
+            .filter_map(|l| std::fs::read_to_string(l).ok())
             .flat_map(|s| s.lines().map(String::from).collect::<Vec<_>>())
             .filter(|l| l.to_lowercase().contains(&needle))
             .collect()
@@ -386,7 +424,8 @@ async fn wait_rollout(api: &Api<Deployment>, name: &str, replicas: u32) -> Resul
         if gen_ok
             && s.replicas.unwrap_or(0) == want
             && s.updated_replicas.unwrap_or(0) == want
-            && s.ready_replicas.unwrap_or(0) == want
+            // Standbys may report unready until they lead: one ready replica is enough.
+            && s.ready_replicas.unwrap_or(0) >= want.min(1)
         {
             return Ok(());
         }

@@ -74,7 +74,20 @@ pub struct Suite {
     seq: u32,
 }
 
-/// Polls `f` every 2 s until it yields `Some`, or fails after `timeout` with the last note.
+/// Returned by a poll to stop waiting at once.
+#[derive(Debug)]
+struct Abort(String);
+
+impl std::fmt::Display for Abort {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Abort {}
+
+/// Polls `f` every 2 s until it yields `Ok(Ok(_))`, or fails after `timeout` with the last note.
+/// `Ok(Err(note))` and errors (API hiccups) retry; an [`Abort`] error stops at once.
 async fn eventually<T>(
     timeout: Duration,
     what: &str,
@@ -85,6 +98,7 @@ async fn eventually<T>(
         let last = match f().await {
             Ok(Ok(v)) => return Ok(v),
             Ok(Err(note)) => note,
+            Err(e) if e.downcast_ref::<Abort>().is_some() => return Err(e),
             Err(e) => format!("error: {e:#}"),
         };
         if Instant::now() > deadline {
@@ -130,6 +144,7 @@ impl Suite {
 
     /// Runs one scenario with its invariants and clean-up; returns the error if it failed.
     pub async fn run(&mut self, name: &str) -> Result<()> {
+        self.ops.reset_logs();
         let body = match name {
             "classic-ips" => self.classic_ips().await,
             "multi-pool-ips" => self.multi_pool_ips().await,
@@ -268,6 +283,9 @@ impl Suite {
 
     async fn wait_served(&self, idxs: &[usize], timeout: Duration) -> Result<()> {
         eventually(timeout, "nodes to be served", async || {
+            if let Some(note) = self.ops.exited_note() {
+                return Err(Abort(note).into());
+            }
             let mut notes = Vec::new();
             for &i in idxs {
                 if let Err(n) = self.served_note(i).await? {
@@ -305,7 +323,13 @@ impl Suite {
 
     async fn assert_eni_count_at_most(&self, idx: usize, pods: usize) -> Result<()> {
         let n = &self.nodes[idx];
-        let enis = self.enis_for(&n.instance.id).await?;
+        // Unattached leftovers (a create cut short) are the GC's, checked by the invariants.
+        let enis: Vec<EniView> = self
+            .enis_for(&n.instance.id)
+            .await?
+            .into_iter()
+            .filter(|e| e.instance_id.as_deref() == Some(n.instance.id.as_str()))
+            .collect();
         let max = self.enis_needed(idx, pods);
         ensure!(
             enis.len() <= max,
