@@ -502,3 +502,119 @@ mod tests {
         assert_eq!(strip_scenario_flags(&with), stripped);
     }
 }
+
+#[cfg(test)]
+mod process_tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    fn fake_operator(dir: &std::path::Path, body: &str) -> PathBuf {
+        let bin = dir.join("fake-operator");
+        std::fs::write(&bin, format!("#!/bin/sh\necho \"started $*\"\n{body}\n")).unwrap();
+        std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).unwrap();
+        bin
+    }
+
+    fn operators(bin: PathBuf, dir: &std::path::Path) -> Operators {
+        let config = kube::Config::new("http://127.0.0.1:9".parse().unwrap());
+        let kube = kube::Client::try_from(config).unwrap();
+        let settings = OperatorSettings {
+            cluster_name: "e2e".into(),
+            namespace: "ns".into(),
+            lease_name: "lease".into(),
+            ec2_endpoint: "http://127.0.0.1:1".into(),
+            region: "us-east-1".into(),
+            resync_secs: 5,
+            gc_secs: 10,
+            duration_style: "suffix".into(),
+            extra_args: vec![],
+        };
+        let mode = Mode::Local {
+            bin,
+            kubeconfig: Some(dir.join("kc")),
+            log_dir: dir.join("logs"),
+        };
+        Operators::new(settings, mode, kube)
+    }
+
+    async fn wait_running(ops: &Operators, n: usize) -> Vec<String> {
+        for _ in 0..100 {
+            let r = ops.running().await.unwrap();
+            if r.len() == n {
+                return r;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        panic!("never {n} running");
+    }
+
+    #[tokio::test]
+    async fn local_operators_start_get_killed_and_stop() {
+        let dir = std::env::temp_dir().join(format!("e2e-ops-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let bin = fake_operator(&dir, "echo \"KUBECONFIG=$KUBECONFIG\"\nexec sleep 30");
+        let mut ops = operators(bin, &dir);
+        let opts = OperatorOptions {
+            prefix_delegation: true,
+            release_delay_secs: None,
+        };
+        ops.start(&opts, 2).await.unwrap();
+        let ids = wait_running(&ops, 2).await;
+        assert_eq!(
+            ids,
+            vec![
+                "e2e-operator-0001".to_string(),
+                "e2e-operator-0002".to_string()
+            ]
+        );
+        // Both have written their first line before one is killed.
+        for _ in 0..100 {
+            if ops.log_lines("started").len() == 2 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        ops.kill("e2e-operator-0001").await.unwrap();
+        assert_eq!(
+            wait_running(&ops, 1).await,
+            vec!["e2e-operator-0002".to_string()]
+        );
+        assert!(ops.exited_note().is_none(), "one is still running");
+        assert!(ops.kill("nobody").await.is_err());
+        let started = ops.log_lines("started");
+        assert_eq!(started.len(), 2, "{started:?}");
+        assert!(started[0].contains("--identity e2e-operator-0001"));
+        assert!(started[0].contains("--aws-enable-prefix-delegation"));
+        assert!(
+            !ops.log_lines(&format!("KUBECONFIG={}", dir.join("kc").display()))
+                .is_empty()
+        );
+        ops.stop_all().await.unwrap();
+        assert!(ops.running().await.unwrap().is_empty());
+        ops.reset_logs();
+        assert!(ops.log_lines("started").is_empty());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[tokio::test]
+    async fn exited_note_reports_operators_that_died() {
+        let dir = std::env::temp_dir().join(format!("e2e-ops-exit-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let bin = fake_operator(&dir, "echo 'error: unexpected argument'\nexit 2");
+        let mut ops = operators(bin, &dir);
+        assert!(ops.exited_note().is_none(), "nothing started yet");
+        ops.start(&OperatorOptions::default(), 1).await.unwrap();
+        let mut note = None;
+        for _ in 0..100 {
+            note = ops.exited_note();
+            if note.is_some() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let note = note.expect("the fake operator exits at once");
+        assert!(note.contains("unexpected argument"), "{note}");
+        ops.stop_all().await.unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
