@@ -303,6 +303,76 @@ impl World {
     }
 }
 
+/// Creates and attaches (device index 1) an ENI with the operator's ownership tags on the pod
+/// subnet of the instance's zone: used by `seed` to check the endpoint's answers.
+pub async fn create_owned_eni(
+    ec2: &Client,
+    world: &World,
+    inst: &Instance,
+    cluster: &str,
+    ips: i32,
+) -> Result<String> {
+    let subnet = world
+        .subnets
+        .iter()
+        .find(|s| s.pods && s.az == inst.az)
+        .context("no pod subnet in the instance's zone")?;
+    let out = ec2
+        .create_network_interface()
+        .subnet_id(&subnet.id)
+        .groups(&world.pod_security_group)
+        .secondary_private_ip_address_count(ips)
+        .tag_specifications(tags(
+            ResourceType::NetworkInterface,
+            &[(OWNER_CLUSTER_TAG, cluster), (OWNER_INSTANCE_TAG, &inst.id)],
+        ))
+        .send()
+        .await
+        .context("CreateNetworkInterface")?;
+    let id = out
+        .network_interface()
+        .and_then(|n| n.network_interface_id())
+        .context("CreateNetworkInterface: no id")?
+        .to_string();
+    ec2.attach_network_interface()
+        .network_interface_id(&id)
+        .instance_id(&inst.id)
+        .device_index(1)
+        .send()
+        .await
+        .context("AttachNetworkInterface")?;
+    Ok(id)
+}
+
+/// Detaches (if attached) and deletes an ENI.
+pub async fn delete_eni(ec2: &Client, id: &str) -> Result<()> {
+    let out = ec2
+        .describe_network_interfaces()
+        .network_interface_ids(id)
+        .send()
+        .await
+        .context("DescribeNetworkInterfaces")?;
+    let attachment = out
+        .network_interfaces()
+        .first()
+        .and_then(|n| n.attachment())
+        .and_then(|a| a.attachment_id())
+        .map(String::from);
+    if let Some(att) = attachment {
+        ec2.detach_network_interface()
+            .attachment_id(att)
+            .send()
+            .await
+            .context("DetachNetworkInterface")?;
+    }
+    ec2.delete_network_interface()
+        .network_interface_id(id)
+        .send()
+        .await
+        .context("DeleteNetworkInterface")?;
+    Ok(())
+}
+
 /// Every ENI carrying our cluster's ownership tag.
 pub async fn owned_enis(ec2: &Client, cluster: &str) -> Result<Vec<EniView>> {
     describe(

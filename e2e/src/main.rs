@@ -279,7 +279,30 @@ async fn seed(endpoint: String, region: String) -> Result<bool> {
         }
     }
     println!("{world:#?}");
+    // The queries the assertions rely on, against an ENI made the way the operator makes them.
+    let inst = world.instances[0].clone();
+    let cluster = format!("seed-check-{}", std::process::id());
+    let eni = ec2seed::create_owned_eni(&ec2, &world, &inst, &cluster, 3).await?;
+    let owned = ec2seed::owned_enis(&ec2, &cluster).await?;
+    println!("owned: {owned:?}");
+    if owned.len() != 1
+        || owned[0].id != eni
+        || owned[0].status != "in-use"
+        || owned[0].instance_id.as_deref() != Some(inst.id.as_str())
+        || owned[0].device_index != Some(1)
+        || owned[0].addresses.len() != 3
+    {
+        bail!("the endpoint does not answer the ownership-tag query as expected: {owned:?}");
+    }
+    if ec2seed::instance_enis(&ec2, &inst.id).await?.len() != 2 {
+        bail!("attachment.instance-id filter: expected the primary and the new ENI");
+    }
+    ec2seed::delete_eni(&ec2, &eni).await?;
+    if !ec2seed::owned_enis(&ec2, &cluster).await?.is_empty() {
+        bail!("{eni} still listed after deletion");
+    }
     world.terminate_all(&ec2).await;
+    println!("EC2 endpoint OK");
     Ok(true)
 }
 
