@@ -33,7 +33,17 @@ cleanup() {
 trap cleanup EXIT INT TERM
 
 log "creating kind cluster $KIND_CLUSTER"
-kind create cluster --name "$KIND_CLUSTER" --wait 180s
+# Two workers: the Deployment uses host networking (host ports), so the two replicas of the
+# failover scenario need two schedulable nodes.
+cat >"$WORK/kind.yaml" <<'KIND'
+kind: Cluster
+apiVersion: kind.x-k8s.io/v1alpha4
+nodes:
+  - role: control-plane
+  - role: worker
+  - role: worker
+KIND
+kind create cluster --name "$KIND_CLUSTER" --config "$WORK/kind.yaml" --wait 180s
 export KUBECONFIG=$WORK/kubeconfig
 kind get kubeconfig --name "$KIND_CLUSTER" >"$KUBECONFIG"
 

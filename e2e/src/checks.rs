@@ -4,7 +4,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use eni_operator::crd::{CiliumNode, CiliumNodeSpec, EniSpec};
-use k8s_openapi::api::core::v1::{Node, NodeSpec};
+use k8s_openapi::api::core::v1::{Node, NodeSpec, Taint};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::ObjectMeta;
 
@@ -13,6 +13,9 @@ use crate::ec2seed::{EniView, Instance, OWNER_INSTANCE_TAG, POD_TAG, World};
 
 /// Label on every Kubernetes object the suite creates (value: the run id), for clean-up.
 pub const RUN_LABEL: &str = "eni-operator-e2e/run";
+
+/// Taint on the suite's API-only Nodes.
+pub const FAKE_NODE_TAINT: &str = "eni-operator-e2e/no-kubelet";
 
 /// Addresses usable for pods on an instance type with first-interface-index 1 and no prefix
 /// delegation: (ENIs − 1) × (IPv4 per ENI − 1). Only the types the suite launches.
@@ -51,8 +54,16 @@ pub fn node_object(name: &str, inst: &Instance, run_id: &str) -> Node {
             ])),
             ..Default::default()
         },
+        // No kubelet stands behind it: keep every pod (the operator's own included) off it.
         spec: Some(NodeSpec {
             provider_id: Some(format!("aws:///{}/{}", inst.az, inst.id)),
+            unschedulable: Some(true),
+            taints: Some(vec![Taint {
+                key: FAKE_NODE_TAINT.to_string(),
+                value: Some("true".to_string()),
+                effect: "NoSchedule".to_string(),
+                ..Default::default()
+            }]),
             ..Default::default()
         }),
         ..Default::default()
@@ -315,6 +326,9 @@ mod tests {
             node.spec.as_ref().unwrap().provider_id.as_deref(),
             Some("aws:///us-east-1a/i-1")
         );
+        let spec = node.spec.as_ref().unwrap();
+        assert_eq!(spec.unschedulable, Some(true));
+        assert_eq!(spec.taints.as_ref().unwrap()[0].key, FAKE_NODE_TAINT);
         node.metadata.uid = Some("uid-1".into());
         let cn = cilium_node_object(&node, &inst(), &world(), &NodeVariant::default());
         let v = serde_json::to_value(&cn).unwrap();

@@ -1297,6 +1297,7 @@ impl Suite {
                 user: Some(user.to_string()),
                 groups: Some(vec![
                     "system:serviceaccounts".into(),
+                    "system:authenticated".into(),
                     format!("system:serviceaccounts:{}", self.ops.settings.namespace),
                 ]),
                 resource_attributes: Some(ResourceAttributes {
