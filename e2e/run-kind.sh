@@ -69,7 +69,9 @@ rm -rf "$WORK/overlay" && cp -r e2e/overlay "$WORK/overlay"
 mkdir -p "$WORK/overlay/base"
 cp manifests/*.yaml "$WORK/overlay/base/"
 if [ ! -f "$WORK/overlay/base/kustomization.yaml" ]; then
-  { echo "resources:"; for f in "$WORK"/overlay/base/*.yaml; do echo "  - $(basename "$f")"; done; } \
+  # List the files first: the redirection would otherwise create kustomization.yaml in the glob.
+  files=$(cd "$WORK/overlay/base" && ls ./*.yaml)
+  { echo "resources:"; for f in $files; do echo "  - $(basename "$f")"; done; } \
     >"$WORK/overlay/base/kustomization.yaml"
 fi
 sed -i "s|@EC2_ENDPOINT@|http://$LOCALSTACK_IP:4566|" "$WORK/overlay/deployment-patch.yaml"
