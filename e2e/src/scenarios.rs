@@ -1345,3 +1345,53 @@ impl Suite {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn eventually_returns_success_times_out_and_aborts() {
+        let mut calls = 0;
+        let v = eventually(Duration::ZERO, "x", async || {
+            calls += 1;
+            Ok(Ok(7))
+        })
+        .await
+        .unwrap();
+        assert_eq!((v, calls), (7, 1));
+
+        let err = eventually::<()>(Duration::ZERO, "the thing", async || {
+            Ok(Err("not yet".to_string()))
+        })
+        .await
+        .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "timed out after 0s waiting for the thing: not yet"
+        );
+
+        let err = eventually::<()>(Duration::from_secs(600), "y", async || {
+            Err(Abort("operator died".into()).into())
+        })
+        .await
+        .unwrap_err();
+        assert_eq!(err.to_string(), "operator died");
+
+        let err = eventually::<()>(Duration::ZERO, "z", async || Err(anyhow!("api hiccup")))
+            .await
+            .unwrap_err();
+        assert!(err.to_string().ends_with("error: api hiccup"), "{err}");
+    }
+
+    #[test]
+    fn every_scenario_is_documented() {
+        let readme = include_str!("../README.md");
+        for name in ALL {
+            assert!(
+                readme.contains(&format!("| `{name}` |")),
+                "{name} missing from README"
+            );
+        }
+    }
+}
