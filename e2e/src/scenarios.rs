@@ -281,6 +281,15 @@ impl Suite {
         )))
     }
 
+    /// How many of `idxs` are served right now.
+    async fn nodes_served(&self, idxs: &[usize]) -> Result<usize> {
+        let mut n = 0;
+        for &i in idxs {
+            n += usize::from(self.served_note(i).await?.is_ok());
+        }
+        Ok(n)
+    }
+
     async fn wait_served(&self, idxs: &[usize], timeout: Duration) -> Result<()> {
         eventually(timeout, "nodes to be served", async || {
             if let Some(note) = self.ops.exited_note() {
@@ -1106,16 +1115,30 @@ impl Suite {
             .iter()
             .map(|&i| self.nodes[i].instance.id.clone())
             .collect();
-        // Kill as soon as the first ENI for any of them exists.
-        eventually(self.cfg.timeout, "the first ENI", async || {
+        // Kill as soon as the first ENI for any of them exists: polled tightly, since an
+        // emulator answers in milliseconds and the whole allocation takes only seconds.
+        let deadline = Instant::now() + self.cfg.timeout;
+        loop {
             let any = self.owned_enis().await?.iter().any(|e| {
                 e.tags
                     .get(OWNER_INSTANCE_TAG)
                     .is_some_and(|i| instances.contains(i))
             });
-            Ok(if any { Ok(()) } else { Err("none yet".into()) })
-        })
-        .await?;
+            if any {
+                break;
+            }
+            if let Some(note) = self.ops.exited_note() {
+                bail!("{note}");
+            }
+            ensure!(
+                Instant::now() < deadline,
+                "no ENI created within {}s",
+                self.cfg.timeout.as_secs()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let served_before_kill = self.nodes_served(&idxs).await?;
+        tracing::info!(served_before_kill, "killing the operator mid-allocation");
         for id in self.ops.running().await? {
             self.ops.kill(&id).await?;
         }
