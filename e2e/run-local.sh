@@ -1,0 +1,106 @@
+#!/usr/bin/env bash
+# make e2e-local: the e2e suite against the current KUBECONFIG and EC2_ENDPOINT (default: moto on
+# loopback), with the operator run as local processes under its ServiceAccount's identity.
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+cd "$ROOT"
+WORK=${E2E_WORK_DIR:-$ROOT/e2e/.work}
+NS=${E2E_NAMESPACE:-eni-operator}
+SA=${E2E_SERVICE_ACCOUNT:-eni-operator}
+LEASE=${E2E_LEASE_NAME:-eni-operator}
+# A fresh cluster name per run: ENIs left by an earlier run against the same endpoint are not ours.
+CLUSTER_NAME=${E2E_CLUSTER_NAME:-e2e-$(date +%s)}
+export AWS_REGION=${AWS_REGION:-us-east-1}
+export AWS_ACCESS_KEY_ID=${AWS_ACCESS_KEY_ID:-test}
+export AWS_SECRET_ACCESS_KEY=${AWS_SECRET_ACCESS_KEY:-test}
+export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}
+mkdir -p "$WORK"
+
+log() { printf '==> %s\n' "$*" >&2; }
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+
+MOTO_PID=""
+cleanup() {
+  local rc=$?
+  log "cleaning up"
+  kubectl delete nodes -l eni-operator-e2e/run --wait=false --ignore-not-found >/dev/null 2>&1 || true
+  # CiliumNodes whose finalizer nobody will remove any more (the operators are gone by now).
+  for cn in $(kubectl get ciliumnodes -l eni-operator-e2e/run -o name 2>/dev/null); do
+    kubectl patch "$cn" --type=merge -p '{"metadata":{"finalizers":null}}' >/dev/null 2>&1 || true
+    kubectl delete "$cn" --wait=false --ignore-not-found >/dev/null 2>&1 || true
+  done
+  if [ -n "$MOTO_PID" ]; then kill "$MOTO_PID" 2>/dev/null || true; fi
+  exit "$rc"
+}
+trap cleanup EXIT INT TERM
+
+command -v kubectl >/dev/null || { echo "kubectl is required" >&2; exit 2; }
+kubectl get --raw /readyz >/dev/null || { echo "no API server reachable through KUBECONFIG" >&2; exit 2; }
+
+if [ -z "${EC2_ENDPOINT:-}" ]; then
+  if [ ! -x .venv/bin/moto_server ]; then
+    log "creating .venv with moto[server]"
+    python3 -m venv .venv
+    .venv/bin/pip install --quiet 'moto[server]'
+  fi
+  PORT=$(free_port)
+  .venv/bin/moto_server -H 127.0.0.1 -p "$PORT" >"$WORK/moto.log" 2>&1 &
+  MOTO_PID=$!
+  EC2_ENDPOINT=http://127.0.0.1:$PORT
+  for _ in $(seq 1 60); do
+    curl -fsS -o /dev/null "$EC2_ENDPOINT/moto-api/" 2>/dev/null && break
+    kill -0 "$MOTO_PID" 2>/dev/null || { cat "$WORK/moto.log" >&2; exit 2; }
+    sleep 0.5
+  done
+  log "moto on $EC2_ENDPOINT"
+fi
+export EC2_ENDPOINT
+
+log "building"
+cargo build --quiet --bins -p eni-operator -p eni-operator-e2e
+E2E=$CARGO_TARGET_DIR/debug/eni-operator-e2e
+export ENI_OPERATOR_BIN=${ENI_OPERATOR_BIN:-$CARGO_TARGET_DIR/debug/eni-operator}
+
+log "applying namespace, ServiceAccount and RBAC from manifests/"
+"$E2E" filter-manifests --kinds Namespace,ServiceAccount,ClusterRole,ClusterRoleBinding,Role,RoleBinding \
+  manifests/*.yaml >"$WORK/rbac.yaml"
+kubectl apply -f "$WORK/rbac.yaml"
+if ! kubectl get crd ciliumnodes.cilium.io >/dev/null 2>&1; then
+  log "installing the CiliumNode CRD from manifests/"
+  "$E2E" filter-manifests --kinds CustomResourceDefinition manifests/*.yaml >"$WORK/crd.yaml"
+  kubectl apply -f "$WORK/crd.yaml"
+  kubectl wait --for condition=established crd/ciliumnodes.cilium.io --timeout=60s
+fi
+# A lease left by an earlier run would only delay the first leader.
+kubectl -n "$NS" delete lease "$LEASE" --ignore-not-found >/dev/null
+
+log "writing a kubeconfig for ServiceAccount $NS/$SA"
+TOKEN=$(kubectl create token "$SA" -n "$NS" --duration=3h)
+SERVER=$(kubectl config view --minify --raw -o jsonpath='{.clusters[0].cluster.server}')
+CA_DATA=$(kubectl config view --minify --raw -o jsonpath='{.clusters[0].cluster.certificate-authority-data}')
+CA_FILE=$(kubectl config view --minify --raw -o jsonpath='{.clusters[0].cluster.certificate-authority}')
+INSECURE=$(kubectl config view --minify --raw -o jsonpath='{.clusters[0].cluster.insecure-skip-tls-verify}')
+SA_KUBECONFIG=$WORK/operator.kubeconfig
+rm -f "$SA_KUBECONFIG"
+if [ -n "$CA_DATA" ]; then
+  printf '%s' "$CA_DATA" | base64 -d >"$WORK/ca.crt"
+  kubectl config --kubeconfig="$SA_KUBECONFIG" set-cluster e2e --server="$SERVER" \
+    --certificate-authority="$WORK/ca.crt" --embed-certs=true >/dev/null
+elif [ -n "$CA_FILE" ]; then
+  kubectl config --kubeconfig="$SA_KUBECONFIG" set-cluster e2e --server="$SERVER" \
+    --certificate-authority="$CA_FILE" --embed-certs=true >/dev/null
+else
+  kubectl config --kubeconfig="$SA_KUBECONFIG" set-cluster e2e --server="$SERVER" \
+    --insecure-skip-tls-verify="${INSECURE:-false}" >/dev/null
+fi
+kubectl config --kubeconfig="$SA_KUBECONFIG" set-credentials "$SA" --token="$TOKEN" >/dev/null
+kubectl config --kubeconfig="$SA_KUBECONFIG" set-context e2e --cluster=e2e --user="$SA" --namespace="$NS" >/dev/null
+kubectl config --kubeconfig="$SA_KUBECONFIG" use-context e2e >/dev/null
+chmod 600 "$SA_KUBECONFIG"
+[ "$(kubectl --kubeconfig="$SA_KUBECONFIG" auth can-i list ciliumnodes.cilium.io)" = yes ] \
+  || { echo "the ServiceAccount cannot list ciliumnodes: RBAC in manifests/ is incomplete" >&2; exit 1; }
+export E2E_OPERATOR_KUBECONFIG=$SA_KUBECONFIG E2E_WORK_DIR=$WORK E2E_LEASE_NAME=$LEASE
+
+log "running the suite (cluster name $CLUSTER_NAME, EC2 $EC2_ENDPOINT)"
+"$E2E" run --cluster-name "$CLUSTER_NAME" --namespace "$NS" --service-account "$SA" "$@"

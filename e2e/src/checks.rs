@@ -1,0 +1,455 @@
+//! Pure pieces of the suite: the objects it creates as a cloud and an agent would, and the
+//! checks it runs on what it reads back. No I/O here, so all of it is unit-tested.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use eni_operator::crd::{CiliumNode, CiliumNodeSpec, EniSpec};
+use k8s_openapi::api::core::v1::{Node, NodeSpec, Taint};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use kube::api::ObjectMeta;
+
+use crate::agent::{Generation, MULTI_POOL_PRE_ALLOCATE, derive_cidrs, endpoints};
+use crate::ec2seed::{EniView, Instance, OWNER_INSTANCE_TAG, POD_TAG, World};
+
+/// Label on every Kubernetes object the suite creates (value: the run id), for clean-up.
+pub const RUN_LABEL: &str = "eni-operator-e2e/run";
+
+/// Taint on the suite's API-only Nodes.
+pub const FAKE_NODE_TAINT: &str = "eni-operator-e2e/no-kubelet";
+
+/// Addresses usable for pods on an instance type with first-interface-index 1 and no prefix
+/// delegation: (ENIs − 1) × (IPv4 per ENI − 1). Only the types the suite launches.
+pub fn max_ips(instance_type: &str) -> Option<usize> {
+    let (enis, per_eni) = match instance_type {
+        "m5.large" => (3, 10),
+        "t3.large" => (3, 12),
+        "m5.xlarge" | "c5.xlarge" => (4, 15),
+        _ => return None,
+    };
+    Some((enis - 1) * (per_eni - 1))
+}
+
+/// Secondary IPs one ENI of this type holds.
+pub fn ips_per_eni(instance_type: &str) -> Option<usize> {
+    Some(match instance_type {
+        "m5.large" => 9,
+        "t3.large" => 11,
+        "m5.xlarge" | "c5.xlarge" => 14,
+        _ => return None,
+    })
+}
+
+/// The API-only Node an instance would register (no kubelet behind it).
+pub fn node_object(name: &str, inst: &Instance, run_id: &str) -> Node {
+    Node {
+        metadata: ObjectMeta {
+            name: Some(name.to_string()),
+            labels: Some(BTreeMap::from([
+                (RUN_LABEL.to_string(), run_id.to_string()),
+                ("topology.kubernetes.io/zone".to_string(), inst.az.clone()),
+                (
+                    "node.kubernetes.io/instance-type".to_string(),
+                    inst.instance_type.clone(),
+                ),
+            ])),
+            ..Default::default()
+        },
+        // No kubelet stands behind it: keep every pod (the operator's own included) off it.
+        spec: Some(NodeSpec {
+            provider_id: Some(format!("aws:///{}/{}", inst.az, inst.id)),
+            unschedulable: Some(true),
+            taints: Some(vec![Taint {
+                key: FAKE_NODE_TAINT.to_string(),
+                value: Some("true".to_string()),
+                effect: "NoSchedule".to_string(),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// How a node's agent configured its CiliumNode.
+#[derive(Clone, Debug, Default)]
+pub struct NodeVariant {
+    /// Override `spec.instance-id` (unknown instance).
+    pub instance_id: Option<String>,
+    /// Explicit `subnet-ids` instead of the pod subnet tags.
+    pub subnet_ids: Option<Vec<String>>,
+    /// `spec.ipam.pre-allocate` (negative: invalid input).
+    pub pre_allocate: i64,
+    pub min_allocate: i64,
+}
+
+/// The CiliumNode an agent creates on first start: owned by its Node, with the IMDS facts and
+/// the ENI settings of a typical install (pods on tagged subnets, first-interface-index 1).
+pub fn cilium_node_object(
+    node: &Node,
+    inst: &Instance,
+    world: &World,
+    v: &NodeVariant,
+) -> CiliumNode {
+    let name = node.metadata.name.clone().unwrap_or_default();
+    let tag = BTreeMap::from([(POD_TAG.to_string(), "true".to_string())]);
+    let mut eni = EniSpec {
+        instance_type: inst.instance_type.clone(),
+        vpc_id: world.vpc_id.clone(),
+        availability_zone: inst.az.clone(),
+        node_subnet_id: inst.subnet_id.clone(),
+        first_interface_index: Some(1),
+        security_group_tags: tag.clone(),
+        delete_on_termination: Some(true),
+        ..Default::default()
+    };
+    match &v.subnet_ids {
+        Some(ids) => eni.subnet_ids = ids.clone(),
+        None => eni.subnet_tags = tag,
+    }
+    let mut spec = CiliumNodeSpec {
+        instance_id: v.instance_id.clone().unwrap_or_else(|| inst.id.clone()),
+        eni,
+        ..Default::default()
+    };
+    spec.ipam.pre_allocate = v.pre_allocate;
+    spec.ipam.min_allocate = v.min_allocate;
+    let mut cn = CiliumNode::new(&name, spec);
+    cn.metadata.labels = Some(BTreeMap::from([(
+        RUN_LABEL.to_string(),
+        world.run_id.clone(),
+    )]));
+    cn.metadata.owner_references = Some(vec![OwnerReference {
+        api_version: "v1".into(),
+        kind: "Node".into(),
+        name,
+        uid: node.metadata.uid.clone().unwrap_or_default(),
+        ..Default::default()
+    }]);
+    cn
+}
+
+/// Addresses a node offers for pods as its agent sees them.
+pub fn available(cn: &CiliumNode, generation: Generation) -> usize {
+    match generation {
+        Generation::Classic => cn.spec.ipam.pool.len(),
+        Generation::MultiPool => derive_cidrs(cn).iter().map(|c| c.size()).sum(),
+    }
+}
+
+/// Served: every endpoint has an address and the pre-allocation headroom (8) is there, capped
+/// by what the instance can hold.
+pub fn served(available: usize, pods: usize, unsatisfied: usize, cap: Option<usize>) -> bool {
+    let want = endpoints(pods) + MULTI_POOL_PRE_ALLOCATE;
+    unsatisfied == 0 && available >= cap.map_or(want, |c| want.min(c))
+}
+
+/// Addresses listed in the pool of more than one node: address -> nodes.
+pub fn shared_addresses(
+    pools: &BTreeMap<String, BTreeSet<String>>,
+) -> BTreeMap<String, Vec<String>> {
+    let mut seen: BTreeMap<&str, Vec<String>> = BTreeMap::new();
+    for (node, ips) in pools {
+        for ip in ips {
+            seen.entry(ip).or_default().push(node.clone());
+        }
+    }
+    seen.into_iter()
+        .filter(|(_, n)| n.len() > 1)
+        .map(|(ip, n)| (ip.to_string(), n))
+        .collect()
+}
+
+/// Of the shared addresses, those EC2 itself holds on fewer than two ENIs: the operator's
+/// fault. (An address on two ENIs in EC2 is an emulator's duplicate, see emulators.md.)
+pub fn operator_duplicates(shared: &BTreeMap<String, Vec<String>>, vpc: &[EniView]) -> Vec<String> {
+    shared
+        .keys()
+        .filter(|ip| {
+            vpc.iter()
+                .filter(|e| e.addresses.iter().any(|a| a == *ip))
+                .count()
+                < 2
+        })
+        .cloned()
+        .collect()
+}
+
+/// Problems with the ENIs carrying our ownership tags: `available` ones, and two of ours on one
+/// instance at the same device index (a duplicate emulators accept).
+pub fn owned_eni_problems(owned: &[EniView]) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut slots: BTreeMap<(String, i32), Vec<&str>> = BTreeMap::new();
+    for e in owned {
+        if e.status == "available" {
+            out.push(format!("{} is available (unattached)", e.id));
+        }
+        if let (Some(i), Some(d)) = (&e.instance_id, e.device_index) {
+            slots.entry((i.clone(), d)).or_default().push(&e.id);
+        }
+        if let (Some(i), Some(tagged)) = (&e.instance_id, e.tags.get(OWNER_INSTANCE_TAG))
+            && i != tagged
+        {
+            out.push(format!(
+                "{} is tagged for {tagged} but attached to {i}",
+                e.id
+            ));
+        }
+    }
+    for ((i, d), ids) in slots {
+        if ids.len() > 1 {
+            out.push(format!("{i}: device index {d} holds {}", ids.join(", ")));
+        }
+    }
+    out
+}
+
+/// Problems with a node's pool against EC2: every address must be on an ENI attached to the
+/// node's own instance.
+pub fn pool_not_on_instance(cn: &CiliumNode, instance_enis: &[EniView]) -> Vec<String> {
+    let on: BTreeSet<&str> = instance_enis
+        .iter()
+        .flat_map(|e| e.addresses.iter().map(String::as_str))
+        .collect();
+    cn.spec
+        .ipam
+        .pool
+        .keys()
+        .filter(|ip| !on.contains(ip.as_str()))
+        .cloned()
+        .collect()
+}
+
+/// One permission: (group, resource, subresource, verb).
+pub type Access = (&'static str, &'static str, &'static str, &'static str);
+
+/// What the operator's ServiceAccount must be allowed; each entry lists alternatives, one of
+/// which suffices (writes may be patches or updates; Events of either API group).
+pub const REQUIRED_ACCESS: &[&[Access]] = &[
+    &[("cilium.io", "ciliumnodes", "", "get")],
+    &[("cilium.io", "ciliumnodes", "", "list")],
+    &[("cilium.io", "ciliumnodes", "", "watch")],
+    &[
+        ("cilium.io", "ciliumnodes", "", "patch"),
+        ("cilium.io", "ciliumnodes", "", "update"),
+    ],
+    &[
+        ("cilium.io", "ciliumnodes", "status", "patch"),
+        ("cilium.io", "ciliumnodes", "status", "update"),
+    ],
+    &[("", "nodes", "", "get")],
+    &[("coordination.k8s.io", "leases", "", "get")],
+    &[("coordination.k8s.io", "leases", "", "create")],
+    &[
+        ("coordination.k8s.io", "leases", "", "patch"),
+        ("coordination.k8s.io", "leases", "", "update"),
+    ],
+    &[
+        ("", "events", "", "create"),
+        ("events.k8s.io", "events", "", "create"),
+    ],
+];
+
+/// The namespace a permission is checked in: leases live in the operator's namespace, Events
+/// about cluster-scoped objects in `default`; everything else is cluster-scoped.
+pub fn access_namespace(resource: &str, operator_ns: &str) -> Option<String> {
+    match resource {
+        "leases" => Some(operator_ns.to_string()),
+        "events" => Some("default".to_string()),
+        _ => None,
+    }
+}
+
+/// Access an operator must not have (proof it is not running as admin).
+pub const FORBIDDEN_ACCESS: &[Access] = &[
+    ("", "nodes", "", "delete"),
+    ("", "secrets", "", "list"),
+    ("", "pods", "", "create"),
+];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ec2seed::Subnet;
+    use eni_operator::crd::AllocationIp;
+
+    fn world() -> World {
+        World {
+            run_id: "r1".into(),
+            vpc_id: "vpc-1".into(),
+            zones: ["us-east-1a".into(), "us-east-1b".into()],
+            subnets: vec![Subnet {
+                id: "subnet-n".into(),
+                az: "us-east-1a".into(),
+                cidr: "10.0.0.0/24".into(),
+                pods: false,
+            }],
+            pod_security_group: "sg-p".into(),
+            other_security_group: "sg-o".into(),
+            image_id: "ami-1".into(),
+            instances: vec![],
+        }
+    }
+
+    fn inst() -> Instance {
+        Instance {
+            id: "i-1".into(),
+            instance_type: "m5.xlarge".into(),
+            az: "us-east-1a".into(),
+            subnet_id: "subnet-n".into(),
+        }
+    }
+
+    fn eni(
+        id: &str,
+        status: &str,
+        inst: Option<&str>,
+        dev: Option<i32>,
+        addrs: &[&str],
+    ) -> EniView {
+        EniView {
+            id: id.into(),
+            status: status.into(),
+            instance_id: inst.map(String::from),
+            device_index: dev,
+            addresses: addrs.iter().map(|s| s.to_string()).collect(),
+            prefixes: vec![],
+            tags: inst
+                .map(|i| BTreeMap::from([(OWNER_INSTANCE_TAG.to_string(), i.to_string())]))
+                .unwrap_or_default(),
+        }
+    }
+
+    #[test]
+    fn node_and_cilium_node_look_like_a_cloud_and_an_agent_made_them() {
+        let mut node = node_object("n1", &inst(), "r1");
+        assert_eq!(
+            node.spec.as_ref().unwrap().provider_id.as_deref(),
+            Some("aws:///us-east-1a/i-1")
+        );
+        let spec = node.spec.as_ref().unwrap();
+        assert_eq!(spec.unschedulable, Some(true));
+        assert_eq!(spec.taints.as_ref().unwrap()[0].key, FAKE_NODE_TAINT);
+        node.metadata.uid = Some("uid-1".into());
+        let cn = cilium_node_object(&node, &inst(), &world(), &NodeVariant::default());
+        let v = serde_json::to_value(&cn).unwrap();
+        assert_eq!(v["spec"]["instance-id"], "i-1");
+        assert_eq!(v["spec"]["eni"]["instance-type"], "m5.xlarge");
+        assert_eq!(v["spec"]["eni"]["vpc-id"], "vpc-1");
+        assert_eq!(v["spec"]["eni"]["node-subnet-id"], "subnet-n");
+        assert_eq!(v["spec"]["eni"]["first-interface-index"], 1);
+        assert_eq!(v["spec"]["eni"]["subnet-tags"][POD_TAG], "true");
+        assert_eq!(v["metadata"]["ownerReferences"][0]["kind"], "Node");
+        assert_eq!(v["metadata"]["ownerReferences"][0]["uid"], "uid-1");
+        assert!(v["spec"]["ipam"].get("pre-allocate").is_none());
+        let bad = NodeVariant {
+            subnet_ids: Some(vec!["subnet-x".into()]),
+            pre_allocate: -1,
+            ..Default::default()
+        };
+        let v = serde_json::to_value(cilium_node_object(&node, &inst(), &world(), &bad)).unwrap();
+        assert_eq!(v["spec"]["eni"]["subnet-ids"][0], "subnet-x");
+        assert!(v["spec"]["eni"].get("subnet-tags").is_none());
+        assert_eq!(v["spec"]["ipam"]["pre-allocate"], -1);
+    }
+
+    #[test]
+    fn served_needs_headroom_capped_by_the_instance() {
+        assert!(served(14, 4, 0, Some(42)));
+        assert!(!served(13, 4, 0, Some(42)));
+        assert!(!served(14, 4, 1, Some(42)));
+        assert!(served(10, 4, 0, Some(10)));
+        assert_eq!(max_ips("m5.xlarge"), Some(42));
+        assert_eq!(max_ips("m5.large"), Some(18));
+        assert_eq!(max_ips("x"), None);
+    }
+
+    #[test]
+    fn shared_addresses_are_blamed_on_the_operator_only_when_ec2_has_them_once() {
+        let pools = BTreeMap::from([
+            (
+                "a".to_string(),
+                BTreeSet::from(["10.0.0.1".to_string(), "10.0.0.2".to_string()]),
+            ),
+            (
+                "b".to_string(),
+                BTreeSet::from([
+                    "10.0.0.2".to_string(),
+                    "10.0.0.3".to_string(),
+                    "10.0.0.4".to_string(),
+                ]),
+            ),
+            ("c".to_string(), BTreeSet::from(["10.0.0.4".to_string()])),
+        ]);
+        let shared = shared_addresses(&pools);
+        assert_eq!(
+            shared.keys().cloned().collect::<Vec<_>>(),
+            vec!["10.0.0.2", "10.0.0.4"]
+        );
+        let vpc = vec![
+            eni("eni-1", "in-use", Some("i-1"), Some(1), &["10.0.0.2"]),
+            eni(
+                "eni-2",
+                "in-use",
+                Some("i-2"),
+                Some(1),
+                &["10.0.0.2", "10.0.0.4"],
+            ),
+        ];
+        assert_eq!(
+            operator_duplicates(&shared, &vpc),
+            vec!["10.0.0.4".to_string()]
+        );
+    }
+
+    #[test]
+    fn owned_eni_problems_finds_available_clashing_and_misplaced_enis() {
+        let mut wrong = eni("eni-4", "in-use", Some("i-2"), Some(2), &[]);
+        wrong.tags.insert(OWNER_INSTANCE_TAG.into(), "i-9".into());
+        let problems = owned_eni_problems(&[
+            eni("eni-1", "in-use", Some("i-1"), Some(1), &[]),
+            eni("eni-2", "in-use", Some("i-1"), Some(1), &[]),
+            eni("eni-3", "available", None, None, &[]),
+            wrong,
+            eni("eni-5", "in-use", Some("i-1"), Some(2), &[]),
+        ]);
+        assert_eq!(problems.len(), 3, "{problems:?}");
+        assert!(problems.iter().any(|p| p.contains("eni-3")));
+        assert!(problems.iter().any(|p| p.contains("eni-1, eni-2")));
+        assert!(problems.iter().any(|p| p.contains("i-9")));
+        assert!(
+            owned_eni_problems(&[eni("eni-1", "in-use", Some("i-1"), Some(1), &[])]).is_empty()
+        );
+    }
+
+    #[test]
+    fn pool_addresses_must_be_on_the_nodes_instance() {
+        let mut cn = CiliumNode::new("n1", CiliumNodeSpec::default());
+        for ip in ["10.0.0.1", "10.0.0.2"] {
+            cn.spec.ipam.pool.insert(ip.into(), AllocationIp::default());
+        }
+        let enis = [eni("eni-1", "in-use", Some("i-1"), Some(1), &["10.0.0.1"])];
+        assert_eq!(
+            pool_not_on_instance(&cn, &enis),
+            vec!["10.0.0.2".to_string()]
+        );
+    }
+
+    #[test]
+    fn access_namespaces() {
+        assert_eq!(access_namespace("leases", "ns").as_deref(), Some("ns"));
+        assert_eq!(access_namespace("events", "ns").as_deref(), Some("default"));
+        assert_eq!(access_namespace("ciliumnodes", "ns"), None);
+        assert!(REQUIRED_ACCESS.iter().all(|alts| !alts.is_empty()));
+    }
+
+    #[test]
+    fn available_counts_pool_or_cidrs() {
+        let mut cn = CiliumNode::new("n1", CiliumNodeSpec::default());
+        cn.spec
+            .ipam
+            .pool
+            .insert("10.0.0.1".into(), AllocationIp::default());
+        assert_eq!(available(&cn, Generation::Classic), 1);
+        assert_eq!(available(&cn, Generation::MultiPool), 0, "no ENI in status");
+    }
+}

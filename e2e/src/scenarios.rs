@@ -1,0 +1,1420 @@
+//! The scenarios and the harness they share: nodes (EC2 instance + API-only Node + CiliumNode +
+//! simulated agent), polling helpers, and the invariants checked after every scenario.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, anyhow, bail, ensure};
+use eni_operator::crd::{CiliumNode, FINALIZER};
+use k8s_openapi::api::authorization::v1::{
+    ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
+};
+use k8s_openapi::api::core::v1::{Event, Node};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use serde_json::json;
+
+use crate::agent::{AgentHandle, Generation, endpoints, spawn_agent};
+use crate::checks::{
+    self, FORBIDDEN_ACCESS, NodeVariant, REQUIRED_ACCESS, RUN_LABEL, available, served,
+};
+use crate::ec2seed::{self, EniView, Instance, OWNER_INSTANCE_TAG, World};
+use crate::operator::{OperatorOptions, Operators};
+
+/// Every scenario, in the order they run.
+pub const ALL: &[&str] = &[
+    "classic-ips",
+    "multi-pool-ips",
+    "mixed-fleet",
+    "prefix-delegation",
+    "demand-growth",
+    "demand-drop",
+    "node-deletion",
+    "leader-failover",
+    "restart-mid-allocation",
+    "bad-input",
+    "rbac",
+];
+
+/// Suite settings.
+#[derive(Clone, Debug)]
+pub struct SuiteConfig {
+    pub cluster_name: String,
+    pub service_account: String,
+    /// Budget of one wait (allocation, deletion, ...).
+    pub timeout: Duration,
+    pub resync: Duration,
+    pub gc: Duration,
+    /// The operator's leader lease duration (15 s by default).
+    pub lease: Duration,
+    pub agent_period: Duration,
+}
+
+/// One simulated node.
+pub struct TestNode {
+    pub name: String,
+    pub instance: Instance,
+    pub agent: Option<AgentHandle>,
+}
+
+impl TestNode {
+    fn generation(&self) -> Generation {
+        self.agent
+            .as_ref()
+            .map_or(Generation::Classic, |a| a.generation)
+    }
+}
+
+pub struct Suite {
+    pub kube: kube::Client,
+    pub ec2: aws_sdk_ec2::Client,
+    pub world: World,
+    pub ops: Operators,
+    pub cfg: SuiteConfig,
+    nodes: Vec<TestNode>,
+    seq: u32,
+}
+
+/// Returned by a poll to stop waiting at once.
+#[derive(Debug)]
+struct Abort(String);
+
+impl std::fmt::Display for Abort {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Abort {}
+
+/// Polls `f` every 2 s until it yields `Ok(Ok(_))`, or fails after `timeout` with the last note.
+/// `Ok(Err(note))` and errors (API hiccups) retry; an [`Abort`] error stops at once.
+async fn eventually<T>(
+    timeout: Duration,
+    what: &str,
+    mut f: impl AsyncFnMut() -> Result<std::result::Result<T, String>>,
+) -> Result<T> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let last = match f().await {
+            Ok(Ok(v)) => return Ok(v),
+            Ok(Err(note)) => note,
+            Err(e) if e.downcast_ref::<Abort>().is_some() => return Err(e),
+            Err(e) => format!("error: {e:#}"),
+        };
+        if Instant::now() > deadline {
+            bail!(
+                "timed out after {}s waiting for {what}: {last}",
+                timeout.as_secs()
+            );
+        }
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+}
+
+fn is_status(e: &kube::Error, code: u16) -> bool {
+    matches!(e, kube::Error::Api(s) if s.code == code)
+}
+
+impl Suite {
+    pub fn new(
+        kube: kube::Client,
+        ec2: aws_sdk_ec2::Client,
+        world: World,
+        ops: Operators,
+        cfg: SuiteConfig,
+    ) -> Self {
+        Self {
+            kube,
+            ec2,
+            world,
+            ops,
+            cfg,
+            nodes: Vec::new(),
+            seq: 0,
+        }
+    }
+
+    fn cns(&self) -> Api<CiliumNode> {
+        Api::all(self.kube.clone())
+    }
+
+    fn k8s_nodes(&self) -> Api<Node> {
+        Api::all(self.kube.clone())
+    }
+
+    /// Runs one scenario with its invariants and clean-up; returns the error if it failed.
+    pub async fn run(&mut self, name: &str) -> Result<()> {
+        self.ops.reset_logs();
+        let body = match name {
+            "classic-ips" => self.classic_ips().await,
+            "multi-pool-ips" => self.multi_pool_ips().await,
+            "mixed-fleet" => self.mixed_fleet().await,
+            "prefix-delegation" => self.prefix_delegation().await,
+            "demand-growth" => self.demand_growth().await,
+            "demand-drop" => self.demand_drop().await,
+            "node-deletion" => self.node_deletion().await,
+            "leader-failover" => self.leader_failover().await,
+            "restart-mid-allocation" => self.restart_mid_allocation().await,
+            "bad-input" => self.bad_input().await,
+            "rbac" => self.rbac().await,
+            other => Err(anyhow!(
+                "unknown scenario {other:?} (known: {})",
+                ALL.join(", ")
+            )),
+        };
+        let invariants = if body.is_ok() {
+            self.check_invariants().await
+        } else {
+            Ok(())
+        };
+        let cleanup = self.cleanup().await;
+        body.and(invariants).and(cleanup)
+    }
+
+    // ---- nodes -------------------------------------------------------------------------------
+
+    /// Launches an instance, registers its Node and CiliumNode, and starts an agent.
+    async fn add_node(
+        &mut self,
+        instance_type: &str,
+        zone: usize,
+        generation: Option<Generation>,
+        pods: usize,
+        variant: NodeVariant,
+    ) -> Result<usize> {
+        let inst = self.world.launch(&self.ec2, instance_type, zone).await?;
+        self.add_node_for(inst, generation, pods, variant).await
+    }
+
+    async fn add_node_for(
+        &mut self,
+        inst: Instance,
+        generation: Option<Generation>,
+        pods: usize,
+        variant: NodeVariant,
+    ) -> Result<usize> {
+        self.seq += 1;
+        let name = format!("e2e-{}-{}", self.world.run_id, self.seq);
+        let node = checks::node_object(&name, &inst, &self.world.run_id);
+        let node = self
+            .k8s_nodes()
+            .create(&PostParams::default(), &node)
+            .await
+            .context("creating Node")?;
+        let idx = self.nodes.len();
+        self.nodes.push(TestNode {
+            name: name.clone(),
+            instance: inst.clone(),
+            agent: None,
+        });
+        self.create_cilium_node(idx, &node, &variant).await?;
+        if let Some(g) = generation {
+            self.start_agent(idx, g, pods);
+        }
+        Ok(idx)
+    }
+
+    async fn create_cilium_node(
+        &self,
+        idx: usize,
+        node: &Node,
+        variant: &NodeVariant,
+    ) -> Result<()> {
+        let cn = checks::cilium_node_object(node, &self.nodes[idx].instance, &self.world, variant);
+        self.cns()
+            .create(&PostParams::default(), &cn)
+            .await
+            .context("creating CiliumNode")?;
+        Ok(())
+    }
+
+    fn start_agent(&mut self, idx: usize, generation: Generation, pods: usize) {
+        if let Some(old) = self.nodes[idx].agent.take() {
+            old.stop();
+        }
+        let h = spawn_agent(
+            self.kube.clone(),
+            self.nodes[idx].name.clone(),
+            generation,
+            pods,
+            self.cfg.agent_period,
+        );
+        self.nodes[idx].agent = Some(h);
+    }
+
+    fn set_pods(&self, idx: usize, pods: usize) {
+        if let Some(a) = &self.nodes[idx].agent {
+            a.set_pods(pods);
+        }
+    }
+
+    async fn cn(&self, idx: usize) -> Result<CiliumNode> {
+        Ok(self.cns().get(&self.nodes[idx].name).await?)
+    }
+
+    /// Why node `idx` is not served yet, or `Ok(())`.
+    async fn served_note(&self, idx: usize) -> Result<std::result::Result<(), String>> {
+        let n = &self.nodes[idx];
+        let Some(agent) = &n.agent else {
+            return Ok(Ok(()));
+        };
+        let cn = self.cn(idx).await?;
+        let r = agent.report();
+        let avail = available(&cn, agent.generation);
+        let cap = checks::max_ips(&n.instance.instance_type);
+        if r.settled && r.pods == agent.pods() && served(avail, r.pods, r.unsatisfied, cap) {
+            return Ok(Ok(()));
+        }
+        let err = cn
+            .status
+            .as_ref()
+            .and_then(|s| s.ipam.operator_status.error.clone())
+            .unwrap_or_default();
+        Ok(Err(format!(
+            "{} ({}, {}): pods {}, in use {}, unsatisfied {}, available {avail}, operator-status {err:?}",
+            n.name,
+            agent.generation,
+            n.instance.instance_type,
+            r.pods,
+            r.used.len(),
+            r.unsatisfied
+        )))
+    }
+
+    /// How many of `idxs` are served right now.
+    async fn nodes_served(&self, idxs: &[usize]) -> Result<usize> {
+        let mut n = 0;
+        for &i in idxs {
+            n += usize::from(self.served_note(i).await?.is_ok());
+        }
+        Ok(n)
+    }
+
+    async fn wait_served(&self, idxs: &[usize], timeout: Duration) -> Result<()> {
+        eventually(timeout, "nodes to be served", async || {
+            if let Some(note) = self.ops.exited_note() {
+                return Err(Abort(note).into());
+            }
+            let mut notes = Vec::new();
+            for &i in idxs {
+                if let Err(n) = self.served_note(i).await? {
+                    notes.push(n);
+                }
+            }
+            Ok(if notes.is_empty() {
+                Ok(())
+            } else {
+                Err(notes.join("; "))
+            })
+        })
+        .await
+    }
+
+    async fn owned_enis(&self) -> Result<Vec<EniView>> {
+        ec2seed::owned_enis(&self.ec2, &self.cfg.cluster_name).await
+    }
+
+    /// Our ENIs made for `instance` (by ownership tag), attached or not.
+    async fn enis_for(&self, instance: &str) -> Result<Vec<EniView>> {
+        Ok(self
+            .owned_enis()
+            .await?
+            .into_iter()
+            .filter(|e| e.tags.get(OWNER_INSTANCE_TAG).map(String::as_str) == Some(instance))
+            .collect())
+    }
+
+    /// ENIs a node needs at least for `pods` (ENIs are filled before new ones are made).
+    fn enis_needed(&self, idx: usize, pods: usize) -> usize {
+        let per = checks::ips_per_eni(&self.nodes[idx].instance.instance_type).unwrap_or(1);
+        (endpoints(pods) + crate::agent::MULTI_POOL_PRE_ALLOCATE).div_ceil(per)
+    }
+
+    async fn assert_eni_count_at_most(&self, idx: usize, pods: usize) -> Result<()> {
+        let n = &self.nodes[idx];
+        // Unattached leftovers (a create cut short) are the GC's, checked by the invariants.
+        let enis: Vec<EniView> = self
+            .enis_for(&n.instance.id)
+            .await?
+            .into_iter()
+            .filter(|e| e.instance_id.as_deref() == Some(n.instance.id.as_str()))
+            .collect();
+        let max = self.enis_needed(idx, pods);
+        ensure!(
+            enis.len() <= max,
+            "{}: {} ENIs of ours for {} where {max} suffice: {:?}",
+            n.name,
+            enis.len(),
+            n.instance.id,
+            enis.iter().map(|e| &e.id).collect::<Vec<_>>()
+        );
+        Ok(())
+    }
+
+    async fn warning_events(&self, name: &str) -> Result<Vec<String>> {
+        let api: Api<Event> = Api::all(self.kube.clone());
+        let list = api
+            .list(&ListParams::default().fields(&format!("involvedObject.name={name}")))
+            .await?;
+        Ok(list
+            .items
+            .into_iter()
+            .filter(|e| e.type_.as_deref() == Some("Warning"))
+            .map(|e| {
+                format!(
+                    "{}: {}",
+                    e.reason.unwrap_or_default(),
+                    e.message.unwrap_or_default()
+                )
+            })
+            .collect())
+    }
+
+    async fn start_ops(&mut self, opts: OperatorOptions, replicas: u32) -> Result<()> {
+        self.ops.start(&opts, replicas).await
+    }
+
+    // ---- invariants and clean-up -------------------------------------------------------------
+
+    /// After every scenario: agents saw no released in-use address and no C2 break; no ENI of
+    /// ours stays unattached; no two of ours share a device slot; no IP is on two nodes; every
+    /// pool address is on the node's own instance; the operator was never refused by RBAC.
+    async fn check_invariants(&self) -> Result<()> {
+        let mut problems = Vec::new();
+        for n in &self.nodes {
+            if let Some(a) = &n.agent {
+                problems.extend(a.report().violations);
+            }
+        }
+        let slack = self.cfg.gc * 2 + self.cfg.resync * 2 + Duration::from_secs(60);
+        if let Err(e) = eventually(slack, "no ENI of ours left unattached", async || {
+            let p = checks::owned_eni_problems(&self.owned_enis().await?);
+            Ok(if p.is_empty() {
+                Ok(())
+            } else {
+                Err(p.join("; "))
+            })
+        })
+        .await
+        {
+            problems.push(format!("{e:#}"));
+        }
+        if let Err(e) = eventually(
+            self.cfg.resync * 3 + Duration::from_secs(30),
+            "pools on their instances",
+            async || {
+                let mut notes = Vec::new();
+                let mut pools = BTreeMap::new();
+                for n in &self.nodes {
+                    let Some(cn) = self.cns().get_opt(&n.name).await? else {
+                        continue;
+                    };
+                    pools.insert(
+                        n.name.clone(),
+                        cn.spec.ipam.pool.keys().cloned().collect::<BTreeSet<_>>(),
+                    );
+                    if self.world.instances.iter().any(|x| x.id == n.instance.id) {
+                        let enis = ec2seed::instance_enis(&self.ec2, &n.instance.id).await?;
+                        let stray = checks::pool_not_on_instance(&cn, &enis);
+                        if !stray.is_empty() {
+                            notes.push(format!(
+                                "{}: pool addresses not on {}: {stray:?}",
+                                n.name, n.instance.id
+                            ));
+                        }
+                    }
+                }
+                let shared = checks::shared_addresses(&pools);
+                if !shared.is_empty() {
+                    let vpc = ec2seed::vpc_enis(&self.ec2, &self.world.vpc_id).await?;
+                    let ours = checks::operator_duplicates(&shared, &vpc);
+                    for ip in shared.keys().filter(|ip| !ours.contains(ip)) {
+                        tracing::warn!(
+                            "{ip} is on two ENIs in EC2 (emulator duplicate, not counted)"
+                        );
+                    }
+                    if !ours.is_empty() {
+                        notes.push(format!("addresses on two nodes: {ours:?}"));
+                    }
+                }
+                Ok(if notes.is_empty() {
+                    Ok(())
+                } else {
+                    Err(notes.join("; "))
+                })
+            },
+        )
+        .await
+        {
+            problems.push(format!("{e:#}"));
+        }
+        let refused = self.ops.log_lines("forbidden");
+        if !refused.is_empty() {
+            problems.push(format!(
+                "operator refused by RBAC: {}",
+                refused[..refused.len().min(3)].join(" | ")
+            ));
+        }
+        ensure!(problems.is_empty(), "invariants: {}", problems.join("; "));
+        Ok(())
+    }
+
+    /// Stops agents, deletes the scenario's Nodes (the operator's finalizer must let their
+    /// CiliumNodes go), then stops the operators. Stuck finalizers are removed and reported.
+    async fn cleanup(&mut self) -> Result<()> {
+        let mut problems = Vec::new();
+        for n in &self.nodes {
+            if let Some(a) = &n.agent {
+                a.stop();
+            }
+        }
+        let names: Vec<String> = self.nodes.iter().map(|n| n.name.clone()).collect();
+        for name in &names {
+            if let Err(e) = self
+                .k8s_nodes()
+                .delete(name, &DeleteParams::background())
+                .await
+                && !is_status(&e, 404)
+            {
+                problems.push(format!("deleting Node {name}: {e}"));
+            }
+        }
+        let running = !self.ops.running().await.unwrap_or_default().is_empty();
+        let wait = if running {
+            self.cfg.timeout
+        } else {
+            Duration::from_secs(5)
+        };
+        let gone = eventually(wait, "CiliumNodes to go", async || {
+            let mut left = Vec::new();
+            for name in &names {
+                if self.cns().get_opt(name).await?.is_some() {
+                    left.push(name.clone());
+                }
+            }
+            Ok(if left.is_empty() {
+                Ok(())
+            } else {
+                Err(format!("left: {left:?}"))
+            })
+        })
+        .await;
+        if let Err(e) = gone {
+            for name in &names {
+                if let Ok(Some(cn)) = self.cns().get_opt(name).await {
+                    if running {
+                        problems.push(format!("{name} stuck: {e:#}"));
+                    }
+                    self.remove_finalizer(&cn).await;
+                    let _ = self.cns().delete(name, &DeleteParams::default()).await;
+                }
+            }
+        }
+        if running {
+            let slack = self.cfg.gc * 2 + Duration::from_secs(60);
+            if let Err(e) = eventually(
+                slack,
+                "no ENI of ours unattached after clean-up",
+                async || {
+                    let p = checks::owned_eni_problems(&self.owned_enis().await?);
+                    Ok(if p.is_empty() {
+                        Ok(())
+                    } else {
+                        Err(p.join("; "))
+                    })
+                },
+            )
+            .await
+            {
+                problems.push(format!("{e:#}"));
+            }
+        }
+        if let Err(e) = self.ops.stop_all().await {
+            problems.push(format!("stopping operators: {e:#}"));
+        }
+        self.nodes.clear();
+        ensure!(problems.is_empty(), "clean-up: {}", problems.join("; "));
+        Ok(())
+    }
+
+    async fn remove_finalizer(&self, cn: &CiliumNode) {
+        let Some(name) = cn.metadata.name.as_deref() else {
+            return;
+        };
+        let kept: Vec<String> = cn
+            .metadata
+            .finalizers
+            .iter()
+            .flatten()
+            .filter(|f| *f != FINALIZER)
+            .cloned()
+            .collect();
+        let patch = json!({ "metadata": { "finalizers": kept, "resourceVersion": cn.metadata.resource_version } });
+        if let Err(e) = self
+            .cns()
+            .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
+            tracing::warn!("removing finalizer of {name}: {e}");
+        }
+    }
+
+    // ---- scenarios ---------------------------------------------------------------------------
+
+    async fn classic_ips(&mut self) -> Result<()> {
+        self.start_ops(OperatorOptions::default(), 1).await?;
+        let mut idxs = Vec::new();
+        for (t, z, pods) in [("m5.large", 0, 5), ("t3.large", 1, 8), ("m5.xlarge", 0, 20)] {
+            idxs.push(
+                self.add_node(
+                    t,
+                    z,
+                    Some(Generation::Classic),
+                    pods,
+                    NodeVariant::default(),
+                )
+                .await?,
+            );
+        }
+        self.wait_served(&idxs, self.cfg.timeout).await?;
+        for &i in &idxs {
+            self.assert_pod_enis_follow_spec(i).await?;
+            let cn = self.cn(i).await?;
+            let used = cn.status.as_ref().map_or(0, |s| s.ipam.used.len());
+            ensure!(
+                used == endpoints(self.nodes[i].agent.as_ref().unwrap().pods()),
+                "{}: used has {used} entries",
+                self.nodes[i].name
+            );
+            ensure!(
+                cn.metadata
+                    .finalizers
+                    .iter()
+                    .flatten()
+                    .any(|f| f == FINALIZER),
+                "{}: no finalizer",
+                self.nodes[i].name
+            );
+        }
+        Ok(())
+    }
+
+    /// The operator's ENIs are in the node's AZ, on a tagged pod subnet, at device index ≥ 1.
+    async fn assert_pod_enis_follow_spec(&self, idx: usize) -> Result<()> {
+        let n = &self.nodes[idx];
+        let cn = self.cn(idx).await?;
+        let pod_subnets: BTreeMap<&str, &str> = self
+            .world
+            .subnets
+            .iter()
+            .filter(|s| s.pods && s.az == n.instance.az)
+            .map(|s| (s.id.as_str(), s.cidr.as_str()))
+            .collect();
+        let ours = self.enis_for(&n.instance.id).await?;
+        ensure!(!ours.is_empty(), "{}: no ENI of ours", n.name);
+        let status = cn.status.unwrap_or_default();
+        for e in &ours {
+            let entry = status
+                .eni
+                .enis
+                .get(&e.id)
+                .ok_or_else(|| anyhow!("{}: {} missing from status", n.name, e.id))?;
+            ensure!(
+                pod_subnets.get(entry.subnet.id.as_str()) == Some(&entry.subnet.cidr.as_str()),
+                "{}: {} on subnet {} ({}), not a tagged pod subnet of {}",
+                n.name,
+                e.id,
+                entry.subnet.id,
+                entry.subnet.cidr,
+                n.instance.az
+            );
+            ensure!(
+                entry
+                    .security_groups
+                    .contains(&self.world.pod_security_group),
+                "{}: {} lacks the tagged security group: {:?}",
+                n.name,
+                e.id,
+                entry.security_groups
+            );
+            ensure!(
+                entry.number >= 1,
+                "{}: {} at device index {}",
+                n.name,
+                e.id,
+                entry.number
+            );
+            ensure!(
+                !entry.vpc.primary_cidr.is_empty(),
+                "{}: {} without vpc.primary-cidr (C4)",
+                n.name,
+                e.id
+            );
+        }
+        Ok(())
+    }
+
+    async fn multi_pool_ips(&mut self) -> Result<()> {
+        self.start_ops(OperatorOptions::default(), 1).await?;
+        let mut idxs = Vec::new();
+        for (t, z, pods) in [
+            ("m5.xlarge", 0, 5),
+            ("c5.xlarge", 1, 12),
+            ("t3.large", 1, 3),
+        ] {
+            idxs.push(
+                self.add_node(
+                    t,
+                    z,
+                    Some(Generation::MultiPool),
+                    pods,
+                    NodeVariant::default(),
+                )
+                .await?,
+            );
+        }
+        self.wait_served(&idxs, self.cfg.timeout).await?;
+        for &i in &idxs {
+            self.assert_pod_enis_follow_spec(i).await?;
+            let cn = self.cn(i).await?;
+            ensure!(
+                cn.status.as_ref().is_none_or(|s| s.ipam.used.is_empty()),
+                "{}: status.ipam.used not empty",
+                self.nodes[i].name
+            );
+            ensure!(
+                !cn.spec.ipam.pool.is_empty(),
+                "{}: pool not published for a multi-pool node (C9)",
+                self.nodes[i].name
+            );
+        }
+        Ok(())
+    }
+
+    async fn mixed_fleet(&mut self) -> Result<()> {
+        self.start_ops(OperatorOptions::default(), 1).await?;
+        let plan = [
+            ("m5.large", 0, Generation::Classic, 3),
+            ("t3.large", 1, Generation::Classic, 5),
+            ("c5.xlarge", 0, Generation::MultiPool, 4),
+            ("m5.xlarge", 1, Generation::MultiPool, 6),
+        ];
+        let mut idxs = Vec::new();
+        for (t, z, g, pods) in plan {
+            idxs.push(
+                self.add_node(t, z, Some(g), pods, NodeVariant::default())
+                    .await?,
+            );
+        }
+        self.wait_served(&idxs, self.cfg.timeout).await?;
+        // A rolling agent upgrade: node 0's classic agent is replaced by a multi-pool one.
+        let first = idxs[0];
+        self.start_agent(first, Generation::MultiPool, 6);
+        self.wait_served(&idxs, self.cfg.timeout).await?;
+        let cn = self.cn(first).await?;
+        ensure!(
+            cn.status.as_ref().is_none_or(|s| s.ipam.used.is_empty()),
+            "upgraded node still has used entries"
+        );
+        Ok(())
+    }
+
+    async fn prefix_delegation(&mut self) -> Result<()> {
+        self.start_ops(
+            OperatorOptions {
+                prefix_delegation: true,
+                ..Default::default()
+            },
+            1,
+        )
+        .await?;
+        let a = self
+            .add_node(
+                "m5.xlarge",
+                0,
+                Some(Generation::Classic),
+                4,
+                NodeVariant::default(),
+            )
+            .await?;
+        let b = self
+            .add_node(
+                "c5.xlarge",
+                1,
+                Some(Generation::MultiPool),
+                4,
+                NodeVariant::default(),
+            )
+            .await?;
+        let mut reported = BTreeSet::new();
+        eventually(self.cfg.timeout, "prefix nodes to be served", async || {
+            let mut notes = Vec::new();
+            for i in [a, b] {
+                let cn = self.cn(i).await?;
+                let err = cn
+                    .status
+                    .as_ref()
+                    .and_then(|s| s.ipam.operator_status.error.clone());
+                if err.is_some_and(|e| e.to_lowercase().contains("prefix")) {
+                    reported.insert(self.nodes[i].name.clone());
+                }
+                if let Err(n) = self.served_note(i).await? {
+                    notes.push(n);
+                }
+            }
+            Ok(if notes.is_empty() {
+                Ok(())
+            } else {
+                Err(notes.join("; "))
+            })
+        })
+        .await?;
+        let mut with_prefixes = false;
+        let mut before = BTreeMap::new();
+        for i in [a, b] {
+            let enis = self.enis_for(&self.nodes[i].instance.id).await?;
+            with_prefixes |= enis.iter().any(|e| !e.prefixes.is_empty());
+            before.insert(
+                i,
+                enis.iter().map(|e| e.id.clone()).collect::<BTreeSet<_>>(),
+            );
+        }
+        if !with_prefixes {
+            // The endpoint hands back no prefixes (emulators): the operator must say so on the
+            // node (status or Event) and have served it with secondary IPs instead.
+            for i in [a, b] {
+                let name = self.nodes[i].name.clone();
+                let events = self.warning_events(&name).await?;
+                let evented = events.iter().any(|e| e.to_lowercase().contains("prefix"));
+                ensure!(
+                    reported.contains(&name) || evented,
+                    "{name}: got no prefixes but reported nothing about it (events: {events:?})"
+                );
+            }
+        }
+        // No loop: over three resyncs, no ENI is added or replaced.
+        tokio::time::sleep(self.cfg.resync * 3).await;
+        for i in [a, b] {
+            let after: BTreeSet<String> = self
+                .enis_for(&self.nodes[i].instance.id)
+                .await?
+                .into_iter()
+                .map(|e| e.id)
+                .collect();
+            ensure!(
+                after == before[&i],
+                "{}: ENIs changed while idle: {:?} -> {after:?}",
+                self.nodes[i].name,
+                before[&i]
+            );
+            // Both types take 4 ENIs, the primary one not ours.
+            ensure!(
+                after.len() <= 3,
+                "{}: {} ENIs",
+                self.nodes[i].name,
+                after.len()
+            );
+        }
+        Ok(())
+    }
+
+    async fn demand_growth(&mut self) -> Result<()> {
+        self.start_ops(OperatorOptions::default(), 1).await?;
+        let a = self
+            .add_node(
+                "m5.xlarge",
+                0,
+                Some(Generation::Classic),
+                2,
+                NodeVariant::default(),
+            )
+            .await?;
+        let b = self
+            .add_node(
+                "c5.xlarge",
+                1,
+                Some(Generation::MultiPool),
+                2,
+                NodeVariant::default(),
+            )
+            .await?;
+        self.wait_served(&[a, b], self.cfg.timeout).await?;
+        let mut before = BTreeMap::new();
+        for i in [a, b] {
+            before.insert(i, self.enis_for(&self.nodes[i].instance.id).await?.len());
+            self.set_pods(i, 20);
+        }
+        self.wait_served(&[a, b], self.cfg.timeout).await?;
+        for i in [a, b] {
+            let after = self.enis_for(&self.nodes[i].instance.id).await?;
+            ensure!(
+                after.len() > before[&i],
+                "{}: still {} ENIs after growth",
+                self.nodes[i].name,
+                after.len()
+            );
+            ensure!(
+                after.iter().all(|e| e.status == "in-use"),
+                "{}: new ENI not attached: {after:?}",
+                self.nodes[i].name
+            );
+            self.assert_eni_count_at_most(i, 20).await?;
+            self.assert_pod_enis_follow_spec(i).await?;
+        }
+        Ok(())
+    }
+
+    async fn demand_drop(&mut self) -> Result<()> {
+        self.start_ops(
+            OperatorOptions {
+                release_delay_secs: Some(5),
+                ..Default::default()
+            },
+            1,
+        )
+        .await?;
+        let a = self
+            .add_node(
+                "m5.xlarge",
+                0,
+                Some(Generation::Classic),
+                20,
+                NodeVariant::default(),
+            )
+            .await?;
+        let b = self
+            .add_node(
+                "c5.xlarge",
+                1,
+                Some(Generation::MultiPool),
+                20,
+                NodeVariant::default(),
+            )
+            .await?;
+        self.wait_served(&[a, b], self.cfg.timeout).await?;
+        let mut before = BTreeMap::new();
+        for i in [a, b] {
+            let ids: BTreeSet<String> = self
+                .enis_for(&self.nodes[i].instance.id)
+                .await?
+                .into_iter()
+                .map(|e| e.id)
+                .collect();
+            before.insert(i, ids);
+            self.set_pods(i, 2);
+        }
+        let target = endpoints(2) + crate::agent::MULTI_POOL_PRE_ALLOCATE;
+        eventually(self.cfg.timeout, "excess to be released", async || {
+            let mut notes = Vec::new();
+            for i in [a, b] {
+                let cn = self.cn(i).await?;
+                let avail = available(&cn, self.nodes[i].generation());
+                if avail > target || self.served_note(i).await?.is_err() {
+                    notes.push(format!(
+                        "{}: {avail} available, want {target}",
+                        self.nodes[i].name
+                    ));
+                }
+            }
+            Ok(if notes.is_empty() {
+                Ok(())
+            } else {
+                Err(notes.join("; "))
+            })
+        })
+        .await?;
+        let classic = self.nodes[a].agent.as_ref().unwrap().report();
+        ensure!(
+            classic.ready_answers > 0,
+            "classic node released without a ready-for-release answer"
+        );
+        for i in [a, b] {
+            let ids: BTreeSet<String> = self
+                .enis_for(&self.nodes[i].instance.id)
+                .await?
+                .into_iter()
+                .map(|e| e.id)
+                .collect();
+            ensure!(
+                ids == before[&i],
+                "{}: release changed ENIs {:?} -> {ids:?}",
+                self.nodes[i].name,
+                before[&i]
+            );
+        }
+        Ok(())
+    }
+
+    async fn node_deletion(&mut self) -> Result<()> {
+        self.start_ops(OperatorOptions::default(), 1).await?;
+        let a = self
+            .add_node(
+                "m5.xlarge",
+                0,
+                Some(Generation::Classic),
+                14,
+                NodeVariant::default(),
+            )
+            .await?;
+        let b = self
+            .add_node(
+                "m5.xlarge",
+                1,
+                Some(Generation::MultiPool),
+                4,
+                NodeVariant::default(),
+            )
+            .await?;
+        self.wait_served(&[a, b], self.cfg.timeout).await?;
+        let inst_a = self.nodes[a].instance.id.clone();
+        ensure!(
+            !self.enis_for(&inst_a).await?.is_empty(),
+            "no ENI made for {inst_a}"
+        );
+
+        // The Node goes: garbage collection deletes the CiliumNode, the finalizer our ENIs.
+        let name_a = self.nodes[a].name.clone();
+        self.nodes[a].agent.as_ref().unwrap().stop();
+        self.k8s_nodes()
+            .delete(&name_a, &DeleteParams::background())
+            .await?;
+        eventually(
+            self.cfg.timeout,
+            "CiliumNode and ENIs of the deleted Node to go",
+            async || {
+                let cn = self.cns().get_opt(&name_a).await?;
+                let left = self.enis_for(&inst_a).await?;
+                Ok(if cn.is_none() && left.is_empty() {
+                    Ok(())
+                } else {
+                    Err(format!(
+                        "CiliumNode present: {}, ENIs left: {:?}",
+                        cn.is_some(),
+                        left.iter().map(|e| &e.id).collect::<Vec<_>>()
+                    ))
+                })
+            },
+        )
+        .await?;
+
+        // Only the CiliumNode goes (the Node stays): ENIs stay and are adopted again.
+        let name_b = self.nodes[b].name.clone();
+        let inst_b = self.nodes[b].instance.id.clone();
+        let enis_b: BTreeSet<String> = self
+            .enis_for(&inst_b)
+            .await?
+            .into_iter()
+            .map(|e| e.id)
+            .collect();
+        self.nodes[b].agent.as_ref().unwrap().stop();
+        self.cns()
+            .delete(&name_b, &DeleteParams::background())
+            .await?;
+        eventually(self.cfg.timeout, "the CiliumNode to go", async || {
+            Ok(if self.cns().get_opt(&name_b).await?.is_none() {
+                Ok(())
+            } else {
+                Err("still there".into())
+            })
+        })
+        .await?;
+        let still: BTreeSet<String> = self
+            .enis_for(&inst_b)
+            .await?
+            .into_iter()
+            .map(|e| e.id)
+            .collect();
+        ensure!(
+            still == enis_b,
+            "ENIs of a live Node changed on CiliumNode deletion: {enis_b:?} -> {still:?}"
+        );
+        let node = self.k8s_nodes().get(&name_b).await?;
+        self.create_cilium_node(b, &node, &NodeVariant::default())
+            .await?;
+        self.start_agent(b, Generation::MultiPool, 4);
+        self.wait_served(&[b], self.cfg.timeout).await?;
+        let again: BTreeSet<String> = self
+            .enis_for(&inst_b)
+            .await?
+            .into_iter()
+            .map(|e| e.id)
+            .collect();
+        ensure!(
+            again == enis_b,
+            "recreated CiliumNode did not adopt its ENIs: {enis_b:?} -> {again:?}"
+        );
+        Ok(())
+    }
+
+    async fn leader_failover(&mut self) -> Result<()> {
+        self.start_ops(OperatorOptions::default(), 2).await?;
+        let leader = eventually(self.cfg.timeout, "a leader", async || {
+            let running = self.ops.running().await?;
+            Ok(match self.ops.leader().await? {
+                Some(l) if running.iter().any(|r| l.contains(r.as_str())) => Ok(l),
+                other => Err(format!("lease holder {other:?}, running {running:?}")),
+            })
+        })
+        .await?;
+        let a = self
+            .add_node(
+                "m5.xlarge",
+                0,
+                Some(Generation::Classic),
+                2,
+                NodeVariant::default(),
+            )
+            .await?;
+        let b = self
+            .add_node(
+                "c5.xlarge",
+                1,
+                Some(Generation::MultiPool),
+                2,
+                NodeVariant::default(),
+            )
+            .await?;
+        self.wait_served(&[a, b], self.cfg.timeout).await?;
+
+        self.ops.kill(&leader).await?;
+        for i in [a, b] {
+            self.set_pods(i, 15);
+        }
+        let takeover = self.cfg.lease + self.cfg.resync + Duration::from_secs(15);
+        let new_leader = eventually(takeover, "another operator to take the lease", async || {
+            let running = self.ops.running().await?;
+            Ok(match self.ops.leader().await? {
+                Some(l) if l != leader && running.iter().any(|r| l.contains(r.as_str())) => Ok(l),
+                other => Err(format!("lease holder {other:?}")),
+            })
+        })
+        .await?;
+        tracing::info!(%leader, %new_leader, "failover");
+        self.wait_served(&[a, b], takeover + self.cfg.timeout)
+            .await?;
+        for i in [a, b] {
+            self.assert_eni_count_at_most(i, 15).await?;
+        }
+        Ok(())
+    }
+
+    async fn restart_mid_allocation(&mut self) -> Result<()> {
+        self.start_ops(OperatorOptions::default(), 1).await?;
+        let mut idxs = Vec::new();
+        for (t, z, g) in [
+            ("m5.xlarge", 0, Generation::Classic),
+            ("c5.xlarge", 1, Generation::Classic),
+            ("m5.xlarge", 1, Generation::MultiPool),
+        ] {
+            idxs.push(
+                self.add_node(t, z, Some(g), 18, NodeVariant::default())
+                    .await?,
+            );
+        }
+        let instances: BTreeSet<String> = idxs
+            .iter()
+            .map(|&i| self.nodes[i].instance.id.clone())
+            .collect();
+        // Kill as soon as the first ENI for any of them exists: polled tightly, since an
+        // emulator answers in milliseconds and the whole allocation takes only seconds.
+        let deadline = Instant::now() + self.cfg.timeout;
+        loop {
+            let any = self.owned_enis().await?.iter().any(|e| {
+                e.tags
+                    .get(OWNER_INSTANCE_TAG)
+                    .is_some_and(|i| instances.contains(i))
+            });
+            if any {
+                break;
+            }
+            if let Some(note) = self.ops.exited_note() {
+                bail!("{note}");
+            }
+            ensure!(
+                Instant::now() < deadline,
+                "no ENI created within {}s",
+                self.cfg.timeout.as_secs()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let served_before_kill = self.nodes_served(&idxs).await?;
+        tracing::info!(served_before_kill, "killing the operator mid-allocation");
+        for id in self.ops.running().await? {
+            self.ops.kill(&id).await?;
+        }
+        self.ops.stop_all().await?;
+        self.start_ops(OperatorOptions::default(), 1).await?;
+        self.wait_served(&idxs, self.cfg.lease + self.cfg.timeout)
+            .await?;
+        for &i in &idxs {
+            self.assert_eni_count_at_most(i, 18).await?;
+        }
+        Ok(())
+    }
+
+    async fn bad_input(&mut self) -> Result<()> {
+        self.start_ops(OperatorOptions::default(), 1).await?;
+        let good = [
+            self.add_node(
+                "m5.large",
+                0,
+                Some(Generation::Classic),
+                3,
+                NodeVariant::default(),
+            )
+            .await?,
+            self.add_node(
+                "t3.large",
+                1,
+                Some(Generation::MultiPool),
+                3,
+                NodeVariant::default(),
+            )
+            .await?,
+        ];
+        let z0 = self.world.node_subnet(0).clone();
+        let ghost = Instance {
+            id: "i-0e2e0000000000dead".into(),
+            instance_type: "m5.large".into(),
+            az: z0.az.clone(),
+            subnet_id: z0.id.clone(),
+        };
+        let unknown = self
+            .add_node_for(ghost, Some(Generation::Classic), 1, NodeVariant::default())
+            .await?;
+        let other_zone = NodeVariant {
+            subnet_ids: Some(vec![self.world.pod_subnet(1).id.clone()]),
+            ..Default::default()
+        };
+        let no_subnet = self
+            .add_node("m5.large", 0, Some(Generation::Classic), 1, other_zone)
+            .await?;
+        let mut bad = vec![unknown, no_subnet];
+        let invalid = NodeVariant {
+            pre_allocate: -1,
+            min_allocate: -3,
+            ..Default::default()
+        };
+        match self
+            .add_node("m5.large", 1, Some(Generation::Classic), 1, invalid)
+            .await
+        {
+            Ok(i) => bad.push(i),
+            // The CRD's schema refusing the numbers is a clear answer too.
+            Err(e)
+                if e.chain().any(|c| {
+                    c.downcast_ref::<kube::Error>()
+                        .is_some_and(|k| is_status(k, 422))
+                }) =>
+            {
+                tracing::info!("invalid numbers rejected by the API server: {e:#}");
+            }
+            Err(e) => return Err(e),
+        }
+        self.wait_served(&good, self.cfg.timeout).await?;
+        eventually(
+            self.cfg.timeout,
+            "bad nodes to get operator-status and a Warning Event",
+            async || {
+                let mut notes = Vec::new();
+                for &i in &bad {
+                    let name = &self.nodes[i].name;
+                    let cn = self.cn(i).await?;
+                    let err = cn
+                        .status
+                        .as_ref()
+                        .and_then(|s| s.ipam.operator_status.error.clone())
+                        .unwrap_or_default();
+                    let events = self.warning_events(name).await?;
+                    if err.is_empty() || events.is_empty() {
+                        notes.push(format!(
+                            "{name}: operator-status {err:?}, warning events {}",
+                            events.len()
+                        ));
+                    }
+                }
+                Ok(if notes.is_empty() {
+                    Ok(())
+                } else {
+                    Err(notes.join("; "))
+                })
+            },
+        )
+        .await?;
+        let ghost_enis = self.enis_for(&self.nodes[unknown].instance.id).await?;
+        ensure!(
+            ghost_enis.is_empty(),
+            "ENIs created for an unknown instance: {ghost_enis:?}"
+        );
+        // Good nodes stay served.
+        self.wait_served(&good, self.cfg.timeout).await
+    }
+
+    async fn rbac(&mut self) -> Result<()> {
+        let user = format!(
+            "system:serviceaccount:{}:{}",
+            self.ops.settings.namespace, self.cfg.service_account
+        );
+        let ns = self.ops.settings.namespace.clone();
+        let mut missing = Vec::new();
+        for alternatives in REQUIRED_ACCESS {
+            let mut ok = false;
+            for &(group, resource, sub, verb) in *alternatives {
+                let at = checks::access_namespace(resource, &ns);
+                ok |= self.allowed(&user, group, resource, sub, verb, at).await?;
+            }
+            if !ok {
+                let (_, resource, sub, verb) = alternatives[0];
+                let slash = if sub.is_empty() { "" } else { "/" };
+                missing.push(format!("{verb} {resource}{slash}{sub}"));
+            }
+        }
+        ensure!(missing.is_empty(), "{user} lacks: {}", missing.join(", "));
+        for &(group, resource, sub, verb) in FORBIDDEN_ACCESS {
+            ensure!(
+                !self
+                    .allowed(&user, group, resource, sub, verb, None)
+                    .await?,
+                "{user} may {verb} {resource}: not least privilege"
+            );
+        }
+        if self.ops.is_local() {
+            ensure!(
+                std::env::var_os("E2E_OPERATOR_KUBECONFIG").is_some(),
+                "local operators run with the suite's own identity: set E2E_OPERATOR_KUBECONFIG to the ServiceAccount's kubeconfig"
+            );
+        }
+        // And the identity really does the job: allocation, finalizer, node deletion.
+        self.start_ops(
+            OperatorOptions {
+                release_delay_secs: Some(5),
+                ..Default::default()
+            },
+            1,
+        )
+        .await?;
+        let a = self
+            .add_node(
+                "m5.large",
+                0,
+                Some(Generation::Classic),
+                3,
+                NodeVariant::default(),
+            )
+            .await?;
+        self.wait_served(&[a], self.cfg.timeout).await?;
+        Ok(())
+    }
+
+    async fn allowed(
+        &self,
+        user: &str,
+        group: &str,
+        resource: &str,
+        sub: &str,
+        verb: &str,
+        namespace: Option<String>,
+    ) -> Result<bool> {
+        let sar = SubjectAccessReview {
+            spec: SubjectAccessReviewSpec {
+                user: Some(user.to_string()),
+                groups: Some(vec![
+                    "system:serviceaccounts".into(),
+                    "system:authenticated".into(),
+                    format!("system:serviceaccounts:{}", self.ops.settings.namespace),
+                ]),
+                resource_attributes: Some(ResourceAttributes {
+                    group: Some(group.to_string()),
+                    resource: Some(resource.to_string()),
+                    subresource: (!sub.is_empty()).then(|| sub.to_string()),
+                    verb: Some(verb.to_string()),
+                    namespace,
+                    ..Default::default()
+                }),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let api: Api<SubjectAccessReview> = Api::all(self.kube.clone());
+        let out = api
+            .create(&PostParams::default(), &sar)
+            .await
+            .context("SubjectAccessReview")?;
+        Ok(out.status.is_some_and(|s| s.allowed))
+    }
+
+    /// Deletes leftovers of this run (Nodes and CiliumNodes with our run label).
+    pub async fn purge(&self) -> Result<()> {
+        let lp = ListParams::default().labels(&format!("{RUN_LABEL}={}", self.world.run_id));
+        for n in self.k8s_nodes().list(&lp).await?.items {
+            let _ = self
+                .k8s_nodes()
+                .delete(
+                    n.metadata.name.as_deref().unwrap_or_default(),
+                    &DeleteParams::background(),
+                )
+                .await;
+        }
+        for cn in self.cns().list(&lp).await?.items {
+            self.remove_finalizer(&cn).await;
+            let _ = self
+                .cns()
+                .delete(
+                    cn.metadata.name.as_deref().unwrap_or_default(),
+                    &DeleteParams::default(),
+                )
+                .await;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn eventually_returns_success_times_out_and_aborts() {
+        let mut calls = 0;
+        let v = eventually(Duration::ZERO, "x", async || {
+            calls += 1;
+            Ok(Ok(7))
+        })
+        .await
+        .unwrap();
+        assert_eq!((v, calls), (7, 1));
+
+        let err = eventually::<()>(Duration::ZERO, "the thing", async || {
+            Ok(Err("not yet".to_string()))
+        })
+        .await
+        .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "timed out after 0s waiting for the thing: not yet"
+        );
+
+        let err = eventually::<()>(Duration::from_secs(600), "y", async || {
+            Err(Abort("operator died".into()).into())
+        })
+        .await
+        .unwrap_err();
+        assert_eq!(err.to_string(), "operator died");
+
+        let err = eventually::<()>(Duration::ZERO, "z", async || Err(anyhow!("api hiccup")))
+            .await
+            .unwrap_err();
+        assert!(err.to_string().ends_with("error: api hiccup"), "{err}");
+    }
+
+    #[test]
+    fn every_scenario_is_documented() {
+        let readme = include_str!("../README.md");
+        for name in ALL {
+            assert!(
+                readme.contains(&format!("| `{name}` |")),
+                "{name} missing from README"
+            );
+        }
+    }
+}
