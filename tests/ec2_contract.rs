@@ -1,4 +1,6 @@
-//! The EC2 contract suite (`tests/contract`) against the in-memory simulator.
+//! The EC2 contract suite (`tests/contract`), run twice: against the in-memory simulator
+//! (which enforces AWS's rules) and against moto's EC2 server (the real SDK client on the wire,
+//! through the gate). A missing moto is a failure, never a skip: see `support::moto`.
 
 mod contract;
 mod support;
@@ -84,6 +86,38 @@ macro_rules! sim_contract {
 }
 
 sim_contract!(
+    describes,
+    create_attach_assign_unassign_detach_delete,
+    not_found_errors,
+    idempotent_create,
+    pagination,
+    limits_and_exhaustion,
+);
+
+/// The same checks against moto: `AwsEc2` behind the gate, on a moto server of its own per test
+/// (moto's state is global to a server; separate servers keep parallel tests apart).
+macro_rules! moto_contract {
+    ($($check:ident),* $(,)?) => {
+        mod moto_backend {
+            use super::*;
+            $(
+                #[tokio::test]
+                async fn $check() {
+                    let server = support::moto::MotoServer::start();
+                    let world = support::moto::seed(server.endpoint()).await;
+                    assert!(!world.enforces_aws_rules);
+                    let ec2 = eni_operator::ec2::gate::Gate::new(
+                        support::moto::aws_ec2(server.endpoint()).await,
+                        eni_operator::ec2::gate::GateConfig::aws_defaults(),
+                    );
+                    contract::$check(&ec2, &world).await;
+                }
+            )*
+        }
+    };
+}
+
+moto_contract!(
     describes,
     create_attach_assign_unassign_detach_delete,
     not_found_errors,
