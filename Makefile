@@ -47,7 +47,7 @@ e2e: ## End-to-end suite on a kind cluster (see e2e/README.md)
 	@if [[ -f e2e/run-kind.sh ]]; then bash e2e/run-kind.sh $(ARGS); \
 	else echo "e2e/run-kind.sh is not there yet (e2e issue)"; exit 1; fi
 
-e2e-local: venv ## End-to-end suite without a cluster (see e2e/README.md)
+e2e-local: venv ## End-to-end suite against the current KUBECONFIG and EC2_ENDPOINT (see e2e/README.md)
 	@if [[ -f e2e/run-local.sh ]]; then bash e2e/run-local.sh $(ARGS); \
 	else echo "e2e/run-local.sh is not there yet (e2e issue)"; exit 1; fi
 

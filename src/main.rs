@@ -119,6 +119,7 @@ async fn run_operator(
     let core_config = CoreConfig {
         workers: settings.runtime.parallel_alloc_workers,
         resync_interval: settings.runtime.ec2_resync_interval,
+        node_rescan_interval: settings.runtime.node_resync_interval,
         instance_refresh_spacing: settings.runtime.ec2_refresh_min_spacing,
         ipam: IpamConfig {
             prefix_delegation: settings.ipam.aws_enable_prefix_delegation,

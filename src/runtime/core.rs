@@ -38,6 +38,8 @@ pub struct CoreConfig {
     pub workers: usize,
     /// Full EC2 refresh followed by a rescan of every node.
     pub resync_interval: Duration,
+    /// Rescan of every node on the cached EC2 view (`--node-resync-interval`).
+    pub node_rescan_interval: Duration,
     /// Minimum spacing of per-instance refreshes after our own changes.
     pub instance_refresh_spacing: Duration,
     /// How long a node whose instance is "not running" is left alone.
@@ -55,6 +57,7 @@ impl Default for CoreConfig {
         Self {
             workers: 50,
             resync_interval: Duration::from_secs(60),
+            node_rescan_interval: Duration::from_secs(60),
             instance_refresh_spacing: Duration::from_secs(15),
             not_running_hold: Duration::from_secs(60),
             unhealthy_retry: Duration::from_secs(60),
@@ -209,12 +212,17 @@ impl<E: Ec2, S: NodeSink> Core<E, S> {
 
         let mut queue: DeficitQueue<String> = DeficitQueue::new();
         let mut tasks: JoinSet<Done> = JoinSet::new();
+        // What each task was for, so a panicking task is finished like a failed one instead of
+        // leaving its node marked in progress (or the refresh flags set) for good.
+        let mut running: BTreeMap<tokio::task::Id, Done> = BTreeMap::new();
         let mut waiting: BTreeMap<String, BTreeSet<String>> = BTreeMap::new(); // instance -> nodes
         let mut refreshing = false;
         let mut full_running = false;
         let mut confirm: BTreeSet<String> = BTreeSet::new();
         let mut resync = tokio::time::interval(inner.config.resync_interval);
         resync.tick().await;
+        let mut rescan = tokio::time::interval(inner.config.node_rescan_interval);
+        rescan.tick().await;
         let mut confirm_tick = tokio::time::interval(inner.config.instance_refresh_spacing);
         confirm_tick.tick().await;
         tokio::pin!(shutdown);
@@ -227,10 +235,15 @@ impl<E: Ec2, S: NodeSink> Core<E, S> {
                 let Some(name) = queue.pop(now()) else { break };
                 workers += 1;
                 let core = self.clone();
-                tasks.spawn(async move {
-                    let (outcome, again) = core.pass(&name).await;
-                    Done::Pass(name, outcome, again)
-                });
+                let on_panic =
+                    Done::Pass(name.clone(), Outcome::Failed, Some(self.priority(&name)));
+                let id = tasks
+                    .spawn(async move {
+                        let (outcome, again) = core.pass(&name).await;
+                        Done::Pass(name, outcome, again)
+                    })
+                    .id();
+                running.insert(id, on_panic);
             }
             // Batched per-instance refresh of new instances (and confirmations of our changes).
             if !refreshing && (!waiting.is_empty() || !confirm.is_empty()) {
@@ -248,17 +261,22 @@ impl<E: Ec2, S: NodeSink> Core<E, S> {
                     refreshing = true;
                     let core = self.clone();
                     ids.retain(|i| !confirm_ids.contains(i));
-                    tasks.spawn(async move {
-                        if let Err(e) = core.inner.refresher.instances(&ids, false).await {
-                            warn!(error = %e, "per-instance refresh failed");
-                        }
-                        if !confirm_ids.is_empty()
-                            && let Err(e) = core.inner.refresher.instances(&confirm_ids, true).await
-                        {
-                            debug!(error = %e, "confirmation refresh failed");
-                        }
-                        Done::Refreshed(ids)
-                    });
+                    let on_panic = Done::Refreshed(ids.clone());
+                    let id = tasks
+                        .spawn(async move {
+                            if let Err(e) = core.inner.refresher.instances(&ids, false).await {
+                                warn!(error = %e, "per-instance refresh failed");
+                            }
+                            if !confirm_ids.is_empty()
+                                && let Err(e) =
+                                    core.inner.refresher.instances(&confirm_ids, true).await
+                            {
+                                debug!(error = %e, "confirmation refresh failed");
+                            }
+                            Done::Refreshed(ids)
+                        })
+                        .id();
+                    running.insert(id, on_panic);
                 }
             }
             inner.metrics.queue_depth.set(queue.depth() as i64);
@@ -270,7 +288,13 @@ impl<E: Ec2, S: NodeSink> Core<E, S> {
                     None => inputs_open = false,
                     Some(input) => self.accept(input, &mut queue, &mut waiting, refreshing),
                 },
-                Some(done) = tasks.join_next(), if !tasks.is_empty() => match done {
+                Some(joined) = tasks.join_next_with_id(), if !tasks.is_empty() => match joined
+                    .map(|(id, done)| { running.remove(&id); done })
+                    .or_else(|e| {
+                        warn!(error = %e, "a runtime task failed; finishing it as failed");
+                        running.remove(&e.id()).ok_or(e)
+                    })
+                {
                     Ok(Done::Pass(name, outcome, again)) => {
                         workers -= 1;
                         queue.finish(&name, outcome, now(), rand::rng().random::<f64>());
@@ -305,23 +329,27 @@ impl<E: Ec2, S: NodeSink> Core<E, S> {
                         drop(slots);
                         self.publish_totals();
                     }
-                    Err(e) => {
-                        // A worker panicked: count it; the node is retried by the next resync.
-                        warn!(error = %e, "a worker task failed");
-                        workers = workers.saturating_sub(1);
-                    }
+                    Err(e) => warn!(error = %e, "an untracked runtime task failed"),
                 },
                 _ = resync.tick() => {
                     if !full_running {
                         full_running = true;
                         let core = self.clone();
-                        tasks.spawn(async move {
+                        let id = tasks.spawn(async move {
                             if let Err(e) = core.inner.refresher.full().await {
                                 warn!(error = %e, "full EC2 refresh failed; mutations blocked");
                                 core.inner.metrics.error(&e.code);
                             }
                             Done::FullRefresh
-                        });
+                        }).id();
+                        running.insert(id, Done::FullRefresh);
+                    }
+                }
+                _ = rescan.tick() => {
+                    // Re-plan every node on the cached view, between full EC2 refreshes.
+                    let slots = inner.slots.lock().expect("slots");
+                    for (name, slot) in slots.iter() {
+                        queue.push(name.clone(), priority_of(slot));
                     }
                 }
                 _ = confirm_tick.tick() => {}
