@@ -224,9 +224,10 @@ impl Ec2Cache {
     }
 
     /// An assign succeeded: merge what EC2 reports as a set (emulators may list everything).
-    pub fn merge_assigned(&mut self, eni_id: &str, assigned: &Assigned, now: Instant) {
+    /// Returns how many prefixes were new to the ENI (an emulator may grant none).
+    pub fn merge_assigned(&mut self, eni_id: &str, assigned: &Assigned, now: Instant) -> usize {
         let Some((entry, i)) = self.find_eni_mut(eni_id) else {
-            return;
+            return 0;
         };
         entry.local_change = Some(now);
         let eni = &mut entry.enis[i];
@@ -240,12 +241,15 @@ impl Ec2Cache {
                 .copied()
                 .filter(|ip| *ip != eni.primary_ip),
         );
+        let prefixes_before = prefixes.len();
         prefixes.extend(assigned.prefixes.iter().copied());
+        let new_prefixes = prefixes.len() - prefixes_before;
         let after = ips.len() as i64 + prefixes.len() as i64 * i64::from(PREFIX_SIZE);
         eni.secondary_ips = ips.into_iter().collect();
         eni.prefixes = prefixes.into_iter().collect();
         let subnet = eni.subnet_id.clone();
         self.adjust_subnet(&subnet, before - after);
+        new_prefixes
     }
 
     /// An unassign succeeded: drop those addresses and prefixes.

@@ -669,6 +669,12 @@ impl<E: Ec2, S: NodeSink> Core<E, S> {
             };
             inner.sink.event(&node_ref, ev).await;
         }
+        if let Some(w) = &exec.warning {
+            inner
+                .sink
+                .event(&node_ref, NodeEvent::warning("PrefixesNotGranted", w))
+                .await;
+        }
         let message = problem.as_ref().map(|p| p.message.clone());
         let previous = self.with_slot(name, |s| s.last_problem.clone()).flatten();
         if message != previous

@@ -37,6 +37,8 @@ pub struct ExecOutcome {
     pub not_running: bool,
     /// The release that was carried out (for the node's release bookkeeping).
     pub released: Option<Release>,
+    /// Worth a Warning Event although the action went through (e.g. a /28 fallback).
+    pub warning: Option<String>,
 }
 
 impl ExecOutcome {
@@ -77,36 +79,54 @@ impl<E: Ec2> Executor<E> {
 
     async fn assign(&self, a: &Assign) -> ExecOutcome {
         let mut request = a.request;
-        let result = match self
+        let mut warning = None;
+        let mut result = self
             .ec2
             .assign_private_ip_addresses(&a.eni_id, request)
-            .await
-        {
-            Err(e) if e.kind == ErrorKind::InsufficientCidrBlocks => {
-                self.cache().set_prefix_cooldown(&a.subnet_id, now());
-                let Some(n) = a.fallback_ips else {
-                    return ExecOutcome::failed(e);
-                };
-                warn!(eni = %a.eni_id, subnet = %a.subnet_id, "subnet has no free /28, assigning single addresses");
-                request = AddressRequest::Ips(n);
-                self.ec2
-                    .assign_private_ip_addresses(&a.eni_id, request)
-                    .await
-            }
-            other => other,
-        };
-        match result {
+            .await;
+        let no_prefix_granted = match &result {
+            Err(e) => e.kind == ErrorKind::InsufficientCidrBlocks,
+            // EC2 accepted a /28 request but granted none (emulators ignore prefixes): treat it
+            // like a subnet without a free /28 instead of asking again on every pass.
             Ok(assigned) => {
-                self.cache().merge_assigned(&a.eni_id, &assigned, now());
-                ExecOutcome {
-                    changed: true,
-                    success: Some(Success::IpsAllocated {
-                        eni_id: a.eni_id.clone(),
-                        addresses: request.addresses(),
-                    }),
-                    ..ExecOutcome::default()
-                }
+                let new = self.cache().merge_assigned(&a.eni_id, assigned, now());
+                matches!(request, AddressRequest::Prefixes(n) if n > 0) && new == 0
             }
+        };
+        if no_prefix_granted {
+            self.cache().set_prefix_cooldown(&a.subnet_id, now());
+            warn!(eni = %a.eni_id, subnet = %a.subnet_id, "no /28 prefix granted, falling back to single addresses");
+            warning = Some(format!(
+                "no /28 prefix could be assigned on {} in subnet {}; using single addresses there for a while",
+                a.eni_id, a.subnet_id
+            ));
+            if let Some(n) = a.fallback_ips {
+                request = AddressRequest::Ips(n);
+                result = self
+                    .ec2
+                    .assign_private_ip_addresses(&a.eni_id, request)
+                    .await;
+                if let Ok(assigned) = &result {
+                    self.cache().merge_assigned(&a.eni_id, assigned, now());
+                }
+            } else if result.is_ok() {
+                return ExecOutcome {
+                    changed: true,
+                    warning,
+                    ..ExecOutcome::default()
+                };
+            }
+        }
+        match result {
+            Ok(_) => ExecOutcome {
+                changed: true,
+                success: Some(Success::IpsAllocated {
+                    eni_id: a.eni_id.clone(),
+                    addresses: request.addresses(),
+                }),
+                warning,
+                ..ExecOutcome::default()
+            },
             Err(e) => ExecOutcome::failed(e),
         }
     }
@@ -131,6 +151,17 @@ impl<E: Ec2> Executor<E> {
         let Some((eni, requested)) = created else {
             return last_err.map(ExecOutcome::failed).unwrap_or_default();
         };
+        // Created, but without the /28s asked for (emulators ignore prefixes): cool the subnet
+        // down so the next passes top the ENI up with single addresses instead of looping.
+        let warning = (matches!(requested, AddressRequest::Prefixes(n) if n > 0)
+            && eni.prefixes.is_empty())
+        .then(|| {
+            self.cache().set_prefix_cooldown(&eni.subnet_id, now());
+            format!(
+                "{} was created without the /28 prefixes requested in subnet {}; using single addresses there for a while",
+                eni.id, eni.subnet_id
+            )
+        });
 
         let mut index = c.device_index;
         let mut attach_result = Err(None);
@@ -190,8 +221,13 @@ impl<E: Ec2> Executor<E> {
             changed: true,
             success: Some(Success::EniCreated {
                 eni_id: eni_id.clone(),
-                addresses: requested.addresses(),
+                addresses: if warning.is_some() {
+                    0
+                } else {
+                    requested.addresses()
+                },
             }),
+            warning,
             ..ExecOutcome::default()
         };
         if c.delete_on_termination {
