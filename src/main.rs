@@ -170,7 +170,8 @@ async fn run_operator(
             tokio::select! {
                 result = core.run(rx, shutdown.cancelled()) => result.map_err(anyhow::Error::from),
                 () = source::watch_cilium_nodes(client.clone(), tx.clone()) => Ok(()),
-                () = source::watch_nodes(client, tx) => Ok(()),
+                () = source::watch_nodes(client.clone(), tx.clone()) => Ok(()),
+                () = source::watch_pending_pods(client, tx) => Ok(()),
                 () = gc_loop => Ok(()),
             }
         }

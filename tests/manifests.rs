@@ -426,9 +426,10 @@ fn rbac_grants_exactly_what_the_operator_uses() {
         set(&["get", "patch", "update"])
     );
     assert_eq!(verbs("", "nodes"), set(&["get", "list", "watch"]));
+    assert_eq!(verbs("", "pods"), set(&["list", "watch"]));
     assert_eq!(verbs("", "events"), set(&["create", "patch"]));
     assert_eq!(verbs("events.k8s.io", "events"), set(&["create", "patch"]));
-    assert_eq!(rules.len(), 5, "no other cluster-wide rules");
+    assert_eq!(rules.len(), 6, "no other cluster-wide rules");
     let lease_rules = o.roles[0].rules.clone().unwrap();
     assert_eq!(lease_rules.len(), 1);
     assert_eq!(

@@ -3,10 +3,14 @@
 //! CiliumNodes are watched leniently, as untyped objects parsed one by one: a single malformed
 //! object gets its own operator-status error and Event instead of breaking the whole watch.
 //! Nodes are watched to learn whether a CiliumNode's Node still exists (the finalizer's
-//! question) and to drive the CiliumNode's deletion when the Node goes.
+//! question) and to drive the CiliumNode's deletion when the Node goes. Pending pods are
+//! watched (server-side filtered on `status.phase=Pending`) and counted per node for surge
+//! allocation: a node with more pods waiting than addresses needed gets them in one go.
 
 use futures::{StreamExt, TryStreamExt};
-use k8s_openapi::api::core::v1::Node;
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, ApiResource, DynamicObject};
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
@@ -110,6 +114,111 @@ pub async fn watch_nodes(client: kube::Client, tx: mpsc::Sender<NodeInput>) {
     }
 }
 
+/// Pending pods per node, from a watch that only sees pending pods. Pure: it returns the
+/// per-node counts that changed, for the core.
+#[derive(Debug, Default)]
+pub struct PendingPods {
+    /// Pod UID -> node it is scheduled to.
+    pods: BTreeMap<String, String>,
+    counts: BTreeMap<String, u32>,
+    /// A relist in progress: the new pod set, swapped in at its end.
+    relist: Option<BTreeMap<String, String>>,
+}
+
+impl PendingPods {
+    /// The pod is pending on `node` (`None`: not scheduled yet, so counted nowhere).
+    pub fn upsert(&mut self, uid: &str, node: Option<&str>) -> Vec<(String, u32)> {
+        if let Some(relist) = &mut self.relist {
+            if let Some(node) = node {
+                relist.insert(uid.to_string(), node.to_string());
+            }
+            return Vec::new();
+        }
+        let mut pods = self.pods.clone();
+        match node {
+            Some(node) => pods.insert(uid.to_string(), node.to_string()),
+            None => pods.remove(uid),
+        };
+        self.replace(pods)
+    }
+
+    /// The pod left the pending set (started, failed, deleted).
+    pub fn remove(&mut self, uid: &str) -> Vec<(String, u32)> {
+        let mut pods = self.pods.clone();
+        pods.remove(uid);
+        self.replace(pods)
+    }
+
+    pub fn relist_started(&mut self) {
+        self.relist = Some(BTreeMap::new());
+    }
+
+    pub fn relist_done(&mut self) -> Vec<(String, u32)> {
+        let pods = self.relist.take().unwrap_or_default();
+        self.replace(pods)
+    }
+
+    fn replace(&mut self, pods: BTreeMap<String, String>) -> Vec<(String, u32)> {
+        let mut counts: BTreeMap<String, u32> = BTreeMap::new();
+        for node in pods.values() {
+            *counts.entry(node.clone()).or_default() += 1;
+        }
+        let mut changed: Vec<(String, u32)> = counts
+            .iter()
+            .filter(|(n, c)| self.counts.get(*n) != Some(c))
+            .map(|(n, c)| (n.clone(), *c))
+            .collect();
+        changed.extend(
+            self.counts
+                .keys()
+                .filter(|n| !counts.contains_key(*n))
+                .map(|n| (n.clone(), 0)),
+        );
+        self.pods = pods;
+        self.counts = counts;
+        changed
+    }
+}
+
+/// Watch pending pods until the channel closes, feeding per-node counts to the core.
+pub async fn watch_pending_pods(client: kube::Client, tx: mpsc::Sender<NodeInput>) {
+    let api: Api<Pod> = Api::all(client);
+    // A pod that stops being Pending leaves the filtered watch as a delete.
+    let config = watcher::Config::default().fields("status.phase=Pending");
+    let mut stream = watcher::watcher(api, config).default_backoff().boxed();
+    let mut index = PendingPods::default();
+    loop {
+        let event = match stream.try_next().await {
+            Ok(Some(e)) => e,
+            Ok(None) => return,
+            Err(e) => {
+                warn!(error = %e, "pending-pod watch error");
+                continue;
+            }
+        };
+        let uid = |p: &Pod| p.metadata.uid.clone().unwrap_or_default();
+        let node = |p: &Pod| p.spec.as_ref().and_then(|s| s.node_name.clone());
+        let changed = match event {
+            Event::Apply(p) | Event::InitApply(p) => index.upsert(&uid(&p), node(&p).as_deref()),
+            Event::Delete(p) => index.remove(&uid(&p)),
+            Event::Init => {
+                index.relist_started();
+                Vec::new()
+            }
+            Event::InitDone => index.relist_done(),
+        };
+        for (name, count) in changed {
+            if tx
+                .send(NodeInput::PendingPods { name, count })
+                .await
+                .is_err()
+            {
+                return;
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -146,5 +255,25 @@ mod tests {
         }))
         .unwrap();
         assert!(matches!(to_input(&ok), NodeInput::Upsert(n) if n.spec.instance_id == "i-1"));
+    }
+
+    #[test]
+    fn pending_pods_are_counted_per_node_and_reported_when_they_change() {
+        let mut p = PendingPods::default();
+        assert_eq!(p.upsert("a", Some("n1")), vec![("n1".to_string(), 1)]);
+        assert_eq!(p.upsert("b", Some("n1")), vec![("n1".to_string(), 2)]);
+        assert_eq!(
+            p.upsert("c", None),
+            vec![],
+            "unscheduled pods count nowhere"
+        );
+        assert_eq!(p.upsert("b", Some("n1")), vec![], "no change, no report");
+        assert_eq!(p.remove("a"), vec![("n1".to_string(), 1)]);
+        // A relist replaces the set: n1's pod is gone, n2 has one.
+        p.relist_started();
+        assert_eq!(p.upsert("d", Some("n2")), vec![]);
+        let mut changed = p.relist_done();
+        changed.sort();
+        assert_eq!(changed, vec![("n1".to_string(), 0), ("n2".to_string(), 1)]);
     }
 }
