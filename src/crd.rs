@@ -28,8 +28,13 @@ fn is_zero(n: &i64) -> bool {
 /// The finalizer eni-operator puts on the CiliumNodes it manages.
 pub const FINALIZER: &str = "eni-operator.cilium.io/release-enis";
 
-/// Annotation with which a user opts a node out of ENI IPAM (same as Cilium's operator).
-pub const IGNORE_ANNOTATION: &str = "ipam.cilium.io/ignore";
+/// Annotation with which a user opts a node out of eni-operator. Deliberately not Cilium's
+/// `ipam.cilium.io/ignore`: that one tells Cilium's operator to leave a node to us (C10), so
+/// honouring it too would leave such nodes served by nobody.
+pub const IGNORE_ANNOTATION: &str = "eni-operator.cilium.io/ignore";
+
+/// Cilium's own opt-out annotation: Cilium's operator skips nodes carrying it; we serve them.
+pub const CILIUM_IGNORE_ANNOTATION: &str = "ipam.cilium.io/ignore";
 
 /// The only pool name multi-pool agents use in ENI mode.
 pub const DEFAULT_POOL: &str = "default";

@@ -835,3 +835,25 @@ async fn an_ignored_node_is_let_go_with_its_finalizer() {
     assert_eq!(sink.writes("n"), writes, "an ignored node is never written");
     assert!(!served(&sink, "n", 12));
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_node_cilium_is_told_to_ignore_is_served_by_us() {
+    // `ipam.cilium.io/ignore` hands the node over from Cilium's operator (C10): we serve it.
+    let w = world();
+    let sink = Arc::new(MemorySink::new());
+    let (_core, tx, _task) = start(w.sim.clone(), &sink, config(4));
+    let inst = w
+        .sim
+        .run_instance("m5.large", &w.subnet, std::slice::from_ref(&w.sg));
+    let mut node = agent_node(&w, "handed-over", &inst.id, 12);
+    node.metadata.annotations = Some(
+        [(
+            eni_operator::crd::CILIUM_IGNORE_ANNOTATION.to_string(),
+            "true".to_string(),
+        )]
+        .into(),
+    );
+    let n = sink.put(&node);
+    tx.send(NodeInput::Upsert(Box::new(n))).await.unwrap();
+    assert!(wait_until(|| served(&sink, "handed-over", 12), Duration::from_secs(60)).await);
+}

@@ -97,7 +97,7 @@ struct Slot {
     pending_pods: u32,
     demand: Demand,
     errored: bool,
-    /// Annotated `ipam.cilium.io/ignore`: only our finalizer is left to remove.
+    /// Annotated `eni-operator.cilium.io/ignore`: only our finalizer is left to remove.
     ignored: bool,
 }
 
