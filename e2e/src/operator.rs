@@ -69,6 +69,9 @@ impl OperatorSettings {
             self.duration(self.resync_secs),
             "--ec2-resync-interval".into(),
             self.duration(self.resync_secs),
+            // The refresh after our own changes may not be spaced wider than the full resync.
+            "--ec2-refresh-min-spacing".into(),
+            self.duration(self.resync_secs.min(2)),
             "--eni-gc-interval".into(),
             self.duration(self.gc_secs),
         ];
@@ -457,6 +460,68 @@ mod tests {
     }
 
     #[test]
+    fn the_operator_accepts_the_command_lines_the_suite_gives_it() {
+        use clap::Parser;
+        for style in ["suffix", "bare"] {
+            for opts in [
+                OperatorOptions::default(),
+                OperatorOptions {
+                    prefix_delegation: true,
+                    release_delay_secs: Some(3),
+                },
+            ] {
+                let s = OperatorSettings {
+                    duration_style: style.into(),
+                    extra_args: vec![],
+                    ..settings()
+                };
+                let args = s.args(Some("op-1"), Some((9000, 9001)), &opts);
+                let parsed = eni_operator::config::Settings::try_parse_from(
+                    std::iter::once("eni-operator".to_string()).chain(args.iter().cloned()),
+                )
+                .unwrap_or_else(|e| panic!("{args:?}: {e}"));
+                parsed
+                    .validate()
+                    .unwrap_or_else(|e| panic!("{args:?}: {e}"));
+                assert_eq!(
+                    parsed.ipam.aws_enable_prefix_delegation,
+                    opts.prefix_delegation
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn the_operator_accepts_the_kind_overlays_command_line() {
+        use clap::Parser;
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/overlay/deployment-patch.yaml");
+        let ops: Vec<serde_yaml::Value> =
+            serde_yaml::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+        let args: Vec<String> = ops
+            .iter()
+            .find(|op| op["path"].as_str().is_some_and(|p| p.ends_with("/args")))
+            .expect("the overlay sets the container's args")["value"]
+            .as_sequence()
+            .unwrap()
+            .iter()
+            .map(|a| {
+                a.as_str()
+                    .unwrap()
+                    .replace("@EC2_ENDPOINT@", "http://10.0.0.1:4566")
+                    .replace("$(POD_NAME)", "eni-operator-abc")
+            })
+            .collect();
+        let parsed = eni_operator::config::Settings::try_parse_from(
+            std::iter::once("eni-operator".to_string()).chain(args.iter().cloned()),
+        )
+        .unwrap_or_else(|e| panic!("{args:?}: {e}"));
+        parsed
+            .validate()
+            .unwrap_or_else(|e| panic!("{args:?}: {e}"));
+        assert_eq!(parsed.ipam.cluster_name, "e2e");
+    }
+
+    #[test]
     fn args_carry_identity_ports_and_scenario_flags() {
         let opts = OperatorOptions {
             prefix_delegation: true,
@@ -466,6 +531,7 @@ mod tests {
         let joined = a.join(" ");
         assert!(joined.contains("--cluster-name e2e"));
         assert!(joined.contains("--node-resync-interval 5s"));
+        assert!(joined.contains("--ec2-refresh-min-spacing 2s"));
         assert!(joined.contains("--eni-gc-interval 10s"));
         assert!(joined.contains("--identity op-1"));
         assert!(joined.contains("--metrics-addr 127.0.0.1:9000"));
