@@ -580,7 +580,15 @@ impl<E: Ec2, S: NodeSink> Core<E, S> {
         let plan = {
             let cache = inner.cache.read().expect("cache");
             let view = cache.view(&instance_id, &instance_type);
-            ipam::plan_node(&node, &view, &inner.config.ipam, &mut memory, t, pending)
+            // Real (not tokio) time: planning is synchronous, so this is its CPU cost.
+            let started = std::time::Instant::now();
+            let plan = ipam::plan_node(&node, &view, &inner.config.ipam, &mut memory, t, pending);
+            inner.metrics.plans.inc();
+            inner
+                .metrics
+                .plan_nanos
+                .inc_by(started.elapsed().as_nanos() as u64);
+            plan
         };
         let exec = inner.executor.execute(&plan.action).await;
         if let Some(r) = &exec.released {
