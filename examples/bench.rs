@@ -1,4 +1,5 @@
-//! `make bench`: the scale benchmark (see docs/benchmarks.md). Runs every scenario on a paused
+//! `make bench`: the scale benchmark (see docs/benchmarks.md). An example, not a binary, because
+//! it needs tokio's paused clock (`test-util`, a dev-dependency only). Runs every scenario on a paused
 //! current-thread tokio runtime: simulated time jumps ahead whenever every task waits, so rate
 //! limits and latencies hold in simulated time and the run costs only CPU.
 
