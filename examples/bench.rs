@@ -106,6 +106,15 @@ fn main() -> anyhow::Result<()> {
     let mut rows: Vec<Row> = Vec::new();
     let mut notes: Vec<String> = Vec::new();
     let mut curves: Vec<(String, Vec<(f64, f64)>)> = Vec::new();
+    // One size in the plot, so the runs share a scale: the largest burst up to 1,000 nodes.
+    let plot_size = args
+        .nodes
+        .iter()
+        .copied()
+        .filter(|n| *n <= 1000)
+        .max()
+        .or_else(|| args.nodes.iter().copied().min())
+        .unwrap_or(0);
     let mut record = |out: Outcome, curve: bool| {
         eprintln!(
             "{} x {}: demand met {} in {:.1} s simulated ({:.0} s wall so far)",
@@ -126,7 +135,7 @@ fn main() -> anyhow::Result<()> {
                 .iter()
                 .map(|n| format!("{} nodes, {n}", out.row.nodes)),
         );
-        if curve {
+        if curve && out.row.nodes == plot_size {
             curves.push((
                 format!("{} x {}", out.row.scenario, out.row.nodes),
                 out.waiting,
@@ -190,22 +199,25 @@ fn main() -> anyhow::Result<()> {
         for n in &notes {
             md.push_str(&format!("- {n}\n"));
         }
-        md.push_str("\nPlot colours:\n");
+        let max_t = curves
+            .iter()
+            .flat_map(|(_, pts)| pts.iter().map(|p| p.0))
+            .fold(0.0, f64::max);
+        md.push_str(&format!(
+            "\nPlot: x = simulated seconds from 0 to {max_t:.0} (grid every tenth), y = nodes \
+             still waiting, 0 to {plot_size}. Colours:\n"
+        ));
         md.push_str(&legend.join("\n"));
         md.push('\n');
         std::fs::write(path, splice(std::fs::read_to_string(path).ok(), &md))?;
     }
     if let Some(path) = &args.plot {
-        // Nodes still waiting, as a share of the run's nodes, so every size fits one scale.
         let series: Vec<Series> = curves
             .iter()
             .zip(COLORS.iter().cycle())
-            .map(|((_, pts), c)| {
-                let total = pts.first().map_or(1.0, |p| p.1.max(1.0));
-                Series {
-                    color: *c,
-                    points: pts.iter().map(|(t, n)| (*t, 100.0 * n / total)).collect(),
-                }
+            .map(|((_, pts), c)| Series {
+                color: *c,
+                points: pts.clone(),
             })
             .collect();
         std::fs::write(path, plot(900, 450, &series).to_png())?;
