@@ -263,7 +263,14 @@ impl<E: Ec2, S: NodeSink> Core<E, S> {
             }
             inner.metrics.queue_depth.set(queue.depth() as i64);
 
-            let next_due = queue.next_due();
+            // Only wake for a due node when a worker is free to take it: with every worker busy
+            // a due time in the past would make the select below return at once, forever (a
+            // busy loop; under a paused clock, a livelock).
+            let next_due = if workers < inner.config.workers.max(1) {
+                queue.next_due()
+            } else {
+                None
+            };
             tokio::select! {
                 () = &mut shutdown => break,
                 input = inputs.recv(), if inputs_open => match input {
