@@ -7,6 +7,7 @@
 //! * [`runtime`]: leader election, caches, deficit queue, reconciler, finalizer, GC.
 //! * [`config`], [`metrics`], [`http`]: settings, Prometheus registry, health/metrics server.
 
+pub mod bench;
 pub mod config;
 pub mod crd;
 pub mod ec2;

@@ -281,7 +281,14 @@ impl<E: Ec2, S: NodeSink> Core<E, S> {
             }
             inner.metrics.queue_depth.set(queue.depth() as i64);
 
-            let next_due = queue.next_due();
+            // Only wake for a due node when a worker is free to take it: with every worker busy
+            // a due time in the past would make the select below return at once, forever (a
+            // busy loop; under a paused clock, a livelock).
+            let next_due = if workers < inner.config.workers.max(1) {
+                queue.next_due()
+            } else {
+                None
+            };
             tokio::select! {
                 () = &mut shutdown => break,
                 input = inputs.recv(), if inputs_open => match input {
@@ -608,7 +615,15 @@ impl<E: Ec2, S: NodeSink> Core<E, S> {
         let plan = {
             let cache = inner.cache.read().expect("cache");
             let view = cache.view(&instance_id, &instance_type);
-            ipam::plan_node(&node, &view, &inner.config.ipam, &mut memory, t, pending)
+            // Real (not tokio) time: planning is synchronous, so this is its CPU cost.
+            let started = std::time::Instant::now();
+            let plan = ipam::plan_node(&node, &view, &inner.config.ipam, &mut memory, t, pending);
+            inner.metrics.plans.inc();
+            inner
+                .metrics
+                .plan_nanos
+                .inc_by(started.elapsed().as_nanos() as u64);
+            plan
         };
         let exec = inner.executor.execute(&plan.action).await;
         if let Some(r) = &exec.released {

@@ -24,6 +24,10 @@ pub struct RuntimeMetrics {
     /// `reason` = a `ProblemReason` or an EC2 error code.
     pub errors: Family<Labels, Counter>,
     pub passes: Counter,
+    /// Planning decisions (`plan_node` calls) and the thread time they took, in nanoseconds:
+    /// the benchmark's CPU-per-decision figure. Not exported.
+    pub plans: Counter,
+    pub plan_nanos: Counter,
 }
 
 impl Default for RuntimeMetrics {
@@ -41,6 +45,8 @@ impl Default for RuntimeMetrics {
             ]),
             errors: Family::default(),
             passes: Counter::default(),
+            plans: Counter::default(),
+            plan_nanos: Counter::default(),
         }
     }
 }

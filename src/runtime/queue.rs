@@ -78,6 +78,8 @@ pub struct DeficitQueue<K: Clone + Eq + Hash + Ord> {
     queued: HashMap<K, Key>,
     /// Nodes held back until a time (backoff or an explicit delay).
     delayed: HashMap<K, (Instant, Priority)>,
+    /// `delayed` ordered by due time: finding the next due node must not scan every node.
+    due: BTreeSet<(Instant, K)>,
     running: HashSet<K>,
     /// Pushed while running: re-queue on finish.
     again: HashMap<K, Priority>,
@@ -91,6 +93,7 @@ impl<K: Clone + Eq + Hash + Ord> Default for DeficitQueue<K> {
             ready: BTreeSet::new(),
             queued: HashMap::new(),
             delayed: HashMap::new(),
+            due: BTreeSet::new(),
             running: HashSet::new(),
             again: HashMap::new(),
             failures: HashMap::new(),
@@ -148,13 +151,10 @@ impl<K: Clone + Eq + Hash + Ord> DeficitQueue<K> {
 
     /// Move delayed entries whose time has come into the ready set.
     fn promote(&mut self, now: Instant) {
-        let due: Vec<K> = self
-            .delayed
-            .iter()
-            .filter(|(_, (at, _))| *at <= now)
-            .map(|(k, _)| k.clone())
-            .collect();
-        for node in due {
+        while let Some((at, _)) = self.due.first()
+            && *at <= now
+        {
+            let (_, node) = self.due.pop_first().expect("non-empty");
             if let Some((_, p)) = self.delayed.remove(&node) {
                 self.insert_ready(node, p);
             }
@@ -188,13 +188,20 @@ impl<K: Clone + Eq + Hash + Ord> DeficitQueue<K> {
                 *n += 1;
                 let delay = backoff_delay(*n, jitter);
                 let p = again.unwrap_or(Priority::Routine);
-                self.delayed.insert(node.clone(), (now + delay, p));
+                self.delay(node, now + delay, p);
             }
             Outcome::RetryAfter(delay) => {
                 let p = again.unwrap_or(Priority::Routine);
-                self.delayed.insert(node.clone(), (now + delay, p));
+                self.delay(node, now + delay, p);
             }
         }
+    }
+
+    fn delay(&mut self, node: &K, at: Instant, p: Priority) {
+        if let Some((old, _)) = self.delayed.insert(node.clone(), (at, p)) {
+            self.due.remove(&(old, node.clone()));
+        }
+        self.due.insert((at, node.clone()));
     }
 
     /// Forget a node (CiliumNode deleted). A running worker finishes on its own.
@@ -202,14 +209,16 @@ impl<K: Clone + Eq + Hash + Ord> DeficitQueue<K> {
         if let Some(key) = self.queued.remove(node) {
             self.ready.remove(&(key, node.clone()));
         }
-        self.delayed.remove(node);
+        if let Some((at, _)) = self.delayed.remove(node) {
+            self.due.remove(&(at, node.clone()));
+        }
         self.again.remove(node);
         self.failures.remove(node);
     }
 
     /// When the earliest delayed node becomes ready.
     pub fn next_due(&self) -> Option<Instant> {
-        self.delayed.values().map(|(at, _)| *at).min()
+        self.due.first().map(|(at, _)| *at)
     }
 
     /// Nodes waiting (ready or delayed), not counting running ones.

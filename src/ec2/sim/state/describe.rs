@@ -1,6 +1,6 @@
 //! The describes: filters as EC2 applies them, and opaque-token pagination.
 
-use super::{State, aws_err, require_ids, resource_match, tags_match};
+use super::{EniRec, State, aws_err, require_ids, resource_match, tags_match};
 use crate::ec2::Result;
 use crate::ec2::model::*;
 
@@ -97,10 +97,11 @@ impl State {
             "InvalidInstanceID.NotFound",
             "instance",
         )?;
+        let ids: std::collections::HashSet<&str> = f.ids.iter().map(String::as_str).collect();
         let items = self
             .instances
             .values()
-            .filter(|i| f.ids.is_empty() || f.ids.contains(&i.id))
+            .filter(|i| ids.is_empty() || ids.contains(i.id.as_str()))
             .filter(|i| f.vpc_id.as_ref().is_none_or(|v| &i.vpc_id == v))
             .filter(|i| tags_match(&i.tags, &f.tags))
             .cloned()
@@ -121,17 +122,25 @@ impl State {
             "InvalidNetworkInterfaceID.NotFound",
             "networkInterface",
         )?;
-        let items: Vec<NetworkInterface> = self
-            .enis
-            .values()
+        // By instance through the index (batched refreshes name thousands of instances),
+        // in ID order like the full scan.
+        let candidates: Vec<&EniRec> = if f.instance_ids.is_empty() {
+            self.enis.values().collect()
+        } else {
+            let mut recs: Vec<&EniRec> = f
+                .instance_ids
+                .iter()
+                .flat_map(|i| self.enis_of_instance(i))
+                .collect();
+            recs.sort_by(|a, b| a.eni.id.cmp(&b.eni.id));
+            recs.dedup_by(|a, b| a.eni.id == b.eni.id);
+            recs
+        };
+        let items: Vec<NetworkInterface> = candidates
+            .into_iter()
             .map(|r| &r.eni)
             .filter(|e| f.ids.is_empty() || f.ids.contains(&e.id))
             .filter(|e| f.vpc_id.as_ref().is_none_or(|v| &e.vpc_id == v))
-            .filter(|e| {
-                f.instance_ids.is_empty()
-                    || e.instance_id()
-                        .is_some_and(|i| f.instance_ids.iter().any(|x| x == i))
-            })
             .filter(|e| f.subnet_ids.is_empty() || f.subnet_ids.contains(&e.subnet_id))
             .filter(|e| tags_match(&e.tags, &f.tags))
             .filter(|e| f.state.is_none_or(|s| e.state == s))

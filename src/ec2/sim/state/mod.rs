@@ -5,7 +5,7 @@ mod describe;
 mod invariants;
 mod mutate;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -49,6 +49,9 @@ pub(crate) struct State {
     pub(crate) types: BTreeMap<String, InstanceTypeLimits>,
     pub(crate) instances: BTreeMap<String, Instance>,
     pub(crate) enis: BTreeMap<String, EniRec>,
+    /// ENI IDs ever attached to each instance, so per-instance lookups do not scan every ENI.
+    /// Entries may be stale (detached, deleted, moved): readers check the ENI itself.
+    pub(crate) attached_to: HashMap<String, BTreeSet<String>>,
     tokens: HashMap<String, TokenRec>,
     next_id: u64,
     /// Upper bound on the ENIs in `detaching` (exact after each `settle`).
@@ -85,6 +88,19 @@ impl State {
             page_size,
             ..Self::default()
         }
+    }
+
+    /// The ENIs attached to an instance now (the index, checked against each ENI).
+    pub(crate) fn enis_of_instance<'a>(
+        &'a self,
+        instance_id: &'a str,
+    ) -> impl Iterator<Item = &'a EniRec> + 'a {
+        self.attached_to
+            .get(instance_id)
+            .into_iter()
+            .flatten()
+            .filter_map(|id| self.enis.get(id))
+            .filter(move |r| r.eni.instance_id() == Some(instance_id))
     }
 
     pub(crate) fn new_id(&mut self, prefix: &str) -> String {

@@ -251,9 +251,7 @@ impl State {
             .cloned()
             .unwrap_or_else(|| panic!("instance type {} is seeded", inst.instance_type));
         let attached: Vec<u32> = self
-            .enis
-            .values()
-            .filter(|r| r.eni.instance_id() == Some(instance_id))
+            .enis_of_instance(instance_id)
             .filter_map(|r| r.eni.device_index())
             .collect();
         if attached.contains(&device_index) {
@@ -290,6 +288,10 @@ impl State {
             return Err(prefix_unsupported(op, &limits.instance_type));
         }
         let attachment_id = self.new_id("eni-attach");
+        self.attached_to
+            .entry(instance_id.to_owned())
+            .or_default()
+            .insert(eni_id.to_owned());
         let rec = self.enis.get_mut(eni_id).expect("checked above");
         rec.eni.attachment = Some(Attachment {
             id: attachment_id.clone(),

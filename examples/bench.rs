@@ -1,0 +1,230 @@
+//! `make bench`: the scale benchmark (see docs/benchmarks.md). An example, not a binary, because
+//! it needs tokio's paused clock (`test-util`, a dev-dependency only). Runs every scenario on a paused
+//! current-thread tokio runtime: simulated time jumps ahead whenever every task waits, so rate
+//! limits and latencies hold in simulated time and the run costs only CPU.
+
+use std::time::Duration;
+
+use clap::{Parser, ValueEnum};
+use eni_operator::bench::plot::{Series, plot};
+use eni_operator::bench::scenario::{GateMode, Outcome, Settings, burst, churn, scale_down};
+use eni_operator::bench::{Row, table};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum Scenario {
+    Burst,
+    Churn,
+    ScaleDown,
+    All,
+}
+
+#[derive(Parser, Debug)]
+#[command(about = "Scale benchmark of the allocation core against the EC2 simulator")]
+struct Args {
+    /// Node counts of the burst scenario.
+    #[arg(long, value_delimiter = ',', default_value = "100,1000,5000")]
+    nodes: Vec<usize>,
+    /// Nodes of the churn and scale-down scenarios.
+    #[arg(long, default_value_t = 1000)]
+    steady_nodes: usize,
+    /// Simulated minutes of churn.
+    #[arg(long, default_value_t = 10)]
+    churn_minutes: u32,
+    #[arg(long, value_enum, default_value_t = Scenario::All)]
+    scenario: Scenario,
+    #[arg(long, default_value_t = 300)]
+    mutating_latency_ms: u64,
+    #[arg(long, default_value_t = 150)]
+    describe_latency_ms: u64,
+    /// Addresses each node needs in the burst.
+    #[arg(long, default_value_t = 30)]
+    ips_per_node: i64,
+    #[arg(long, default_value = "m5.xlarge")]
+    instance_type: String,
+    #[arg(long, default_value_t = 1)]
+    first_interface_index: i64,
+    /// Node counts of the burst with the Cilium-like gate (default: the burst sizes up to 1000).
+    #[arg(long, value_delimiter = ',')]
+    cilium_nodes: Option<Vec<usize>>,
+    /// Small sizes for a CI smoke run.
+    #[arg(long)]
+    quick: bool,
+    /// Write the results table (Markdown) here.
+    #[arg(long)]
+    out: Option<std::path::PathBuf>,
+    /// Write the burst plot (PNG) here.
+    #[arg(long)]
+    plot: Option<std::path::PathBuf>,
+}
+
+const BEGIN: &str = "<!-- bench:begin -->";
+const END: &str = "<!-- bench:end -->";
+
+/// Replace the part of an existing document between the markers (keeping the prose around it);
+/// without markers the results are the whole file.
+fn splice(existing: Option<String>, results: &str) -> String {
+    if let Some(doc) = existing
+        && let (Some(b), Some(e)) = (doc.find(BEGIN), doc.find(END))
+        && b < e
+    {
+        return format!("{}{BEGIN}\n{results}{}", &doc[..b], &doc[e..]);
+    }
+    format!("{BEGIN}\n{results}{END}\n")
+}
+
+const COLORS: [[u8; 3]; 8] = [
+    [31, 119, 180],
+    [255, 127, 14],
+    [44, 160, 44],
+    [214, 39, 40],
+    [148, 103, 189],
+    [140, 86, 75],
+    [227, 119, 194],
+    [127, 127, 127],
+];
+
+fn main() -> anyhow::Result<()> {
+    let mut args = Args::parse();
+    if args.quick {
+        args.nodes = vec![10, 50];
+        args.steady_nodes = 20;
+        args.churn_minutes = 3;
+    }
+    let settings = Settings {
+        instance_type: args.instance_type.clone(),
+        first_interface_index: args.first_interface_index,
+        ips_per_node: args.ips_per_node,
+        mutating_latency: Duration::from_millis(args.mutating_latency_ms),
+        describe_latency: Duration::from_millis(args.describe_latency_ms),
+        ..Settings::default()
+    };
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .start_paused(true)
+        .build()?;
+    let wall = std::time::Instant::now();
+    let mut rows: Vec<Row> = Vec::new();
+    let mut notes: Vec<String> = Vec::new();
+    let mut curves: Vec<(String, Vec<(f64, f64)>)> = Vec::new();
+    // One size in the plot, so the runs share a scale: the largest burst up to 1,000 nodes.
+    let plot_size = args
+        .nodes
+        .iter()
+        .copied()
+        .filter(|n| *n <= 1000)
+        .max()
+        .or_else(|| args.nodes.iter().copied().min())
+        .unwrap_or(0);
+    let mut record = |out: Outcome, curve: bool| {
+        eprintln!(
+            "{} x {}: demand met {} in {:.1} s simulated ({:.0} s wall so far)",
+            out.row.scenario,
+            out.row.nodes,
+            if out.all_met { "by all" } else { "NOT by all" },
+            out.row.time.as_secs_f64(),
+            wall.elapsed().as_secs_f64()
+        );
+        if !out.all_met {
+            notes.push(format!(
+                "{} x {}: NOT every node's demand was met within the limit",
+                out.row.scenario, out.row.nodes
+            ));
+        }
+        notes.extend(
+            out.notes
+                .iter()
+                .map(|n| format!("{} nodes, {n}", out.row.nodes)),
+        );
+        if curve && out.row.nodes == plot_size {
+            curves.push((
+                format!("{} x {}", out.row.scenario, out.row.nodes),
+                out.waiting,
+            ));
+        }
+        rows.push(out.row);
+    };
+    let run_burst = matches!(args.scenario, Scenario::Burst | Scenario::All);
+    if run_burst {
+        let cilium = args
+            .cilium_nodes
+            .clone()
+            .unwrap_or_else(|| args.nodes.iter().copied().filter(|n| *n <= 1000).collect());
+        for &n in &args.nodes {
+            for prefix in [false, true] {
+                record(
+                    rt.block_on(burst(&settings, n, prefix, GateMode::AwsFull)),
+                    true,
+                );
+            }
+            if cilium.contains(&n) {
+                record(
+                    rt.block_on(burst(&settings, n, false, GateMode::CiliumLike)),
+                    true,
+                );
+            }
+        }
+    }
+    if matches!(args.scenario, Scenario::Churn | Scenario::All) {
+        record(
+            rt.block_on(churn(&settings, args.steady_nodes, args.churn_minutes)),
+            false,
+        );
+    }
+    if matches!(args.scenario, Scenario::ScaleDown | Scenario::All) {
+        record(rt.block_on(scale_down(&settings, args.steady_nodes)), false);
+    }
+
+    let tbl = table(&rows);
+    println!("{tbl}");
+    for n in &notes {
+        println!("- {n}");
+    }
+    println!(
+        "\nwall time {:.0} s; settings: {} (first-interface-index {}), {} addresses per node, \
+         mutating latency {} ms, describe latency {} ms",
+        wall.elapsed().as_secs_f64(),
+        settings.instance_type,
+        settings.first_interface_index,
+        settings.ips_per_node,
+        args.mutating_latency_ms,
+        args.describe_latency_ms
+    );
+    let legend: Vec<String> = curves
+        .iter()
+        .zip(COLORS.iter().cycle())
+        .map(|((name, _), c)| format!("- rgb({},{},{}): {name}", c[0], c[1], c[2]))
+        .collect();
+    if let Some(path) = &args.out {
+        let mut md = format!("{tbl}\n");
+        for n in &notes {
+            md.push_str(&format!("- {n}\n"));
+        }
+        let max_t = curves
+            .iter()
+            .flat_map(|(_, pts)| pts.iter().map(|p| p.0))
+            .fold(0.0, f64::max);
+        md.push_str(&format!(
+            "\nPlot: x = simulated seconds from 0 to {max_t:.0} (grid every tenth), y = nodes \
+             still waiting, 0 to {plot_size}. Colours:\n"
+        ));
+        md.push_str(&legend.join("\n"));
+        md.push('\n');
+        std::fs::write(path, splice(std::fs::read_to_string(path).ok(), &md))?;
+    }
+    if let Some(path) = &args.plot {
+        let series: Vec<Series> = curves
+            .iter()
+            .zip(COLORS.iter().cycle())
+            .map(|((_, pts), c)| Series {
+                color: *c,
+                points: pts.clone(),
+            })
+            .collect();
+        std::fs::write(path, plot(900, 450, &series).to_png())?;
+        eprintln!("plot written to {}", path.display());
+        for l in &legend {
+            eprintln!("{l}");
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,179 @@
+//! The scale benchmark (`make bench`, `src/bin/bench.rs`): scenarios that drive the real
+//! allocation core against the simulator under paused tokio time ([`scenario`]), the pure
+//! figures derived from them (lower bound, table rows; here) and a tiny PNG plotter ([`plot`]).
+
+pub mod plot;
+pub mod scenario;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use crate::ec2::{Bucket, Operation};
+
+/// The rate-limit lower bound of a run: for each bucket, the calls beyond its burst divided by
+/// its refill rate; the largest of these plus one chain of call latencies (the one sequence of
+/// calls no amount of parallelism removes).
+pub fn lower_bound(
+    calls: &BTreeMap<Bucket, u64>,
+    limits: impl Fn(Bucket) -> (u32, f64),
+    chain: Duration,
+) -> Duration {
+    let drain = calls
+        .iter()
+        .map(|(b, n)| {
+            let (burst, refill) = limits(*b);
+            let beyond = n.saturating_sub(u64::from(burst)) as f64;
+            if beyond == 0.0 { 0.0 } else { beyond / refill }
+        })
+        .fold(0.0, f64::max);
+    Duration::from_secs_f64(drain) + chain
+}
+
+/// Calls per AWS bucket of a list of (operation, count).
+pub fn per_bucket(calls: impl IntoIterator<Item = (Operation, u64)>) -> BTreeMap<Bucket, u64> {
+    let mut out = BTreeMap::new();
+    for (op, n) in calls {
+        *out.entry(op.bucket()).or_default() += n;
+    }
+    out
+}
+
+/// ENIs a node needs beyond those it has, to hold `demand` addresses: each new ENI takes
+/// `per_eni` of them (secondary IPs: limit − 1; prefixes: (limit − 1) × 16).
+pub fn enis_needed(demand: u32, per_eni: u32) -> u32 {
+    demand.div_ceil(per_eni.max(1))
+}
+
+/// One line of the results table.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Row {
+    pub scenario: String,
+    pub nodes: usize,
+    /// Simulated time until every node's demand was met.
+    pub time: Duration,
+    /// `None` where no lower bound is defined (steady-state churn).
+    pub lower_bound: Option<Duration>,
+    pub mutating_per_node: f64,
+    pub describe_per_node: f64,
+    /// Mutating calls per ENI created (create + attach + modify), `None` without new ENIs.
+    pub calls_per_new_eni: Option<f64>,
+    /// Calls answered with a client error (a request bound to fail).
+    pub rejected: u64,
+    pub throttled: u64,
+    pub writes_per_node: f64,
+    pub peak_rss_mib: f64,
+    /// Microseconds of CPU per `plan_node` call.
+    pub plan_us: f64,
+}
+
+impl Row {
+    pub fn ratio(&self) -> Option<f64> {
+        let lb = self.lower_bound?.as_secs_f64();
+        (lb > 0.0).then(|| self.time.as_secs_f64() / lb)
+    }
+}
+
+fn secs(d: Duration) -> String {
+    format!("{:.1} s", d.as_secs_f64())
+}
+
+/// The results as a Markdown table.
+pub fn table(rows: &[Row]) -> String {
+    let mut out = String::from(
+        "| scenario | nodes | demand met | lower bound | ratio | mutating/node | describe/node \
+         | calls/new ENI | failed calls | throttled | CiliumNode writes/node | peak RSS | CPU/plan |\n\
+         |---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+    );
+    for r in rows {
+        let lb = r.lower_bound.map_or("-".into(), secs);
+        let ratio = r.ratio().map_or("-".into(), |x| format!("{x:.2}x"));
+        let per_eni = r
+            .calls_per_new_eni
+            .map_or("-".into(), |x| format!("{x:.2}"));
+        out.push_str(&format!(
+            "| {} | {} | {} | {} | {} | {:.2} | {:.2} | {} | {} | {} | {:.2} | {:.0} MiB | {:.1} µs |\n",
+            r.scenario,
+            r.nodes,
+            secs(r.time),
+            lb,
+            ratio,
+            r.mutating_per_node,
+            r.describe_per_node,
+            per_eni,
+            r.rejected,
+            r.throttled,
+            r.writes_per_node,
+            r.peak_rss_mib,
+            r.plan_us,
+        ));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn aws(b: Bucket) -> (u32, f64) {
+        let (burst, rate) = b.aws_default();
+        (burst, f64::from(rate))
+    }
+
+    #[test]
+    fn lower_bound_is_the_slowest_bucket_plus_the_chain() {
+        let calls = per_bucket([
+            (Operation::CreateNetworkInterface, 1100), // (1100-100)/5 = 200 s
+            (Operation::AttachNetworkInterface, 1100), // (1100-50)/5 = 210 s
+            (Operation::DescribeNetworkInterfaces, 50), // within the burst
+        ]);
+        let lb = lower_bound(&calls, aws, Duration::from_millis(900));
+        assert_eq!(lb, Duration::from_secs(210) + Duration::from_millis(900));
+    }
+
+    #[test]
+    fn calls_within_every_burst_leave_only_the_chain() {
+        let calls = per_bucket([(Operation::CreateNetworkInterface, 100)]);
+        assert_eq!(
+            lower_bound(&calls, aws, Duration::from_secs(1)),
+            Duration::from_secs(1)
+        );
+    }
+
+    #[test]
+    fn detach_and_attach_share_the_general_bucket() {
+        let calls = per_bucket([
+            (Operation::AttachNetworkInterface, 3),
+            (Operation::DetachNetworkInterface, 4),
+        ]);
+        assert_eq!(calls.get(&Bucket::GeneralMutating), Some(&7));
+    }
+
+    #[test]
+    fn enis_needed_rounds_up() {
+        assert_eq!(enis_needed(30, 14), 3);
+        assert_eq!(enis_needed(28, 14), 2);
+        assert_eq!(enis_needed(30, 14 * 16), 1);
+    }
+
+    #[test]
+    fn table_has_one_line_per_row_and_the_ratio() {
+        let row = Row {
+            scenario: "burst".into(),
+            nodes: 10,
+            time: Duration::from_secs(22),
+            lower_bound: Some(Duration::from_secs(20)),
+            ..Row::default()
+        };
+        assert_eq!(row.ratio(), Some(1.1));
+        let t = table(&[
+            row.clone(),
+            Row {
+                lower_bound: None,
+                ..row
+            },
+        ]);
+        assert_eq!(t.lines().count(), 4);
+        assert!(t.contains("1.10x"), "{t}");
+        assert!(t.lines().last().unwrap().contains("| - | - |"), "{t}");
+    }
+}

@@ -1,0 +1,802 @@
+//! The benchmark scenarios: the real [`Core`] (queue, workers, cache, executor) behind the
+//! [`Gate`] in front of the [`Simulator`] (AWS's throttling buckets, per-call latency), a
+//! [`MemorySink`] as the API server and in-process classic agents. Everything runs on tokio
+//! time, so under a paused runtime the rate limits and latencies hold in simulated time while
+//! the run takes only the CPU it needs.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+
+use super::{Row, enis_needed, lower_bound, per_bucket};
+use crate::crd::{AllocationIp, CiliumNode, ReleaseState};
+use crate::ec2::gate::{Gate, GateConfig};
+use crate::ec2::sim::{SimStats, Simulator, default_instance_types};
+use crate::ec2::{Operation, Tags};
+use crate::ipam::IpamConfig;
+use crate::runtime::core::{Core, CoreConfig, NodeInput};
+use crate::runtime::metrics::RuntimeMetrics;
+use crate::runtime::sink::{MemorySink, WriteCounts};
+
+const CLUSTER: &str = "bench";
+
+/// How the gate meters calls.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GateMode {
+    /// Per-action buckets at AWS's full published rates (nobody else in the account).
+    AwsFull,
+    /// As the Cilium operator ships: one bucket for every call, 4 qps, burst 20.
+    CiliumLike,
+}
+
+impl GateMode {
+    pub fn config(self) -> GateConfig {
+        match self {
+            GateMode::AwsFull => GateConfig {
+                rate_fraction: 1.0,
+                ..GateConfig::aws_defaults()
+            },
+            GateMode::CiliumLike => GateConfig::cilium_like(),
+        }
+    }
+
+    pub fn label(self) -> &'static str {
+        match self {
+            GateMode::AwsFull => "AWS buckets",
+            GateMode::CiliumLike => "Cilium gate",
+        }
+    }
+}
+
+/// Knobs shared by every scenario.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    pub instance_type: String,
+    pub first_interface_index: i64,
+    /// Addresses every node needs in the burst (and before the scale-down).
+    pub ips_per_node: i64,
+    pub mutating_latency: Duration,
+    pub describe_latency: Duration,
+    pub workers: usize,
+    pub release_delay: Duration,
+    /// Simulated time after which a scenario gives up waiting.
+    pub limit: Duration,
+    pub seed: u64,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Self {
+            // 4 ENIs of 15 addresses; with first-interface-index 1 the primary ENI is not used
+            // for pods, so 30 addresses take new ENIs in both modes.
+            instance_type: "m5.xlarge".into(),
+            first_interface_index: 1,
+            ips_per_node: 30,
+            mutating_latency: Duration::from_millis(300),
+            describe_latency: Duration::from_millis(150),
+            workers: CoreConfig::default().workers,
+            release_delay: IpamConfig::default().release_delay,
+            limit: Duration::from_secs(6 * 3600),
+            seed: 7,
+        }
+    }
+}
+
+/// The result of one scenario run.
+#[derive(Clone, Debug)]
+pub struct Outcome {
+    pub row: Row,
+    /// (simulated seconds, nodes whose demand is not met yet).
+    pub waiting: Vec<(f64, f64)>,
+    pub all_met: bool,
+    pub enis_created: u64,
+    /// Free-form figures for the report.
+    pub notes: Vec<String>,
+}
+
+type BenchCore = Core<Gate<Simulator>, MemorySink>;
+
+struct World {
+    sim: Simulator,
+    gate: Arc<Gate<Simulator>>,
+    sink: Arc<MemorySink>,
+    core: BenchCore,
+    tx: mpsc::Sender<NodeInput>,
+    task: tokio::task::JoinHandle<crate::ec2::Result<()>>,
+    subnet: String,
+    vpc: String,
+    sg: String,
+}
+
+impl Drop for World {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+fn world(s: &Settings, mode: GateMode, prefix: bool, release: bool) -> World {
+    let sim = Simulator::new();
+    sim.set_seed(s.seed);
+    for op in Operation::ALL {
+        let latency = if op.is_mutating() {
+            s.mutating_latency
+        } else {
+            s.describe_latency
+        };
+        sim.set_latency(op, latency);
+    }
+    // Room for 5,000 nodes x 30 addresses; /28-aligned blocks for prefixes.
+    let cidr = "10.0.0.0/13".parse().expect("cidr");
+    let vpc = sim.add_vpc(cidr, &[]);
+    let subnet = sim.add_subnet(&vpc, "zone-a", cidr, Tags::new());
+    let sg = sim.add_security_group(&vpc, Tags::new());
+    sim.add_route_table(&vpc, true, &[]);
+    let gate = Arc::new(Gate::new(sim.clone(), mode.config()));
+    let sink = Arc::new(MemorySink::new());
+    let cfg = CoreConfig {
+        workers: s.workers,
+        ipam: IpamConfig {
+            cluster_name: CLUSTER.into(),
+            prefix_delegation: prefix,
+            release_excess_ips: release,
+            release_delay: s.release_delay,
+            ..IpamConfig::default()
+        },
+        ..CoreConfig::default()
+    };
+    let core = Core::new(gate.clone(), sink.clone(), cfg, RuntimeMetrics::default());
+    let (tx, rx) = mpsc::channel(1 << 16);
+    let task = tokio::spawn(core.clone().run(rx, std::future::pending()));
+    World {
+        sim,
+        gate,
+        sink,
+        core,
+        tx,
+        task,
+        subnet,
+        vpc,
+        sg,
+    }
+}
+
+impl World {
+    /// Launch an instance and create its CiliumNode as a classic agent does at start.
+    fn join(&self, s: &Settings, name: &str, min_allocate: i64) {
+        let inst = self.sim.run_instance(
+            &s.instance_type,
+            &self.subnet,
+            std::slice::from_ref(&self.sg),
+        );
+        let mut n = CiliumNode::new(name, Default::default());
+        n.spec.instance_id = inst.id;
+        n.spec.eni.instance_type = s.instance_type.clone();
+        n.spec.eni.vpc_id = self.vpc.clone();
+        n.spec.eni.availability_zone = "zone-a".into();
+        n.spec.eni.node_subnet_id = self.subnet.clone();
+        n.spec.eni.first_interface_index = Some(s.first_interface_index);
+        n.spec.ipam.min_allocate = min_allocate;
+        let stored = self.sink.put(&n);
+        self.send(stored);
+    }
+
+    fn send(&self, node: CiliumNode) {
+        self.tx
+            .try_send(NodeInput::Upsert(Box::new(node)))
+            .expect("the core keeps up with its input channel");
+    }
+
+    fn snapshot(&self) -> Snapshot {
+        Snapshot {
+            sim: self.sim.stats(),
+            writes: self.sink_writes(),
+            plans: self.core.metrics().plans.get(),
+            plan_nanos: self.core.metrics().plan_nanos.get(),
+            at: Instant::now(),
+        }
+    }
+
+    fn sink_writes(&self) -> WriteCounts {
+        self.sink.total_writes()
+    }
+}
+
+/// Counters at one instant; differences of two give a window's figures.
+struct Snapshot {
+    sim: SimStats,
+    writes: WriteCounts,
+    plans: u64,
+    plan_nanos: u64,
+    at: Instant,
+}
+
+/// Figures of the window between two snapshots.
+struct Window {
+    calls: BTreeMap<Operation, u64>,
+    ok: BTreeMap<Operation, u64>,
+    throttled: u64,
+    rejected: u64,
+    writes: u64,
+    plans: u64,
+    plan_nanos: u64,
+    elapsed: Duration,
+}
+
+fn window(a: &Snapshot, b: &Snapshot) -> Window {
+    let diff = |f: fn(&crate::ec2::sim::OpStats) -> u64| -> BTreeMap<Operation, u64> {
+        Operation::ALL
+            .iter()
+            .map(|op| (*op, f(&b.sim.get(*op)) - f(&a.sim.get(*op))))
+            .collect()
+    };
+    Window {
+        calls: diff(|s| s.calls),
+        ok: diff(|s| s.ok),
+        throttled: diff(|s| s.throttled).values().sum(),
+        rejected: diff(|s| s.rejected).values().sum(),
+        writes: u64::from(b.writes.total() - a.writes.total()),
+        plans: b.plans - a.plans,
+        plan_nanos: b.plan_nanos - a.plan_nanos,
+        elapsed: b.at - a.at,
+    }
+}
+
+impl Window {
+    fn sum(&self, mutating: bool) -> u64 {
+        self.calls
+            .iter()
+            .filter(|(op, _)| op.is_mutating() == mutating)
+            .map(|(_, n)| n)
+            .sum()
+    }
+
+    fn calls_of(&self, op: Operation) -> u64 {
+        self.calls.get(&op).copied().unwrap_or(0)
+    }
+
+    fn row(&self, scenario: String, nodes: usize, time: Duration) -> Row {
+        let n = nodes.max(1) as f64;
+        let created = self
+            .ok
+            .get(&Operation::CreateNetworkInterface)
+            .copied()
+            .unwrap_or(0);
+        let per_eni = (created > 0).then(|| {
+            (self.calls_of(Operation::CreateNetworkInterface)
+                + self.calls_of(Operation::AttachNetworkInterface)
+                + self.calls_of(Operation::ModifyNetworkInterfaceAttribute)) as f64
+                / created as f64
+        });
+        Row {
+            scenario,
+            nodes,
+            time,
+            lower_bound: None,
+            mutating_per_node: self.sum(true) as f64 / n,
+            describe_per_node: self.sum(false) as f64 / n,
+            calls_per_new_eni: per_eni,
+            rejected: self.rejected,
+            throttled: self.throttled,
+            writes_per_node: self.writes as f64 / n,
+            peak_rss_mib: peak_rss_mib().unwrap_or(0.0),
+            plan_us: if self.plans == 0 {
+                0.0
+            } else {
+                self.plan_nanos as f64 / self.plans as f64 / 1000.0
+            },
+        }
+    }
+
+    fn op_notes(&self, nodes: usize) -> String {
+        let n = nodes.max(1) as f64;
+        self.calls
+            .iter()
+            .filter(|(_, c)| **c > 0)
+            .map(|(op, c)| format!("{} {:.2}", op.name(), *c as f64 / n))
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+}
+
+/// Peak resident set (`VmHWM`) in MiB; Linux only.
+pub fn peak_rss_mib() -> Option<f64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kib: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib / 1024.0)
+}
+
+/// Reset the peak-RSS mark so each scenario reports its own (Linux; ignored elsewhere).
+pub fn reset_peak_rss() {
+    let _ = std::fs::write("/proc/self/clear_refs", "5");
+}
+
+/// C2 + demand: at least `want` addresses in the pool, every one listed on its ENI in status.
+pub fn served(n: &CiliumNode, want: usize) -> bool {
+    let Some(status) = n.status.as_ref() else {
+        return false;
+    };
+    n.spec.ipam.pool.len() >= want
+        && n.spec.ipam.pool.iter().all(|(ip, a)| {
+            status
+                .eni
+                .enis
+                .get(&a.resource)
+                .is_some_and(|e| e.addresses.iter().any(|x| x == ip))
+        })
+}
+
+/// Wait, one simulated second at a time, until `done` holds for every node; `tick` runs first
+/// each second (the agents). A node is re-read only when the operator wrote it or the agent
+/// changed it since the last look. Returns the time taken, whether all were done and the
+/// waiting-nodes curve.
+async fn wait_for(
+    w: &World,
+    names: &[String],
+    limit: Duration,
+    mut done: impl FnMut(&str, &CiliumNode) -> bool,
+    mut tick: impl FnMut(&World, f64) -> BTreeSet<String>,
+) -> (Duration, bool, Vec<(f64, f64)>) {
+    let start = Instant::now();
+    let mut pending: BTreeMap<String, Option<u32>> =
+        names.iter().map(|n| (n.clone(), None)).collect();
+    let mut curve = vec![(0.0, pending.len() as f64)];
+    loop {
+        let t = start.elapsed();
+        let touched = tick(w, t.as_secs_f64());
+        pending.retain(|name, seen| {
+            let writes = w.sink.writes(name).total();
+            if *seen == Some(writes) && !touched.contains(name) {
+                return true;
+            }
+            *seen = Some(writes);
+            !w.sink.get(name).is_some_and(|n| done(name, &n))
+        });
+        curve.push((t.as_secs_f64(), pending.len() as f64));
+        if pending.is_empty() || t >= limit {
+            return (t, pending.is_empty(), curve);
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
+fn limits_of(s: &Settings) -> crate::ec2::InstanceTypeLimits {
+    default_instance_types()
+        .into_iter()
+        .find(|t| t.instance_type == s.instance_type)
+        .expect("instance type known to the simulator")
+}
+
+/// Addresses one new ENI carries: its limit minus the ENI's own primary, ×16 with prefixes.
+fn per_new_eni(s: &Settings, prefix: bool) -> u32 {
+    let l = limits_of(s).ipv4_per_eni.saturating_sub(1);
+    if prefix { l * 16 } else { l }
+}
+
+/// Burst: `nodes` nodes join at once, each needing `ips_per_node` addresses.
+pub async fn burst(s: &Settings, nodes: usize, prefix: bool, mode: GateMode) -> Outcome {
+    reset_peak_rss();
+    let w = world(s, mode, prefix, false);
+    let before = w.snapshot();
+    let names: Vec<String> = (0..nodes).map(|i| format!("node-{i}")).collect();
+    for name in &names {
+        w.join(s, name, s.ips_per_node);
+    }
+    let want = s.ips_per_node as usize;
+    let (took, all_met, curve) = wait_for(
+        &w,
+        &names,
+        s.limit,
+        |_, n| served(n, want),
+        |_, _| BTreeSet::new(),
+    )
+    .await;
+    let after = w.snapshot();
+    let win = window(&before, &after);
+    let mode_name = if prefix { "prefix" } else { "secondary IPs" };
+    let mut row = win.row(format!("burst, {mode_name}, {}", mode.label()), nodes, took);
+
+    // The strictly necessary calls: per node, create + attach + modify of each new ENI,
+    // carrying the addresses (no separate assign). Describes fit in their burst.
+    let enis = u64::from(enis_needed(s.ips_per_node as u32, per_new_eni(s, prefix))) * nodes as u64;
+    let necessary = per_bucket([
+        (Operation::CreateNetworkInterface, enis),
+        (Operation::AttachNetworkInterface, enis),
+        (Operation::ModifyNetworkInterfaceAttribute, enis),
+    ]);
+    let chain = s.describe_latency + 3 * s.mutating_latency;
+    let aws = GateMode::AwsFull.config();
+    row.lower_bound = Some(lower_bound(&necessary, |b| aws.bucket_limits(b), chain));
+    let created = win
+        .ok
+        .get(&Operation::CreateNetworkInterface)
+        .copied()
+        .unwrap_or(0);
+    let notes = vec![
+        format!(
+            "{}: ENIs created {created} (necessary {enis}); top-up assigns {}; calls per node: {}",
+            row.scenario,
+            win.calls_of(Operation::AssignPrivateIpAddresses),
+            win.op_notes(nodes)
+        ),
+        format!(
+            "{}: gate retries {}, gate throttled {}",
+            row.scenario,
+            w.gate.stats().total_retries(),
+            w.gate.stats().total_throttled()
+        ),
+    ];
+    if let Err(e) = w.sim.check_invariants() {
+        panic!("simulator invariants broken: {e}");
+    }
+    Outcome {
+        row,
+        waiting: curve,
+        all_met,
+        enis_created: created,
+        notes,
+    }
+}
+
+/// A classic agent: pods hold pool addresses (reported in `status.ipam.used`), release
+/// proposals are answered as pkg/ipam/crd.go does.
+#[derive(Debug, Default)]
+struct Agent {
+    pods: BTreeSet<String>,
+    target: usize,
+    seen_writes: Option<u32>,
+    dirty: bool,
+}
+
+impl Agent {
+    /// Look at the node if the operator wrote it or the agent has work; write back changes.
+    /// Returns whether the agent wrote.
+    fn step(&mut self, w: &World, name: &str) -> bool {
+        let writes = w.sink.writes(name).total();
+        if self.seen_writes == Some(writes) && !self.dirty {
+            return false;
+        }
+        self.seen_writes = Some(writes);
+        let Some(mut node) = w.sink.get(name) else {
+            return false;
+        };
+        let before = node.status.clone();
+        let pool = node.spec.ipam.pool.clone();
+        let status = node.status.get_or_insert_with(Default::default);
+        // Answer release proposals against the pods as they are now.
+        let mut answers = BTreeMap::new();
+        for (ip, state) in &status.ipam.release_ips {
+            match ReleaseState::parse(state) {
+                Some(ReleaseState::MarkedForRelease) => {
+                    let answer = if pool.contains_key(ip) && !self.pods.contains(ip) {
+                        ReleaseState::ReadyForRelease
+                    } else {
+                        ReleaseState::DoNotRelease
+                    };
+                    answers.insert(ip.clone(), Some(answer.as_str().to_string()));
+                }
+                Some(ReleaseState::Released) if !pool.contains_key(ip) => {
+                    answers.insert(ip.clone(), None);
+                }
+                _ => {}
+            }
+        }
+        for (ip, a) in answers {
+            match a {
+                Some(s) => status.ipam.release_ips.insert(ip, s),
+                None => status.ipam.release_ips.remove(&ip),
+            };
+        }
+        // Pods: stop extra ones, start missing ones on free addresses not being released.
+        self.pods.retain(|ip| pool.contains_key(ip));
+        while self.pods.len() > self.target {
+            let ip = self.pods.iter().next().cloned().expect("non-empty");
+            self.pods.remove(&ip);
+        }
+        for ip in pool.keys() {
+            if self.pods.len() >= self.target {
+                break;
+            }
+            if !self.pods.contains(ip) && !status.ipam.release_ips.contains_key(ip) {
+                self.pods.insert(ip.clone());
+            }
+        }
+        status.ipam.used = self
+            .pods
+            .iter()
+            .map(|ip| {
+                (
+                    ip.clone(),
+                    AllocationIp {
+                        owner: format!("default/pod-{ip}"),
+                        resource: pool[ip].resource.clone(),
+                        ..Default::default()
+                    },
+                )
+            })
+            .collect();
+        self.dirty = self.pods.len() < self.target;
+        if node.status == before {
+            return false;
+        }
+        let stored = w.sink.put(&node);
+        w.send(stored);
+        true
+    }
+
+    fn pending(&self) -> usize {
+        self.target.saturating_sub(self.pods.len())
+    }
+}
+
+fn tick_agents(w: &World, agents: &mut BTreeMap<String, Agent>) -> BTreeSet<String> {
+    agents
+        .iter_mut()
+        .filter_map(|(name, a)| a.step(w, name).then(|| name.clone()))
+        .collect()
+}
+
+/// Churn: pods come and go 10 % per minute for `minutes` simulated minutes on `nodes` nodes,
+/// with release-excess on. Counts only the churn window (after every node reached its pods).
+pub async fn churn(s: &Settings, nodes: usize, minutes: u32) -> Outcome {
+    reset_peak_rss();
+    let w = world(s, GateMode::AwsFull, false, true);
+    let mut rng = StdRng::seed_from_u64(s.seed);
+    let names: Vec<String> = (0..nodes).map(|i| format!("node-{i}")).collect();
+    let mut agents: BTreeMap<String, Agent> = BTreeMap::new();
+    for name in &names {
+        w.join(s, name, 0);
+        agents.insert(
+            name.clone(),
+            Agent {
+                target: 20,
+                dirty: true,
+                ..Agent::default()
+            },
+        );
+    }
+    // Warm-up: every node runs its 20 pods with its pre-allocation in reserve.
+    let core = w.core.clone();
+    let settled = |core: &BenchCore, agents: &BTreeMap<String, Agent>, name: &str| {
+        agents[name].pending() == 0 && core.demand(name).is_some_and(|d| d.needed <= 0)
+    };
+    let (_, warm, _) = {
+        let agents = std::cell::RefCell::new(&mut agents);
+        wait_for(
+            &w,
+            &names,
+            s.limit,
+            |name, _| settled(&core, &agents.borrow(), name),
+            |w, _| tick_agents(w, &mut agents.borrow_mut()),
+        )
+        .await
+    };
+    assert!(warm, "churn warm-up did not settle");
+    let before = w.snapshot();
+    let mut pod_seconds_waiting = 0u64;
+    let mut max_pending = 0usize;
+    for second in 0..u64::from(minutes) * 60 {
+        if second % 60 == 0 {
+            // 10 % of every node's pods end; the workload drifts by up to 2 pods either way.
+            for a in agents.values_mut() {
+                let k = a.pods.len().div_ceil(10);
+                for _ in 0..k {
+                    if a.pods.is_empty() {
+                        break;
+                    }
+                    let i = rng.random_range(0..a.pods.len());
+                    let ip = a.pods.iter().nth(i).cloned().expect("in range");
+                    a.pods.remove(&ip);
+                }
+                let drift: i64 = rng.random_range(-2..=2);
+                a.target = (a.target as i64 + drift).clamp(10, 30) as usize;
+                a.dirty = true;
+            }
+        }
+        tick_agents(&w, &mut agents);
+        let pending: usize = agents.values().map(Agent::pending).sum();
+        pod_seconds_waiting += pending as u64;
+        max_pending = max_pending.max(pending);
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    let churned = w.snapshot();
+    // Settle: time from the end of churn until every node's demand is met.
+    let (took, all_met, _) = {
+        let agents = std::cell::RefCell::new(&mut agents);
+        wait_for(
+            &w,
+            &names,
+            s.limit,
+            |name, _| settled(&core, &agents.borrow(), name),
+            |w, _| tick_agents(w, &mut agents.borrow_mut()),
+        )
+        .await
+    };
+    let win = window(&before, &churned);
+    let row = win.row(format!("churn 10 %/min x {minutes} min"), nodes, took);
+    let per_min = |n: u64| n as f64 / (win.elapsed.as_secs_f64() / 60.0);
+    let notes = vec![
+        format!(
+            "churn: describe calls/min {:.1}, mutating calls/min {:.1}, throttled {}, pod-seconds waiting for an address {pod_seconds_waiting}, most pods waiting at once {max_pending}",
+            per_min(win.sum(false)),
+            per_min(win.sum(true)),
+            win.throttled
+        ),
+        format!("churn: calls per node: {}", win.op_notes(nodes)),
+    ];
+    Outcome {
+        row,
+        waiting: Vec::new(),
+        all_met,
+        enis_created: win
+            .ok
+            .get(&Operation::CreateNetworkInterface)
+            .copied()
+            .unwrap_or(0),
+        notes,
+    }
+}
+
+/// Unassign calls needed to release `excess` addresses from ENIs holding `fills` free
+/// addresses, one call per ENI, largest first.
+pub fn release_calls_needed(fills: &[u32], excess: u32) -> u32 {
+    let mut fills = fills.to_vec();
+    fills.sort_unstable_by(|a, b| b.cmp(a));
+    let mut left = excess;
+    let mut calls = 0;
+    for f in fills {
+        if left == 0 {
+            break;
+        }
+        calls += 1;
+        left = left.saturating_sub(f);
+    }
+    calls
+}
+
+/// Scale-down: every node's demand halves; the excess goes through the release handshake.
+pub async fn scale_down(s: &Settings, nodes: usize) -> Outcome {
+    reset_peak_rss();
+    let w = world(s, GateMode::AwsFull, false, true);
+    let names: Vec<String> = (0..nodes).map(|i| format!("node-{i}")).collect();
+    let mut agents: BTreeMap<String, Agent> = BTreeMap::new();
+    for name in &names {
+        w.join(s, name, s.ips_per_node);
+        agents.insert(name.clone(), Agent::default());
+    }
+    let want = s.ips_per_node as usize;
+    let (_, up, _) = wait_for(
+        &w,
+        &names,
+        s.limit,
+        |_, n| served(n, want),
+        |_, _| BTreeSet::new(),
+    )
+    .await;
+    assert!(up, "scale-down: the nodes never reached their demand");
+    let half = s.ips_per_node / 2;
+    let mut necessary = 0u64;
+    for name in &names {
+        let n = w
+            .sink
+            .update(name, |n| n.spec.ipam.min_allocate = half)
+            .expect("node exists");
+        let fills: Vec<u32> = n
+            .status
+            .as_ref()
+            .map(|st| {
+                st.eni
+                    .enis
+                    .values()
+                    .map(|e| e.addresses.len() as u32)
+                    .collect()
+            })
+            .unwrap_or_default();
+        let excess = n.spec.ipam.pool.len().saturating_sub(half as usize) as u32;
+        necessary += u64::from(release_calls_needed(&fills, excess));
+        w.send(n);
+    }
+    let before = w.snapshot();
+    let released = |n: &CiliumNode| {
+        n.spec.ipam.pool.len() <= half as usize
+            && n.status.as_ref().is_none_or(|st| {
+                st.ipam
+                    .release_ips
+                    .values()
+                    .all(|v| v == ReleaseState::Released.as_str())
+            })
+    };
+    let (took, all_met, _) = {
+        let agents = std::cell::RefCell::new(&mut agents);
+        wait_for(
+            &w,
+            &names,
+            s.limit,
+            |_, n| released(n),
+            |w, _| tick_agents(w, &mut agents.borrow_mut()),
+        )
+        .await
+    };
+    let after = w.snapshot();
+    let win = window(&before, &after);
+    let mut row = win.row("scale-down (demand halves)".into(), nodes, took);
+    let aws = GateMode::AwsFull.config();
+    let calls = per_bucket([(Operation::UnassignPrivateIpAddresses, necessary)]);
+    // The release delay is part of the protocol: no address may go before it has passed.
+    let chain = s.release_delay + s.mutating_latency;
+    row.lower_bound = Some(lower_bound(&calls, |b| aws.bucket_limits(b), chain));
+    let notes = vec![format!(
+        "scale-down: unassign calls {} (necessary {necessary}); release delay {:?}; calls per node: {}",
+        win.calls_of(Operation::UnassignPrivateIpAddresses),
+        s.release_delay,
+        win.op_notes(nodes)
+    )];
+    Outcome {
+        row,
+        waiting: Vec::new(),
+        all_met,
+        enis_created: 0,
+        notes,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn small() -> Settings {
+        Settings {
+            limit: Duration::from_secs(3600),
+            ..Settings::default()
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_small_burst_meets_every_demand_within_three_calls_per_eni() {
+        for prefix in [false, true] {
+            let out = burst(&small(), 10, prefix, GateMode::AwsFull).await;
+            assert!(out.all_met, "prefix={prefix}: {:?}", out.row);
+            assert!(out.enis_created >= 10, "every node got a new ENI");
+            let per_eni = out.row.calls_per_new_eni.expect("ENIs were created");
+            assert!(per_eni <= 3.0, "prefix={prefix}: {per_eni} calls per ENI");
+            assert_eq!(out.row.throttled, 0);
+            assert!(out.row.lower_bound.is_some());
+            assert!(out.waiting.last().unwrap().1 == 0.0);
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_cilium_like_gate_also_gets_there() {
+        let out = burst(&small(), 5, false, GateMode::CiliumLike).await;
+        assert!(out.all_met, "{:?}", out.row);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_small_scale_down_releases_through_the_handshake() {
+        let s = Settings {
+            release_delay: Duration::from_secs(10),
+            ..small()
+        };
+        let out = scale_down(&s, 4).await;
+        assert!(out.all_met, "{:?} {:?}", out.row, out.notes);
+        assert!(out.row.mutating_per_node >= 1.0, "something was unassigned");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_small_churn_settles() {
+        let out = churn(&small(), 4, 2).await;
+        assert!(out.all_met, "{:?} {:?}", out.row, out.notes);
+    }
+
+    #[test]
+    fn release_calls_take_the_fullest_enis_first() {
+        assert_eq!(release_calls_needed(&[14, 14, 2], 15), 2);
+        assert_eq!(release_calls_needed(&[2, 14], 14), 1);
+        assert_eq!(release_calls_needed(&[14], 0), 0);
+    }
+}
