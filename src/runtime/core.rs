@@ -329,11 +329,7 @@ impl<E: Ec2, S: NodeSink> Core<E, S> {
                     Ok(Done::FullRefresh) => {
                         full_running = false;
                         // Resync pass: every node, neediest first.
-                        let slots = inner.slots.lock().expect("slots");
-                        for (name, slot) in slots.iter() {
-                            queue.push(name.clone(), priority_of(slot));
-                        }
-                        drop(slots);
+                        self.requeue_all(&mut queue);
                         self.publish_totals();
                     }
                     Err(e) => warn!(error = %e, "an untracked runtime task failed"),
@@ -354,10 +350,7 @@ impl<E: Ec2, S: NodeSink> Core<E, S> {
                 }
                 _ = rescan.tick() => {
                     // Re-plan every node on the cached view, between full EC2 refreshes.
-                    let slots = inner.slots.lock().expect("slots");
-                    for (name, slot) in slots.iter() {
-                        queue.push(name.clone(), priority_of(slot));
-                    }
+                    self.requeue_all(&mut queue);
                 }
                 _ = confirm_tick.tick() => {}
                 () = async {
@@ -370,6 +363,14 @@ impl<E: Ec2, S: NodeSink> Core<E, S> {
         }
         inner.metrics.leader.set(0);
         Ok(())
+    }
+
+    /// Queue every known node at its current severity.
+    fn requeue_all(&self, queue: &mut DeficitQueue<String>) {
+        let slots = self.inner.slots.lock().expect("slots");
+        for (name, slot) in slots.iter() {
+            queue.push(name.clone(), priority_of(slot));
+        }
     }
 
     fn instance_of(&self, name: &str) -> Option<String> {
