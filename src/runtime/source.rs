@@ -55,6 +55,19 @@ pub fn to_input(obj: &DynamicObject) -> NodeInput {
     }
 }
 
+/// The next event of a watch, riding out (and logging) its errors; `None` once it ends.
+async fn next_event<K>(
+    stream: &mut (impl futures::Stream<Item = Result<Event<K>, watcher::Error>> + Unpin),
+    what: &str,
+) -> Option<Event<K>> {
+    loop {
+        match stream.try_next().await {
+            Ok(event) => return event,
+            Err(e) => warn!(error = %e, "{what} watch error"),
+        }
+    }
+}
+
 /// Watch CiliumNodes until the channel closes.
 pub async fn watch_cilium_nodes(client: kube::Client, tx: mpsc::Sender<NodeInput>) {
     let ar = ApiResource::erase::<CiliumNode>(&());
@@ -63,13 +76,8 @@ pub async fn watch_cilium_nodes(client: kube::Client, tx: mpsc::Sender<NodeInput
         .default_backoff()
         .boxed();
     loop {
-        let event = match stream.try_next().await {
-            Ok(Some(e)) => e,
-            Ok(None) => return,
-            Err(e) => {
-                warn!(error = %e, "CiliumNode watch error");
-                continue;
-            }
+        let Some(event) = next_event(&mut stream, "CiliumNode").await else {
+            return;
         };
         let input = match event {
             Event::Apply(obj) | Event::InitApply(obj) => to_input(&obj),
@@ -89,13 +97,8 @@ pub async fn watch_nodes(client: kube::Client, tx: mpsc::Sender<NodeInput>) {
         .default_backoff()
         .boxed();
     loop {
-        let event = match stream.try_next().await {
-            Ok(Some(e)) => e,
-            Ok(None) => return,
-            Err(e) => {
-                warn!(error = %e, "Node watch error");
-                continue;
-            }
+        let Some(event) = next_event(&mut stream, "Node").await else {
+            return;
         };
         let input = match event {
             Event::Apply(n) | Event::InitApply(n) => NodeInput::NodePresent {
@@ -188,13 +191,8 @@ pub async fn watch_pending_pods(client: kube::Client, tx: mpsc::Sender<NodeInput
     let mut stream = watcher::watcher(api, config).default_backoff().boxed();
     let mut index = PendingPods::default();
     loop {
-        let event = match stream.try_next().await {
-            Ok(Some(e)) => e,
-            Ok(None) => return,
-            Err(e) => {
-                warn!(error = %e, "pending-pod watch error");
-                continue;
-            }
+        let Some(event) = next_event(&mut stream, "pending-pod").await else {
+            return;
         };
         let uid = |p: &Pod| p.metadata.uid.clone().unwrap_or_default();
         let node = |p: &Pod| p.spec.as_ref().and_then(|s| s.node_name.clone());
