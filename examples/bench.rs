@@ -6,9 +6,14 @@
 use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
+use eni_operator::bench::heap::{self, CountingAllocator};
 use eni_operator::bench::plot::{Series, plot};
 use eni_operator::bench::scenario::{GateMode, Outcome, Settings, burst, churn, scale_down};
 use eni_operator::bench::{Row, table};
+
+// Counts heap bytes so each scenario can report the operator's share of the process.
+#[global_allocator]
+static ALLOCATOR: CountingAllocator = CountingAllocator;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 enum Scenario {
@@ -135,6 +140,18 @@ fn main() -> anyhow::Result<()> {
                 .iter()
                 .map(|n| format!("{} nodes, {n}", out.row.nodes)),
         );
+        if let Some(h) = out.heap {
+            notes.push(format!(
+                "{} nodes, {}: heap at the end: operator {:.1} MiB, in-memory API server {:.1} MiB, \
+                 simulator {:.1} MiB; process heap peak {:.1} MiB",
+                out.row.nodes,
+                out.row.scenario,
+                heap::mib(h.operator),
+                heap::mib(h.api_server),
+                heap::mib(h.simulator),
+                heap::mib(h.process_peak),
+            ));
+        }
         if curve && out.row.nodes == plot_size {
             curves.push((
                 format!("{} x {}", out.row.scenario, out.row.nodes),

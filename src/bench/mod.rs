@@ -2,6 +2,7 @@
 //! allocation core against the simulator under paused tokio time ([`scenario`]), the pure
 //! figures derived from them (lower bound, table rows; here) and a tiny PNG plotter ([`plot`]).
 
+pub mod heap;
 pub mod plot;
 pub mod scenario;
 
@@ -61,7 +62,10 @@ pub struct Row {
     pub rejected: u64,
     pub throttled: u64,
     pub writes_per_node: f64,
+    /// Peak resident set of the whole process (simulator and API server included).
     pub peak_rss_mib: f64,
+    /// Heap the operator core held at the end (`None` without the counting allocator).
+    pub operator_heap_mib: Option<f64>,
     /// Microseconds of CPU per `plan_node` call.
     pub plan_us: f64,
 }
@@ -81,8 +85,9 @@ fn secs(d: Duration) -> String {
 pub fn table(rows: &[Row]) -> String {
     let mut out = String::from(
         "| scenario | nodes | demand met | lower bound | ratio | mutating/node | describe/node \
-         | calls/new ENI | failed calls | throttled | CiliumNode writes/node | peak RSS | CPU/plan |\n\
-         |---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+         | calls/new ENI | failed calls | throttled | CiliumNode writes/node | peak RSS (process) \
+         | operator heap | CPU/plan |\n\
+         |---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
     );
     for r in rows {
         let lb = r.lower_bound.map_or("-".into(), secs);
@@ -90,8 +95,11 @@ pub fn table(rows: &[Row]) -> String {
         let per_eni = r
             .calls_per_new_eni
             .map_or("-".into(), |x| format!("{x:.2}"));
+        let heap = r
+            .operator_heap_mib
+            .map_or("-".into(), |m| format!("{m:.0} MiB"));
         out.push_str(&format!(
-            "| {} | {} | {} | {} | {} | {:.2} | {:.2} | {} | {} | {} | {:.2} | {:.0} MiB | {:.1} µs |\n",
+            "| {} | {} | {} | {} | {} | {:.2} | {:.2} | {} | {} | {} | {:.2} | {:.0} MiB | {} | {:.1} µs |\n",
             r.scenario,
             r.nodes,
             secs(r.time),
@@ -104,6 +112,7 @@ pub fn table(rows: &[Row]) -> String {
             r.throttled,
             r.writes_per_node,
             r.peak_rss_mib,
+            heap,
             r.plan_us,
         ));
     }
@@ -175,5 +184,10 @@ mod tests {
         assert_eq!(t.lines().count(), 4);
         assert!(t.contains("1.10x"), "{t}");
         assert!(t.lines().last().unwrap().contains("| - | - |"), "{t}");
+        assert_eq!(
+            t.lines().nth(1).unwrap().matches('|').count(),
+            t.lines().nth(2).unwrap().matches('|').count(),
+            "header and rows have the same columns"
+        );
     }
 }

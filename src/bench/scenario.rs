@@ -13,6 +13,7 @@ use rand::{Rng, SeedableRng};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
+use super::heap::{self, HeapShares};
 use super::{Row, enis_needed, lower_bound, per_bucket};
 use crate::crd::{AllocationIp, CiliumNode, ReleaseState};
 use crate::ec2::gate::{Gate, GateConfig};
@@ -97,6 +98,8 @@ pub struct Outcome {
     pub enis_created: u64,
     /// Free-form figures for the report.
     pub notes: Vec<String>,
+    /// The heap at the end, by part (with the counting allocator installed).
+    pub heap: Option<HeapShares>,
 }
 
 type BenchCore = Core<Gate<Simulator>, MemorySink>;
@@ -107,15 +110,18 @@ struct World {
     sink: Arc<MemorySink>,
     core: BenchCore,
     tx: mpsc::Sender<NodeInput>,
-    task: tokio::task::JoinHandle<crate::ec2::Result<()>>,
+    task: AbortOnDrop,
     subnet: String,
     vpc: String,
     sg: String,
 }
 
-impl Drop for World {
+/// The core's run task, stopped when the scenario's world goes.
+struct AbortOnDrop(tokio::task::JoinHandle<crate::ec2::Result<()>>);
+
+impl Drop for AbortOnDrop {
     fn drop(&mut self) {
-        self.task.abort();
+        self.0.abort();
     }
 }
 
@@ -151,7 +157,7 @@ fn world(s: &Settings, mode: GateMode, prefix: bool, release: bool) -> World {
     };
     let core = Core::new(gate.clone(), sink.clone(), cfg, RuntimeMetrics::default());
     let (tx, rx) = mpsc::channel(1 << 16);
-    let task = tokio::spawn(core.clone().run(rx, std::future::pending()));
+    let task = AbortOnDrop(tokio::spawn(core.clone().run(rx, std::future::pending())));
     World {
         sim,
         gate,
@@ -203,6 +209,49 @@ impl World {
 
     fn sink_writes(&self) -> WriteCounts {
         self.sink.total_writes()
+    }
+
+    /// Stop the core and count what dropping each part frees: the operator (core, gate, input
+    /// channel) first, then the in-memory API server, then the simulator. `None` unless the
+    /// counting allocator is installed (the benchmark binary).
+    async fn heap_shares(self) -> Option<HeapShares> {
+        if !heap::installed() {
+            return None;
+        }
+        let process_peak = heap::peak_bytes();
+        let World {
+            sim,
+            gate,
+            sink,
+            core,
+            tx,
+            mut task,
+            ..
+        } = self;
+        task.0.abort();
+        let _ = (&mut task.0).await;
+        // Aborted workers drop their handles when the runtime next polls them.
+        for _ in 0..1000 {
+            if core.handles() <= 1 {
+                break;
+            }
+            tokio::task::yield_now().await;
+        }
+        let share = |f: &mut dyn FnMut()| {
+            let before = heap::live_bytes();
+            f();
+            before.saturating_sub(heap::live_bytes())
+        };
+        let mut parts = (Some((core, tx, gate, task)), Some(sink), Some(sim));
+        let operator = share(&mut || drop(parts.0.take()));
+        let api_server = share(&mut || drop(parts.1.take()));
+        let simulator = share(&mut || drop(parts.2.take()));
+        Some(HeapShares {
+            operator,
+            api_server,
+            simulator,
+            process_peak,
+        })
     }
 }
 
@@ -284,6 +333,7 @@ impl Window {
             throttled: self.throttled,
             writes_per_node: self.writes as f64 / n,
             peak_rss_mib: peak_rss_mib().unwrap_or(0.0),
+            operator_heap_mib: None,
             plan_us: if self.plans == 0 {
                 0.0
             } else {
@@ -314,6 +364,7 @@ pub fn peak_rss_mib() -> Option<f64> {
 /// Reset the peak-RSS mark so each scenario reports its own (Linux; ignored elsewhere).
 pub fn reset_peak_rss() {
     let _ = std::fs::write("/proc/self/clear_refs", "5");
+    heap::reset_peak();
 }
 
 /// C2 + demand: at least `want` addresses in the pool, every one listed on its ENI in status.
@@ -333,12 +384,14 @@ pub fn served(n: &CiliumNode, want: usize) -> bool {
 
 /// Wait, one simulated second at a time, until `done` holds for every node; `tick` runs first
 /// each second (the agents). A node is re-read only when the operator wrote it or the agent
-/// changed it since the last look. Returns the time taken, whether all were done and the
+/// changed it since the last look, unless `recheck` says `done` also reads state outside the
+/// object (the core's demand), which changes without a write. Returns the time taken, whether all were done and the
 /// waiting-nodes curve.
 async fn wait_for(
     w: &World,
     names: &[String],
     limit: Duration,
+    recheck: bool,
     mut done: impl FnMut(&str, &CiliumNode) -> bool,
     mut tick: impl FnMut(&World, f64) -> BTreeSet<String>,
 ) -> (Duration, bool, Vec<(f64, f64)>) {
@@ -351,7 +404,7 @@ async fn wait_for(
         let touched = tick(w, t.as_secs_f64());
         pending.retain(|name, seen| {
             let writes = w.sink.writes(name).total();
-            if *seen == Some(writes) && !touched.contains(name) {
+            if !recheck && *seen == Some(writes) && !touched.contains(name) {
                 return true;
             }
             *seen = Some(writes);
@@ -392,6 +445,7 @@ pub async fn burst(s: &Settings, nodes: usize, prefix: bool, mode: GateMode) -> 
         &w,
         &names,
         s.limit,
+        false,
         |_, n| served(n, want),
         |_, _| BTreeSet::new(),
     )
@@ -434,12 +488,15 @@ pub async fn burst(s: &Settings, nodes: usize, prefix: bool, mode: GateMode) -> 
     if let Err(e) = w.sim.check_invariants() {
         panic!("simulator invariants broken: {e}");
     }
+    let heap = w.heap_shares().await;
+    row.operator_heap_mib = heap.map(|h| heap::mib(h.operator));
     Outcome {
         row,
         waiting: curve,
         all_met,
         enis_created: created,
         notes,
+        heap,
     }
 }
 
@@ -571,11 +628,39 @@ pub async fn churn(s: &Settings, nodes: usize, minutes: u32) -> Outcome {
             &w,
             &names,
             s.limit,
+            true,
             |name, _| settled(&core, &agents.borrow(), name),
             |w, _| tick_agents(w, &mut agents.borrow_mut()),
         )
         .await
     };
+    if !warm {
+        let mut bad = 0;
+        for name in &names {
+            if !settled(&core, &agents, name) {
+                bad += 1;
+                if bad <= 3 {
+                    let n = w.sink.get(name).unwrap();
+                    eprintln!(
+                        "{name}: agent pending {} pods {} demand {:?} pool {} release {:?} status-enis {:?} opstatus {:?}",
+                        agents[name].pending(),
+                        agents[name].pods.len(),
+                        core.demand(name),
+                        n.spec.ipam.pool.len(),
+                        n.status.as_ref().map(|s| s.ipam.release_ips.clone()),
+                        n.status.as_ref().map(|s| s
+                            .eni
+                            .enis
+                            .values()
+                            .map(|e| e.addresses.len())
+                            .collect::<Vec<_>>()),
+                        n.status.as_ref().map(|s| s.ipam.operator_status.clone()),
+                    );
+                }
+            }
+        }
+        eprintln!("unsettled: {bad} of {}", names.len());
+    }
     assert!(warm, "churn warm-up did not settle");
     let before = w.snapshot();
     let mut pod_seconds_waiting = 0u64;
@@ -612,13 +697,15 @@ pub async fn churn(s: &Settings, nodes: usize, minutes: u32) -> Outcome {
             &w,
             &names,
             s.limit,
+            true,
             |name, _| settled(&core, &agents.borrow(), name),
             |w, _| tick_agents(w, &mut agents.borrow_mut()),
         )
         .await
     };
+    drop(core);
     let win = window(&before, &churned);
-    let row = win.row(format!("churn 10 %/min x {minutes} min"), nodes, took);
+    let mut row = win.row(format!("churn 10 %/min x {minutes} min"), nodes, took);
     let per_min = |n: u64| n as f64 / (win.elapsed.as_secs_f64() / 60.0);
     let notes = vec![
         format!(
@@ -629,6 +716,8 @@ pub async fn churn(s: &Settings, nodes: usize, minutes: u32) -> Outcome {
         ),
         format!("churn: calls per node: {}", win.op_notes(nodes)),
     ];
+    let heap = w.heap_shares().await;
+    row.operator_heap_mib = heap.map(|h| heap::mib(h.operator));
     Outcome {
         row,
         waiting: Vec::new(),
@@ -639,6 +728,7 @@ pub async fn churn(s: &Settings, nodes: usize, minutes: u32) -> Outcome {
             .copied()
             .unwrap_or(0),
         notes,
+        heap,
     }
 }
 
@@ -674,6 +764,7 @@ pub async fn scale_down(s: &Settings, nodes: usize) -> Outcome {
         &w,
         &names,
         s.limit,
+        false,
         |_, n| served(n, want),
         |_, _| BTreeSet::new(),
     )
@@ -717,6 +808,7 @@ pub async fn scale_down(s: &Settings, nodes: usize) -> Outcome {
             &w,
             &names,
             s.limit,
+            false,
             |_, n| released(n),
             |w, _| tick_agents(w, &mut agents.borrow_mut()),
         )
@@ -736,12 +828,15 @@ pub async fn scale_down(s: &Settings, nodes: usize) -> Outcome {
         s.release_delay,
         win.op_notes(nodes)
     )];
+    let heap = w.heap_shares().await;
+    row.operator_heap_mib = heap.map(|h| heap::mib(h.operator));
     Outcome {
         row,
         waiting: Vec::new(),
         all_met,
         enis_created: 0,
         notes,
+        heap,
     }
 }
 

@@ -729,8 +729,8 @@ mod tests {
         assert_eq!(p.action, Action::None, "proposed, waiting for the agent");
         assert_eq!(
             mem.proposed().count(),
-            9,
-            "most releasable ENI, capped at excess"
+            10,
+            "the fullest ENIs, together capped at the excess"
         );
     }
 }

@@ -35,8 +35,6 @@ pub struct NodeMemory {
 
 #[derive(Clone, Debug, Default)]
 struct ClassicMemory {
-    /// The ENI whose addresses are the current candidates.
-    target: Option<String>,
     /// When each candidate address was first seen as a candidate.
     first_seen: BTreeMap<Ipv4Addr, Instant>,
     /// Addresses the operator proposes as `marked-for-release`.
@@ -90,16 +88,21 @@ pub fn release_answers(node: &CiliumNode) -> BTreeMap<Ipv4Addr, ReleaseState> {
         .unwrap_or_default()
 }
 
-/// §7.2: pick the release candidates among the usable (non-excluded) ENIs. Skips addresses in
-/// `used`, primaries and addresses in `skip` (already released).
+/// §7.2: pick the release candidates among the usable (non-excluded) ENIs, one entry per ENI.
+/// Skips addresses in `used`, primaries and addresses in `skip` (already released).
+///
+/// With prefixes, as Cilium: the first ENI holding prefixes. Without, Cilium takes only the ENI
+/// with the most releasable addresses, so halving a node's demand costs one release delay per
+/// ENI; we take the fullest ENIs first until the excess is covered, and the handshake for all of
+/// them runs at once.
 pub fn classic_candidates(
     enis: &[&NetworkInterface],
     used: &BTreeSet<Ipv4Addr>,
     skip: &BTreeSet<Ipv4Addr>,
     excess: i64,
-) -> Option<Candidates> {
+) -> Vec<Candidates> {
     if excess <= 0 {
-        return None;
+        return Vec::new();
     }
     let mut sorted: Vec<&NetworkInterface> = enis.to_vec();
     sorted.sort_by(|a, b| a.id.cmp(&b.id));
@@ -134,27 +137,33 @@ pub fn classic_candidates(
             .take(usize::try_from(left.max(0)).unwrap_or(0))
             .collect();
         if !c.prefixes.is_empty() || !c.ips.is_empty() {
-            return Some(c);
+            return vec![c];
         }
     }
 
-    let mut best: Option<(&NetworkInterface, Vec<Ipv4Addr>)> = None;
-    for eni in sorted.iter().filter(|e| e.prefixes.is_empty()) {
-        let ips = free_single(eni);
-        if best.as_ref().is_none_or(|(_, b)| ips.len() > b.len()) {
-            best = Some((eni, ips));
-        }
-    }
-    let (eni, ips) = best?;
-    let ips: Vec<Ipv4Addr> = ips
-        .into_iter()
-        .take(usize::try_from(excess).unwrap_or(usize::MAX))
+    let mut per_eni: Vec<(&NetworkInterface, Vec<Ipv4Addr>)> = sorted
+        .iter()
+        .filter(|e| e.prefixes.is_empty())
+        .map(|e| (*e, free_single(e)))
+        .filter(|(_, ips)| !ips.is_empty())
         .collect();
-    (!ips.is_empty()).then(|| Candidates {
-        eni_id: eni.id.clone(),
-        prefixes: vec![],
-        ips,
-    })
+    // Stable: among equally full ENIs the ascending ID order stays.
+    per_eni.sort_by(|a, b| b.1.len().cmp(&a.1.len()));
+    let mut left = usize::try_from(excess).unwrap_or(usize::MAX);
+    let mut out = Vec::new();
+    for (eni, ips) in per_eni {
+        if left == 0 {
+            break;
+        }
+        let ips: Vec<Ipv4Addr> = ips.into_iter().take(left).collect();
+        left -= ips.len();
+        out.push(Candidates {
+            eni_id: eni.id.clone(),
+            prefixes: vec![],
+            ips,
+        });
+    }
+    out
 }
 
 /// The CIDRs a multi-pool agent derives from the usable ENIs (C3): each /28, and each address
@@ -293,7 +302,6 @@ impl NodeMemory {
             }
         });
         let reset = |c: &mut ClassicMemory| {
-            c.target = None;
             c.first_seen.clear();
             c.proposed.clear();
         };
@@ -303,15 +311,13 @@ impl NodeMemory {
         }
         let used = super::demand::used_addresses(node);
         let skip: BTreeSet<Ipv4Addr> = self.classic.released.keys().copied().collect();
-        let Some(cands) = classic_candidates(usable, &used, &skip, excess) else {
+        let cands = classic_candidates(usable, &used, &skip, excess);
+        if cands.is_empty() {
             reset(&mut self.classic);
             return None;
-        };
-        if self.classic.target.as_deref() != Some(cands.eni_id.as_str()) {
-            reset(&mut self.classic);
-            self.classic.target = Some(cands.eni_id.clone());
         }
-        let all = cands.addresses();
+        // Candidates that dropped out (another ENI now, or no longer excess) are forgotten.
+        let all: BTreeSet<Ipv4Addr> = cands.iter().flat_map(Candidates::addresses).collect();
         let c = &mut self.classic;
         c.first_seen.retain(|ip, _| all.contains(ip));
         c.proposed.retain(|ip| all.contains(ip));
@@ -326,52 +332,61 @@ impl NodeMemory {
         let primaries: BTreeSet<Ipv4Addr> = usable.iter().map(|e| e.primary_ip).collect();
         let releasable = |ip: &Ipv4Addr| !used.contains(ip) && !primaries.contains(ip);
 
-        let mut queued = Release {
-            eni_id: cands.eni_id.clone(),
-            ..Default::default()
-        };
-        for prefix in &cands.prefixes {
-            let addrs: Vec<Ipv4Addr> = prefix_addresses(*prefix).collect();
-            if addrs
-                .iter()
-                .any(|a| answers.get(a) == Some(&ReleaseState::DoNotRelease))
-            {
-                // One refusal withdraws the whole /28.
-                for a in &addrs {
-                    c.first_seen.remove(a);
-                    c.proposed.remove(a);
+        // Every ENI's proposals advance in this pass; one unassign call per pass, so the first
+        // ENI with acknowledged addresses is released now and the next on the following pass.
+        let mut first_queued: Option<Release> = None;
+        for cand in &cands {
+            let mut queued = Release {
+                eni_id: cand.eni_id.clone(),
+                ..Default::default()
+            };
+            for prefix in &cand.prefixes {
+                let addrs: Vec<Ipv4Addr> = prefix_addresses(*prefix).collect();
+                if addrs
+                    .iter()
+                    .any(|a| answers.get(a) == Some(&ReleaseState::DoNotRelease))
+                {
+                    // One refusal withdraws the whole /28.
+                    for a in &addrs {
+                        c.first_seen.remove(a);
+                        c.proposed.remove(a);
+                    }
+                    continue;
                 }
-                continue;
+                let all_ready = addrs.iter().all(|a| {
+                    answers.get(a) == Some(&ReleaseState::ReadyForRelease)
+                        && ripe(c, a)
+                        && releasable(a)
+                });
+                if all_ready {
+                    queued.prefixes.push(*prefix);
+                } else {
+                    let ripe_addrs: Vec<Ipv4Addr> =
+                        addrs.iter().copied().filter(|a| ripe(c, a)).collect();
+                    c.proposed.extend(ripe_addrs);
+                }
             }
-            let all_ready = addrs.iter().all(|a| {
-                answers.get(a) == Some(&ReleaseState::ReadyForRelease)
-                    && ripe(c, a)
-                    && releasable(a)
-            });
-            if all_ready {
-                queued.prefixes.push(*prefix);
-            } else {
-                let ripe_addrs: Vec<Ipv4Addr> =
-                    addrs.iter().copied().filter(|a| ripe(c, a)).collect();
-                c.proposed.extend(ripe_addrs);
+            for ip in &cand.ips {
+                if !ripe(c, ip) {
+                    continue;
+                }
+                match answers.get(ip) {
+                    Some(ReleaseState::ReadyForRelease) if releasable(ip) => queued.ips.push(*ip),
+                    Some(ReleaseState::DoNotRelease) => {
+                        c.first_seen.remove(ip);
+                        c.proposed.remove(ip);
+                    }
+                    _ => {
+                        c.proposed.insert(*ip);
+                    }
+                }
+            }
+            let any = !queued.ips.is_empty() || !queued.prefixes.is_empty();
+            if any && first_queued.is_none() {
+                first_queued = Some(queued);
             }
         }
-        for ip in &cands.ips {
-            if !ripe(c, ip) {
-                continue;
-            }
-            match answers.get(ip) {
-                Some(ReleaseState::ReadyForRelease) if releasable(ip) => queued.ips.push(*ip),
-                Some(ReleaseState::DoNotRelease) => {
-                    c.first_seen.remove(ip);
-                    c.proposed.remove(ip);
-                }
-                _ => {
-                    c.proposed.insert(*ip);
-                }
-            }
-        }
-        (!queued.ips.is_empty() || !queued.prefixes.is_empty()).then_some(queued)
+        first_queued
     }
 
     /// §7.4 tracking, on every plan of a multi-pool node: mark CIDRs the agent dropped from
@@ -494,29 +509,67 @@ mod tests {
     }
 
     #[test]
-    fn candidates_prefer_first_prefix_eni_then_most_releasable() {
+    fn candidates_prefer_first_prefix_eni_then_the_fullest_enis() {
         let mut a = eni_with_ips("eni-a", 1, "s", 3);
         let b = eni_with_ips("eni-b", 2, "s", 5);
         let used = BTreeSet::from([b.secondary_ips[0]]);
-        let c = classic_candidates(&[&a, &b], &used, &BTreeSet::new(), 10).unwrap();
+        let c = classic_candidates(&[&a, &b], &used, &BTreeSet::new(), 10);
+        let ids: Vec<&str> = c.iter().map(|c| c.eni_id.as_str()).collect();
         assert_eq!(
-            c.eni_id, "eni-b",
-            "most releasable: 4 on eni-b vs 3 on eni-a"
+            ids,
+            ["eni-b", "eni-a"],
+            "fullest first: 4 on eni-b vs 3 on eni-a"
         );
-        assert_eq!(c.ips.len(), 4);
-        assert!(!c.ips.contains(&b.secondary_ips[0]));
-        let c = classic_candidates(&[&a, &b], &used, &BTreeSet::new(), 2).unwrap();
-        assert_eq!(c.ips.len(), 2, "capped at excess");
+        assert_eq!(c[0].ips.len(), 4);
+        assert_eq!(c[1].ips.len(), 3);
+        assert!(!c[0].ips.contains(&b.secondary_ips[0]));
+        let c = classic_candidates(&[&a, &b], &used, &BTreeSet::new(), 2);
+        assert_eq!(c.len(), 1, "one ENI covers an excess of 2");
+        assert_eq!(c[0].ips.len(), 2, "capped at excess");
+        let c = classic_candidates(&[&a, &b], &used, &BTreeSet::new(), 6);
+        assert_eq!(c[1].ips.len(), 2, "the second ENI gives only the rest");
 
         a.prefixes = vec![net("10.1.0.0/28"), net("10.1.0.16/28")];
         let used = BTreeSet::from([ip("10.1.0.20")]);
-        let c = classic_candidates(&[&a, &b], &used, &BTreeSet::new(), 20).unwrap();
-        assert_eq!(c.eni_id, "eni-a");
-        assert_eq!(c.prefixes, [net("10.1.0.0/28")], "used /28 kept");
-        assert_eq!(c.ips.len(), 3, "then singles up to remaining excess 4");
-        let c = classic_candidates(&[&a], &used, &BTreeSet::new(), 15).unwrap();
-        assert!(c.prefixes.is_empty(), "excess < 16: no prefix");
-        assert!(classic_candidates(&[&a], &used, &BTreeSet::new(), 0).is_none());
+        let c = classic_candidates(&[&a, &b], &used, &BTreeSet::new(), 20);
+        assert_eq!(c.len(), 1);
+        assert_eq!(c[0].eni_id, "eni-a");
+        assert_eq!(c[0].prefixes, [net("10.1.0.0/28")], "used /28 kept");
+        assert_eq!(c[0].ips.len(), 3, "then singles up to remaining excess 4");
+        let c = classic_candidates(&[&a], &used, &BTreeSet::new(), 15);
+        assert!(c[0].prefixes.is_empty(), "excess < 16: no prefix");
+        assert!(classic_candidates(&[&a], &used, &BTreeSet::new(), 0).is_empty());
+    }
+
+    #[test]
+    fn excess_across_enis_is_released_after_one_delay() {
+        let mut w = World::new();
+        w.enis.push(eni_with_ips("eni-1", 1, "subnet-a", 4));
+        w.enis.push(eni_with_ips("eni-2", 2, "subnet-a", 4));
+        let usable: Vec<&NetworkInterface> = w.enis.iter().collect();
+        let mut node = node();
+        let mut mem = NodeMemory::new();
+        let cfg = config();
+        let t0 = Instant::now();
+        let t1 = t0 + cfg.release_delay;
+        assert!(mem.classic_pass(&node, &usable, 6, &cfg, t0).is_none());
+        assert!(mem.classic_pass(&node, &usable, 6, &cfg, t1).is_none());
+        assert_eq!(mem.proposed().count(), 6, "both ENIs proposed in one round");
+        for ip in mem.proposed().collect::<Vec<_>>() {
+            answer(&mut node, ip, ReleaseState::ReadyForRelease);
+        }
+        let first = mem.classic_pass(&node, &usable, 6, &cfg, t1).unwrap();
+        mem.record_released(&first, t1);
+        assert_eq!(first.ips.len(), 4, "the fullest ENI first");
+        // The next pass, on the ENI view without those addresses: the other ENI, no new delay.
+        let mut w2 = w.clone();
+        for e in &mut w2.enis {
+            e.secondary_ips.retain(|ip| !first.ips.contains(ip));
+        }
+        let usable: Vec<&NetworkInterface> = w2.enis.iter().collect();
+        let second = mem.classic_pass(&node, &usable, 2, &cfg, t1).unwrap();
+        assert_ne!(second.eni_id, first.eni_id);
+        assert_eq!(second.ips.len(), 2);
     }
 
     #[test]

@@ -28,8 +28,9 @@ use super::executor::{Executor, Success};
 use super::finalizer::release_instance_enis;
 use super::metrics::RuntimeMetrics;
 use super::queue::{DeficitQueue, Outcome, Priority};
-use super::refresher::{Refresher, Scope};
+use super::refresher::{INSTANCE_BATCH, Refresher, Scope};
 use super::sink::{NodeEvent, NodeRef, NodeSink, SinkError};
+use super::stored::StoredNode;
 
 /// Settings of the core.
 #[derive(Clone, Debug)]
@@ -85,7 +86,7 @@ pub enum NodeInput {
 
 #[derive(Debug, Default)]
 struct Slot {
-    node: Option<CiliumNode>,
+    node: Option<StoredNode>,
     invalid: Option<(NodeRef, String)>,
     invalid_reported: Option<String>,
     memory: NodeMemory,
@@ -132,11 +133,9 @@ fn now() -> Instant {
 
 fn priority_of(slot: &Slot) -> Priority {
     match &slot.node {
-        Some(n) if n.metadata.deletion_timestamp.is_some() => Priority::Deleting,
+        Some(n) if n.deleting() => Priority::Deleting,
         Some(_) if slot.k8s_node == Some(false) => Priority::Deleting,
-        Some(n) if n.spec.ipam.pool.is_empty() && slot.demand == Demand::default() => {
-            Priority::NoFreeIp(8)
-        }
+        Some(n) if n.pool_empty() && slot.demand == Demand::default() => Priority::NoFreeIp(8),
         _ => Priority::from_demand(
             slot.demand.available,
             slot.demand.used,
@@ -185,6 +184,12 @@ impl<E: Ec2, S: NodeSink> Core<E, S> {
         &self.inner.metrics
     }
 
+    /// Handles to this core still alive (the benchmark waits for 1 before it measures what
+    /// dropping the core frees).
+    pub fn handles(&self) -> usize {
+        Arc::strong_count(&self.inner)
+    }
+
     /// The last demand figures of a node.
     pub fn demand(&self, name: &str) -> Option<Demand> {
         self.inner
@@ -219,6 +224,7 @@ impl<E: Ec2, S: NodeSink> Core<E, S> {
         let mut refreshing = false;
         let mut full_running = false;
         let mut confirm: BTreeSet<String> = BTreeSet::new();
+        let mut confirm_due = false;
         let mut resync = tokio::time::interval(inner.config.resync_interval);
         resync.tick().await;
         let mut rescan = tokio::time::interval(inner.config.node_rescan_interval);
@@ -245,39 +251,39 @@ impl<E: Ec2, S: NodeSink> Core<E, S> {
                     .id();
                 running.insert(id, on_panic);
             }
-            // Batched per-instance refresh of new instances (and confirmations of our changes).
-            if !refreshing && (!waiting.is_empty() || !confirm.is_empty()) {
-                let new: Vec<String> = waiting.keys().cloned().collect();
-                let mut ids = new.clone();
-                let due_confirm = !confirm.is_empty() && waiting.is_empty();
-                if new.is_empty() && !due_confirm {
-                    // Nothing urgent.
+            // Batched per-instance refresh of new instances at once; confirmations of our own
+            // changes at most once per `instance_refresh_spacing`, in one batch, so describe
+            // calls per minute do not grow with the number of nodes (behaviour.md §10). More
+            // changed instances than one batch holds are left to the next full refresh, which
+            // lists them all anyway.
+            let confirm_now = confirm_due && waiting.is_empty() && !confirm.is_empty();
+            if !refreshing && (!waiting.is_empty() || confirm_now) {
+                let ids: Vec<String> = waiting.keys().cloned().collect();
+                let confirm_ids: Vec<String> = if confirm_now && confirm.len() <= INSTANCE_BATCH {
+                    std::mem::take(&mut confirm).into_iter().collect()
                 } else {
-                    let confirm_ids: Vec<String> = if due_confirm {
-                        std::mem::take(&mut confirm).into_iter().collect()
-                    } else {
-                        Vec::new()
-                    };
-                    refreshing = true;
-                    let core = self.clone();
-                    ids.retain(|i| !confirm_ids.contains(i));
-                    let on_panic = Done::Refreshed(ids.clone());
-                    let id = tasks
-                        .spawn(async move {
-                            if let Err(e) = core.inner.refresher.instances(&ids, false).await {
-                                warn!(error = %e, "per-instance refresh failed");
-                            }
-                            if !confirm_ids.is_empty()
-                                && let Err(e) =
-                                    core.inner.refresher.instances(&confirm_ids, true).await
-                            {
-                                debug!(error = %e, "confirmation refresh failed");
-                            }
-                            Done::Refreshed(ids)
-                        })
-                        .id();
-                    running.insert(id, on_panic);
-                }
+                    Vec::new()
+                };
+                confirm_due &= !confirm_now;
+                refreshing = true;
+                let core = self.clone();
+                let on_panic = Done::Refreshed(ids.clone());
+                let id = tasks
+                    .spawn(async move {
+                        if !ids.is_empty()
+                            && let Err(e) = core.inner.refresher.instances(&ids, false).await
+                        {
+                            warn!(error = %e, "per-instance refresh failed");
+                        }
+                        if !confirm_ids.is_empty()
+                            && let Err(e) = core.inner.refresher.instances(&confirm_ids, true).await
+                        {
+                            debug!(error = %e, "confirmation refresh failed");
+                        }
+                        Done::Refreshed(ids)
+                    })
+                    .id();
+                running.insert(id, on_panic);
             }
             inner.metrics.queue_depth.set(queue.depth() as i64);
 
@@ -337,6 +343,8 @@ impl<E: Ec2, S: NodeSink> Core<E, S> {
                 _ = resync.tick() => {
                     if !full_running {
                         full_running = true;
+                        // The full listing covers every change made before it starts.
+                        confirm.clear();
                         let core = self.clone();
                         let id = tasks.spawn(async move {
                             if let Err(e) = core.inner.refresher.full().await {
@@ -352,7 +360,7 @@ impl<E: Ec2, S: NodeSink> Core<E, S> {
                     // Re-plan every node on the cached view, between full EC2 refreshes.
                     self.requeue_all(&mut queue);
                 }
-                _ = confirm_tick.tick() => {}
+                _ = confirm_tick.tick() => confirm_due = true,
                 () = async {
                     match next_due {
                         Some(at) => tokio::time::sleep_until(at.into()).await,
@@ -375,8 +383,8 @@ impl<E: Ec2, S: NodeSink> Core<E, S> {
 
     fn instance_of(&self, name: &str) -> Option<String> {
         let slots = self.inner.slots.lock().expect("slots");
-        let id = &slots.get(name)?.node.as_ref()?.spec.instance_id;
-        (!id.is_empty()).then(|| id.clone())
+        let id = slots.get(name)?.node.as_ref()?.instance_id();
+        (!id.is_empty()).then(|| id.to_string())
     }
 
     fn priority(&self, name: &str) -> Priority {
@@ -415,7 +423,7 @@ impl<E: Ec2, S: NodeSink> Core<E, S> {
                     if ours {
                         let slot = slots.entry(name.clone()).or_default();
                         slot.ignored = true;
-                        slot.node = Some(*node);
+                        slot.node = Some(StoredNode::new(*node));
                         queue.push(name, Priority::Deleting);
                     } else {
                         slots.remove(&name);
@@ -429,7 +437,7 @@ impl<E: Ec2, S: NodeSink> Core<E, S> {
                 slot.not_running_until = None;
                 slot.invalid = None;
                 let instance = node.spec.instance_id.clone();
-                slot.node = Some(*node);
+                slot.node = Some(StoredNode::new(*node));
                 let p = priority_of(slot);
                 let unknown = !instance.is_empty()
                     && p != Priority::Deleting
@@ -459,8 +467,8 @@ impl<E: Ec2, S: NodeSink> Core<E, S> {
                         .cache
                         .write()
                         .expect("cache")
-                        .drop_instance(&node.spec.instance_id);
-                    inner.refresher.forget(&node.spec.instance_id);
+                        .drop_instance(node.instance_id());
+                    inner.refresher.forget(node.instance_id());
                 }
             }
             NodeInput::NodePresent { name, present } => {
@@ -537,7 +545,8 @@ impl<E: Ec2, S: NodeSink> Core<E, S> {
                 .report_invalid(name, &r, &error, invalid_reported)
                 .await;
         }
-        let Some(mut node) = node else {
+        // Parsed outside the slots lock.
+        let Some(mut node) = node.as_ref().map(StoredNode::node) else {
             return (Outcome::Done, None);
         };
         if ignored {
@@ -563,7 +572,7 @@ impl<E: Ec2, S: NodeSink> Core<E, S> {
                 Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
                     k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
                 ));
-            self.with_slot(name, |s| s.node = Some(node.clone()));
+            self.with_slot(name, |s| s.node = Some(StoredNode::new(node.clone())));
         }
         if node.metadata.deletion_timestamp.is_some() {
             return self.finalize(name, &node).await;
@@ -581,7 +590,7 @@ impl<E: Ec2, S: NodeSink> Core<E, S> {
                 Err(SinkError::NotFound) => return (Outcome::Done, None),
                 Err(SinkError::Conflict(fresh)) => {
                     if let Some(f) = fresh {
-                        self.with_slot(name, |s| s.node = Some(*f));
+                        self.with_slot(name, |s| s.node = Some(StoredNode::new(*f)));
                     }
                     return (Outcome::RetryAfter(Duration::from_millis(500)), None);
                 }
@@ -590,7 +599,7 @@ impl<E: Ec2, S: NodeSink> Core<E, S> {
                     return (Outcome::Failed, None);
                 }
             }
-            self.with_slot(name, |s| s.node = Some(node.clone()));
+            self.with_slot(name, |s| s.node = Some(StoredNode::new(node.clone())));
         }
 
         let t = now();
@@ -729,7 +738,7 @@ impl<E: Ec2, S: NodeSink> Core<E, S> {
             s.last_problem = message;
             s.errored = problem.is_some();
             if let Some(n) = written {
-                s.node = Some(n);
+                s.node = Some(StoredNode::new(n));
             }
             let met = demand.needed <= 0 && !exec.changed;
             match (s.demand_seen, met) {
@@ -877,7 +886,7 @@ impl<E: Ec2, S: NodeSink> Core<E, S> {
                 Ok(_) | Err(SinkError::NotFound) => {}
                 Err(SinkError::Conflict(fresh)) => {
                     if let Some(f) = fresh {
-                        self.with_slot(name, |s| s.node = Some(*f));
+                        self.with_slot(name, |s| s.node = Some(StoredNode::new(*f)));
                     }
                     return (Outcome::RetryAfter(Duration::from_millis(500)), None);
                 }

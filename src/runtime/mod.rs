@@ -16,3 +16,4 @@ pub mod queue;
 pub mod refresher;
 pub mod sink;
 pub mod source;
+pub mod stored;

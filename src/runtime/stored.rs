@@ -1,0 +1,98 @@
+//! A CiliumNode as the core keeps it between passes: serialised. The core holds one per node for
+//! the life of the process, and a parsed CiliumNode costs about four times its JSON (B-tree
+//! nodes sized for eleven entries, one heap string per address): 17 KB against 4 KB for a node
+//! with four ENIs, so 5,000 nodes would hold 85 MB instead of 21 MB. A pass parses its node once.
+
+use std::sync::Arc;
+
+use crate::crd::CiliumNode;
+
+/// A serialised CiliumNode plus the few facts the run loop reads without parsing it.
+#[derive(Clone, Debug)]
+pub struct StoredNode {
+    json: Arc<[u8]>,
+    instance_id: String,
+    deleting: bool,
+    pool_empty: bool,
+}
+
+impl StoredNode {
+    /// Keep `node`, minus `metadata.managedFields` (never read by the operator; kilobytes per
+    /// object on a real API server).
+    pub fn new(mut node: CiliumNode) -> Self {
+        node.metadata.managed_fields = None;
+        let json = serde_json::to_vec(&node).expect("a CiliumNode serialises to JSON");
+        Self {
+            json: json.into(),
+            instance_id: node.spec.instance_id,
+            deleting: node.metadata.deletion_timestamp.is_some(),
+            pool_empty: node.spec.ipam.pool.is_empty(),
+        }
+    }
+
+    /// The node, parsed. It was serialised from the same type, so parsing cannot fail.
+    pub fn node(&self) -> CiliumNode {
+        serde_json::from_slice(&self.json).expect("a stored CiliumNode parses")
+    }
+
+    pub fn instance_id(&self) -> &str {
+        &self.instance_id
+    }
+
+    /// Marked for deletion.
+    pub fn deleting(&self) -> bool {
+        self.deleting
+    }
+
+    /// `spec.ipam.pool` is empty.
+    pub fn pool_empty(&self) -> bool {
+        self.pool_empty
+    }
+
+    /// Bytes held for the node.
+    pub fn size(&self) -> usize {
+        self.json.len() + self.instance_id.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry;
+
+    fn fixtures() -> Vec<CiliumNode> {
+        [
+            "ciliumnode-multipool-prefix.json",
+            "ciliumnode-seed-pr45154.json",
+        ]
+        .iter()
+        .filter_map(|f| {
+            let path = format!("{}/tests/fixtures/{f}", env!("CARGO_MANIFEST_DIR"));
+            std::fs::read_to_string(path).ok()
+        })
+        .map(|s| serde_json::from_str(&s).expect("fixture parses"))
+        .collect()
+    }
+
+    #[test]
+    fn a_stored_node_comes_back_equal_without_managed_fields() {
+        let nodes = fixtures();
+        assert_eq!(nodes.len(), 2, "fixtures found");
+        for mut node in nodes {
+            node.metadata.managed_fields = Some(vec![ManagedFieldsEntry {
+                manager: Some("cilium-agent".into()),
+                ..Default::default()
+            }]);
+            let stored = StoredNode::new(node.clone());
+            node.metadata.managed_fields = None;
+            let back = stored.node();
+            assert_eq!(back.spec, node.spec);
+            assert_eq!(back.status, node.status);
+            assert_eq!(back.metadata, node.metadata);
+            assert_eq!(stored.instance_id(), node.spec.instance_id);
+            assert_eq!(stored.pool_empty(), node.spec.ipam.pool.is_empty());
+            assert!(!stored.deleting());
+            assert!(stored.size() > 0);
+        }
+    }
+}
