@@ -148,7 +148,7 @@ pub fn classic_candidates(
         .filter(|(_, ips)| !ips.is_empty())
         .collect();
     // Stable: among equally full ENIs the ascending ID order stays.
-    per_eni.sort_by(|a, b| b.1.len().cmp(&a.1.len()));
+    per_eni.sort_by_key(|e| std::cmp::Reverse(e.1.len()));
     let mut left = usize::try_from(excess).unwrap_or(usize::MAX);
     let mut out = Vec::new();
     for (eni, ips) in per_eni {
