@@ -54,9 +54,8 @@ e2e-local: venv ## End-to-end suite against the current KUBECONFIG and EC2_ENDPO
 # Debug profile on purpose: the paused tokio clock needs tokio's test-util feature, which the
 # debug test builds already compile; a release build would rebuild every dependency with it
 # (~13 min on 2 cores) for a run that takes about a minute in debug. See docs/benchmarks.md.
-# The churn scenario does not settle yet (see docs/benchmarks.md, "Open"): by default only the
-# burst runs; BENCH_SCENARIO=all runs everything.
-BENCH_SCENARIO ?= burst
+# BENCH_SCENARIO=burst|churn|scale-down runs one scenario.
+BENCH_SCENARIO ?= all
 bench: ## Scale benchmark; rewrites the results in docs/benchmarks.md (smoke run: ARGS=--quick)
 	cargo run --locked --example bench -- --scenario $(BENCH_SCENARIO) --out docs/benchmarks.md --plot docs/burst.png $(ARGS)
 

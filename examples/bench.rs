@@ -8,7 +8,9 @@ use std::time::Duration;
 use clap::{Parser, ValueEnum};
 use eni_operator::bench::heap::{self, CountingAllocator};
 use eni_operator::bench::plot::{Series, plot};
-use eni_operator::bench::scenario::{GateMode, Outcome, Settings, burst, churn, scale_down};
+use eni_operator::bench::scenario::{
+    GateMode, Outcome, Settings, burst, churn, peak_rss_mib, scale_down,
+};
 use eni_operator::bench::{Row, table};
 
 // Counts heap bytes so each scenario can report the operator's share of the process.
@@ -29,9 +31,10 @@ struct Args {
     /// Node counts of the burst scenario.
     #[arg(long, value_delimiter = ',', default_value = "100,1000,5000")]
     nodes: Vec<usize>,
-    /// Nodes of the churn and scale-down scenarios.
-    #[arg(long, default_value_t = 1000)]
-    steady_nodes: usize,
+    /// Node counts of the churn and scale-down scenarios (more than one shows how describe
+    /// calls per minute depend on the node count).
+    #[arg(long, value_delimiter = ',', default_value = "100,1000")]
+    steady_nodes: Vec<usize>,
     /// Simulated minutes of churn.
     #[arg(long, default_value_t = 10)]
     churn_minutes: u32,
@@ -92,7 +95,7 @@ fn main() -> anyhow::Result<()> {
     let mut args = Args::parse();
     if args.quick {
         args.nodes = vec![10, 50];
-        args.steady_nodes = 20;
+        args.steady_nodes = vec![20];
         args.churn_minutes = 3;
     }
     let settings = Settings {
@@ -181,14 +184,13 @@ fn main() -> anyhow::Result<()> {
             }
         }
     }
-    if matches!(args.scenario, Scenario::Churn | Scenario::All) {
-        record(
-            rt.block_on(churn(&settings, args.steady_nodes, args.churn_minutes)),
-            false,
-        );
-    }
-    if matches!(args.scenario, Scenario::ScaleDown | Scenario::All) {
-        record(rt.block_on(scale_down(&settings, args.steady_nodes)), false);
+    for &n in &args.steady_nodes {
+        if matches!(args.scenario, Scenario::Churn | Scenario::All) {
+            record(rt.block_on(churn(&settings, n, args.churn_minutes)), false);
+        }
+        if matches!(args.scenario, Scenario::ScaleDown | Scenario::All) {
+            record(rt.block_on(scale_down(&settings, n)), false);
+        }
     }
 
     let tbl = table(&rows);
@@ -197,9 +199,11 @@ fn main() -> anyhow::Result<()> {
         println!("- {n}");
     }
     println!(
-        "\nwall time {:.0} s; settings: {} (first-interface-index {}), {} addresses per node, \
-         mutating latency {} ms, describe latency {} ms",
+        "\nwall time {:.0} s; peak RSS of the whole benchmark process {:.0} MiB; settings: {} \
+         (first-interface-index {}), {} addresses per node, mutating latency {} ms, describe \
+         latency {} ms",
         wall.elapsed().as_secs_f64(),
+        peak_rss_mib().unwrap_or(0.0),
         settings.instance_type,
         settings.first_interface_index,
         settings.ips_per_node,

@@ -62,8 +62,9 @@ pub struct Row {
     pub rejected: u64,
     pub throttled: u64,
     pub writes_per_node: f64,
-    /// Peak resident set of the whole process (simulator and API server included).
-    pub peak_rss_mib: f64,
+    /// Peak live heap of the whole process during the scenario (simulator and in-memory API
+    /// server included); `None` without the counting allocator.
+    pub process_heap_peak_mib: Option<f64>,
     /// Heap the operator core held at the end (`None` without the counting allocator).
     pub operator_heap_mib: Option<f64>,
     /// Microseconds of CPU per `plan_node` call.
@@ -85,7 +86,7 @@ fn secs(d: Duration) -> String {
 pub fn table(rows: &[Row]) -> String {
     let mut out = String::from(
         "| scenario | nodes | demand met | lower bound | ratio | mutating/node | describe/node \
-         | calls/new ENI | failed calls | throttled | CiliumNode writes/node | peak RSS (process) \
+         | calls/new ENI | failed calls | throttled | CiliumNode writes/node | process heap peak \
          | operator heap | CPU/plan |\n\
          |---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
     );
@@ -95,11 +96,9 @@ pub fn table(rows: &[Row]) -> String {
         let per_eni = r
             .calls_per_new_eni
             .map_or("-".into(), |x| format!("{x:.2}"));
-        let heap = r
-            .operator_heap_mib
-            .map_or("-".into(), |m| format!("{m:.0} MiB"));
+        let mib = |m: Option<f64>| m.map_or("-".into(), |m| format!("{m:.0} MiB"));
         out.push_str(&format!(
-            "| {} | {} | {} | {} | {} | {:.2} | {:.2} | {} | {} | {} | {:.2} | {:.0} MiB | {} | {:.1} µs |\n",
+            "| {} | {} | {} | {} | {} | {:.2} | {:.2} | {} | {} | {} | {:.2} | {} | {} | {:.1} µs |\n",
             r.scenario,
             r.nodes,
             secs(r.time),
@@ -111,8 +110,8 @@ pub fn table(rows: &[Row]) -> String {
             r.rejected,
             r.throttled,
             r.writes_per_node,
-            r.peak_rss_mib,
-            heap,
+            mib(r.process_heap_peak_mib),
+            mib(r.operator_heap_mib),
             r.plan_us,
         ));
     }
