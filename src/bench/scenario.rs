@@ -633,14 +633,16 @@ pub async fn churn(s: &Settings, nodes: usize, minutes: u32) -> Outcome {
             .iter()
             .filter(|n| !settled(&core, &agents, n))
             .collect();
-        let first = unsettled[0];
-        panic!(
-            "churn warm-up did not settle: {} of {} nodes, e.g. {first}: {} pods waiting, demand {:?}",
-            unsettled.len(),
-            names.len(),
-            agents[first].pending(),
-            core.demand(first),
-        );
+        if let Some(first) = unsettled.first() {
+            panic!(
+                "churn warm-up did not settle: {} of {} nodes, e.g. {first}: {} pods waiting, \
+                 demand {:?}",
+                unsettled.len(),
+                names.len(),
+                agents[*first].pending(),
+                core.demand(first),
+            );
+        }
     }
     let before = w.snapshot();
     let mut pod_seconds_waiting = 0u64;
