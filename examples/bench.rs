@@ -145,11 +145,13 @@ fn main() -> anyhow::Result<()> {
         );
         if let Some(h) = out.heap {
             notes.push(format!(
-                "{} nodes, {}: heap at the end: operator {:.1} MiB, in-memory API server {:.1} MiB, \
-                 simulator {:.1} MiB; process heap peak {:.1} MiB",
+                "{} nodes, {}: heap at the end: operator {:.1} MiB (+{:.1} MiB while a full EC2 \
+                 refresh runs), in-memory API server {:.1} MiB, simulator {:.1} MiB; process \
+                 heap peak {:.1} MiB",
                 out.row.nodes,
                 out.row.scenario,
                 heap::mib(h.operator),
+                heap::mib(h.refresh_transient),
                 heap::mib(h.api_server),
                 heap::mib(h.simulator),
                 heap::mib(h.process_peak),

@@ -88,6 +88,9 @@ pub fn mib(bytes: usize) -> f64 {
 pub struct HeapShares {
     /// The operator core: node slots, EC2 cache, queue, gate, metrics.
     pub operator: usize,
+    /// Extra heap while one full EC2 refresh runs on top of that (the response pages, the new
+    /// view being merged). Includes the simulator's own copy of the answer, so it overstates.
+    pub refresh_transient: usize,
     /// The in-memory API server standing in for Kubernetes.
     pub api_server: usize,
     /// The simulated EC2 account.

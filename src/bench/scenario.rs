@@ -22,6 +22,7 @@ use crate::ec2::{Operation, Tags};
 use crate::ipam::IpamConfig;
 use crate::runtime::core::{Core, CoreConfig, NodeInput};
 use crate::runtime::metrics::RuntimeMetrics;
+use crate::runtime::refresher::{Refresher, Scope};
 use crate::runtime::sink::{MemorySink, WriteCounts};
 
 const CLUSTER: &str = "bench";
@@ -219,6 +220,19 @@ impl World {
             return None;
         }
         let process_peak = heap::peak_bytes();
+        // The operator's largest transient: a full EC2 listing, fetched and merged into the
+        // cache while the old view is still held. Measured once more here, on the final state.
+        let refresher = Refresher::new(
+            self.gate.clone(),
+            self.core.cache().clone(),
+            Scope::default(),
+            Duration::ZERO,
+        );
+        let before = heap::live_bytes();
+        heap::reset_peak();
+        refresher.full().await.expect("the simulator lists");
+        let refresh_transient = heap::peak_bytes().saturating_sub(before);
+        drop(refresher);
         let World {
             sim,
             gate,
@@ -248,6 +262,7 @@ impl World {
         let simulator = share(&mut || drop(parts.2.take()));
         Some(HeapShares {
             operator,
+            refresh_transient,
             api_server,
             simulator,
             process_peak,
