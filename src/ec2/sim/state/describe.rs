@@ -136,7 +136,9 @@ impl State {
             recs.dedup_by(|a, b| a.eni.id == b.eni.id);
             recs
         };
-        let items: Vec<NetworkInterface> = candidates
+        // Paginate on references and clone only the page: a listing of N ENIs in pages must
+        // not copy all N for every page.
+        let items: Vec<&NetworkInterface> = candidates
             .into_iter()
             .map(|r| &r.eni)
             .filter(|e| f.ids.is_empty() || f.ids.contains(&e.id))
@@ -144,7 +146,6 @@ impl State {
             .filter(|e| f.subnet_ids.is_empty() || f.subnet_ids.contains(&e.subnet_id))
             .filter(|e| tags_match(&e.tags, &f.tags))
             .filter(|e| f.state.is_none_or(|s| e.state == s))
-            .cloned()
             .collect();
         // AWS refuses MaxResults together with NetworkInterfaceIds, so ID lookups are one page.
         let page_size = if f.ids.is_empty() {
@@ -152,7 +153,11 @@ impl State {
         } else {
             usize::MAX
         };
-        paginate(op, items, |e| &e.id, token, page_size)
+        let page = paginate(op, items, |e| &e.id, token, page_size)?;
+        Ok(Page {
+            items: page.items.into_iter().cloned().collect(),
+            next_token: page.next_token,
+        })
     }
 
     pub(crate) fn describe_subnets(
