@@ -220,19 +220,6 @@ impl World {
             return None;
         }
         let process_peak = heap::peak_bytes();
-        // The operator's largest transient: a full EC2 listing, fetched and merged into the
-        // cache while the old view is still held. Measured once more here, on the final state.
-        let refresher = Refresher::new(
-            self.gate.clone(),
-            self.core.cache().clone(),
-            Scope::default(),
-            Duration::ZERO,
-        );
-        let before = heap::live_bytes();
-        heap::reset_peak();
-        refresher.full().await.expect("the simulator lists");
-        let refresh_transient = heap::peak_bytes().saturating_sub(before);
-        drop(refresher);
         let World {
             sim,
             gate,
@@ -251,6 +238,20 @@ impl World {
             }
             tokio::task::yield_now().await;
         }
+        // The operator's largest transient: a full EC2 listing, fetched and merged into the
+        // cache while the old view is still held. Measured on the final state with the core
+        // stopped, so nothing else allocates or frees meanwhile.
+        let refresher = Refresher::new(
+            gate.clone(),
+            core.cache().clone(),
+            Scope::default(),
+            Duration::ZERO,
+        );
+        let before = heap::live_bytes();
+        heap::reset_peak();
+        refresher.full().await.expect("the simulator lists");
+        let refresh_transient = heap::peak_bytes().saturating_sub(before);
+        drop(refresher);
         let share = |f: &mut dyn FnMut()| {
             let before = heap::live_bytes();
             f();
