@@ -256,10 +256,13 @@ impl<E: Ec2, S: NodeSink> Core<E, S> {
             // calls per minute do not grow with the number of nodes (behaviour.md §10). More
             // changed instances than one batch holds are left to the next full refresh, which
             // lists them all anyway.
+            if confirm_due && confirm.len() > INSTANCE_BATCH {
+                confirm_due = false;
+            }
             let confirm_now = confirm_due && waiting.is_empty() && !confirm.is_empty();
             if !refreshing && (!waiting.is_empty() || confirm_now) {
                 let ids: Vec<String> = waiting.keys().cloned().collect();
-                let confirm_ids: Vec<String> = if confirm_now && confirm.len() <= INSTANCE_BATCH {
+                let confirm_ids: Vec<String> = if confirm_now {
                     std::mem::take(&mut confirm).into_iter().collect()
                 } else {
                     Vec::new()
