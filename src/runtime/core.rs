@@ -406,6 +406,11 @@ impl<E: Ec2, S: NodeSink> Core<E, S> {
         _refreshing: bool,
     ) {
         let inner = &self.inner;
+        // A node's serialised form is built before the slots lock is taken.
+        let stored = match &input {
+            NodeInput::Upsert(node) => Some(StoredNode::new(node)),
+            _ => None,
+        };
         let mut slots = inner.slots.lock().expect("slots");
         match input {
             NodeInput::Upsert(node) => {
@@ -426,7 +431,7 @@ impl<E: Ec2, S: NodeSink> Core<E, S> {
                     if ours {
                         let slot = slots.entry(name.clone()).or_default();
                         slot.ignored = true;
-                        slot.node = Some(StoredNode::new(*node));
+                        slot.node = stored;
                         queue.push(name, Priority::Deleting);
                     } else {
                         slots.remove(&name);
@@ -440,7 +445,7 @@ impl<E: Ec2, S: NodeSink> Core<E, S> {
                 slot.not_running_until = None;
                 slot.invalid = None;
                 let instance = node.spec.instance_id.clone();
-                slot.node = Some(StoredNode::new(*node));
+                slot.node = stored;
                 let p = priority_of(slot);
                 let unknown = !instance.is_empty()
                     && p != Priority::Deleting
@@ -575,7 +580,8 @@ impl<E: Ec2, S: NodeSink> Core<E, S> {
                 Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
                     k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
                 ));
-            self.with_slot(name, |s| s.node = Some(StoredNode::new(node.clone())));
+            let stored = StoredNode::new(&node);
+            self.with_slot(name, |s| s.node = Some(stored));
         }
         if node.metadata.deletion_timestamp.is_some() {
             return self.finalize(name, &node).await;
@@ -593,7 +599,8 @@ impl<E: Ec2, S: NodeSink> Core<E, S> {
                 Err(SinkError::NotFound) => return (Outcome::Done, None),
                 Err(SinkError::Conflict(fresh)) => {
                     if let Some(f) = fresh {
-                        self.with_slot(name, |s| s.node = Some(StoredNode::new(*f)));
+                        let stored = StoredNode::new(&f);
+                        self.with_slot(name, |s| s.node = Some(stored));
                     }
                     return (Outcome::RetryAfter(Duration::from_millis(500)), None);
                 }
@@ -602,7 +609,8 @@ impl<E: Ec2, S: NodeSink> Core<E, S> {
                     return (Outcome::Failed, None);
                 }
             }
-            self.with_slot(name, |s| s.node = Some(StoredNode::new(node.clone())));
+            let stored = StoredNode::new(&node);
+            self.with_slot(name, |s| s.node = Some(stored));
         }
 
         let t = now();
@@ -736,12 +744,14 @@ impl<E: Ec2, S: NodeSink> Core<E, S> {
 
         let t_end = now();
         let demand = plan.demand.clone();
+        // Serialised before the slots lock is taken.
+        let written = written.as_ref().map(StoredNode::new);
         self.with_slot(name, |s| {
             s.memory = memory;
             s.last_problem = message;
             s.errored = problem.is_some();
-            if let Some(n) = written {
-                s.node = Some(StoredNode::new(n));
+            if written.is_some() {
+                s.node = written;
             }
             let met = demand.needed <= 0 && !exec.changed;
             match (s.demand_seen, met) {
@@ -889,7 +899,8 @@ impl<E: Ec2, S: NodeSink> Core<E, S> {
                 Ok(_) | Err(SinkError::NotFound) => {}
                 Err(SinkError::Conflict(fresh)) => {
                     if let Some(f) = fresh {
-                        self.with_slot(name, |s| s.node = Some(StoredNode::new(*f)));
+                        let stored = StoredNode::new(&f);
+                        self.with_slot(name, |s| s.node = Some(stored));
                     }
                     return (Outcome::RetryAfter(Duration::from_millis(500)), None);
                 }
