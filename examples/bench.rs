@@ -123,7 +123,7 @@ fn main() -> anyhow::Result<()> {
         .max()
         .or_else(|| args.nodes.iter().copied().min())
         .unwrap_or(0);
-    let mut record = |out: Outcome, curve: bool| {
+    let mut record = |mut out: Outcome, curve: bool| {
         eprintln!(
             "{} x {}: demand met {} in {:.1} s simulated ({:.0} s wall so far)",
             out.row.scenario,
@@ -144,17 +144,16 @@ fn main() -> anyhow::Result<()> {
                 .map(|n| format!("{} nodes, {n}", out.row.nodes)),
         );
         if let Some(h) = out.heap {
+            out.row.operator_heap_mib = Some(heap::mib(h.operator));
             notes.push(format!(
                 "{} nodes, {}: heap at the end: operator {:.1} MiB (+{:.1} MiB while a full EC2 \
-                 refresh runs), in-memory API server {:.1} MiB, simulator {:.1} MiB; process \
-                 heap peak {:.1} MiB",
+                 refresh runs), in-memory API server {:.1} MiB, simulator {:.1} MiB",
                 out.row.nodes,
                 out.row.scenario,
                 heap::mib(h.operator),
                 heap::mib(h.refresh_transient),
                 heap::mib(h.api_server),
                 heap::mib(h.simulator),
-                heap::mib(h.process_peak),
             ));
         }
         if curve && out.row.nodes == plot_size {

@@ -95,8 +95,6 @@ pub struct HeapShares {
     pub api_server: usize,
     /// The simulated EC2 account.
     pub simulator: usize,
-    /// Peak live heap of the whole process during the scenario.
-    pub process_peak: usize,
 }
 
 #[cfg(test)]

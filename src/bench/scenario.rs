@@ -219,7 +219,6 @@ impl World {
         if !heap::installed() {
             return None;
         }
-        let process_peak = heap::peak_bytes();
         let World {
             sim,
             gate,
@@ -266,7 +265,6 @@ impl World {
             refresh_transient,
             api_server,
             simulator,
-            process_peak,
         })
     }
 }
@@ -499,7 +497,6 @@ pub async fn burst(s: &Settings, nodes: usize, prefix: bool, mode: GateMode) -> 
         panic!("simulator invariants broken: {e}");
     }
     let heap = w.heap_shares().await;
-    row.operator_heap_mib = heap.map(|h| heap::mib(h.operator));
     Outcome {
         row,
         waiting: curve,
@@ -703,7 +700,7 @@ pub async fn churn(s: &Settings, nodes: usize, minutes: u32) -> Outcome {
     };
     drop(core);
     let win = window(&before, &churned);
-    let mut row = win.row(format!("churn 10 %/min x {minutes} min"), nodes, took);
+    let row = win.row(format!("churn 10 %/min x {minutes} min"), nodes, took);
     let per_min = |n: u64| n as f64 / (win.elapsed.as_secs_f64() / 60.0);
     let notes = vec![
         format!(
@@ -715,7 +712,6 @@ pub async fn churn(s: &Settings, nodes: usize, minutes: u32) -> Outcome {
         format!("churn: calls per node: {}", win.op_notes(nodes)),
     ];
     let heap = w.heap_shares().await;
-    row.operator_heap_mib = heap.map(|h| heap::mib(h.operator));
     Outcome {
         row,
         waiting: Vec::new(),
@@ -827,7 +823,6 @@ pub async fn scale_down(s: &Settings, nodes: usize) -> Outcome {
         win.op_notes(nodes)
     )];
     let heap = w.heap_shares().await;
-    row.operator_heap_mib = heap.map(|h| heap::mib(h.operator));
     Outcome {
         row,
         waiting: Vec::new(),
