@@ -12,6 +12,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
+use tokio_util::task::AbortOnDropHandle;
 
 use super::heap::{self, HeapShares};
 use super::{Row, enis_needed, lower_bound, per_bucket};
@@ -111,19 +112,11 @@ struct World {
     sink: Arc<MemorySink>,
     core: BenchCore,
     tx: mpsc::Sender<NodeInput>,
-    task: AbortOnDrop,
+    /// The core's run task, stopped when the scenario's world goes.
+    task: AbortOnDropHandle<crate::ec2::Result<()>>,
     subnet: String,
     vpc: String,
     sg: String,
-}
-
-/// The core's run task, stopped when the scenario's world goes.
-struct AbortOnDrop(tokio::task::JoinHandle<crate::ec2::Result<()>>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
 }
 
 fn world(s: &Settings, mode: GateMode, prefix: bool, release: bool) -> World {
@@ -158,7 +151,7 @@ fn world(s: &Settings, mode: GateMode, prefix: bool, release: bool) -> World {
     };
     let core = Core::new(gate.clone(), sink.clone(), cfg, RuntimeMetrics::default());
     let (tx, rx) = mpsc::channel(1 << 16);
-    let task = AbortOnDrop(tokio::spawn(core.clone().run(rx, std::future::pending())));
+    let task = AbortOnDropHandle::new(tokio::spawn(core.clone().run(rx, std::future::pending())));
     World {
         sim,
         gate,
@@ -228,8 +221,8 @@ impl World {
             mut task,
             ..
         } = self;
-        task.0.abort();
-        let _ = (&mut task.0).await;
+        task.abort();
+        let _ = (&mut task).await;
         // Aborted workers drop their handles when the runtime next polls them.
         for _ in 0..1000 {
             if core.handles() <= 1 {
