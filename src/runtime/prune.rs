@@ -42,21 +42,26 @@ impl StructuralSchema {
     pub fn from_crd_yaml(yaml: &str, version: &str) -> Result<Self, String> {
         for doc in serde_yaml::Deserializer::from_str(yaml) {
             let v: Value = serde::Deserialize::deserialize(doc).map_err(|e| e.to_string())?;
-            if v.get("kind").and_then(Value::as_str) != Some("CustomResourceDefinition") {
-                continue;
+            if v.get("kind").and_then(Value::as_str) == Some("CustomResourceDefinition") {
+                return Self::from_crd(&v, version);
             }
-            let versions = v
-                .pointer("/spec/versions")
-                .and_then(Value::as_array)
-                .ok_or("CRD without spec.versions")?;
-            let schema = versions
-                .iter()
-                .find(|x| x.get("name").and_then(Value::as_str) == Some(version))
-                .and_then(|x| x.pointer("/schema/openAPIV3Schema"))
-                .ok_or_else(|| format!("CRD has no schema for version {version}"))?;
-            return Ok(Self::new(schema.clone()));
         }
         Err("no CustomResourceDefinition in the YAML".into())
+    }
+
+    /// The schema of `version` of a CustomResourceDefinition (as JSON, e.g. read from a
+    /// cluster).
+    pub fn from_crd(crd: &Value, version: &str) -> Result<Self, String> {
+        let versions = crd
+            .pointer("/spec/versions")
+            .and_then(Value::as_array)
+            .ok_or("CRD without spec.versions")?;
+        let schema = versions
+            .iter()
+            .find(|x| x.get("name").and_then(Value::as_str) == Some(version))
+            .and_then(|x| x.pointer("/schema/openAPIV3Schema"))
+            .ok_or_else(|| format!("CRD has no schema for version {version}"))?;
+        Ok(Self::new(schema.clone()))
     }
 
     /// Cilium's CRD, `cilium.io/v2`.
