@@ -1,10 +1,11 @@
 //! Structural-schema pruning as the Kubernetes API server does it for custom resources, so the
 //! in-memory API server ([`super::sink::MemorySink`]) stores what a real one would.
 //!
-//! The rules follow the Kubernetes documentation, "Custom Resource Definitions: Specifying a
-//! structural schema" and its "Field pruning" section
-//! (<https://kubernetes.io/docs/tasks/extend-kubernetes/custom-resources/custom-resource-definitions/#field-pruning>),
-//! and the algorithm of `k8s.io/apiextensions-apiserver/pkg/apiserver/schema/pruning`:
+//! The rules follow the Kubernetes documentation of CustomResourceDefinitions, "Specifying a
+//! structural schema" and "Field pruning"
+//! (<https://kubernetes.io/docs/tasks/extend-kubernetes/custom-resources/custom-resource-definitions/#specifying-a-structural-schema>,
+//! `#field-pruning` on the same page), and the algorithm of
+//! `k8s.io/apiextensions-apiserver/pkg/apiserver/schema/pruning`:
 //! * an object keeps only the keys its `properties` list, each pruned by its own schema;
 //! * keys not listed are pruned by `additionalProperties` when it is a schema (every value
 //!   of a map), else dropped;
@@ -13,6 +14,8 @@
 //!   pruned by their schemas);
 //! * at the root, `apiVersion`, `kind` and `metadata` are kept whatever the schema says; the
 //!   server keeps the standard ObjectMeta fields there (we store nothing else in metadata).
+//!
+//! `x-kubernetes-embedded-resource` (no CiliumNode CRD uses it) is not modelled.
 //!
 //! Written here rather than taken from a crate: no maintained Rust crate implements it, and the
 //! algorithm is a 40-line recursion.
@@ -243,6 +246,18 @@ mod tests {
                 }
             })
         );
+    }
+
+    #[test]
+    fn additional_properties_true_keeps_map_values_whole() {
+        let mut v = json!({"m": {"a": {"deep": 1}}, "gone": 1});
+        prune(
+            &mut v,
+            &json!({"type": "object", "properties": {
+                "m": {"type": "object", "additionalProperties": true}
+            }}),
+        );
+        assert_eq!(v, json!({"m": {"a": {"deep": 1}}}));
     }
 
     #[test]
