@@ -22,6 +22,7 @@ use eni_operator::runtime::leader::{
     Elector, LeaderConfig, LeadershipLost, MemoryLease, MemoryLeaseClient,
 };
 use eni_operator::runtime::metrics::RuntimeMetrics;
+use eni_operator::runtime::prune::StructuralSchema;
 use eni_operator::runtime::sink::{MemorySink, NodeRef};
 use eni_operator::runtime::source::parse_node;
 use ipnet::Ipv4Net;
@@ -128,7 +129,8 @@ async fn a_burst_of_nodes_all_reach_their_demand() {
     const NODES: usize = 50;
     const WANT: i64 = 16; // more than one ENI of an m5.large holds: every node gets a new ENI
     let w = world();
-    let sink = Arc::new(MemorySink::new());
+    // Cilium's CRD, as on real clusters: the steady-state count below is under its pruning.
+    let sink = Arc::new(MemorySink::with_ciliums_crd());
     let gate = Gate::new(w.sim.clone(), GateConfig::aws_defaults());
     let (core, tx, _task) = start(gate, &sink, config(50));
     let mut names = Vec::new();
@@ -213,6 +215,76 @@ async fn a_burst_of_nodes_all_reach_their_demand() {
         "two ENIs per node (9 addresses each on an m5.large, primary ENI excluded)"
     );
     assert!(core.demand("node-0").unwrap().needed <= 0);
+}
+
+fn mutating_calls(sim: &Simulator) -> u64 {
+    let stats = sim.stats();
+    Operation::ALL
+        .iter()
+        .filter(|o| o.is_mutating())
+        .map(|o| stats.get(*o).calls)
+        .sum()
+}
+
+/// Steady state costs nothing under either CRD: once the nodes are served, three resyncs pass
+/// without a CiliumNode write or a mutating EC2 call. Cilium's CRD prunes `status.eni-operator`;
+/// a diff that took the pruned summary for a missing one rewrote status on every pass.
+#[tokio::test(start_paused = true)]
+async fn steady_state_writes_nothing_under_ciliums_crd_or_ours() {
+    const NODES: usize = 3;
+    const WANT: i64 = 12;
+    for (crd, schema) in [
+        ("Cilium's", StructuralSchema::cilium()),
+        ("ours", StructuralSchema::ours()),
+    ] {
+        let w = world();
+        let sink = Arc::new(MemorySink::pruning(schema));
+        let gate = Gate::new(w.sim.clone(), GateConfig::aws_defaults());
+        let cfg = config(4);
+        let resync = cfg.resync_interval;
+        let (_core, tx, task) = start(gate, &sink, cfg);
+        let mut names = Vec::new();
+        for i in 0..NODES {
+            let inst = w
+                .sim
+                .run_instance("m5.large", &w.subnet, std::slice::from_ref(&w.sg));
+            let name = format!("node-{i}");
+            let stored = sink.put(&agent_node(&w, &name, &inst.id, WANT));
+            tx.send(NodeInput::Upsert(Box::new(stored))).await.unwrap();
+            names.push(name);
+        }
+        let all = wait_until(
+            || names.iter().all(|n| served(&sink, n, WANT as usize)),
+            Duration::from_secs(600),
+        )
+        .await;
+        assert!(all, "{crd} CRD: nodes not served");
+        // In-flight passes (confirmations of the new ENIs) finish first.
+        tokio::time::sleep(Duration::from_secs(30)).await;
+        let writes = sink.total_writes();
+        let mutating = mutating_calls(&w.sim);
+        tokio::time::sleep(resync * 3 + Duration::from_secs(5)).await;
+        assert_eq!(
+            sink.total_writes(),
+            writes,
+            "{crd} CRD: CiliumNode writes in steady state"
+        );
+        assert_eq!(
+            mutating_calls(&w.sim),
+            mutating,
+            "{crd} CRD: mutating EC2 calls in steady state"
+        );
+        // The summary is there exactly where the CRD keeps it.
+        for n in &names {
+            let summary = sink.get(n).unwrap().status.unwrap().eni_operator;
+            assert_eq!(
+                summary.is_some(),
+                crd == "ours",
+                "{crd} CRD, {n}: {summary:?}"
+            );
+        }
+        task.abort();
+    }
 }
 
 #[tokio::test(start_paused = true)]

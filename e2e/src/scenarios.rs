@@ -10,6 +10,7 @@ use k8s_openapi::api::authorization::v1::{
     ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
 };
 use k8s_openapi::api::core::v1::{Event, Node};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 
@@ -33,6 +34,7 @@ pub const ALL: &[&str] = &[
     "restart-mid-allocation",
     "bad-input",
     "rbac",
+    "cilium-crd-steady-state",
 ];
 
 /// Suite settings.
@@ -157,6 +159,7 @@ impl Suite {
             "restart-mid-allocation" => self.restart_mid_allocation().await,
             "bad-input" => self.bad_input().await,
             "rbac" => self.rbac().await,
+            "cilium-crd-steady-state" => self.cilium_crd_steady_state().await,
             other => Err(anyhow!(
                 "unknown scenario {other:?} (known: {})",
                 ALL.join(", ")
@@ -1248,6 +1251,120 @@ impl Suite {
         );
         // Good nodes stay served.
         self.wait_served(&good, self.cfg.timeout).await
+    }
+
+    /// Per node of `idxs`: its CiliumNode's resourceVersion and field managers.
+    async fn node_marks(&self, idxs: &[usize]) -> Result<BTreeMap<String, checks::NodeMark>> {
+        let mut out = BTreeMap::new();
+        for &i in idxs {
+            out.insert(
+                self.nodes[i].name.clone(),
+                checks::node_mark(&self.cn(i).await?),
+            );
+        }
+        Ok(out)
+    }
+
+    /// Every ENI of the nodes' instances: attached ones (ours or not) and ours by tag.
+    async fn instance_enis(&self, idxs: &[usize]) -> Result<Vec<EniView>> {
+        let mut out: BTreeMap<String, EniView> = BTreeMap::new();
+        for &i in idxs {
+            let id = &self.nodes[i].instance.id;
+            for e in ec2seed::instance_enis(&self.ec2, id).await? {
+                out.insert(e.id.clone(), e);
+            }
+            for e in self.enis_for(id).await? {
+                out.insert(e.id.clone(), e);
+            }
+        }
+        Ok(out.into_values().collect())
+    }
+
+    /// Steady state costs nothing: once the nodes are served and their CiliumNodes stopped
+    /// changing, a quiet minute (many resyncs) brings no CiliumNode write and no EC2 change.
+    /// Meant for `E2E_CRD=cilium` (Cilium's own CRD, which prunes `status.eni-operator`: the
+    /// operator used to rewrite it on every pass); under our CRD the same holds and the summary
+    /// must be there.
+    async fn cilium_crd_steady_state(&mut self) -> Result<()> {
+        let crds: Api<CustomResourceDefinition> = Api::all(self.kube.clone());
+        let crd = crds
+            .get("ciliumnodes.cilium.io")
+            .await
+            .context("reading the CiliumNode CRD")?;
+        let prunes = checks::crd_prunes_summary(&serde_json::to_value(&crd)?)
+            .map_err(|e| anyhow!("the installed CiliumNode CRD: {e}"))?;
+        tracing::info!(
+            "installed CiliumNode CRD {}",
+            if prunes {
+                "prunes status.eni-operator (Cilium's)"
+            } else {
+                "keeps status.eni-operator (ours; E2E_CRD=cilium tests Cilium's)"
+            }
+        );
+        self.start_ops(OperatorOptions::default(), 1).await?;
+        let a = self
+            .add_node(
+                "m5.large",
+                0,
+                Some(Generation::Classic),
+                5,
+                NodeVariant::default(),
+            )
+            .await?;
+        let b = self
+            .add_node(
+                "c5.xlarge",
+                1,
+                Some(Generation::MultiPool),
+                4,
+                NodeVariant::default(),
+            )
+            .await?;
+        let idxs = [a, b];
+        self.wait_served(&idxs, self.cfg.timeout).await?;
+        // Converged: nothing written to the CiliumNodes for two resyncs.
+        let settle = self.cfg.resync * 2 + Duration::from_secs(2);
+        let before = eventually(self.cfg.timeout, "the CiliumNodes to settle", async || {
+            let first = self.node_marks(&idxs).await?;
+            tokio::time::sleep(settle).await;
+            let second = self.node_marks(&idxs).await?;
+            Ok(if first == second {
+                Ok(second)
+            } else {
+                Err(checks::quiet_changes(&first, &second, &[], &[]).join("; "))
+            })
+        })
+        .await?;
+        let enis_before = self.instance_enis(&idxs).await?;
+        let quiet = Duration::from_secs(60).max(self.cfg.resync * 2 + Duration::from_secs(5));
+        tokio::time::sleep(quiet).await;
+        let after = self.node_marks(&idxs).await?;
+        let enis_after = self.instance_enis(&idxs).await?;
+        let changes = checks::quiet_changes(&before, &after, &enis_before, &enis_after);
+        ensure!(
+            changes.is_empty(),
+            "in a quiet {}s after convergence (resync every {}s): {}",
+            quiet.as_secs(),
+            self.cfg.resync.as_secs(),
+            changes.join("; ")
+        );
+        for i in idxs {
+            let summary = self
+                .cn(i)
+                .await?
+                .status
+                .and_then(|s| s.eni_operator)
+                .is_some();
+            ensure!(
+                summary != prunes,
+                "{}: status.eni-operator {} although the CRD {} it",
+                self.nodes[i].name,
+                if summary { "present" } else { "absent" },
+                if prunes { "prunes" } else { "keeps" }
+            );
+        }
+        // Still served at the end (the agents saw nothing go).
+        self.wait_served(&idxs, self.cfg.timeout).await
     }
 
     async fn rbac(&mut self) -> Result<()> {

@@ -2,6 +2,8 @@
 //!
 //! [`KubeSink`] talks to the API server with JSON merge patches of operator-owned fields only
 //! (C8); [`MemorySink`] keeps objects in memory and counts writes, for tests and the benchmark.
+//! Given a CRD schema ([`MemorySink::pruning`]), it prunes what it stores as the API server does
+//! (real clusters run Cilium's CRD, which drops every field it does not list).
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -13,6 +15,8 @@ use serde_json::{Value, json};
 
 use crate::crd::{CiliumNode, FINALIZER};
 use crate::ipam::{ChangeSet, Subresource};
+
+use super::prune::StructuralSchema;
 
 /// The object a write or Event is about.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -302,15 +306,37 @@ struct MemoryState {
 }
 
 /// An in-memory API server for CiliumNodes: applies patches like Kubernetes (spec and status
-/// through separate endpoints, resourceVersion checks, finalizers hold deletion).
+/// through separate endpoints, resourceVersion checks, finalizers hold deletion, and with a
+/// schema, structural pruning of every create, update and patch).
 #[derive(Debug, Default)]
 pub struct MemorySink {
     state: Mutex<MemoryState>,
+    schema: Option<StructuralSchema>,
 }
 
 impl MemorySink {
+    /// Stores every field (like our CRD, which preserves unknown fields).
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// Prunes every stored object by `schema`, as the API server does with the CRD installed.
+    pub fn pruning(schema: StructuralSchema) -> Self {
+        Self {
+            state: Mutex::default(),
+            schema: Some(schema),
+        }
+    }
+
+    /// Pruning by Cilium's own CiliumNode CRD: what real clusters run.
+    pub fn with_ciliums_crd() -> Self {
+        Self::pruning(StructuralSchema::cilium())
+    }
+
+    fn prune(&self, object: &mut Value) {
+        if let Some(s) = &self.schema {
+            s.prune_object(object);
+        }
     }
 
     /// Create or replace an object as an agent would; returns the stored copy.
@@ -330,6 +356,7 @@ impl MemorySink {
             v["metadata"]["uid"] = json!(format!("uid-{name}"));
         }
         v["metadata"]["resourceVersion"] = json!(s.next_version.to_string());
+        self.prune(&mut v);
         s.objects.insert(name, v.clone());
         serde_json::from_value(v).expect("parse")
     }
@@ -442,6 +469,9 @@ impl MemorySink {
             }
         }
         merge_patch(obj, &p);
+        if let Some(schema) = &self.schema {
+            schema.prune_object(obj);
+        }
         obj["metadata"]["resourceVersion"] = json!(version);
         let finalizers_empty = obj
             .pointer("/metadata/finalizers")
@@ -559,6 +589,47 @@ mod tests {
         // The stale version now conflicts on a versioned write.
         let err = sink.apply(&r, &changes).await.unwrap_err();
         assert!(matches!(err, SinkError::Conflict(Some(_))));
+    }
+
+    #[tokio::test]
+    async fn a_pruning_sink_stores_what_ciliums_crd_keeps() {
+        let sink = MemorySink::with_ciliums_crd();
+        let mut n = node("n1");
+        n.spec.extra.insert("not-in-the-schema".into(), json!(1));
+        n.spec.extra.insert("bootid".into(), json!("b"));
+        let stored = sink.put(&n);
+        assert!(
+            !stored.spec.extra.contains_key("not-in-the-schema"),
+            "create pruned"
+        );
+        assert_eq!(stored.spec.extra["bootid"], json!("b"));
+        let changes = ChangeSet {
+            writes: vec![Write {
+                subresource: Subresource::Status,
+                patch: json!({"status": {
+                    "eni-operator": {"enis": 1, "available": 0, "used": 0, "needed": 0},
+                    "ipam": {"operator-status": {"error": "x"}}
+                }}),
+                needs_resource_version: false,
+            }],
+        };
+        let out = sink
+            .apply(&NodeRef::of(&stored), &changes)
+            .await
+            .unwrap()
+            .unwrap();
+        let status = out.status.unwrap();
+        assert_eq!(status.eni_operator, None, "patch pruned");
+        assert_eq!(status.ipam.operator_status.error.as_deref(), Some("x"));
+        assert_eq!(sink.writes("n1").status, 1, "the write still counts");
+        assert_eq!(
+            sink.raw("n1").unwrap().pointer("/metadata/uid"),
+            Some(&json!("uid-n1")),
+            "metadata is the server's, not pruned"
+        );
+        // Without a schema everything is kept.
+        let plain = MemorySink::new();
+        assert!(plain.put(&n).spec.extra.contains_key("not-in-the-schema"));
     }
 
     #[tokio::test]
