@@ -8,9 +8,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use eni_operator::crd::{AllocationIp, CiliumNode, ReleaseState};
-use eni_operator::ec2::{Operation, Tags};
 use eni_operator::ec2::gate::{Gate, GateConfig};
 use eni_operator::ec2::sim::Simulator;
+use eni_operator::ec2::{Operation, Tags};
 use eni_operator::ipam::IpamConfig;
 use eni_operator::metrics::MetricsRegistry;
 use eni_operator::runtime::core::{Core, CoreConfig, NodeInput};
@@ -98,7 +98,11 @@ async fn scrape_after_a_small_run() -> (String, String) {
     let sg = sim.add_security_group(&vpc, Tags::new());
     sim.add_route_table(&vpc, true, &[]);
     sim.inject_error(Operation::CreateNetworkInterface, "RequestLimitExceeded", 1);
-    sim.inject_error(Operation::CreateNetworkInterface, "InvalidParameterValue", 1);
+    sim.inject_error(
+        Operation::CreateNetworkInterface,
+        "InvalidParameterValue",
+        1,
+    );
 
     let registry = MetricsRegistry::new();
     let gate = Arc::new(Gate::new(sim.clone(), GateConfig::aws_defaults()));
@@ -140,8 +144,12 @@ async fn scrape_after_a_small_run() -> (String, String) {
         .await,
         "{} {:?} {:?}\n{}",
         pool_size(&sink, "a"),
-        sink.get("a").and_then(|n| n.status).map(|s| s.ipam.operator_status),
-        sink.get("b").and_then(|n| n.status).map(|s| s.ipam.operator_status),
+        sink.get("a")
+            .and_then(|n| n.status)
+            .map(|s| s.ipam.operator_status),
+        sink.get("b")
+            .and_then(|n| n.status)
+            .map(|s| s.ipam.operator_status),
         registry.encode()
     );
 
@@ -260,7 +268,10 @@ async fn metrics_carry_ciliums_names_and_labels() {
         ("eni_operator_ipam_ips_released_total", &sub),
         ("eni_operator_enis_attached_total", ""),
         ("eni_operator_enis_deleted_total", "reason=\"node-deleted\""),
-        ("eni_operator_errors_total", "reason=\"InvalidParameterValue\""),
+        (
+            "eni_operator_errors_total",
+            "reason=\"InvalidParameterValue\"",
+        ),
         (
             "eni_operator_ec2_api_throttled_total",
             "operation=\"CreateNetworkInterface\"",
