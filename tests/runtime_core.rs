@@ -929,3 +929,149 @@ async fn a_node_cilium_is_told_to_ignore_is_served_by_us() {
     tx.send(NodeInput::Upsert(Box::new(n))).await.unwrap();
     assert!(wait_until(|| served(&sink, "handed-over", 12), Duration::from_secs(60)).await);
 }
+
+fn annotation(sink: &MemorySink, name: &str, key: &str) -> Option<String> {
+    sink.get(name)?.metadata.annotations?.get(key).cloned()
+}
+
+#[tokio::test(start_paused = true)]
+async fn annotate_cilium_ignore_marks_served_nodes_once_and_keeps_other_annotations() {
+    use eni_operator::crd::CILIUM_IGNORE_ANNOTATION;
+    let w = world();
+    let sink = Arc::new(MemorySink::new());
+    let mut cfg = config(4);
+    cfg.annotate_cilium_ignore = true;
+    let (_core, tx, _task) = start(w.sim.clone(), &sink, cfg);
+    let inst = w
+        .sim
+        .run_instance("m5.large", &w.subnet, std::slice::from_ref(&w.sg));
+    let mut node = agent_node(&w, "n", &inst.id, 8);
+    node.metadata.annotations = Some([("team".to_string(), "net".to_string())].into());
+    let n = sink.put(&node);
+    tx.send(NodeInput::Upsert(Box::new(n))).await.unwrap();
+    assert!(wait_until(|| served(&sink, "n", 8), Duration::from_secs(60)).await);
+    assert_eq!(
+        annotation(&sink, "n", CILIUM_IGNORE_ANNOTATION).as_deref(),
+        Some("true")
+    );
+    assert_eq!(annotation(&sink, "n", "team").as_deref(), Some("net"));
+    // Finalizer and annotation: one metadata write each.
+    assert_eq!(sink.writes("n").metadata, 2);
+
+    // Steady state: rescans and full refreshes write nothing, also after the agent's updates.
+    let n = sink.update("n", |_| {}).unwrap();
+    tx.send(NodeInput::Upsert(Box::new(n))).await.unwrap();
+    let writes = sink.writes("n");
+    tokio::time::sleep(Duration::from_secs(190)).await;
+    assert_eq!(sink.writes("n"), writes, "no write in steady state");
+
+    // Someone removes it: it comes back (and only it is written).
+    let n = sink
+        .update("n", |n| {
+            n.metadata
+                .annotations
+                .as_mut()
+                .unwrap()
+                .remove(CILIUM_IGNORE_ANNOTATION);
+        })
+        .unwrap();
+    tx.send(NodeInput::Upsert(Box::new(n))).await.unwrap();
+    assert!(
+        wait_until(
+            || annotation(&sink, "n", CILIUM_IGNORE_ANNOTATION).is_some(),
+            Duration::from_secs(30)
+        )
+        .await
+    );
+    assert_eq!(sink.writes("n").metadata, writes.metadata + 1);
+    assert_eq!(sink.writes("n").total(), writes.total() + 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn opting_a_node_out_removes_the_cilium_ignore_annotation() {
+    use eni_operator::crd::{CILIUM_IGNORE_ANNOTATION, IGNORE_ANNOTATION};
+    let w = world();
+    let sink = Arc::new(MemorySink::new());
+    let mut cfg = config(4);
+    cfg.annotate_cilium_ignore = true;
+    let (_core, tx, _task) = start(w.sim.clone(), &sink, cfg);
+    let inst = w
+        .sim
+        .run_instance("m5.large", &w.subnet, std::slice::from_ref(&w.sg));
+    let mut node = agent_node(&w, "n", &inst.id, 4);
+    node.metadata.annotations = Some([("team".to_string(), "net".to_string())].into());
+    let n = sink.put(&node);
+    tx.send(NodeInput::Upsert(Box::new(n))).await.unwrap();
+    assert!(
+        wait_until(
+            || annotation(&sink, "n", CILIUM_IGNORE_ANNOTATION).is_some(),
+            Duration::from_secs(30)
+        )
+        .await
+    );
+    let n = sink
+        .update("n", |n| {
+            n.metadata
+                .annotations
+                .as_mut()
+                .unwrap()
+                .insert(IGNORE_ANNOTATION.into(), "true".into());
+        })
+        .unwrap();
+    tx.send(NodeInput::Upsert(Box::new(n))).await.unwrap();
+    let let_go = || {
+        sink.get("n").is_some_and(|n| {
+            n.metadata.finalizers.is_none_or(|f| f.is_empty())
+                && n.metadata
+                    .annotations
+                    .is_some_and(|a| !a.contains_key(CILIUM_IGNORE_ANNOTATION))
+        })
+    };
+    assert!(wait_until(let_go, Duration::from_secs(30)).await);
+    assert_eq!(annotation(&sink, "n", "team").as_deref(), Some("net"));
+    assert_eq!(
+        annotation(&sink, "n", IGNORE_ANNOTATION).as_deref(),
+        Some("true")
+    );
+    let writes = sink.writes("n");
+    tokio::time::sleep(Duration::from_secs(130)).await;
+    assert_eq!(sink.writes("n"), writes, "a node let go is never written");
+}
+
+#[tokio::test(start_paused = true)]
+async fn without_annotate_cilium_ignore_the_annotation_is_never_written() {
+    use eni_operator::crd::CILIUM_IGNORE_ANNOTATION;
+    let w = world();
+    let sink = Arc::new(MemorySink::new());
+    let (_core, tx, _task) = start(w.sim.clone(), &sink, config(4));
+    let inst = w
+        .sim
+        .run_instance("m5.large", &w.subnet, std::slice::from_ref(&w.sg));
+    let n = sink.put(&agent_node(&w, "n", &inst.id, 4));
+    tx.send(NodeInput::Upsert(Box::new(n))).await.unwrap();
+    assert!(wait_until(|| served(&sink, "n", 4), Duration::from_secs(30)).await);
+    assert_eq!(annotation(&sink, "n", CILIUM_IGNORE_ANNOTATION), None);
+    assert_eq!(sink.writes("n").metadata, 1, "the finalizer only");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_core_is_warm_once_its_first_full_refresh_succeeded() {
+    let w = world();
+    w.sim
+        .set_latency(Operation::DescribeSubnets, Duration::from_secs(3));
+    let sink = Arc::new(MemorySink::new());
+    let core = Core::new(
+        Arc::new(w.sim.clone()),
+        sink.clone(),
+        config(4),
+        RuntimeMetrics::default(),
+    );
+    let warm = core.warm();
+    assert!(!*warm.borrow());
+    let (_tx, rx) = mpsc::channel(16);
+    let _task = tokio::spawn(core.clone().run(rx, std::future::pending()));
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(!*warm.borrow(), "still listing subnets");
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert!(*warm.borrow());
+}

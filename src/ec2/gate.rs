@@ -186,6 +186,14 @@ struct OutcomeLabels {
     outcome: &'static str,
 }
 
+/// Cilium's `ec2_api_duration_seconds` labels: `response_code` is `OK`, or the AWS error code
+/// (`RequestLimitExceeded`, ...) or a local one (`Timeout`) of a failed call.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CallLabels {
+    operation: &'static str,
+    response_code: String,
+}
+
 type HistogramFamily = Family<OpLabels, Histogram, fn() -> Histogram>;
 
 fn latency_histogram() -> Histogram {
@@ -196,7 +204,7 @@ fn latency_histogram() -> Histogram {
 #[derive(Clone, Debug)]
 pub struct GateMetrics {
     calls: Family<OutcomeLabels, Counter>,
-    duration: HistogramFamily,
+    duration: Family<CallLabels, Histogram, fn() -> Histogram>,
     wait: HistogramFamily,
     retries: Family<OpLabels, Counter>,
     throttled: Family<OpLabels, Counter>,
@@ -226,7 +234,7 @@ impl GateMetrics {
         );
         registry.register(
             "ec2_api_duration_seconds",
-            "Latency of one EC2 API call",
+            "Latency of one EC2 API call, by operation and response code",
             self.duration.clone(),
         );
         registry.register(
@@ -412,7 +420,13 @@ impl<E: Ec2> Gate<E> {
         let result = call.await;
         self.metrics
             .duration
-            .get_or_create(&labels)
+            .get_or_create(&CallLabels {
+                operation: op.name(),
+                response_code: match &result {
+                    Ok(_) => "OK".to_string(),
+                    Err(e) => e.code.clone(),
+                },
+            })
             .observe(started.elapsed().as_secs_f64());
         let outcome = match &result {
             Ok(_) => {

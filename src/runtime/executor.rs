@@ -14,6 +14,7 @@ use crate::ec2::{AddressRequest, Attachment, Ec2, Ec2Error, ErrorKind, NetworkIn
 use crate::ipam::{Action, Assign, CreateEni, Release};
 
 use super::cache::{Ec2Cache, next_free_index};
+use super::metrics::{self, RuntimeMetrics};
 
 /// Device-index conflicts are retried this many times in all.
 pub const ATTACH_ATTEMPTS: usize = 5;
@@ -53,6 +54,7 @@ impl ExecOutcome {
 pub struct Executor<E> {
     ec2: Arc<E>,
     cache: Arc<RwLock<Ec2Cache>>,
+    metrics: RuntimeMetrics,
 }
 
 fn now() -> Instant {
@@ -61,7 +63,17 @@ fn now() -> Instant {
 
 impl<E: Ec2> Executor<E> {
     pub fn new(ec2: Arc<E>, cache: Arc<RwLock<Ec2Cache>>) -> Self {
-        Self { ec2, cache }
+        Self {
+            ec2,
+            cache,
+            metrics: RuntimeMetrics::default(),
+        }
+    }
+
+    /// Count ENIs and addresses into these metrics (default: unregistered ones).
+    pub fn with_metrics(mut self, metrics: RuntimeMetrics) -> Self {
+        self.metrics = metrics;
+        self
     }
 
     fn cache(&self) -> std::sync::RwLockWriteGuard<'_, Ec2Cache> {
@@ -118,15 +130,18 @@ impl<E: Ec2> Executor<E> {
             }
         }
         match result {
-            Ok(_) => ExecOutcome {
-                changed: true,
-                success: Some(Success::IpsAllocated {
-                    eni_id: a.eni_id.clone(),
-                    addresses: request.addresses(),
-                }),
-                warning,
-                ..ExecOutcome::default()
-            },
+            Ok(_) => {
+                self.metrics.allocated(&a.subnet_id, request.addresses());
+                ExecOutcome {
+                    changed: true,
+                    success: Some(Success::IpsAllocated {
+                        eni_id: a.eni_id.clone(),
+                        addresses: request.addresses(),
+                    }),
+                    warning,
+                    ..ExecOutcome::default()
+                }
+            }
             Err(e) => ExecOutcome::failed(e),
         }
     }
@@ -162,6 +177,12 @@ impl<E: Ec2> Executor<E> {
                 eni.id, eni.subnet_id
             )
         });
+        let inline = if warning.is_some() {
+            0
+        } else {
+            requested.addresses()
+        };
+        self.metrics.eni_created(&eni.subnet_id, inline);
 
         let mut index = c.device_index;
         let mut attach_result = Err(None);
@@ -172,6 +193,7 @@ impl<E: Ec2> Executor<E> {
                 .await
             {
                 Ok(id) => {
+                    self.metrics.enis_attached.inc();
                     attach_result = Ok(id);
                     break;
                 }
@@ -195,8 +217,11 @@ impl<E: Ec2> Executor<E> {
             Ok(id) => id,
             Err(e) => {
                 // Never leave an unattached ENI behind; the GC catches it if this fails too.
-                if let Err(del) = self.ec2.delete_network_interface(&eni.id).await {
-                    warn!(eni = %eni.id, error = %del, "could not delete the ENI after a failed attach");
+                match self.ec2.delete_network_interface(&eni.id).await {
+                    Ok(()) => self.metrics.eni_deleted(metrics::DELETED_ATTACH_FAILED, 1),
+                    Err(del) => {
+                        warn!(eni = %eni.id, error = %del, "could not delete the ENI after a failed attach")
+                    }
                 }
                 let e = e.expect("at least one attach attempt");
                 if e.kind == ErrorKind::InstanceNotRunning {
@@ -221,11 +246,7 @@ impl<E: Ec2> Executor<E> {
             changed: true,
             success: Some(Success::EniCreated {
                 eni_id: eni_id.clone(),
-                addresses: if warning.is_some() {
-                    0
-                } else {
-                    requested.addresses()
-                },
+                addresses: inline,
             }),
             warning,
             ..ExecOutcome::default()
@@ -298,6 +319,17 @@ impl<E: Ec2> Executor<E> {
     }
 
     async fn release(&self, r: &Release) -> ExecOutcome {
+        // For the per-subnet counters; releases are rare (EC2-rate-limited), so a scan is fine.
+        let subnet_id = self
+            .cache
+            .read()
+            .expect("cache lock")
+            .instances
+            .values()
+            .flat_map(|e| &e.enis)
+            .find(|n| n.id == r.eni_id)
+            .map(|n| n.subnet_id.clone())
+            .unwrap_or_default();
         if !r.prefixes.is_empty() {
             if let Err(e) = self
                 .ec2
@@ -308,6 +340,8 @@ impl<E: Ec2> Executor<E> {
             }
             self.cache()
                 .remove_addresses(&r.eni_id, &[], &r.prefixes, now());
+            self.metrics
+                .released(&subnet_id, r.prefixes.len() as u32 * 16);
         }
         let ips: Vec<_> = r
             .ips
@@ -335,6 +369,7 @@ impl<E: Ec2> Executor<E> {
                 };
             }
             self.cache().remove_addresses(&r.eni_id, &ips, &[], now());
+            self.metrics.released(&subnet_id, ips.len() as u32);
         }
         // Addresses covered by the released prefixes are released with them.
         done.ips = r.ips.clone();

@@ -11,6 +11,8 @@ use tracing::{debug, info};
 use crate::ec2::{Ec2, EniFilter, EniState, NetworkInterface, Result, Tags, collect_pages};
 use crate::ipam::ownership::{CLUSTER_TAG, is_owned_by};
 
+use super::metrics::{DELETED_GC, RuntimeMetrics};
+
 /// Default per-run cap on deletions (and on marks), as Cilium's.
 pub const DEFAULT_MAX_PER_RUN: usize = 25;
 
@@ -28,6 +30,7 @@ pub struct EniGc {
     cluster: String,
     max_per_run: usize,
     marked: BTreeSet<String>,
+    metrics: RuntimeMetrics,
 }
 
 impl EniGc {
@@ -36,7 +39,14 @@ impl EniGc {
             cluster: cluster.into(),
             max_per_run: max_per_run.max(1),
             marked: BTreeSet::new(),
+            metrics: RuntimeMetrics::default(),
         }
+    }
+
+    /// Count runs and deletions into these metrics (default: unregistered ones).
+    pub fn with_metrics(mut self, metrics: RuntimeMetrics) -> Self {
+        self.metrics = metrics;
+        self
     }
 
     /// Eligible: ours, for this cluster, unattached and `available`.
@@ -73,6 +83,18 @@ impl EniGc {
 
     /// One GC run: list (paginated, filtered by status and our cluster tag), decide, delete.
     pub async fn run_once<E: Ec2>(&mut self, ec2: &E, subnet_ids: &[String]) -> Result<GcReport> {
+        let result = self.run_inner(ec2, subnet_ids).await;
+        match &result {
+            Ok(r) => {
+                self.metrics.gc_run(true, r.marked);
+                self.metrics.eni_deleted(DELETED_GC, r.deleted.len() as u64);
+            }
+            Err(_) => self.metrics.gc_run(false, 0),
+        }
+        result
+    }
+
+    async fn run_inner<E: Ec2>(&mut self, ec2: &E, subnet_ids: &[String]) -> Result<GcReport> {
         let filter = EniFilter {
             subnet_ids: subnet_ids.to_vec(),
             tags: Tags::from([(CLUSTER_TAG.to_string(), self.cluster.clone())]),
@@ -110,8 +132,9 @@ pub async fn run_loop<E: Ec2>(
     subnet_ids: Vec<String>,
     interval: std::time::Duration,
     max_per_run: usize,
+    metrics: RuntimeMetrics,
 ) {
-    let mut gc = EniGc::new(cluster, max_per_run);
+    let mut gc = EniGc::new(cluster, max_per_run).with_metrics(metrics);
     let mut tick = tokio::time::interval(interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {

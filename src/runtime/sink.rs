@@ -95,6 +95,14 @@ pub trait NodeSink: Send + Sync + 'static {
         present: bool,
     ) -> impl Future<Output = SinkResult<Option<CiliumNode>>> + Send;
 
+    /// Set (`Some`) or remove (`None`) one annotation, touching no other key.
+    fn set_annotation(
+        &self,
+        node: &NodeRef,
+        key: &str,
+        value: Option<&str>,
+    ) -> impl Future<Output = SinkResult<Option<CiliumNode>>> + Send;
+
     fn delete(&self, name: &str) -> impl Future<Output = SinkResult<()>> + Send;
 
     /// Whether the Kubernetes Node of this name exists right now. Asked by the finalizer at the
@@ -122,6 +130,12 @@ pub fn finalizer_patch(node: &NodeRef, present: bool) -> Option<Value> {
         "finalizers": list,
         "resourceVersion": node.resource_version,
     }}))
+}
+
+/// The merge patch of one annotation (`null` removes it): no resourceVersion is needed, since it
+/// cannot drop anyone else's annotation or field.
+pub fn annotation_patch(key: &str, value: Option<&str>) -> Value {
+    json!({"metadata": {"annotations": {key: value}}})
 }
 
 /// A write's patch, with `metadata.resourceVersion` when it asks for one.
@@ -251,6 +265,23 @@ impl NodeSink for KubeSink {
         let Some(patch) = finalizer_patch(node, present) else {
             return Ok(None);
         };
+        match self
+            .api
+            .patch(&node.name, &self.params, &Patch::Merge(&patch))
+            .await
+        {
+            Ok(obj) => Ok(Some(obj)),
+            Err(e) => Err(self.classify(&node.name, e).await),
+        }
+    }
+
+    async fn set_annotation(
+        &self,
+        node: &NodeRef,
+        key: &str,
+        value: Option<&str>,
+    ) -> SinkResult<Option<CiliumNode>> {
+        let patch = annotation_patch(key, value);
         match self
             .api
             .patch(&node.name, &self.params, &Patch::Merge(&patch))
@@ -520,6 +551,16 @@ impl NodeSink for MemorySink {
         }
     }
 
+    async fn set_annotation(
+        &self,
+        node: &NodeRef,
+        key: &str,
+        value: Option<&str>,
+    ) -> SinkResult<Option<CiliumNode>> {
+        self.patch(&node.name, &annotation_patch(key, value), None)
+            .map(Some)
+    }
+
     async fn delete(&self, name: &str) -> SinkResult<()> {
         self.begin_delete(name);
         Ok(())
@@ -630,6 +671,32 @@ mod tests {
         // Without a schema everything is kept.
         let plain = MemorySink::new();
         assert!(plain.put(&n).spec.extra.contains_key("not-in-the-schema"));
+    }
+
+    #[tokio::test]
+    async fn an_annotation_patch_touches_only_its_key() {
+        let sink = MemorySink::new();
+        let mut n = node("n1");
+        n.metadata.annotations = Some([("other".to_string(), "kept".to_string())].into());
+        let stored = sink.put(&n);
+        let out = sink
+            .set_annotation(&NodeRef::of(&stored), "k", Some("true"))
+            .await
+            .unwrap()
+            .unwrap();
+        let a = out.metadata.annotations.unwrap();
+        assert_eq!(a.get("k").map(String::as_str), Some("true"));
+        assert_eq!(a.get("other").map(String::as_str), Some("kept"));
+        // A stale version does not matter: the patch carries none.
+        let out = sink
+            .set_annotation(&NodeRef::of(&stored), "k", None)
+            .await
+            .unwrap()
+            .unwrap();
+        let a = out.metadata.annotations.unwrap();
+        assert!(!a.contains_key("k"));
+        assert_eq!(a.get("other").map(String::as_str), Some("kept"));
+        assert_eq!(sink.writes("n1").metadata, 2);
     }
 
     #[tokio::test]

@@ -523,7 +523,7 @@ async fn unassigning_ips_and_prefixes_takes_two_tokens() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn metrics_count_calls_by_outcome() {
+async fn metrics_count_calls_by_outcome_and_response_code() {
     let fake = Fake::default();
     fake.fail(
         Operation::AssignPrivateIpAddresses,
@@ -543,7 +543,8 @@ async fn metrics_count_calls_by_outcome() {
         r#"ec2_api_calls_total{operation="AssignPrivateIpAddresses",outcome="success"} 1"#,
         r#"ec2_api_retries_total{operation="AssignPrivateIpAddresses"} 1"#,
         r#"ec2_api_throttled_total{operation="AssignPrivateIpAddresses"} 1"#,
-        r#"ec2_api_duration_seconds_count{operation="AssignPrivateIpAddresses"} 2"#,
+        r#"ec2_api_duration_seconds_count{operation="AssignPrivateIpAddresses",response_code="RequestLimitExceeded"} 1"#,
+        r#"ec2_api_duration_seconds_count{operation="AssignPrivateIpAddresses",response_code="OK"} 1"#,
         r#"ec2_rate_limit_wait_seconds_count{operation="AssignPrivateIpAddresses"} 2"#,
     ] {
         assert!(text.contains(line), "missing {line} in\n{text}");
