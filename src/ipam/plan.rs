@@ -155,7 +155,18 @@ pub fn plan_node(
         instance_max
     };
     let alloc = Allocation::new(&demand, &marks, max, pending_pods, pd);
-    let (action, problem) = allocate(node, ec2, config, limits, enis, &usable, &alloc, now);
+    let token_generation = memory.eni_token_generation();
+    let (action, problem) = allocate(
+        node,
+        ec2,
+        config,
+        limits,
+        enis,
+        &usable,
+        &alloc,
+        now,
+        token_generation,
+    );
     NodePlan {
         demand,
         action,
@@ -212,6 +223,7 @@ fn allocate(
     usable: &[&NetworkInterface],
     alloc: &Allocation,
     now: Instant,
+    token_generation: u32,
 ) -> (Action, Option<Problem>) {
     if alloc.cap == 0 {
         return (Action::None, None);
@@ -260,7 +272,17 @@ fn allocate(
         };
         return (Action::None, Some(problem));
     };
-    match create(node, ec2, config, limits, enis, alloc, device_index, now) {
+    match create(
+        node,
+        ec2,
+        config,
+        limits,
+        enis,
+        alloc,
+        device_index,
+        now,
+        token_generation,
+    ) {
         Ok(Some(create)) => (Action::CreateEni(create), None),
         Ok(None) => (
             Action::None,
@@ -321,6 +343,7 @@ fn create(
     alloc: &Allocation,
     device_index: u32,
     now: Instant,
+    token_generation: u32,
 ) -> Result<Option<CreateEni>, Problem> {
     let subnets = select_subnets(node, ec2, limits.ipv4_per_eni)?;
     let security_groups = select_security_groups(node, ec2, enis)?;
@@ -348,6 +371,7 @@ fn create(
                 &subnet.id,
                 kind,
                 &attached,
+                token_generation,
             ),
         }
     };

@@ -8,7 +8,10 @@
 //! * a refresh that started before our own last change to an instance does not overwrite that
 //!   instance (it would resurrect a state we just changed);
 //! * our own results apply at once: created ENIs, assigned addresses merged as sets, unassigned
-//!   ones removed, subnet free counts adjusted.
+//!   ones removed, subnet free counts adjusted;
+//! * our own `available` ENIs tagged for a managed instance (left by a throttled attach or a
+//!   crash between create and attach) are kept with that instance as leftovers, so the next
+//!   pass attaches one instead of creating another.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::Ipv4Addr;
@@ -20,6 +23,7 @@ use crate::ec2::{
     Assigned, Attachment, EniState, InstanceTypeLimits, NetworkInterface, PREFIX_SIZE, RouteTable,
     SecurityGroup, Subnet, Vpc,
 };
+use crate::ipam::ownership::{INSTANCE_TAG, is_owned_by};
 use crate::ipam::{Ec2View, InstanceView};
 
 /// What the cache holds for one instance.
@@ -32,6 +36,8 @@ pub struct InstanceEntry {
     pub local_change: Option<Instant>,
     /// Attachments whose delete-on-termination flag still has to be set (eni -> attachment).
     pub pending_delete_on_termination: BTreeMap<String, String>,
+    /// Our ENIs created for this instance and left `available` (not in `enis`).
+    pub leftovers: Vec<NetworkInterface>,
 }
 
 /// Everything a full refresh lists, taken at `started`.
@@ -57,11 +63,21 @@ pub struct Ec2Cache {
     /// The last full refresh succeeded. False blocks every mutation (§1.2).
     pub healthy: bool,
     pub last_full_refresh: Option<Instant>,
+    /// `--cluster-name`: which unattached ENIs are ours to keep as leftovers.
+    pub cluster: String,
 }
 
 impl Ec2Cache {
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// A cache that keeps this cluster's unattached ENIs as leftovers of their instance.
+    pub fn for_cluster(cluster: impl Into<String>) -> Self {
+        Self {
+            cluster: cluster.into(),
+            ..Self::default()
+        }
     }
 
     /// Apply a successful full refresh.
@@ -79,17 +95,34 @@ impl Ec2Cache {
             .collect();
         self.route_tables = snap.route_tables;
         let mut by_instance: BTreeMap<String, Vec<NetworkInterface>> = BTreeMap::new();
+        let mut leftovers: BTreeMap<String, Vec<NetworkInterface>> = BTreeMap::new();
         for eni in snap.enis {
-            // ENIs without an attachment belong to no node (GC's business).
             if let Some(id) = eni.instance_id() {
                 by_instance.entry(id.to_string()).or_default().push(eni);
+            } else if let Some(id) = self.leftover_of(&eni) {
+                leftovers.entry(id).or_default().push(eni);
             }
         }
         for (id, enis) in by_instance {
             self.replace_instance(&id, enis, snap.started);
         }
+        // Only for managed instances; other unattached ENIs are the GC's business.
+        for (id, entry) in &mut self.instances {
+            if entry.local_change.is_none_or(|t| t <= snap.started) {
+                entry.leftovers = leftovers.remove(id).unwrap_or_default();
+            }
+        }
         self.healthy = true;
         self.last_full_refresh = Some(snap.started);
+    }
+
+    /// The instance an unattached ENI of ours was created for, if it is a leftover.
+    fn leftover_of(&self, eni: &NetworkInterface) -> Option<String> {
+        (eni.attachment.is_none()
+            && eni.state == EniState::Available
+            && is_owned_by(eni, &self.cluster))
+        .then(|| eni.tags.get(INSTANCE_TAG).cloned())
+        .flatten()
     }
 
     /// A full refresh failed: block mutations until the next one succeeds.
@@ -138,6 +171,10 @@ impl Ec2Cache {
                         .is_some_and(|a| !a.delete_on_termination)
             })
         });
+        // A per-instance describe cannot see unattached ENIs: keep those not attached now.
+        entry
+            .leftovers
+            .retain(|l| enis.iter().all(|e| e.id != l.id));
         entry.enis = enis;
     }
 
@@ -210,17 +247,62 @@ impl Ec2Cache {
         attachment: Attachment,
         now: Instant,
     ) {
-        let taken = 1 + eni.secondary_ips.len() as i64 + eni.prefixes.len() as i64 * 16;
-        self.adjust_subnet(&eni.subnet_id.clone(), -taken);
         let instance = attachment.instance_id.clone();
+        let was_leftover = self
+            .instances
+            .get(&instance)
+            .is_some_and(|e| e.leftovers.iter().any(|l| l.id == eni.id));
+        if !was_leftover {
+            // A leftover's addresses were taken from the subnet when it was created.
+            let taken = 1 + eni.secondary_ips.len() as i64 + eni.prefixes.len() as i64 * 16;
+            self.adjust_subnet(&eni.subnet_id.clone(), -taken);
+        }
         eni.state = EniState::InUse;
         eni.attachment = Some(attachment);
         let entry = self.instances.entry(instance).or_default();
+        entry.leftovers.retain(|e| e.id != eni.id);
         entry.gone = false;
         entry.local_change = Some(now);
         entry.enis.retain(|e| e.id != eni.id);
         entry.enis.push(eni);
         entry.enis.sort_by(|a, b| a.id.cmp(&b.id));
+    }
+
+    /// Our new ENI could not be attached yet (throttled, no answer): keep it as a leftover of
+    /// the instance so the next pass attaches it instead of creating another.
+    pub fn add_leftover(&mut self, instance_id: &str, eni: NetworkInterface, now: Instant) {
+        let Some(entry) = self.instances.get_mut(instance_id) else {
+            return;
+        };
+        entry.local_change = Some(now);
+        if entry.leftovers.iter().any(|e| e.id == eni.id) {
+            return;
+        }
+        let taken = 1 + eni.secondary_ips.len() as i64 + eni.prefixes.len() as i64 * 16;
+        let subnet = eni.subnet_id.clone();
+        entry.leftovers.push(eni);
+        self.adjust_subnet(&subnet, -taken);
+    }
+
+    /// A leftover was deleted or turned out not to exist.
+    pub fn remove_leftover(&mut self, eni_id: &str) {
+        for e in self.instances.values_mut() {
+            e.leftovers.retain(|l| l.id != eni_id);
+        }
+    }
+
+    /// An attached ENI by ID.
+    pub fn eni(&self, eni_id: &str) -> Option<&NetworkInterface> {
+        self.instances
+            .values()
+            .find_map(|e| e.enis.iter().find(|n| n.id == eni_id))
+    }
+
+    /// Our unattached ENIs kept for an instance.
+    pub fn leftovers(&self, instance_id: &str) -> &[NetworkInterface] {
+        self.instances
+            .get(instance_id)
+            .map_or(&[], |e| e.leftovers.as_slice())
     }
 
     /// An assign succeeded: merge what EC2 reports as a set (emulators may list everything).
