@@ -641,6 +641,35 @@ mod tests {
     }
 
     #[test]
+    fn a_retired_token_is_not_reused_for_the_next_create() {
+        let mut w = World::new();
+        w.enis[0] = eni_with_ips("eni-0", 0, "subnet-a", 9);
+        let mut n = node();
+        n.spec.ipam.min_allocate = 17;
+        let cfg = IpamConfig::default();
+        let mut mem = NodeMemory::new();
+        let token =
+            |mem: &mut NodeMemory| match plan_node(&n, &w.view(), &cfg, mem, Instant::now(), 0)
+                .action
+            {
+                Action::CreateEni(c) => c.attempts[0].client_token.clone(),
+                other => panic!("{other:?}"),
+            };
+        let first = token(&mut mem);
+        assert_eq!(
+            first,
+            token(&mut mem),
+            "a retry of the same intent repeats it"
+        );
+        mem.retire_eni_token();
+        assert_ne!(
+            first,
+            token(&mut mem),
+            "same instance, index, subnet, attached set"
+        );
+    }
+
+    #[test]
     fn at_capacity_and_full_subnets() {
         let mut w = World::new();
         w.enis = vec![

@@ -553,6 +553,68 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn our_unattached_enis_of_managed_instances_are_kept_as_leftovers() {
+        use crate::ipam::ownership::ownership_tags;
+        let t = Instant::now();
+        let mut c = Ec2Cache::for_cluster("prod");
+        let owned = |id: &str, instance: &str, cluster: &str| {
+            let mut e = eni(id, None, "subnet-1");
+            e.tags = ownership_tags(cluster, instance);
+            e
+        };
+        c.apply_full(snap(
+            t,
+            vec![
+                eni("eni-a", Some(("i-a", 0)), "subnet-1"),
+                owned("eni-left", "i-a", "prod"),
+                owned("eni-other-cluster", "i-a", "staging"),
+                owned("eni-unmanaged", "i-z", "prod"),
+                eni("eni-untagged", None, "subnet-1"),
+            ],
+        ));
+        let ids = |c: &Ec2Cache| -> Vec<String> {
+            c.leftovers("i-a").iter().map(|e| e.id.clone()).collect()
+        };
+        assert_eq!(ids(&c), ["eni-left"]);
+        assert!(
+            c.instance("i-z").is_none(),
+            "no entry for an unmanaged instance"
+        );
+        // A per-instance describe cannot see it: it stays.
+        c.apply_instances(
+            &["i-a".into()],
+            vec![eni("eni-a", Some(("i-a", 0)), "subnet-1")],
+            t + Duration::from_secs(1),
+        );
+        assert_eq!(ids(&c), ["eni-left"]);
+        // Attached by us: no longer a leftover, and its addresses were counted already.
+        let free = c.subnets["subnet-1"].available_addresses;
+        let attach = Attachment {
+            id: "attach-left".into(),
+            instance_id: "i-a".into(),
+            device_index: 1,
+            delete_on_termination: false,
+        };
+        c.add_attached_eni(
+            owned("eni-left", "i-a", "prod"),
+            attach,
+            t + Duration::from_secs(2),
+        );
+        assert!(ids(&c).is_empty());
+        assert_eq!(c.subnets["subnet-1"].available_addresses, free);
+        // One of our own (throttled attach) survives a listing that started before it.
+        c.add_leftover(
+            "i-a",
+            owned("eni-new", "i-a", "prod"),
+            t + Duration::from_secs(5),
+        );
+        c.apply_full(snap(t + Duration::from_secs(4), vec![]));
+        assert_eq!(ids(&c), ["eni-new"]);
+        c.remove_leftover("eni-new");
+        assert!(ids(&c).is_empty());
+    }
+
+    #[test]
     fn next_free_index_skips_used() {
         let used: BTreeSet<u32> = [0, 1, 2, 4].into();
         assert_eq!(next_free_index(&used, 1), 3);
