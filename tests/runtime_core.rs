@@ -1191,3 +1191,51 @@ async fn a_lost_answer_to_an_assign_does_not_double_the_addresses() {
         "the assign was carried out once"
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn twenty_nodes_under_a_tenth_of_the_aws_rates_all_get_their_enis() {
+    // Other tools drain the account's buckets: EC2 lets us have a tenth of its published rates
+    // (refills rounded up to 1/s), while the gate believes it has 80 %. Throttled attaches
+    // must not strand a node behind a burned token.
+    const NODES: usize = 20;
+    let w = world();
+    for b in eni_operator::ec2::Bucket::ALL {
+        let (burst, rate) = b.aws_default();
+        w.sim.set_bucket(b, (burst / 10).max(1), (rate / 10).max(1));
+    }
+    let sink = Arc::new(MemorySink::new());
+    let gate = Gate::new(w.sim.clone(), GateConfig::aws_defaults());
+    let (_core, tx, _task) = start(gate, &sink, config(20));
+    let mut names = Vec::new();
+    for i in 0..NODES {
+        let inst = w
+            .sim
+            .run_instance("m5.large", &w.subnet, std::slice::from_ref(&w.sg));
+        let name = format!("node-{i}");
+        let n = sink.put(&agent_node(&w, &name, &inst.id, 8));
+        tx.send(NodeInput::Upsert(Box::new(n))).await.unwrap();
+        names.push(name);
+    }
+    let all = wait_until(
+        || names.iter().all(|n| served(&sink, n, 8)),
+        Duration::from_secs(600),
+    )
+    .await;
+    let stuck: Vec<_> = names
+        .iter()
+        .filter(|n| !served(&sink, n, 8))
+        .map(|n| (n.clone(), operator_error(&sink, n)))
+        .collect();
+    assert!(all, "stuck: {stuck:?}");
+    assert!(
+        w.sim
+            .stats()
+            .get(Operation::AttachNetworkInterface)
+            .throttled
+            > 0,
+        "the scenario throttled attaches"
+    );
+    // Served nodes leave nothing behind (the GC would, after two rounds).
+    assert!(our_available_enis(&w.sim).await.is_empty());
+    w.sim.check_invariants().unwrap();
+}

@@ -274,10 +274,11 @@ impl Ec2Cache {
         let Some(entry) = self.instances.get_mut(instance_id) else {
             return;
         };
-        entry.local_change = Some(now);
         if entry.leftovers.iter().any(|e| e.id == eni.id) {
+            // Known already: not a change (and no reason to hold off refreshes).
             return;
         }
+        entry.local_change = Some(now);
         let taken = 1 + eni.secondary_ips.len() as i64 + eni.prefixes.len() as i64 * 16;
         let subnet = eni.subnet_id.clone();
         entry.leftovers.push(eni);
