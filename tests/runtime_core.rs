@@ -1239,3 +1239,39 @@ async fn twenty_nodes_under_a_tenth_of_the_aws_rates_all_get_their_enis() {
     assert!(our_available_enis(&w.sim).await.is_empty());
     w.sim.check_invariants().unwrap();
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_lost_answer_to_an_attach_is_found_attached() {
+    let w = world();
+    // The attach is carried out but its answer never arrives: the operator must look, not
+    // repeat it (refused "in use") and then try to delete an attached ENI.
+    w.sim
+        .inject_lost_answer(Operation::AttachNetworkInterface, 1);
+    let sink = Arc::new(MemorySink::new());
+    let gate = Gate::new(w.sim.clone(), GateConfig::aws_defaults());
+    let (_core, tx, _task) = start(gate, &sink, config(4));
+    let inst = w
+        .sim
+        .run_instance("m5.large", &w.subnet, std::slice::from_ref(&w.sg));
+    let n = sink.put(&agent_node(&w, "n", &inst.id, 8));
+    tx.send(NodeInput::Upsert(Box::new(n))).await.unwrap();
+    assert!(
+        wait_until(|| served(&sink, "n", 8), Duration::from_secs(60)).await,
+        "served: {:?}",
+        operator_error(&sink, "n")
+    );
+    let stats = w.sim.stats();
+    assert_eq!(
+        stats.get(Operation::AttachNetworkInterface).calls,
+        1,
+        "not repeated"
+    );
+    assert_eq!(stats.get(Operation::DeleteNetworkInterface).calls, 0);
+    assert_eq!(stats.get(Operation::CreateNetworkInterface).calls, 1);
+    assert!(
+        !sink.events("n").iter().any(|e| e.warning),
+        "no error: {:?}",
+        sink.events("n")
+    );
+    assert_eq!(our_attached(&w.sim, &inst.id).await.len(), 1);
+}
