@@ -19,6 +19,7 @@ use crate::checks::{
     self, FORBIDDEN_ACCESS, NodeVariant, REQUIRED_ACCESS, RUN_LABEL, available, served,
 };
 use crate::ec2seed::{self, EniView, Instance, OWNER_INSTANCE_TAG, World};
+use crate::faultproxy::{Fault, FaultProxy};
 use crate::operator::{OperatorOptions, Operators};
 
 /// Every scenario, in the order they run.
@@ -32,10 +33,15 @@ pub const ALL: &[&str] = &[
     "node-deletion",
     "leader-failover",
     "restart-mid-allocation",
+    "attach-faults",
     "bad-input",
     "rbac",
     "cilium-crd-steady-state",
 ];
+
+/// Scenarios that need the operator on this machine (a fault proxy in front of EC2): left out
+/// of the default list in-cluster.
+pub const LOCAL_ONLY: &[&str] = &["attach-faults"];
 
 /// Suite settings.
 #[derive(Clone, Debug)]
@@ -74,6 +80,8 @@ pub struct Suite {
     pub cfg: SuiteConfig,
     nodes: Vec<TestNode>,
     seq: u32,
+    /// A scenario's fault proxy, kept until its operators are stopped in the clean-up.
+    fault_proxy: Option<FaultProxy>,
 }
 
 /// Returned by a poll to stop waiting at once.
@@ -133,6 +141,7 @@ impl Suite {
             cfg,
             nodes: Vec::new(),
             seq: 0,
+            fault_proxy: None,
         }
     }
 
@@ -157,6 +166,7 @@ impl Suite {
             "node-deletion" => self.node_deletion().await,
             "leader-failover" => self.leader_failover().await,
             "restart-mid-allocation" => self.restart_mid_allocation().await,
+            "attach-faults" => self.attach_faults().await,
             "bad-input" => self.bad_input().await,
             "rbac" => self.rbac().await,
             "cilium-crd-steady-state" => self.cilium_crd_steady_state().await,
@@ -171,6 +181,7 @@ impl Suite {
             Ok(())
         };
         let cleanup = self.cleanup().await;
+        self.fault_proxy = None;
         body.and(invariants).and(cleanup)
     }
 
@@ -1152,6 +1163,64 @@ impl Suite {
         for &i in &idxs {
             self.assert_eni_count_at_most(i, 18).await?;
         }
+        Ok(())
+    }
+
+    /// The first attaches are refused for good by EC2 (a fault proxy between the operator and
+    /// the endpoint answers them `InvalidParameterValue`). The operator deletes each refused
+    /// ENI and creates the next with a fresh ClientToken (the old one now names a deleted ENI),
+    /// so every node converges and none of our ENIs stays `available`.
+    async fn attach_faults(&mut self) -> Result<()> {
+        const FAULTS: usize = 3;
+        const ATTACH: &str = "AttachNetworkInterface";
+        ensure!(
+            self.ops.is_local(),
+            "attach-faults needs local mode: the fault proxy runs next to the suite"
+        );
+        let proxy = FaultProxy::start(&self.ops.settings.ec2_endpoint).await?;
+        proxy.fail_next(ATTACH, FAULTS, Fault::refused("InvalidParameterValue"));
+        let url = proxy.url();
+        self.fault_proxy = Some(proxy);
+        self.start_ops(
+            OperatorOptions {
+                ec2_endpoint: Some(url),
+                ..Default::default()
+            },
+            1,
+        )
+        .await?;
+        // 12 pods need a second ENI on both types: at least two attaches after the faults.
+        let mut idxs = Vec::new();
+        for (t, z, g) in [
+            ("m5.large", 0, Generation::Classic),
+            ("m5.xlarge", 1, Generation::MultiPool),
+        ] {
+            idxs.push(
+                self.add_node(t, z, Some(g), 12, NodeVariant::default())
+                    .await?,
+            );
+        }
+        self.wait_served(&idxs, self.cfg.timeout).await?;
+        let proxy = self.fault_proxy.as_ref().expect("set above");
+        ensure!(
+            proxy.injected(ATTACH) == FAULTS,
+            "{} of {FAULTS} attach faults were injected ({} attaches forwarded)",
+            proxy.injected(ATTACH),
+            proxy.forwarded(ATTACH)
+        );
+        for &i in &idxs {
+            self.assert_eni_count_at_most(i, 12).await?;
+        }
+        // At once, not only after the GC intervals the invariants allow: a refused attach
+        // deletes its ENI.
+        let left: Vec<String> = self
+            .owned_enis()
+            .await?
+            .into_iter()
+            .filter(|e| e.status == "available")
+            .map(|e| e.id)
+            .collect();
+        ensure!(left.is_empty(), "ENIs of ours left available: {left:?}");
         Ok(())
     }
 

@@ -5,7 +5,9 @@
 //!   account), each overridable. Alternatively one bucket shared by every call (Cilium's mode), so
 //!   the benchmark can compare the two. Every attempt, and every page of a describe, takes a token.
 //! * **Retries.** `backon` exponential backoff with jitter, bounded attempts, only for throttled
-//!   and transient errors; client errors return at once. The SDK's own retry is off
+//!   and transient errors; client errors return at once. A transient failure (timeout, 5xx)
+//!   of a call without an idempotency token (assign, attach) is not repeated: it may have
+//!   taken effect, so the caller looks at EC2 instead. The SDK's own retry is off
 //!   ([`super::aws`]), so this is the only policy.
 //! * **Throttle penalty.** A throttled answer means the *account's* bucket at AWS is empty, so
 //!   every caller of that bucket, not only the failing call, must slow down. Each of our buckets
@@ -475,7 +477,9 @@ impl<E: Ec2> Gate<E> {
         (|| self.attempt(op, tokens, call()))
             .retry(backoff)
             .sleep(tokio::time::sleep)
-            .when(Ec2Error::is_retryable)
+            .when(|e: &Ec2Error| {
+                e.is_throttled() || (e.is_retryable() && op.repeatable_after_lost_answer())
+            })
             .notify(|err: &Ec2Error, delay: Duration| {
                 self.counters.retries[op_index(op)].fetch_add(1, Ordering::Relaxed);
                 self.metrics

@@ -160,7 +160,9 @@ enum Done {
 
 impl<E: Ec2, S: NodeSink> Core<E, S> {
     pub fn new(ec2: Arc<E>, sink: Arc<S>, config: CoreConfig, metrics: RuntimeMetrics) -> Self {
-        let cache = Arc::new(RwLock::new(Ec2Cache::new()));
+        let cache = Arc::new(RwLock::new(Ec2Cache::for_cluster(
+            config.ipam.cluster_name.clone(),
+        )));
         let refresher = Refresher::new(
             ec2.clone(),
             cache.clone(),
@@ -708,6 +710,9 @@ impl<E: Ec2, S: NodeSink> Core<E, S> {
         if let Some(r) = &exec.released {
             memory.record_released(r, now());
         }
+        if exec.retire_token {
+            memory.retire_eni_token();
+        }
         let problem = match &exec.error {
             Some(e) => {
                 inner.metrics.error(&e.code);
@@ -751,6 +756,12 @@ impl<E: Ec2, S: NodeSink> Core<E, S> {
                 Success::EniCreated { eni_id, addresses } => NodeEvent::normal(
                     "EniCreated",
                     format!("created and attached {eni_id} with {addresses} addresses"),
+                ),
+                Success::EniAttached { eni_id, addresses } => NodeEvent::normal(
+                    "EniAttached",
+                    format!(
+                        "attached {eni_id} (left unattached earlier) with {addresses} addresses"
+                    ),
                 ),
                 Success::IpsAllocated { eni_id, addresses } => NodeEvent::normal(
                     "IpsAllocated",

@@ -3,6 +3,11 @@
 //!
 //! Only ENIs carrying our ownership tags for this cluster are ever considered; untagged ENIs
 //! and Cilium's are never touched. The decision ([`EniGc::round`]) is pure.
+//!
+//! The allocation core attaches such an ENI of a managed instance on the node's next pass
+//! (seconds), long before a second sighting an interval later. Should the GC win anyway (the
+//! node backed off for longer), the attach finds the ENI gone and the node creates another
+//! with a fresh token; if the attach wins, the delete is refused ("in use") and only logged.
 
 use std::collections::BTreeSet;
 

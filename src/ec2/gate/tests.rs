@@ -363,6 +363,40 @@ async fn transient_failures_are_retried() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_lost_answer_of_a_call_without_a_token_is_not_repeated() {
+    // A 5xx or timeout may hide an assign or attach that took effect: repeating it would
+    // assign the addresses twice. Throttled answers were not carried out and are repeated.
+    let fake = Fake::default();
+    fake.fail(Operation::AssignPrivateIpAddresses, "InternalError", 1);
+    fake.fail(Operation::AttachNetworkInterface, "InternalError", 1);
+    let g = gate(fake, GateConfig::aws_defaults());
+    let err = g
+        .assign_private_ip_addresses("eni-1", AddressRequest::Ips(3))
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind, ErrorKind::Transient);
+    let err = g
+        .attach_network_interface("eni-1", "i-1", 1)
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind, ErrorKind::Transient);
+    assert_eq!(g.inner().times(None).len(), 2, "no repeat");
+    g.inner().fail(
+        Operation::AssignPrivateIpAddresses,
+        "RequestLimitExceeded",
+        1,
+    );
+    g.assign_private_ip_addresses("eni-1", AddressRequest::Ips(3))
+        .await
+        .unwrap();
+    assert_eq!(
+        g.inner().times(None).len(),
+        4,
+        "a throttled assign is repeated"
+    );
+}
+
+#[tokio::test(start_paused = true)]
 async fn client_errors_are_not_retried() {
     let fake = Fake::default();
     fake.fail(
