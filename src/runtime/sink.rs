@@ -691,6 +691,107 @@ mod tests {
         assert!(matches!(err, SinkError::Conflict(Some(_))));
     }
 
+    /// A loopback stand-in for the API server's `GET /api/v1/nodes/{name}`: "draining" has a
+    /// `deletionTimestamp` and Karpenter's finalizer, every other Node answers 404 (the
+    /// server's `Status` body). It answers a metadata-only GET as the API server does.
+    async fn fake_node_api() -> kube::Client {
+        use axum::extract::Path;
+        use axum::http::{HeaderMap, StatusCode, header};
+        let app = axum::Router::new().route(
+            "/api/v1/nodes/{name}",
+            axum::routing::get(|Path(name): Path<String>, headers: HeaderMap| async move {
+                let json = [(header::CONTENT_TYPE, "application/json")];
+                if name != "draining" {
+                    let status = json!({"kind": "Status", "apiVersion": "v1", "metadata": {},
+                        "status": "Failure", "reason": "NotFound", "code": 404,
+                        "message": format!("nodes \"{name}\" not found")});
+                    return (StatusCode::NOT_FOUND, json, status.to_string());
+                }
+                let metadata = json!({"name": name, "uid": "u1", "resourceVersion": "5",
+                    "finalizers": ["karpenter.sh/termination"],
+                    "deletionTimestamp": "2026-01-01T00:00:00Z"});
+                let accept = headers
+                    .get(header::ACCEPT)
+                    .and_then(|v| v.to_str().ok())
+                    .unwrap_or_default();
+                let body = if accept.contains("as=PartialObjectMetadata") {
+                    json!({"apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadata",
+                        "metadata": metadata})
+                } else {
+                    json!({"apiVersion": "v1", "kind": "Node", "metadata": metadata,
+                        "spec": {"providerID": "aws:///zone-a/i-1"}})
+                };
+                (StatusCode::OK, json, body.to_string())
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        let config = kube::Config::new(format!("http://{addr}").parse().unwrap());
+        kube::Client::try_from(config).unwrap()
+    }
+
+    #[tokio::test]
+    async fn kube_sink_counts_a_draining_node_as_present_and_only_a_404_as_gone() {
+        let sink = KubeSink::new(fake_node_api().await, None);
+        assert!(
+            sink.node_exists("draining").await.unwrap(),
+            "a Node with a deletionTimestamp is still there"
+        );
+        assert!(!sink.node_exists("gone").await.unwrap());
+    }
+
+    /// A loopback stand-in for the API server answering every PATCH and DELETE of a CiliumNode
+    /// with an object our types reject (the write took effect; only the answer does not parse).
+    async fn fake_unparsable_cilium_node_api() -> kube::Client {
+        use axum::http::header;
+        let answer = || async {
+            let body = json!({"apiVersion": "cilium.io/v2", "kind": "CiliumNode",
+                "metadata": {"name": "bad", "resourceVersion": "9",
+                             "deletionTimestamp": "2026-01-01T00:00:00Z"},
+                "spec": {"instance-id": "i-1", "ipam": {"pre-allocate": "lots"}}});
+            (
+                [(header::CONTENT_TYPE, "application/json")],
+                body.to_string(),
+            )
+        };
+        let app = axum::Router::new()
+            .route(
+                "/apis/cilium.io/v2/ciliumnodes/{name}",
+                axum::routing::patch(answer).delete(answer),
+            )
+            .route(
+                "/apis/cilium.io/v2/ciliumnodes/{name}/status",
+                axum::routing::patch(answer),
+            );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        let config = kube::Config::new(format!("http://{addr}").parse().unwrap());
+        kube::Client::try_from(config).unwrap()
+    }
+
+    #[tokio::test]
+    async fn kube_sink_deletes_and_finalizes_a_cilium_node_that_does_not_parse() {
+        let sink = KubeSink::new(fake_unparsable_cilium_node_api().await, None);
+        let r = NodeRef {
+            name: "bad".into(),
+            resource_version: Some("8".into()),
+            finalizers: vec![FINALIZER.into()],
+            ..NodeRef::default()
+        };
+        assert!(matches!(sink.set_finalizer(&r, false).await, Ok(None)));
+        assert!(sink.delete("bad").await.is_ok());
+        let report = ChangeSet {
+            writes: vec![Write {
+                subresource: Subresource::Status,
+                patch: json!({"status": {"ipam": {"operator-status": {"error": "x"}}}}),
+                needs_resource_version: false,
+            }],
+        };
+        assert!(matches!(sink.apply(&r, &report).await, Ok(None)));
+    }
+
     #[tokio::test]
     async fn a_draining_node_exists_until_its_last_finalizer_goes() {
         let sink = MemorySink::new();
