@@ -875,9 +875,9 @@ impl<E: Ec2, S: NodeSink> Core<E, S> {
             }
         };
         if readopted(&release, &allocated_cidrs(&fresh)) {
+            // The slot keeps the watched copy: the watch delivers this update (or a newer one)
+            // and re-plans; storing our read could overwrite a newer watched version.
             info!(node = name, eni = %release.eni_id, "the agent took back CIDRs planned for release; not releasing");
-            let stored = StoredNode::new(&fresh);
-            self.with_slot(name, |s| s.node = Some(stored));
             return Ok(None);
         }
         Ok(Some(release))
