@@ -27,6 +27,10 @@ cleanup() {
   local rc=$?
   log "cleaning up"
   kubectl delete nodes -l eni-operator-e2e/run --wait=false --ignore-not-found >/dev/null 2>&1 || true
+  # Nodes left draining by an interrupted `draining-node` (only the suite puts finalizers on them).
+  for n in $(kubectl get nodes -l eni-operator-e2e/run -o name 2>/dev/null); do
+    kubectl patch "$n" --type=merge -p '{"metadata":{"finalizers":null}}' >/dev/null 2>&1 || true
+  done
   # CiliumNodes whose finalizer nobody will remove any more (the operators are gone by now).
   for cn in $(kubectl get ciliumnodes -l eni-operator-e2e/run -o name 2>/dev/null); do
     kubectl patch "$cn" --type=merge -p '{"metadata":{"finalizers":null}}' >/dev/null 2>&1 || true

@@ -19,8 +19,10 @@ use tracing::{debug, info, warn};
 
 use crate::crd::{CILIUM_IGNORE_ANNOTATION, CiliumNode, FINALIZER, IGNORE_ANNOTATION};
 use crate::ec2::{Ec2, Ec2Error};
+use crate::ipam::release::{allocated_cidrs, readopted};
 use crate::ipam::{
-    self, ChangeSet, Demand, IpamConfig, NodeMemory, Problem, ProblemReason, Subresource, Write,
+    self, Action, ChangeSet, Demand, Generation, IpamConfig, NodeMemory, Problem, ProblemReason,
+    Release, Subresource, Write,
 };
 
 use super::cache::Ec2Cache;
@@ -78,7 +80,7 @@ pub enum NodeInput {
     /// A CiliumNode was added or changed (parsed).
     Upsert(Box<CiliumNode>),
     /// A CiliumNode that does not parse: report it on that object only.
-    Invalid { node: NodeRef, error: String },
+    Invalid(InvalidNode),
     /// The CiliumNode object is gone.
     Deleted(String),
     /// Whether the Kubernetes Node of that name exists.
@@ -87,10 +89,22 @@ pub enum NodeInput {
     PendingPods { name: String, count: u32 },
 }
 
+/// A CiliumNode that does not parse: what its metadata (and a lenient read) still tell, so its
+/// deletion and our finalizer are handled all the same.
+#[derive(Clone, Debug)]
+pub struct InvalidNode {
+    pub node: NodeRef,
+    pub error: String,
+    /// It carries a `deletionTimestamp`.
+    pub deleting: bool,
+    /// `spec.instance-id` when that field is readable, else empty.
+    pub instance_id: String,
+}
+
 #[derive(Debug, Default)]
 struct Slot {
     node: Option<StoredNode>,
-    invalid: Option<(NodeRef, String)>,
+    invalid: Option<InvalidNode>,
     invalid_reported: Option<String>,
     memory: NodeMemory,
     /// `None`: not known yet (treated as present: never pull ENIs from a live node).
@@ -140,6 +154,7 @@ fn now() -> Instant {
 
 fn priority_of(slot: &Slot) -> Priority {
     match &slot.node {
+        _ if slot.invalid.as_ref().is_some_and(|i| i.deleting) => Priority::Deleting,
         Some(n) if n.deleting() => Priority::Deleting,
         Some(_) if slot.k8s_node == Some(false) => Priority::Deleting,
         Some(n) if n.pool_empty() && slot.demand == Demand::default() => Priority::NoFreeIp(8),
@@ -477,11 +492,16 @@ impl<E: Ec2, S: NodeSink> Core<E, S> {
                     queue.push(name, p);
                 }
             }
-            NodeInput::Invalid { node, error } => {
-                let name = node.name.clone();
+            NodeInput::Invalid(invalid) => {
+                let name = invalid.node.name.clone();
                 let slot = slots.entry(name.clone()).or_default();
-                slot.invalid = Some((node, error));
-                queue.push(name, Priority::Routine);
+                let p = if invalid.deleting || slot.k8s_node == Some(false) {
+                    Priority::Deleting
+                } else {
+                    Priority::Routine
+                };
+                slot.invalid = Some(invalid);
+                queue.push(name, p);
             }
             NodeInput::Deleted(name) => {
                 queue.remove(&name);
@@ -499,7 +519,7 @@ impl<E: Ec2, S: NodeSink> Core<E, S> {
             NodeInput::NodePresent { name, present } => {
                 let slot = slots.entry(name.clone()).or_default();
                 slot.k8s_node = Some(present);
-                if !present && slot.node.is_some() {
+                if !present && (slot.node.is_some() || slot.invalid.is_some()) {
                     queue.push(name, Priority::Deleting);
                 }
             }
@@ -582,9 +602,10 @@ impl<E: Ec2, S: NodeSink> Core<E, S> {
                 slot.ignored,
             )
         };
-        if let Some((r, error)) = invalid {
+        if let Some(invalid) = invalid {
+            let last_instance = node.as_ref().map(|n| n.instance_id().to_string());
             return self
-                .report_invalid(name, &r, &error, invalid_reported)
+                .pass_invalid(name, invalid, invalid_reported, k8s_node, last_instance)
                 .await;
         }
         // Parsed outside the slots lock.
@@ -630,7 +651,9 @@ impl<E: Ec2, S: NodeSink> Core<E, S> {
             self.with_slot(name, |s| s.node = Some(stored));
         }
         if node.metadata.deletion_timestamp.is_some() {
-            return self.finalize(name, &node).await;
+            return self
+                .finalize(name, &NodeRef::of(&node), &node.spec.instance_id)
+                .await;
         }
 
         let has_finalizer = node
@@ -706,7 +729,25 @@ impl<E: Ec2, S: NodeSink> Core<E, S> {
                 .inc_by(started.elapsed().as_nanos() as u64);
             plan
         };
-        let exec = inner.executor.execute(&plan.action).await;
+        let checked;
+        let mut action = &plan.action;
+        if plan.demand.generation == Generation::MultiPool
+            && let Action::Release(r) = &plan.action
+        {
+            match self.check_multi_pool_release(name, r).await {
+                Ok(Some(release)) => {
+                    checked = Action::Release(release);
+                    action = &checked;
+                }
+                Ok(None) => {
+                    // Taken back: no EC2 call; the re-adoption's update re-plans the node.
+                    self.with_slot(name, |s| s.memory = memory);
+                    return (Outcome::Done, None);
+                }
+                Err(outcome) => return (outcome, None),
+            }
+        }
+        let exec = inner.executor.execute(action).await;
         if let Some(r) = &exec.released {
             memory.record_released(r, now());
         }
@@ -881,6 +922,78 @@ impl<E: Ec2, S: NodeSink> Core<E, S> {
         }
     }
 
+    /// §7.4 step 3, the last check before a multi-pool unassign: read the CiliumNode afresh
+    /// and release nothing the agent lists in `pools.allocated` again. The plan's copy can be
+    /// seconds old (a lagging watch; awaits that last 20 s under throttling), and the agent
+    /// re-adopts a dropped CIDR that is still attached when its demand grows (Cilium #46674).
+    /// One unassign call per pass (prefixes first, single addresses on the next pass), so the
+    /// check always directly precedes the call. `Ok(None)`: skip this pass.
+    async fn check_multi_pool_release(
+        &self,
+        name: &str,
+        planned: &Release,
+    ) -> Result<Option<Release>, Outcome> {
+        let mut release = planned.clone();
+        if !release.prefixes.is_empty() {
+            release.ips.clear();
+        }
+        let fresh = match self.inner.sink.fetch(name).await {
+            Ok(Some(fresh)) => fresh,
+            // Gone: the watch's delete follows.
+            Ok(None) => return Err(Outcome::Done),
+            Err(e) => {
+                warn!(node = name, error = %e, "cannot re-read the CiliumNode before a release");
+                return Err(Outcome::Failed);
+            }
+        };
+        if readopted(&release, &allocated_cidrs(&fresh)) {
+            // The slot keeps the watched copy: the watch delivers this update (or a newer one)
+            // and re-plans; storing our read could overwrite a newer watched version.
+            info!(node = name, eni = %release.eni_id, "the agent took back CIDRs planned for release; not releasing");
+            return Ok(None);
+        }
+        Ok(Some(release))
+    }
+
+    /// A CiliumNode that does not parse. Its deletion works from metadata alone (with the Node
+    /// gone, delete it; once deleted, release and drop our finalizer), so it never hangs in
+    /// Terminating; otherwise the error goes on the object.
+    async fn pass_invalid(
+        &self,
+        name: &str,
+        mut invalid: InvalidNode,
+        reported: Option<String>,
+        k8s_node: Option<bool>,
+        last_instance: Option<String>,
+    ) -> (Outcome, Option<Priority>) {
+        if k8s_node == Some(false) && !invalid.deleting {
+            match self.inner.sink.delete(name).await {
+                Ok(()) | Err(SinkError::NotFound) => {}
+                Err(e) => {
+                    warn!(node = name, error = %e, "could not delete the CiliumNode");
+                    return (Outcome::Failed, None);
+                }
+            }
+            invalid.deleting = true;
+            self.with_slot(name, |s| {
+                if let Some(i) = s.invalid.as_mut() {
+                    i.deleting = true;
+                }
+            });
+        }
+        if invalid.deleting {
+            // The instance from the object itself, else from its last version that parsed.
+            let instance = if invalid.instance_id.is_empty() {
+                last_instance.unwrap_or_default()
+            } else {
+                invalid.instance_id
+            };
+            return self.finalize(name, &invalid.node, &instance).await;
+        }
+        self.report_invalid(name, &invalid.node, &invalid.error, reported)
+            .await
+    }
+
     /// A CiliumNode that does not parse: say so on that object (once per message).
     async fn report_invalid(
         &self,
@@ -947,11 +1060,14 @@ impl<E: Ec2, S: NodeSink> Core<E, S> {
 
     /// The CiliumNode is being deleted. With its Node gone, give back our ENIs first; with the
     /// Node still there (deleted by hand), touch nothing.
-    async fn finalize(&self, name: &str, node: &CiliumNode) -> (Outcome, Option<Priority>) {
+    async fn finalize(
+        &self,
+        name: &str,
+        r: &NodeRef,
+        instance: &str,
+    ) -> (Outcome, Option<Priority>) {
         let inner = &self.inner;
-        let r = NodeRef::of(node);
         let has_finalizer = r.finalizers.iter().any(|f| f == FINALIZER);
-        let instance = node.spec.instance_id.clone();
         let k8s_node_exists = if has_finalizer {
             match inner.sink.node_exists(name).await {
                 Ok(exists) => exists,
@@ -964,7 +1080,7 @@ impl<E: Ec2, S: NodeSink> Core<E, S> {
             true
         };
         if has_finalizer && !k8s_node_exists && !instance.is_empty() {
-            match release_instance_enis(&*inner.ec2, &inner.config.ipam.cluster_name, &instance)
+            match release_instance_enis(&*inner.ec2, &inner.config.ipam.cluster_name, instance)
                 .await
             {
                 Ok(n) => {
@@ -975,7 +1091,7 @@ impl<E: Ec2, S: NodeSink> Core<E, S> {
                         inner
                             .sink
                             .event(
-                                &r,
+                                r,
                                 NodeEvent::normal(
                                     "EnisReleased",
                                     format!("detached and deleted {n} ENIs of {instance}"),
@@ -988,14 +1104,14 @@ impl<E: Ec2, S: NodeSink> Core<E, S> {
                     inner.metrics.error(&e.code);
                     inner
                         .sink
-                        .event(&r, NodeEvent::warning("Ec2Error", e.to_string()))
+                        .event(r, NodeEvent::warning("Ec2Error", e.to_string()))
                         .await;
                     return (Outcome::Failed, None);
                 }
             }
         }
         if has_finalizer {
-            match inner.sink.set_finalizer(&r, false).await {
+            match inner.sink.set_finalizer(r, false).await {
                 Ok(_) | Err(SinkError::NotFound) => {}
                 Err(SinkError::Conflict(fresh)) => {
                     if let Some(f) = fresh {
@@ -1012,8 +1128,8 @@ impl<E: Ec2, S: NodeSink> Core<E, S> {
         }
         inner.slots.lock().expect("slots").remove(name);
         if !instance.is_empty() {
-            inner.cache.write().expect("cache").drop_instance(&instance);
-            inner.refresher.forget(&instance);
+            inner.cache.write().expect("cache").drop_instance(instance);
+            inner.refresher.forget(instance);
         }
         (Outcome::Done, None)
     }

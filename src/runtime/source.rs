@@ -11,6 +11,7 @@ use futures::{StreamExt, TryStreamExt};
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::Resource;
 use kube::api::{Api, ApiResource, DynamicObject};
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
@@ -19,7 +20,7 @@ use tracing::warn;
 
 use crate::crd::CiliumNode;
 
-use super::core::NodeInput;
+use super::core::{InvalidNode, NodeInput};
 use super::sink::NodeRef;
 
 /// Parse one CiliumNode; the error names what is wrong, for the object's operator-status.
@@ -46,13 +47,37 @@ fn node_ref(obj: &DynamicObject) -> NodeRef {
 /// Turn one watched object into the core's input.
 pub fn to_input(obj: &DynamicObject) -> NodeInput {
     let value = serde_json::to_value(obj).unwrap_or_default();
+    // Read before parsing: an object that does not parse must still be deletable (metadata),
+    // and its ENIs released (the instance ID, when at least that field is a string).
+    let instance_id = value
+        .pointer("/spec/instance-id")
+        .and_then(serde_json::Value::as_str)
+        .unwrap_or_default()
+        .to_string();
     match parse_node(value) {
         Ok(node) => NodeInput::Upsert(Box::new(node)),
-        Err(error) => NodeInput::Invalid {
+        Err(error) => NodeInput::Invalid(InvalidNode {
             node: node_ref(obj),
             error,
-        },
+            deleting: obj.metadata.deletion_timestamp.is_some(),
+            instance_id,
+        }),
     }
+}
+
+/// What one Node watch event tells the core. Only a delete (the API server no longer has the
+/// Node) means gone: a Node with a `deletionTimestamp` is draining (Karpenter, any Node
+/// finalizer) and its instance still runs pods on our addresses.
+pub fn node_input<K: Resource>(event: watcher::Event<K>) -> Option<NodeInput> {
+    let (node, present) = match event {
+        Event::Apply(n) | Event::InitApply(n) => (n, true),
+        Event::Delete(n) => (n, false),
+        Event::Init | Event::InitDone => return None,
+    };
+    Some(NodeInput::NodePresent {
+        name: node.meta().name.clone().unwrap_or_default(),
+        present,
+    })
 }
 
 /// The next event of a watch, riding out (and logging) its errors; `None` once it ends.
@@ -109,16 +134,8 @@ pub async fn watch_nodes(client: kube::Client, tx: mpsc::Sender<NodeInput>) {
         let Some(event) = next_event(&mut stream, "Node").await else {
             return;
         };
-        let input = match event {
-            Event::Apply(n) | Event::InitApply(n) => NodeInput::NodePresent {
-                present: n.metadata.deletion_timestamp.is_none(),
-                name: n.metadata.name.unwrap_or_default(),
-            },
-            Event::Delete(n) => NodeInput::NodePresent {
-                name: n.metadata.name.unwrap_or_default(),
-                present: false,
-            },
-            Event::Init | Event::InitDone => continue,
+        let Some(input) = node_input(event) else {
+            continue;
         };
         if tx.send(input).await.is_err() {
             return;
@@ -249,7 +266,7 @@ mod tests {
         }))
         .unwrap();
         match to_input(&obj) {
-            NodeInput::Invalid { node, error } => {
+            NodeInput::Invalid(InvalidNode { node, error, .. }) => {
                 assert_eq!(node.name, "n1");
                 assert_eq!(node.resource_version.as_deref(), Some("7"));
                 assert!(error.contains("does not parse"), "{error}");
@@ -262,6 +279,47 @@ mod tests {
         }))
         .unwrap();
         assert!(matches!(to_input(&ok), NodeInput::Upsert(n) if n.spec.instance_id == "i-1"));
+    }
+
+    #[test]
+    fn an_unparsable_object_being_deleted_is_reported_with_its_deletion_and_instance() {
+        let obj: DynamicObject = serde_json::from_value(serde_json::json!({
+            "apiVersion": "cilium.io/v2", "kind": "CiliumNode",
+            "metadata": {"name": "n1", "finalizers": [crate::crd::FINALIZER],
+                         "deletionTimestamp": "2026-01-01T00:00:00Z"},
+            "spec": {"instance-id": "i-1", "ipam": {"pre-allocate": "lots"}}
+        }))
+        .unwrap();
+        match to_input(&obj) {
+            NodeInput::Invalid(i) => {
+                assert!(i.deleting);
+                assert_eq!(i.instance_id, "i-1");
+                assert_eq!(i.node.finalizers, vec![crate::crd::FINALIZER.to_string()]);
+            }
+            other => panic!("expected Invalid, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_draining_node_is_still_present() {
+        let mut node = Node::default();
+        node.metadata.name = Some("n1".into());
+        node.metadata.finalizers = Some(vec!["karpenter.sh/termination".into()]);
+        node.metadata.deletion_timestamp =
+            Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+            ));
+        let present = |e| match node_input(e) {
+            Some(NodeInput::NodePresent { name, present }) if name == "n1" => present,
+            other => panic!("expected NodePresent for n1, got {other:?}"),
+        };
+        assert!(present(Event::Apply(node.clone())), "draining, not gone");
+        assert!(present(Event::InitApply(node.clone())));
+        assert!(
+            !present(Event::Delete(node)),
+            "gone once the API server drops it"
+        );
+        assert!(node_input::<Node>(Event::InitDone).is_none());
     }
 
     #[test]
