@@ -297,4 +297,19 @@ mod tests {
         changed.sort();
         assert_eq!(changed, vec![("n1".to_string(), 0), ("n2".to_string(), 1)]);
     }
+
+    #[test]
+    fn a_rescheduled_pod_moves_its_count_and_unscheduling_drops_it() {
+        let mut p = PendingPods::default();
+        p.upsert("a", Some("n1"));
+        p.upsert("b", Some("n1"));
+        assert_eq!(
+            p.upsert("a", Some("n2")),
+            vec![("n1".to_string(), 1), ("n2".to_string(), 1)]
+        );
+        assert_eq!(p.upsert("a", None), vec![("n2".to_string(), 0)]);
+        assert_eq!(p.remove("a"), vec![], "already counted nowhere");
+        assert_eq!(p.remove("b"), vec![("n1".to_string(), 0)]);
+        assert!(p.counts.is_empty() && p.pods.is_empty());
+    }
 }
