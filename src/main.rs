@@ -127,12 +127,7 @@ async fn run_operator(
             cluster_name: settings.ipam.cluster_name.clone(),
             ..IpamConfig::default()
         },
-        scope: Scope {
-            vpc_id: settings.ipam.vpc_id.clone(),
-            subnet_ids: settings.ipam.subnet_ids_filter.clone(),
-            subnet_tags: settings.ipam.subnet_tags(),
-            instance_tags: settings.ipam.instance_tags(),
-        },
+        scope: Scope::from_settings(&settings.ipam),
         ..CoreConfig::default()
     };
     let sink = Arc::new(KubeSink::new(

@@ -34,6 +34,16 @@ pub struct Scope {
 }
 
 impl Scope {
+    /// `--vpc-id`, the subnet filters and `--instance-tags-filter`.
+    pub fn from_settings(ipam: &crate::config::IpamSettings) -> Self {
+        Self {
+            vpc_id: ipam.vpc_id.clone(),
+            subnet_ids: ipam.subnet_ids_filter.clone(),
+            subnet_tags: ipam.subnet_tags(),
+            instance_tags: ipam.instance_tags(),
+        }
+    }
+
     fn filtered_subnets(&self) -> bool {
         !self.subnet_ids.is_empty() || !self.subnet_tags.is_empty()
     }
@@ -274,6 +284,33 @@ impl<E: Ec2> Refresher<E> {
 mod tests {
     use super::*;
     use crate::ec2::sim::Simulator;
+
+    #[test]
+    fn every_scope_flag_reaches_the_scope() {
+        use clap::Parser;
+        let s = crate::config::Settings::try_parse_from([
+            "eni-operator",
+            "--vpc-id=vpc-1",
+            "--subnet-ids-filter=subnet-1,subnet-2",
+            "--subnet-tags-filter=role=pods",
+            "--instance-tags-filter=team=blue,env=prod",
+        ])
+        .unwrap();
+        let scope = Scope::from_settings(&s.ipam);
+        assert_eq!(scope.vpc_id.as_deref(), Some("vpc-1"));
+        assert_eq!(scope.subnet_ids, ["subnet-1", "subnet-2"]);
+        assert_eq!(
+            scope.subnet_tags,
+            Tags::from([("role".into(), "pods".into())])
+        );
+        assert_eq!(
+            scope.instance_tags,
+            Tags::from([
+                ("team".into(), "blue".into()),
+                ("env".into(), "prod".into())
+            ])
+        );
+    }
 
     #[tokio::test(start_paused = true)]
     async fn without_a_vpc_id_the_filtered_subnets_name_the_vpc_to_list() {
