@@ -107,11 +107,11 @@ pub struct KubeSettings {
     /// This replica's identity in the Lease [fallback env: POD_NAME; default: hostname + random suffix].
     #[arg(long, env = "ENI_OPERATOR_IDENTITY")]
     pub identity: Option<String>,
-    /// Client-side rate limit on Kubernetes API calls. kube-rs has no built-in limiter: accepted
-    /// for parity with Cilium's flag, enforced only where the runtime applies it.
+    /// Client-side rate limit on Kubernetes API requests, per second (every request, including
+    /// the start of each list and watch).
     #[arg(long, env = "ENI_OPERATOR_K8S_CLIENT_QPS", default_value_t = 50.0)]
     pub k8s_client_qps: f64,
-    /// Burst for --k8s-client-qps.
+    /// Requests that may go at once above --k8s-client-qps.
     #[arg(long, env = "ENI_OPERATOR_K8S_CLIENT_BURST", default_value_t = 100)]
     pub k8s_client_burst: u32,
 }
@@ -195,16 +195,18 @@ pub struct IpamSettings {
     /// Cluster name, stored in the eni-operator.io/cluster-name ownership tag of created ENIs.
     #[arg(long, env = "ENI_OPERATOR_CLUSTER_NAME", default_value = "default")]
     pub cluster_name: String,
-    /// Only consider these subnets (IDs, comma-separated or repeated).
+    /// New ENIs and addresses only in these subnets (IDs, comma-separated or repeated); a
+    /// node's other ENIs are still known and listed.
     #[arg(long, env = "ENI_OPERATOR_SUBNET_IDS_FILTER", value_delimiter = ',')]
     pub subnet_ids_filter: Vec<String>,
-    /// Only consider subnets carrying all these tags, k=v[,k2=v2].
+    /// New ENIs and addresses only in subnets carrying all these tags, k=v[,k2=v2].
     #[arg(long, env = "ENI_OPERATOR_SUBNET_TAGS_FILTER", value_delimiter = ',')]
     pub subnet_tags_filter: Vec<Tag>,
-    /// Only consider instances carrying all these tags, k=v[,k2=v2].
+    /// Only manage nodes whose instances carry all these tags, k=v[,k2=v2]; other nodes'
+    /// CiliumNodes are left alone (another operator may serve them).
     #[arg(long, env = "ENI_OPERATOR_INSTANCE_TAGS_FILTER", value_delimiter = ',')]
     pub instance_tags_filter: Vec<Tag>,
-    /// Only consider resources in this VPC.
+    /// Only consider resources in this VPC (default: the VPC of the managed nodes, once known).
     #[arg(long, env = "ENI_OPERATOR_VPC_ID")]
     pub vpc_id: Option<String>,
     /// Put `ipam.cilium.io/ignore: "true"` on every CiliumNode we serve (so Cilium's operator leaves it to us), and remove it when we let a node go (eni-operator.cilium.io/ignore).

@@ -1736,3 +1736,209 @@ async fn wait_until_async<F: std::future::Future<Output = bool>>(
     }
     cond().await
 }
+
+/// `status.eni.enis` of a node: ENI ID -> subnet ID.
+fn status_enis(sink: &MemorySink, name: &str) -> BTreeMap<String, String> {
+    sink.get(name)
+        .and_then(|n| n.status)
+        .map(|s| {
+            s.eni
+                .enis
+                .into_iter()
+                .map(|(id, e)| (id, e.subnet.id))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_subnet_filter_never_hides_a_nodes_primary_eni() {
+    // The node subnet is outside --subnet-ids-filter (custom networking: pods in the pod
+    // subnet). The primary ENI must still be published (C5) from the first pass on, and after
+    // every full refresh; new ENIs go only to the pod subnet.
+    let w = world();
+    let pod_subnet = w.sim.add_subnet(
+        &w.vpc,
+        "zone-a",
+        "10.0.64.0/18".parse().unwrap(),
+        Tags::new(),
+    );
+    let sink = Arc::new(MemorySink::new());
+    let mut cfg = config(4);
+    cfg.scope.subnet_ids = vec![pod_subnet.clone()];
+    let (_core, tx, _task) = start(w.sim.clone(), &sink, cfg);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let inst = w
+        .sim
+        .run_instance("m5.large", &w.subnet, std::slice::from_ref(&w.sg));
+    let primary = w.sim.primary_eni_id(&inst.id).unwrap();
+    let n = sink.put(&agent_node(&w, "n", &inst.id, 8));
+    tx.send(NodeInput::Upsert(Box::new(n))).await.unwrap();
+    // Well before the next full refresh (60 s).
+    assert!(wait_until(|| served(&sink, "n", 8), Duration::from_secs(20)).await);
+    assert_eq!(operator_error(&sink, "n"), None);
+    let enis = status_enis(&sink, "n");
+    assert_eq!(enis.get(&primary), Some(&w.subnet), "primary ENI listed");
+    assert!(
+        enis.iter()
+            .filter(|(id, _)| **id != primary)
+            .all(|(_, subnet)| *subnet == pod_subnet),
+        "new ENIs only in the filtered subnet: {enis:?}"
+    );
+    // Full refreshes come and go: the primary ENI stays known and listed.
+    tokio::time::sleep(Duration::from_secs(130)).await;
+    let after = status_enis(&sink, "n");
+    assert_eq!(after, enis, "status unchanged by the full refreshes");
+    assert_eq!(operator_error(&sink, "n"), None);
+    let cache = _core.cache().read().unwrap();
+    let cached = &cache.instance(&inst.id).unwrap().enis;
+    assert!(cached.iter().any(|e| e.id == primary), "{cached:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_ec2_cache_holds_only_the_managed_nodes_vpc_and_forgets_the_rest() {
+    // No --vpc-id: the listing is scoped to the managed nodes' VPC once it is known (Cilium
+    // #41392 lists the whole Region), and an instance that is neither managed nor listed any
+    // more is forgotten.
+    let w = world();
+    let other_vpc = w.sim.add_vpc("10.1.0.0/16".parse().unwrap(), &[]);
+    let other_subnet = w.sim.add_subnet(
+        &other_vpc,
+        "zone-a",
+        "10.1.0.0/18".parse().unwrap(),
+        Tags::new(),
+    );
+    let other_sg = w.sim.add_security_group(&other_vpc, Tags::new());
+    let elsewhere = w
+        .sim
+        .run_instance("m5.large", &other_subnet, std::slice::from_ref(&other_sg));
+    let bystander = w
+        .sim
+        .run_instance("m5.large", &w.subnet, std::slice::from_ref(&w.sg));
+    let inst = w
+        .sim
+        .run_instance("m5.large", &w.subnet, std::slice::from_ref(&w.sg));
+    let sink = Arc::new(MemorySink::new());
+    let (core, tx, _task) = start(w.sim.clone(), &sink, config(4));
+    let n = sink.put(&agent_node(&w, "n", &inst.id, 4));
+    tx.send(NodeInput::Upsert(Box::new(n))).await.unwrap();
+    assert!(wait_until(|| served(&sink, "n", 4), Duration::from_secs(30)).await);
+    w.sim.terminate_instance(&bystander.id);
+    tokio::time::sleep(Duration::from_secs(130)).await;
+    let cache = core.cache().read().unwrap();
+    assert!(cache.instance(&inst.id).is_some(), "the managed node stays");
+    assert!(
+        cache.instance(&elsewhere.id).is_none(),
+        "another VPC's instance is not listed any more"
+    );
+    assert!(
+        cache.instance(&bystander.id).is_none(),
+        "a terminated instance no node names is forgotten"
+    );
+    assert!(
+        !cache.subnets.contains_key(&other_subnet),
+        "subnets scoped to the VPC"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn late_node_events_for_unknown_nodes_leave_no_state() {
+    let w = world();
+    let sink = Arc::new(MemorySink::new());
+    let (core, tx, _task) = start(w.sim.clone(), &sink, config(4));
+    let inst = w
+        .sim
+        .run_instance("m5.large", &w.subnet, std::slice::from_ref(&w.sg));
+    let n = sink.put(&agent_node(&w, "n", &inst.id, 4));
+    tx.send(NodeInput::Upsert(Box::new(n))).await.unwrap();
+    assert!(wait_until(|| served(&sink, "n", 4), Duration::from_secs(30)).await);
+    tx.send(NodeInput::Deleted("n".into())).await.unwrap();
+    // Events that arrive after the CiliumNode is gone, or for Nodes without one.
+    for input in [
+        NodeInput::NodePresent {
+            name: "n".into(),
+            present: false,
+        },
+        NodeInput::PendingPods {
+            name: "n".into(),
+            count: 0,
+        },
+        NodeInput::NodePresent {
+            name: "fargate-1".into(),
+            present: true,
+        },
+        NodeInput::PendingPods {
+            name: "pending-1".into(),
+            count: 3,
+        },
+    ] {
+        tx.send(input).await.unwrap();
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(core.demand("n").is_none(), "no slot for a deleted node");
+    assert!(
+        core.demand("fargate-1").is_none(),
+        "no slot for a Node alone"
+    );
+    assert!(
+        core.demand("pending-1").is_some(),
+        "a pending count waits for its CiliumNode"
+    );
+    tx.send(NodeInput::PendingPods {
+        name: "pending-1".into(),
+        count: 0,
+    })
+    .await
+    .unwrap();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(core.demand("pending-1").is_none(), "and goes at zero");
+    assert!(
+        core.cache().read().unwrap().instance(&inst.id).is_none(),
+        "the deleted node's instance is forgotten"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn nodes_whose_instances_lack_the_instance_tags_are_left_alone() {
+    // --instance-tags-filter (Cilium: only instances with these tags are managed): a node on
+    // an untagged instance gets no write and no EC2 change; one whose instance loses the tags
+    // is let go with our finalizer, as an ignored node.
+    let w = world();
+    let tags: Tags = [("team".to_string(), "blue".to_string())].into();
+    let sink = Arc::new(MemorySink::new());
+    let mut cfg = config(4);
+    cfg.scope.instance_tags = tags.clone();
+    let (_core, tx, _task) = start(w.sim.clone(), &sink, cfg);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let ours = w
+        .sim
+        .run_instance("m5.large", &w.subnet, std::slice::from_ref(&w.sg));
+    w.sim.set_instance_tags(&ours.id, tags.clone());
+    let theirs = w
+        .sim
+        .run_instance("m5.large", &w.subnet, std::slice::from_ref(&w.sg));
+    for (name, inst) in [("ours", &ours.id), ("theirs", &theirs.id)] {
+        let n = sink.put(&agent_node(&w, name, inst, 12));
+        tx.send(NodeInput::Upsert(Box::new(n))).await.unwrap();
+    }
+    assert!(wait_until(|| served(&sink, "ours", 12), Duration::from_secs(30)).await);
+    tokio::time::sleep(Duration::from_secs(130)).await;
+    assert_eq!(sink.writes("theirs").total(), 0, "never written");
+    assert_eq!(
+        attached_enis(&w.sim, &theirs.id).await.len(),
+        1,
+        "no ENI added"
+    );
+
+    // The tags go: we let go of the node, finalizer included, and write nothing else.
+    w.sim.set_instance_tags(&ours.id, Tags::new());
+    let no_finalizer = || {
+        sink.get("ours")
+            .and_then(|n| n.metadata.finalizers)
+            .is_none_or(|f| !f.contains(&FINALIZER.to_string()))
+    };
+    assert!(wait_until(no_finalizer, Duration::from_secs(130)).await);
+    let writes = sink.writes("ours");
+    tokio::time::sleep(Duration::from_secs(130)).await;
+    assert_eq!(sink.writes("ours"), writes);
+}

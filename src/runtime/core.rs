@@ -466,7 +466,9 @@ impl<E: Ec2, S: NodeSink> Core<E, S> {
                         slot.node = stored;
                         queue.push(name, Priority::Deleting);
                     } else {
-                        slots.remove(&name);
+                        if let Some(node) = slots.remove(&name).and_then(|s| s.node) {
+                            self.forget_instance(node.instance_id());
+                        }
                         queue.remove(&name);
                     }
                     return;
@@ -479,13 +481,13 @@ impl<E: Ec2, S: NodeSink> Core<E, S> {
                 let instance = node.spec.instance_id.clone();
                 slot.node = stored;
                 let p = priority_of(slot);
-                let unknown = !instance.is_empty()
-                    && p != Priority::Deleting
-                    && inner
-                        .cache
-                        .read()
-                        .expect("cache")
-                        .needs_instance_refresh(&instance);
+                let unknown = {
+                    let mut cache = inner.cache.write().expect("cache");
+                    cache.manage(&instance);
+                    !instance.is_empty()
+                        && p != Priority::Deleting
+                        && cache.needs_instance_refresh(&instance)
+                };
                 if unknown {
                     waiting.entry(instance).or_default().insert(name);
                 } else {
@@ -517,19 +519,31 @@ impl<E: Ec2, S: NodeSink> Core<E, S> {
                 }
             }
             NodeInput::NodePresent { name, present } => {
-                let slot = slots.entry(name.clone()).or_default();
-                slot.k8s_node = Some(present);
-                if !present && (slot.node.is_some() || slot.invalid.is_some()) {
-                    queue.push(name, Priority::Deleting);
+                // Only for nodes we hold: a slot made here for a Node without a CiliumNode
+                // (or whose CiliumNode is already gone) would never be removed. Not known
+                // counts as present.
+                if let Some(slot) = slots.get_mut(&name) {
+                    slot.k8s_node = Some(present);
+                    if !present && (slot.node.is_some() || slot.invalid.is_some()) {
+                        queue.push(name, Priority::Deleting);
+                    }
                 }
             }
             NodeInput::PendingPods { name, count } => {
+                // A count may come before the node's CiliumNode: kept while non-zero, and a
+                // slot holding nothing else goes when it drops to zero.
+                if count == 0 && !slots.contains_key(&name) {
+                    return;
+                }
                 let slot = slots.entry(name.clone()).or_default();
                 if slot.pending_pods != count {
                     slot.pending_pods = count;
                     if slot.node.is_some() {
-                        queue.push(name, Priority::Deficit(count));
+                        queue.push(name.clone(), Priority::Deficit(count));
                     }
+                }
+                if slot.node.is_none() && slot.invalid.is_none() && slot.pending_pods == 0 {
+                    slots.remove(&name);
                 }
             }
         }
@@ -628,10 +642,25 @@ impl<E: Ec2, S: NodeSink> Core<E, S> {
             return match inner.sink.set_finalizer(&NodeRef::of(&node), false).await {
                 Ok(_) | Err(SinkError::NotFound) => {
                     inner.slots.lock().expect("slots").remove(name);
+                    self.forget_instance(&node.spec.instance_id);
                     (Outcome::Done, None)
                 }
                 Err(_) => (Outcome::Failed, None),
             };
+        }
+
+        // --instance-tags-filter: an instance without the tags is not ours (another operator
+        // may serve it, as with Cilium's filter): leave its CiliumNode alone.
+        let in_scope = inner
+            .cache
+            .read()
+            .expect("cache")
+            .in_scope(&node.spec.instance_id);
+        match in_scope {
+            Some(true) => {}
+            // Tags not known yet (the check failed): the next full refresh tells.
+            None => return (Outcome::RetryAfter(inner.config.unhealthy_retry), None),
+            Some(false) => return self.leave_alone(name, &node).await,
         }
 
         // The Kubernetes Node is gone: delete the CiliumNode; the finalizer runs next.
@@ -881,6 +910,51 @@ impl<E: Ec2, S: NodeSink> Core<E, S> {
             s.demand = demand;
         });
         (outcome, again)
+    }
+
+    /// A node whose instance lacks the `--instance-tags-filter` tags: no writes, no EC2 calls;
+    /// only our finalizer goes, should it have one (its instance lost the tags), as for an
+    /// ignored node. Said once in the log; a rescan checks the tags again.
+    async fn leave_alone(&self, name: &str, node: &CiliumNode) -> (Outcome, Option<Priority>) {
+        const NOT_MANAGED: &str = "instance lacks the --instance-tags-filter tags";
+        let said = self.with_slot(name, |s| s.last_problem.replace(NOT_MANAGED.into()));
+        if said.flatten().as_deref() != Some(NOT_MANAGED) {
+            info!(
+                node = name,
+                instance = node.spec.instance_id,
+                "not managed: {NOT_MANAGED}"
+            );
+        }
+        let r = NodeRef::of(node);
+        if !r.finalizers.iter().any(|f| f == FINALIZER) {
+            return (Outcome::Done, None);
+        }
+        match self.inner.sink.set_finalizer(&r, false).await {
+            Ok(_) | Err(SinkError::NotFound) => (Outcome::Done, None),
+            Err(SinkError::Conflict(fresh)) => {
+                if let Some(f) = fresh {
+                    let stored = StoredNode::new(&f);
+                    self.with_slot(name, |s| s.node = Some(stored));
+                }
+                (Outcome::RetryAfter(Duration::from_millis(500)), None)
+            }
+            Err(e) => {
+                warn!(node = name, error = %e, "could not remove the finalizer");
+                (Outcome::Failed, None)
+            }
+        }
+    }
+
+    /// The node is gone from our state: its instance too (cache and refresh spacing).
+    fn forget_instance(&self, instance: &str) {
+        if !instance.is_empty() {
+            self.inner
+                .cache
+                .write()
+                .expect("cache")
+                .drop_instance(instance);
+            self.inner.refresher.forget(instance);
+        }
     }
 
     fn with_slot<T>(&self, name: &str, f: impl FnOnce(&mut Slot) -> T) -> Option<T> {

@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::Resource;
-use kube::api::{Api, ApiResource, DynamicObject};
+use kube::api::{Api, ApiResource, DynamicObject, PartialObjectMeta};
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
 use tokio::sync::mpsc;
@@ -124,9 +124,10 @@ pub async fn watch_cilium_nodes(
     }
 }
 
-/// Watch Nodes until the channel closes: presence, and absence once deleted.
+/// Watch Nodes until the channel closes: presence, and absence once deleted. Metadata only:
+/// a whole Node (images, conditions) is often 10-20 KB, and only its existence matters here.
 pub async fn watch_nodes(client: kube::Client, tx: mpsc::Sender<NodeInput>) {
-    let api: Api<Node> = Api::all(client);
+    let api: Api<PartialObjectMeta<Node>> = Api::all(client);
     let mut stream = watcher::watcher(api, watcher::Config::default())
         .default_backoff()
         .boxed();
@@ -163,19 +164,41 @@ impl PendingPods {
             }
             return Vec::new();
         }
-        let mut pods = self.pods.clone();
-        match node {
-            Some(node) => pods.insert(uid.to_string(), node.to_string()),
-            None => pods.remove(uid),
+        // In place: one event costs O(log n), not a copy of every pending pod (a scale-out
+        // brings thousands, and this runs in the task that also renews the lease).
+        let before = match node {
+            Some(node) => self.pods.insert(uid.to_string(), node.to_string()),
+            None => self.pods.remove(uid),
         };
-        self.replace(pods)
+        let mut changed = Vec::new();
+        if before.as_deref() != node {
+            if let Some(old) = before {
+                changed.push(self.count(&old, -1));
+            }
+            if let Some(new) = node {
+                changed.push(self.count(new, 1));
+            }
+        }
+        changed
     }
 
     /// The pod left the pending set (started, failed, deleted).
     pub fn remove(&mut self, uid: &str) -> Vec<(String, u32)> {
-        let mut pods = self.pods.clone();
-        pods.remove(uid);
-        self.replace(pods)
+        match self.pods.remove(uid) {
+            Some(node) => vec![self.count(&node, -1)],
+            None => Vec::new(),
+        }
+    }
+
+    /// Adjust one node's count; returns its new count (a node at zero is dropped).
+    fn count(&mut self, node: &str, delta: i32) -> (String, u32) {
+        let c = self.counts.entry(node.to_string()).or_default();
+        *c = c.saturating_add_signed(delta);
+        let now = *c;
+        if now == 0 {
+            self.counts.remove(node);
+        }
+        (node.to_string(), now)
     }
 
     pub fn relist_started(&mut self) {
@@ -340,5 +363,20 @@ mod tests {
         let mut changed = p.relist_done();
         changed.sort();
         assert_eq!(changed, vec![("n1".to_string(), 0), ("n2".to_string(), 1)]);
+    }
+
+    #[test]
+    fn a_rescheduled_pod_moves_its_count_and_unscheduling_drops_it() {
+        let mut p = PendingPods::default();
+        p.upsert("a", Some("n1"));
+        p.upsert("b", Some("n1"));
+        assert_eq!(
+            p.upsert("a", Some("n2")),
+            vec![("n1".to_string(), 1), ("n2".to_string(), 1)]
+        );
+        assert_eq!(p.upsert("a", None), vec![("n2".to_string(), 0)]);
+        assert_eq!(p.remove("a"), vec![], "already counted nowhere");
+        assert_eq!(p.remove("b"), vec![("n1".to_string(), 0)]);
+        assert!(p.counts.is_empty() && p.pods.is_empty());
     }
 }
