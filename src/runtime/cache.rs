@@ -664,6 +664,8 @@ pub(crate) mod tests {
         use crate::ipam::ownership::ownership_tags;
         let t = Instant::now();
         let mut c = Ec2Cache::for_cluster("prod");
+        // A CiliumNode names i-a (the core calls `manage` on every upsert).
+        c.manage("i-a");
         let owned = |id: &str, instance: &str, cluster: &str| {
             let mut e = eni(id, None, "subnet-1");
             e.tags = ownership_tags(cluster, instance);
