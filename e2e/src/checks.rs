@@ -270,6 +270,10 @@ pub const FORBIDDEN_ACCESS: &[Access] = &[
     ("", "nodes", "", "delete"),
     ("", "secrets", "", "list"),
     ("", "pods", "", "create"),
+    // Least privilege: the operator only merge-patches CiliumNodes and writes events.k8s.io
+    // Events (manifests/03-rbac.yaml).
+    ("cilium.io", "ciliumnodes", "", "update"),
+    ("", "events", "", "create"),
 ];
 
 #[cfg(test)]
