@@ -715,16 +715,20 @@ fn iam_policy_grants_the_ec2_actions_with_tag_conditions() {
     let our_cluster = Value::from("CLUSTER_NAME");
 
     // A new ENI must carry this cluster's tag (an existence check would let it claim to be
-    // another cluster's) and land in the cluster's VPC.
+    // another cluster's) and land in the cluster's VPC: its subnet and security groups must be
+    // the VPC's (the subnet decides the ENI's VPC).
     let created = conditions("ec2:CreateNetworkInterface", "network-interface");
     assert_eq!(created.len(), 1);
     assert_eq!(
         tag(created[0], "aws:RequestTag/eni-operator.io/cluster-name"),
         our_cluster
     );
-    assert_eq!(vpc(created[0]), our_vpc);
-    for c in conditions("ec2:CreateNetworkInterface", "subnet") {
-        assert_eq!(vpc(c), our_vpc, "subnets of the cluster's VPC only");
+    for part in ["subnet", "security-group"] {
+        let cs = conditions("ec2:CreateNetworkInterface", part);
+        assert!(!cs.is_empty(), "{part}");
+        for c in cs {
+            assert_eq!(vpc(c), our_vpc, "{part}s of the cluster's VPC only");
+        }
     }
     for c in conditions("ec2:CreateTags", "") {
         assert_eq!(tag(c, "ec2:CreateAction"), "CreateNetworkInterface", "{c}");
