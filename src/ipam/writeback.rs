@@ -354,7 +354,14 @@ pub fn changes(node: &CiliumNode, desired: &DesiredState) -> ChangeSet {
     if !ipam_patch.is_empty() {
         status_patch.insert("ipam".into(), Value::Object(ipam_patch));
     }
-    if status.eni_operator.as_ref() != Some(&desired.summary) {
+    // Under Cilium's own CRD the API server prunes `status.eni-operator`: it is missing again
+    // after every write, so a missing summary alone must not cause a write (that would patch
+    // every node on every resync). It rides along with other status changes; once stored (our
+    // CRD), a stale one is corrected on its own.
+    let summary_stored = status.eni_operator.is_some();
+    if status.eni_operator.as_ref() != Some(&desired.summary)
+        && (summary_stored || !status_patch.is_empty())
+    {
         status_patch.insert(
             "eni-operator".into(),
             serde_json::to_value(&desired.summary).unwrap_or(Value::Null),
@@ -616,6 +623,44 @@ mod tests {
             .unwrap();
         assert_eq!(status.patch["status"]["eni"]["enis"]["eni-1"], json!(null));
         assert!(!status.needs_resource_version);
+    }
+
+    /// Cilium's CRD prunes `status.eni-operator`: a node that is otherwise current gets no
+    /// write for the summary alone, or every resync would patch every node.
+    #[test]
+    fn pruned_summary_alone_is_not_rewritten() {
+        let w = world_with_prefix();
+        let cfg = IpamConfig::default();
+        let d = desired_state(&node(), &w.view(), &cfg, &NodeMemory::new(), None);
+        let n1 = apply(&node(), &changes(&node(), &d));
+        assert!(
+            n1.status.as_ref().unwrap().eni_operator.is_some(),
+            "written along with the first status write"
+        );
+        // What the API server stores under Cilium's CRD.
+        let mut pruned = n1.clone();
+        pruned.status.as_mut().unwrap().eni_operator = None;
+        assert!(
+            changes(&pruned, &d).is_empty(),
+            "{:?}",
+            changes(&pruned, &d)
+        );
+        // Under our CRD a stale summary is still corrected on its own.
+        let mut stale = n1.clone();
+        stale
+            .status
+            .as_mut()
+            .unwrap()
+            .eni_operator
+            .as_mut()
+            .unwrap()
+            .used += 1;
+        let ch = changes(&stale, &d);
+        assert_eq!(ch.writes.len(), 1);
+        assert_eq!(
+            ch.writes[0].patch,
+            json!({"status": {"eni-operator": serde_json::to_value(&d.summary).unwrap()}})
+        );
     }
 
     #[test]
