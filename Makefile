@@ -23,7 +23,7 @@ SHELL_SCRIPTS := $(wildcard e2e/*.sh scripts/*.sh) .ci/run
 .PHONY: help build test lint fmt crds image run e2e e2e-local check-install bench venv
 
 help: ## List the targets
-	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | expand -t 12
+	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | expand -t 16
 
 build: ## Build everything (debug)
 	cargo build --workspace --locked
