@@ -1,7 +1,9 @@
 //! `make e2e` (e2e/run-kind.sh) fails fast, with one clear line, when a tool, the Docker
-//! engine or the EC2 emulator is missing or unhealthy: before a kind cluster is created. The
-//! script runs here against fake `docker`/`kind`/`kubectl`/`cargo`/`curl` commands (small
-//! shell scripts in a temporary PATH) that record what they were asked to do.
+//! engine or the EC2 emulator is missing or unhealthy: before a kind cluster is created; and
+//! scripts/check-install.sh (the server-side dry run of the README's install command) fails
+//! when that path holds a CRD or the ciliumnodes CRD changes. The scripts run here against fake
+//! `docker`/`kind`/`kubectl`/`cargo`/`curl` commands (small shell scripts in a temporary PATH)
+//! that record what they were asked to do.
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
@@ -160,4 +162,85 @@ fn make_e2e_rejects_an_unknown_emulator() {
         "{stderr}"
     );
     assert!(!calls(&dir).contains("docker run"));
+}
+
+/// scripts/check-install.sh against a fake API server (`kubectl`): `dry_run` is what
+/// `kubectl apply --dry-run=server -o name` prints; the CRD's resourceVersion is read from the
+/// file `crd-version` in the fake's directory, so a test can change it between reads.
+fn check_install(test: &str, dry_run: &str, bump_crd_on_apply: bool) -> (Output, String, String) {
+    let dir = bin_dir(test);
+    std::os::unix::fs::symlink(which("grep"), dir.join("grep")).unwrap();
+    std::os::unix::fs::symlink(which("cat"), dir.join("cat")).unwrap();
+    let d = dir.display();
+    std::fs::write(dir.join("crd-version"), "100 1.31\n").unwrap();
+    let bump = if bump_crd_on_apply {
+        format!("echo '101 1.31' > '{d}/crd-version'")
+    } else {
+        String::new()
+    };
+    fake(
+        &dir,
+        "kubectl",
+        &format!(
+            r#"echo "kubectl $*" >> '{d}/calls.log'
+case "$*" in
+  *jsonpath*) cat '{d}/crd-version' ;;
+  *dry-run=server*) {bump}
+    printf '%s\n' '{dry_run}' ;;
+esac
+exit 0"#
+        ),
+    );
+    let out = Command::new(which("bash"))
+        .arg(root().join("scripts/check-install.sh"))
+        .env_clear()
+        .env("PATH", &dir)
+        .current_dir(root())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    let calls = calls(&dir);
+    (out, stderr, calls)
+}
+
+#[test]
+fn check_install_passes_a_clean_dry_run_and_writes_nothing_else() {
+    let (out, stderr, calls) = check_install(
+        "install-ok",
+        "namespace/eni-operator\ndeployment.apps/eni-operator",
+        false,
+    );
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert!(stderr.contains("ok: 2 objects apply cleanly"), "{stderr}");
+    assert!(calls.contains("apply --dry-run=server -f"), "{calls}");
+    // The namespace exists (the fake answers every `get`), so nothing is applied for real.
+    let real_applies: Vec<_> = calls
+        .lines()
+        .filter(|l| l.starts_with("kubectl apply") && !l.contains("--dry-run=server"))
+        .collect();
+    assert!(real_applies.is_empty(), "{real_applies:?}");
+}
+
+#[test]
+fn check_install_fails_when_the_apply_path_holds_a_crd() {
+    let (out, stderr, _) = check_install(
+        "install-crd",
+        "customresourcedefinition.apiextensions.k8s.io/ciliumnodes.cilium.io\nnamespace/eni-operator",
+        false,
+    );
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("error: the default apply path contains a CRD"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn check_install_fails_when_the_ciliumnodes_crd_changes() {
+    let (out, stderr, _) = check_install("install-bump", "namespace/eni-operator", true);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("error: the ciliumnodes CRD changed during the check"),
+        "{stderr}"
+    );
 }
