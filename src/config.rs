@@ -64,14 +64,18 @@ pub enum LogFormat {
 #[command(next_help_heading = "Server")]
 pub struct ServerSettings {
     /// Address serving Prometheus `/metrics`.
+    // The ports: the operator runs with host networking, so it shares every node's ports with
+    // Cilium, which runs host-networked too (operator: 9963 metrics, 9234 API, 9891 gops, 6061
+    // pprof; agent: 9962, 9879, 9890, 4240, 4244; relay/clustermesh: 4245, 9892-9893, 9880-9883,
+    // 9964-9966; see Cilium's "Firewall Rules" port list). 9751/9752 are clear of all of them.
     #[arg(
         long,
         env = "ENI_OPERATOR_METRICS_ADDR",
-        default_value = "0.0.0.0:9963"
+        default_value = "0.0.0.0:9751"
     )]
     pub metrics_addr: SocketAddr,
     /// Address serving `/healthz` and `/readyz` (may equal --metrics-addr: one listener).
-    #[arg(long, env = "ENI_OPERATOR_HEALTH_ADDR", default_value = "0.0.0.0:9234")]
+    #[arg(long, env = "ENI_OPERATOR_HEALTH_ADDR", default_value = "0.0.0.0:9752")]
     pub health_addr: SocketAddr,
     /// Log format (the filter comes from RUST_LOG, default `info`).
     #[arg(long, env = "ENI_OPERATOR_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
@@ -615,8 +619,8 @@ pub(crate) mod tests {
     fn defaults() {
         let _g = clean_env();
         let s = parse(&["--namespace", "ns", "--identity", "me"]).unwrap();
-        assert_eq!(s.server.metrics_addr, "0.0.0.0:9963".parse().unwrap());
-        assert_eq!(s.server.health_addr, "0.0.0.0:9234".parse().unwrap());
+        assert_eq!(s.server.metrics_addr, "0.0.0.0:9751".parse().unwrap());
+        assert_eq!(s.server.health_addr, "0.0.0.0:9752".parse().unwrap());
         assert_eq!(s.server.log_format, LogFormat::Text);
         assert!(s.kube.leader_election);
         assert_eq!(s.kube.leader_election_lease_name, "eni-operator");

@@ -1614,7 +1614,10 @@ impl Suite {
             let mut ok = false;
             for &(group, resource, sub, verb) in *alternatives {
                 let at = checks::access_namespace(resource, &ns);
-                ok |= self.allowed(&user, group, resource, sub, verb, at).await?;
+                let name = checks::access_name(resource, &self.ops.settings.lease_name);
+                ok |= self
+                    .allowed(&user, (group, resource, sub, verb), at, name)
+                    .await?;
             }
             if !ok {
                 let (_, resource, sub, verb) = alternatives[0];
@@ -1626,7 +1629,7 @@ impl Suite {
         for &(group, resource, sub, verb) in FORBIDDEN_ACCESS {
             ensure!(
                 !self
-                    .allowed(&user, group, resource, sub, verb, None)
+                    .allowed(&user, (group, resource, sub, verb), None, None)
                     .await?,
                 "{user} may {verb} {resource}: not least privilege"
             );
@@ -1662,11 +1665,9 @@ impl Suite {
     async fn allowed(
         &self,
         user: &str,
-        group: &str,
-        resource: &str,
-        sub: &str,
-        verb: &str,
+        (group, resource, sub, verb): checks::Access,
         namespace: Option<String>,
+        name: Option<String>,
     ) -> Result<bool> {
         let sar = SubjectAccessReview {
             spec: SubjectAccessReviewSpec {
@@ -1682,6 +1683,7 @@ impl Suite {
                     subresource: (!sub.is_empty()).then(|| sub.to_string()),
                     verb: Some(verb.to_string()),
                     namespace,
+                    name,
                     ..Default::default()
                 }),
                 ..Default::default()
