@@ -22,9 +22,10 @@
 //!   `1/rate` after the previous one. At the ceiling the pacing is off, so with nobody else in
 //!   the account the gate behaves exactly as the static limiter. The current rate of each bucket
 //!   is the gauge `ec2_rate_limit_qps{bucket}`.
-//! * **Order under scarcity.** Calls that complete half-done work (attach, delete-on-termination,
-//!   unassign, ...) take a bucket's next slot before calls that start new work
-//!   (`CreateNetworkInterface`): see [`Operation::starts_new_work`] in the gate.
+//! * **Order under scarcity.** While a bucket's rate is below its ceiling, calls that complete
+//!   half-done work (attach, delete-on-termination, unassign, ...) take its next slot before
+//!   calls that start new work
+//!   (`CreateNetworkInterface`); describes keep their place (`Class`).
 //! * **Time** is tokio's (a governor [`Clock`] over `tokio::time::Instant`, waits with
 //!   `tokio::time::sleep`), so tests and benchmarks run under `tokio::time::pause()` at simulated
 //!   speed.
@@ -190,7 +191,8 @@ impl BucketState {
     }
 
     /// Wait out the penalty, the adaptive pacing (urgent callers first), then for a token.
-    async fn acquire(&self, urgent: bool) {
+    async fn acquire(&self, class: Class) {
+        let urgent = class == Class::Completes;
         let _guard = urgent.then(|| {
             self.urgent_waiting.fetch_add(1, Ordering::Relaxed);
             UrgentGuard(&self.urgent_waiting)
@@ -212,7 +214,13 @@ impl BucketState {
                     }
                     _ => now,
                 };
-                if !urgent && self.urgent_waiting.load(Ordering::Relaxed) > 0 {
+                // Only under scarcity (the bucket was throttled and is not back at its
+                // ceiling): otherwise every call goes in its turn, as before.
+                let scarce = p.controller.is_limiting();
+                if scarce
+                    && class == Class::Starts
+                    && self.urgent_waiting.load(Ordering::Relaxed) > 0
+                {
                     // New work lets the urgent callers take the next slot, then looks again.
                     next.max(now) + Duration::from_secs_f64(1.0 / p.controller.rate())
                 } else if next > now {
@@ -258,9 +266,25 @@ impl BucketState {
 
 /// Calls that start new work yield a bucket's next slot to calls completing work already begun
 /// (attach after create, delete-on-termination, releases): under scarcity, finishing what is
-/// half done keeps the cluster correct; a new ENI can wait.
-fn starts_new_work(op: Operation) -> bool {
-    matches!(op, Operation::CreateNetworkInterface)
+/// half done keeps the cluster correct; a new ENI can wait. Describes neither yield nor are
+/// yielded to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Class {
+    Starts,
+    Completes,
+    Neutral,
+}
+
+impl Class {
+    fn of(op: Operation) -> Self {
+        if op == Operation::CreateNetworkInterface {
+            Class::Starts
+        } else if op.is_mutating() {
+            Class::Completes
+        } else {
+            Class::Neutral
+        }
+    }
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -548,9 +572,9 @@ impl<E: Ec2> Gate<E> {
         };
         let bucket = self.bucket(op);
         let waiting = Instant::now();
-        let urgent = !starts_new_work(op);
+        let class = Class::of(op);
         for _ in 0..tokens {
-            bucket.acquire(urgent).await;
+            bucket.acquire(class).await;
         }
         let waited = waiting.elapsed();
         self.metrics

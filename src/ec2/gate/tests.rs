@@ -529,17 +529,19 @@ async fn below_the_ceiling_calls_are_paced_at_the_learned_rate() {
 
 #[tokio::test(start_paused = true)]
 async fn new_work_yields_the_next_slot_to_half_done_work() {
-    // One bucket for everything (Cilium's mode), slowed to 1/s by a cut pattern.
+    // One bucket for everything (Cilium's mode), throttled once: scarcity.
     let fake = Fake::default();
+    fake.fail(Operation::DescribeVpcs, "RequestLimitExceeded", 1);
     let config = GateConfig {
         single_bucket: Some((1.0, 1)),
         ..GateConfig::aws_defaults()
     };
     let g = gate(fake, config);
-    // Take the only token, then queue creates first and attaches after them.
+    // Throttled, then retried: the rate is cut. Then queue creates first and attaches after.
     g.describe_vpcs(&ResourceFilter::default(), None)
         .await
         .unwrap();
+    assert!(g.rates()[0].1 < 1.0);
     let mut tasks = Vec::new();
     for i in 0..3 {
         let g = g.clone();
@@ -562,7 +564,7 @@ async fn new_work_yields_the_next_slot_to_half_done_work() {
         t.await.unwrap().unwrap();
     }
     let log = g.inner().log.lock().unwrap().clone();
-    let order: Vec<Operation> = log.iter().skip(1).map(|(op, _)| *op).collect();
+    let order: Vec<Operation> = log.iter().skip(2).map(|(op, _)| *op).collect();
     assert_eq!(
         order,
         [
