@@ -11,6 +11,8 @@ SA=${E2E_SERVICE_ACCOUNT:-eni-operator}
 LEASE=${E2E_LEASE_NAME:-eni-operator}
 # A fresh cluster name per run: ENIs left by an earlier run against the same endpoint are not ours.
 CLUSTER_NAME=${E2E_CLUSTER_NAME:-e2e-$(date +%s)}
+CRD=${E2E_CRD:-ours}
+case "$CRD" in ours|cilium|keep) ;; *) echo "E2E_CRD must be ours, cilium or keep (got: $CRD)" >&2; exit 2 ;; esac
 export AWS_REGION=${AWS_REGION:-us-east-1}
 export AWS_ACCESS_KEY_ID=${AWS_ACCESS_KEY_ID:-test}
 export AWS_SECRET_ACCESS_KEY=${AWS_SECRET_ACCESS_KEY:-test}
@@ -66,12 +68,32 @@ log "applying namespace, ServiceAccount and RBAC from manifests/"
 "$E2E" filter-manifests --kinds Namespace,ServiceAccount,ClusterRole,ClusterRoleBinding,Role,RoleBinding \
   manifests/*.yaml >"$WORK/rbac.yaml"
 kubectl apply -f "$WORK/rbac.yaml"
-if ! kubectl get crd ciliumnodes.cilium.io >/dev/null 2>&1; then
-  log "installing the CiliumNode CRD from manifests/"
-  "$E2E" filter-manifests --kinds CustomResourceDefinition manifests/*.yaml >"$WORK/crd.yaml"
-  kubectl apply -f "$WORK/crd.yaml"
-  kubectl wait --for condition=established crd/ciliumnodes.cilium.io --timeout=60s
+# Which CiliumNode CRD the suite runs against (E2E_CRD, see e2e/README.md):
+#   ours (default)  manifests/: preserves unknown fields;
+#   cilium          Cilium's own (tests/fixtures/ciliumnodes.cilium.io.yaml), as real clusters
+#                   run it: the API server prunes every field it does not list;
+#   keep            whatever the cluster has (e.g. a cluster running Cilium).
+# ours and cilium create the CRD, or replace the one installed (replace, not apply: a merge
+# with an earlier CRD could keep x-kubernetes-preserve-unknown-fields).
+case "$CRD" in
+  ours)
+    "$E2E" filter-manifests --kinds CustomResourceDefinition manifests/*.yaml >"$WORK/crd.yaml" ;;
+  cilium)
+    cp tests/fixtures/ciliumnodes.cilium.io.yaml "$WORK/crd.yaml" ;;
+  keep)
+    kubectl get crd ciliumnodes.cilium.io >/dev/null \
+      || { echo "E2E_CRD=keep but the cluster has no ciliumnodes.cilium.io CRD" >&2; exit 2; } ;;
+esac
+if [ "$CRD" != keep ]; then
+  if kubectl get crd ciliumnodes.cilium.io >/dev/null 2>&1; then
+    log "replacing the CiliumNode CRD with $CRD's"
+    kubectl replace -f "$WORK/crd.yaml"
+  else
+    log "installing $CRD's CiliumNode CRD"
+    kubectl create -f "$WORK/crd.yaml"
+  fi
 fi
+kubectl wait --for condition=established crd/ciliumnodes.cilium.io --timeout=60s
 # A lease left by an earlier run would only delay the first leader.
 kubectl -n "$NS" delete lease "$LEASE" --ignore-not-found >/dev/null
 
@@ -102,5 +124,5 @@ chmod 600 "$SA_KUBECONFIG"
   || { echo "the ServiceAccount cannot list ciliumnodes: RBAC in manifests/ is incomplete" >&2; exit 1; }
 export E2E_OPERATOR_KUBECONFIG=$SA_KUBECONFIG E2E_WORK_DIR=$WORK E2E_LEASE_NAME=$LEASE
 
-log "running the suite (cluster name $CLUSTER_NAME, EC2 $EC2_ENDPOINT)"
+log "running the suite (cluster name $CLUSTER_NAME, EC2 $EC2_ENDPOINT, CiliumNode CRD: $CRD)"
 "$E2E" run --cluster-name "$CLUSTER_NAME" --namespace "$NS" --service-account "$SA" "$@"

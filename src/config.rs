@@ -207,6 +207,9 @@ pub struct IpamSettings {
     /// Only consider resources in this VPC.
     #[arg(long, env = "ENI_OPERATOR_VPC_ID")]
     pub vpc_id: Option<String>,
+    /// Put `ipam.cilium.io/ignore: "true"` on every CiliumNode we serve (so Cilium's operator leaves it to us), and remove it when we let a node go (eni-operator.cilium.io/ignore).
+    #[arg(long, env = "ENI_OPERATOR_ANNOTATE_CILIUM_IGNORE", default_value_t = false, num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set)]
+    pub annotate_cilium_ignore: bool,
 }
 
 /// Loops and concurrency of the running operator.
@@ -644,6 +647,7 @@ pub(crate) mod tests {
         assert!(s.ipam.eni_tags().is_empty());
         assert_eq!(s.ipam.cluster_name, "default");
         assert_eq!(s.ipam.vpc_id, None);
+        assert!(!s.ipam.annotate_cilium_ignore);
         assert_eq!(s.runtime.parallel_alloc_workers, 50);
         assert_eq!(s.runtime.ec2_resync_interval, Duration::from_secs(60));
         assert_eq!(s.runtime.ec2_refresh_min_spacing, Duration::from_secs(15));

@@ -1,9 +1,11 @@
-//! The HTTP endpoints: `/healthz` (the process is alive), `/readyz` (the runtime says it can do
-//! its job) and `/metrics` (Prometheus). Health and metrics may share one address.
+//! The HTTP endpoints: `/healthz` (the process is alive), `/readyz` (this replica can do its
+//! job, see [`Readiness`]) and `/metrics` (Prometheus). Health and metrics may share one
+//! address.
 
+use std::future::Future;
 use std::net::SocketAddr;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use axum::Router;
 use axum::extract::State;
@@ -17,22 +19,118 @@ use tokio_util::sync::CancellationToken;
 use crate::config::ServerSettings;
 use crate::metrics::{self, MetricsRegistry};
 
-/// Set by the runtime: ready once it can serve (as leader with warm caches, or as a standby
-/// waiting for the lease), unset when it cannot (e.g. lost the API server).
+/// What `/readyz` answers: ready when the API server answered the last probe and
+/// * as a **standby**: nothing else. A standby runs no watches and holds no caches (by design:
+///   no memory or API load per replica at thousands of nodes; a new leader rebuilds its view
+///   first), so "synced" is vacuous for it; it must be Ready or a rolling update and the PDB
+///   would wait on it forever, and it can take the lease as soon as it reaches the API server;
+/// * as the **leader**: its CiliumNode watch has listed every object and its EC2 caches are
+///   built (the first full refresh succeeded). Until then it is not ready.
+///
+/// Not ready while shutting down. Later EC2 trouble does not unset readiness (no other replica
+/// would do better; it shows in metrics and on each node's `operator-status`).
 #[derive(Clone, Default, Debug)]
-pub struct Readiness(Arc<AtomicBool>);
+pub struct Readiness(Arc<Mutex<ReadyState>>);
+
+#[derive(Debug, Default)]
+struct ReadyState {
+    api_server: bool,
+    leading: bool,
+    nodes_listed: bool,
+    caches_warm: bool,
+    stopping: bool,
+}
 
 impl Readiness {
     pub fn new() -> Self {
         Self::default()
     }
 
-    pub fn set(&self, ready: bool) {
-        self.0.store(ready, Ordering::Release);
+    fn with<T>(&self, f: impl FnOnce(&mut ReadyState) -> T) -> T {
+        f(&mut self.0.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    /// Result of the last API server probe.
+    pub fn set_api_server(&self, answered: bool) {
+        self.with(|s| s.api_server = answered);
+    }
+
+    /// This replica starts (true) or stops (false) leading; a new leader starts unsynced.
+    pub fn set_leading(&self, leading: bool) {
+        self.with(|s| {
+            s.leading = leading;
+            s.nodes_listed = false;
+            s.caches_warm = false;
+        });
+    }
+
+    /// The leader's CiliumNode watch finished its initial listing.
+    pub fn set_nodes_listed(&self) {
+        self.with(|s| s.nodes_listed = true);
+    }
+
+    /// The leader's EC2 caches are built.
+    pub fn set_caches_warm(&self) {
+        self.with(|s| s.caches_warm = true);
+    }
+
+    pub fn set_stopping(&self) {
+        self.with(|s| s.stopping = true);
+    }
+
+    /// `Ok`, or why this replica is not ready.
+    pub fn check(&self) -> Result<(), &'static str> {
+        self.with(|s| {
+            if s.stopping {
+                Err("shutting down")
+            } else if !s.api_server {
+                Err("the Kubernetes API server did not answer the last probe")
+            } else if s.leading && !s.nodes_listed {
+                Err("leader: CiliumNodes not listed yet")
+            } else if s.leading && !s.caches_warm {
+                Err("leader: EC2 caches not built yet")
+            } else {
+                Ok(())
+            }
+        })
     }
 
     pub fn is_ready(&self) -> bool {
-        self.0.load(Ordering::Acquire)
+        self.check().is_ok()
+    }
+}
+
+/// Probe the API server every `interval` (each probe may take at most that long) and record
+/// the answer in `readiness`, until dropped.
+pub async fn probe_api_server<F, Fut, T, E>(readiness: Readiness, interval: Duration, mut probe: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, E>>,
+    E: std::fmt::Display,
+{
+    let mut tick = tokio::time::interval(interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut last = None;
+    loop {
+        tick.tick().await;
+        let answered = match tokio::time::timeout(interval, probe()).await {
+            Ok(Ok(_)) => true,
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, "the Kubernetes API server probe failed");
+                false
+            }
+            Err(_) => {
+                tracing::warn!(
+                    ?interval,
+                    "the Kubernetes API server did not answer in time"
+                );
+                false
+            }
+        };
+        if last != Some(answered) {
+            readiness.set_api_server(answered);
+            last = Some(answered);
+        }
     }
 }
 
@@ -117,10 +215,9 @@ async fn serve_metrics(State(registry): State<MetricsRegistry>) -> impl IntoResp
 }
 
 async fn serve_ready(State(readiness): State<Readiness>) -> impl IntoResponse {
-    if readiness.is_ready() {
-        (StatusCode::OK, "ok")
-    } else {
-        (StatusCode::SERVICE_UNAVAILABLE, "not ready")
+    match readiness.check() {
+        Ok(()) => (StatusCode::OK, "ok"),
+        Err(why) => (StatusCode::SERVICE_UNAVAILABLE, why),
     }
 }
 
@@ -150,12 +247,83 @@ mod tests {
             get(server.health_addr, "/healthz").await,
             (200, "ok".into())
         );
-        assert_eq!(get(server.health_addr, "/readyz").await.0, 503);
-        readiness.set(true);
+        assert_eq!(
+            get(server.health_addr, "/readyz").await,
+            (
+                503,
+                "the Kubernetes API server did not answer the last probe".into()
+            )
+        );
+        readiness.set_api_server(true);
         assert_eq!(get(server.health_addr, "/readyz").await, (200, "ok".into()));
         let (status, body) = get(server.metrics_addr, "/metrics").await;
         assert_eq!(status, 200);
         assert!(body.contains("eni_operator_build_info"), "{body}");
+    }
+
+    #[test]
+    fn a_standby_is_ready_once_the_api_server_answers() {
+        let r = Readiness::new();
+        assert!(!r.is_ready(), "no API server answer yet");
+        r.set_api_server(true);
+        assert_eq!(r.check(), Ok(()));
+        r.set_api_server(false);
+        assert!(!r.is_ready(), "lost the API server");
+        r.set_api_server(true);
+        r.set_stopping();
+        assert_eq!(r.check(), Err("shutting down"));
+    }
+
+    #[test]
+    fn a_leader_is_ready_only_with_listed_nodes_and_warm_caches() {
+        let r = Readiness::new();
+        r.set_api_server(true);
+        r.set_leading(true);
+        assert_eq!(r.check(), Err("leader: CiliumNodes not listed yet"));
+        r.set_nodes_listed();
+        assert_eq!(r.check(), Err("leader: EC2 caches not built yet"));
+        r.set_caches_warm();
+        assert_eq!(r.check(), Ok(()));
+        r.set_api_server(false);
+        assert!(!r.is_ready());
+        // A new term starts unsynced again.
+        r.set_api_server(true);
+        r.set_leading(true);
+        assert!(!r.is_ready());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_probe_follows_the_api_server() {
+        use std::sync::atomic::{AtomicU8, Ordering};
+        // 0: answers, 1: errors, 2: hangs.
+        let mode = Arc::new(AtomicU8::new(0));
+        let r = Readiness::new();
+        let probe = {
+            let mode = mode.clone();
+            move || {
+                let m = mode.load(Ordering::SeqCst);
+                async move {
+                    match m {
+                        0 => Ok(()),
+                        1 => Err("connection refused"),
+                        _ => std::future::pending().await,
+                    }
+                }
+            }
+        };
+        let task = tokio::spawn(probe_api_server(r.clone(), Duration::from_secs(5), probe));
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        assert!(r.is_ready());
+        mode.store(1, Ordering::SeqCst);
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        assert!(!r.is_ready(), "an error unsets readiness");
+        mode.store(0, Ordering::SeqCst);
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        assert!(r.is_ready());
+        mode.store(2, Ordering::SeqCst);
+        tokio::time::sleep(Duration::from_secs(11)).await;
+        assert!(!r.is_ready(), "a probe that hangs counts as no answer");
+        task.abort();
     }
 
     #[tokio::test]

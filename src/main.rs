@@ -13,6 +13,9 @@ use tracing_subscriber::EnvFilter;
 /// How long the start-up check of the API server may take before we give up.
 const API_SERVER_CHECK_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// Spacing (and timeout) of the readiness probe of the API server: one cheap `GET /version`.
+const API_SERVER_PROBE_INTERVAL: Duration = Duration::from_secs(5);
+
 #[tokio::main]
 async fn main() -> ExitCode {
     let settings = match Settings::load() {
@@ -45,9 +48,22 @@ async fn main() -> ExitCode {
         },
         _ = shutdown.cancelled() => return ExitCode::SUCCESS,
     };
+    let probe = {
+        let client = client.clone();
+        let readiness = readiness.clone();
+        tokio::spawn(http::probe_api_server(
+            readiness,
+            API_SERVER_PROBE_INTERVAL,
+            move || {
+                let client = client.clone();
+                async move { client.apiserver_version().await }
+            },
+        ))
+    };
 
     let result = run_operator(settings, client, registry, readiness, shutdown.clone()).await;
     shutdown.cancel();
+    probe.abort();
     if let Err(e) = server
         .task
         .await
@@ -68,6 +84,7 @@ async fn main() -> ExitCode {
 /// (the process then exits non-zero and Kubernetes restarts it with a clean state).
 ///
 /// Standby replicas only take part in the election: no watches, no EC2 calls, no writes.
+/// Readiness: see [`Readiness`]; this function reports leadership and the leader's sync.
 async fn run_operator(
     settings: Settings,
     client: kube::Client,
@@ -112,6 +129,9 @@ async fn run_operator(
         max_results_per_call: settings.ec2.max_results(),
     })
     .await;
+    if settings.ipam.annotate_cilium_ignore {
+        tracing::info!("annotating served CiliumNodes with ipam.cilium.io/ignore=true");
+    }
     let ec2 = Arc::new(Gate::new(aws, gate_config));
     registry.with(|r| ec2.metrics().register(r));
     let metrics = registry.with(RuntimeMetrics::register);
@@ -135,6 +155,7 @@ async fn run_operator(
             subnet_ids: settings.ipam.subnet_ids_filter.clone(),
             subnet_tags: settings.ipam.subnet_tags(),
         },
+        annotate_cilium_ignore: settings.ipam.annotate_cilium_ignore,
         ..CoreConfig::default()
     };
     let sink = Arc::new(KubeSink::new(
@@ -149,9 +170,18 @@ async fn run_operator(
         let shutdown = shutdown.clone();
         let metrics = metrics.clone();
         let settings = settings.clone();
+        let readiness = readiness.clone();
         async move {
+            readiness.set_leading(true);
             let (tx, rx) = tokio::sync::mpsc::channel(4096);
-            let core = Core::new(ec2.clone(), sink, core_config, metrics);
+            let core = Core::new(ec2.clone(), sink, core_config, metrics.clone());
+            let mut warm = core.warm();
+            let caches_warm = async {
+                if warm.wait_for(|w| *w).await.is_ok() {
+                    readiness.set_caches_warm();
+                }
+                std::future::pending::<()>().await
+            };
             let gc_loop = async {
                 match settings.runtime.eni_gc_interval() {
                     Some(interval) => {
@@ -161,6 +191,7 @@ async fn run_operator(
                             settings.ipam.subnet_ids_filter.clone(),
                             interval,
                             settings.runtime.eni_gc_max_per_run,
+                            metrics.clone(),
                         )
                         .await
                     }
@@ -169,15 +200,15 @@ async fn run_operator(
             };
             tokio::select! {
                 result = core.run(rx, shutdown.cancelled()) => result.map_err(anyhow::Error::from),
-                () = source::watch_cilium_nodes(client.clone(), tx.clone()) => Ok(()),
+                () = source::watch_cilium_nodes(client.clone(), tx.clone(), || readiness.set_nodes_listed()) => Ok(()),
                 () = source::watch_nodes(client.clone(), tx.clone()) => Ok(()),
                 () = source::watch_pending_pods(client, tx) => Ok(()),
                 () = gc_loop => Ok(()),
+                () = caches_warm => Ok(()),
             }
         }
     };
 
-    readiness.set(true);
     let result = if settings.kube.leader_election {
         let lease = KubeLease::new(
             client,
@@ -212,7 +243,7 @@ async fn run_operator(
     } else {
         work.await
     };
-    readiness.set(false);
+    readiness.set_stopping();
     result
 }
 

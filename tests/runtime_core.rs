@@ -22,6 +22,7 @@ use eni_operator::runtime::leader::{
     Elector, LeaderConfig, LeadershipLost, MemoryLease, MemoryLeaseClient,
 };
 use eni_operator::runtime::metrics::RuntimeMetrics;
+use eni_operator::runtime::prune::StructuralSchema;
 use eni_operator::runtime::sink::{MemorySink, NodeRef};
 use eni_operator::runtime::source::parse_node;
 use ipnet::Ipv4Net;
@@ -128,7 +129,8 @@ async fn a_burst_of_nodes_all_reach_their_demand() {
     const NODES: usize = 50;
     const WANT: i64 = 16; // more than one ENI of an m5.large holds: every node gets a new ENI
     let w = world();
-    let sink = Arc::new(MemorySink::new());
+    // Cilium's CRD, as on real clusters: the steady-state count below is under its pruning.
+    let sink = Arc::new(MemorySink::with_ciliums_crd());
     let gate = Gate::new(w.sim.clone(), GateConfig::aws_defaults());
     let (core, tx, _task) = start(gate, &sink, config(50));
     let mut names = Vec::new();
@@ -213,6 +215,76 @@ async fn a_burst_of_nodes_all_reach_their_demand() {
         "two ENIs per node (9 addresses each on an m5.large, primary ENI excluded)"
     );
     assert!(core.demand("node-0").unwrap().needed <= 0);
+}
+
+fn mutating_calls(sim: &Simulator) -> u64 {
+    let stats = sim.stats();
+    Operation::ALL
+        .iter()
+        .filter(|o| o.is_mutating())
+        .map(|o| stats.get(*o).calls)
+        .sum()
+}
+
+/// Steady state costs nothing under either CRD: once the nodes are served, three resyncs pass
+/// without a CiliumNode write or a mutating EC2 call. Cilium's CRD prunes `status.eni-operator`;
+/// a diff that took the pruned summary for a missing one rewrote status on every pass.
+#[tokio::test(start_paused = true)]
+async fn steady_state_writes_nothing_under_ciliums_crd_or_ours() {
+    const NODES: usize = 3;
+    const WANT: i64 = 12;
+    for (crd, schema) in [
+        ("Cilium's", StructuralSchema::cilium()),
+        ("ours", StructuralSchema::ours()),
+    ] {
+        let w = world();
+        let sink = Arc::new(MemorySink::pruning(schema));
+        let gate = Gate::new(w.sim.clone(), GateConfig::aws_defaults());
+        let cfg = config(4);
+        let resync = cfg.resync_interval;
+        let (_core, tx, task) = start(gate, &sink, cfg);
+        let mut names = Vec::new();
+        for i in 0..NODES {
+            let inst = w
+                .sim
+                .run_instance("m5.large", &w.subnet, std::slice::from_ref(&w.sg));
+            let name = format!("node-{i}");
+            let stored = sink.put(&agent_node(&w, &name, &inst.id, WANT));
+            tx.send(NodeInput::Upsert(Box::new(stored))).await.unwrap();
+            names.push(name);
+        }
+        let all = wait_until(
+            || names.iter().all(|n| served(&sink, n, WANT as usize)),
+            Duration::from_secs(600),
+        )
+        .await;
+        assert!(all, "{crd} CRD: nodes not served");
+        // In-flight passes (confirmations of the new ENIs) finish first.
+        tokio::time::sleep(Duration::from_secs(30)).await;
+        let writes = sink.total_writes();
+        let mutating = mutating_calls(&w.sim);
+        tokio::time::sleep(resync * 3 + Duration::from_secs(5)).await;
+        assert_eq!(
+            sink.total_writes(),
+            writes,
+            "{crd} CRD: CiliumNode writes in steady state"
+        );
+        assert_eq!(
+            mutating_calls(&w.sim),
+            mutating,
+            "{crd} CRD: mutating EC2 calls in steady state"
+        );
+        // The summary is there exactly where the CRD keeps it.
+        for n in &names {
+            let summary = sink.get(n).unwrap().status.unwrap().eni_operator;
+            assert_eq!(
+                summary.is_some(),
+                crd == "ours",
+                "{crd} CRD, {n}: {summary:?}"
+            );
+        }
+        task.abort();
+    }
 }
 
 #[tokio::test(start_paused = true)]
@@ -856,4 +928,568 @@ async fn a_node_cilium_is_told_to_ignore_is_served_by_us() {
     let n = sink.put(&node);
     tx.send(NodeInput::Upsert(Box::new(n))).await.unwrap();
     assert!(wait_until(|| served(&sink, "handed-over", 12), Duration::from_secs(60)).await);
+}
+
+fn annotation(sink: &MemorySink, name: &str, key: &str) -> Option<String> {
+    sink.get(name)?.metadata.annotations?.get(key).cloned()
+}
+
+#[tokio::test(start_paused = true)]
+async fn annotate_cilium_ignore_marks_served_nodes_once_and_keeps_other_annotations() {
+    use eni_operator::crd::CILIUM_IGNORE_ANNOTATION;
+    let w = world();
+    let sink = Arc::new(MemorySink::new());
+    let mut cfg = config(4);
+    cfg.annotate_cilium_ignore = true;
+    let (_core, tx, _task) = start(w.sim.clone(), &sink, cfg);
+    let inst = w
+        .sim
+        .run_instance("m5.large", &w.subnet, std::slice::from_ref(&w.sg));
+    let mut node = agent_node(&w, "n", &inst.id, 8);
+    node.metadata.annotations = Some([("team".to_string(), "net".to_string())].into());
+    let n = sink.put(&node);
+    tx.send(NodeInput::Upsert(Box::new(n))).await.unwrap();
+    assert!(wait_until(|| served(&sink, "n", 8), Duration::from_secs(60)).await);
+    assert_eq!(
+        annotation(&sink, "n", CILIUM_IGNORE_ANNOTATION).as_deref(),
+        Some("true")
+    );
+    assert_eq!(annotation(&sink, "n", "team").as_deref(), Some("net"));
+    // Finalizer and annotation: one metadata write each.
+    assert_eq!(sink.writes("n").metadata, 2);
+
+    // Steady state: rescans and full refreshes write nothing, also after the agent's updates.
+    let n = sink.update("n", |_| {}).unwrap();
+    tx.send(NodeInput::Upsert(Box::new(n))).await.unwrap();
+    let writes = sink.writes("n");
+    tokio::time::sleep(Duration::from_secs(190)).await;
+    assert_eq!(sink.writes("n"), writes, "no write in steady state");
+
+    // Someone removes it: it comes back (and only it is written).
+    let n = sink
+        .update("n", |n| {
+            n.metadata
+                .annotations
+                .as_mut()
+                .unwrap()
+                .remove(CILIUM_IGNORE_ANNOTATION);
+        })
+        .unwrap();
+    tx.send(NodeInput::Upsert(Box::new(n))).await.unwrap();
+    assert!(
+        wait_until(
+            || annotation(&sink, "n", CILIUM_IGNORE_ANNOTATION).is_some(),
+            Duration::from_secs(30)
+        )
+        .await
+    );
+    assert_eq!(sink.writes("n").metadata, writes.metadata + 1);
+    assert_eq!(sink.writes("n").total(), writes.total() + 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn opting_a_node_out_removes_the_cilium_ignore_annotation() {
+    use eni_operator::crd::{CILIUM_IGNORE_ANNOTATION, IGNORE_ANNOTATION};
+    let w = world();
+    let sink = Arc::new(MemorySink::new());
+    let mut cfg = config(4);
+    cfg.annotate_cilium_ignore = true;
+    let (_core, tx, _task) = start(w.sim.clone(), &sink, cfg);
+    let inst = w
+        .sim
+        .run_instance("m5.large", &w.subnet, std::slice::from_ref(&w.sg));
+    let mut node = agent_node(&w, "n", &inst.id, 4);
+    node.metadata.annotations = Some([("team".to_string(), "net".to_string())].into());
+    let n = sink.put(&node);
+    tx.send(NodeInput::Upsert(Box::new(n))).await.unwrap();
+    assert!(
+        wait_until(
+            || annotation(&sink, "n", CILIUM_IGNORE_ANNOTATION).is_some(),
+            Duration::from_secs(30)
+        )
+        .await
+    );
+    let n = sink
+        .update("n", |n| {
+            n.metadata
+                .annotations
+                .as_mut()
+                .unwrap()
+                .insert(IGNORE_ANNOTATION.into(), "true".into());
+        })
+        .unwrap();
+    tx.send(NodeInput::Upsert(Box::new(n))).await.unwrap();
+    let let_go = || {
+        sink.get("n").is_some_and(|n| {
+            n.metadata.finalizers.is_none_or(|f| f.is_empty())
+                && n.metadata
+                    .annotations
+                    .is_some_and(|a| !a.contains_key(CILIUM_IGNORE_ANNOTATION))
+        })
+    };
+    assert!(wait_until(let_go, Duration::from_secs(30)).await);
+    assert_eq!(annotation(&sink, "n", "team").as_deref(), Some("net"));
+    assert_eq!(
+        annotation(&sink, "n", IGNORE_ANNOTATION).as_deref(),
+        Some("true")
+    );
+    let writes = sink.writes("n");
+    tokio::time::sleep(Duration::from_secs(130)).await;
+    assert_eq!(sink.writes("n"), writes, "a node let go is never written");
+}
+
+#[tokio::test(start_paused = true)]
+async fn without_annotate_cilium_ignore_the_annotation_is_never_written() {
+    use eni_operator::crd::CILIUM_IGNORE_ANNOTATION;
+    let w = world();
+    let sink = Arc::new(MemorySink::new());
+    let (_core, tx, _task) = start(w.sim.clone(), &sink, config(4));
+    let inst = w
+        .sim
+        .run_instance("m5.large", &w.subnet, std::slice::from_ref(&w.sg));
+    let n = sink.put(&agent_node(&w, "n", &inst.id, 4));
+    tx.send(NodeInput::Upsert(Box::new(n))).await.unwrap();
+    assert!(wait_until(|| served(&sink, "n", 4), Duration::from_secs(30)).await);
+    assert_eq!(annotation(&sink, "n", CILIUM_IGNORE_ANNOTATION), None);
+    assert_eq!(sink.writes("n").metadata, 1, "the finalizer only");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_core_is_warm_once_its_first_full_refresh_succeeded() {
+    let w = world();
+    w.sim
+        .set_latency(Operation::DescribeSubnets, Duration::from_secs(3));
+    let sink = Arc::new(MemorySink::new());
+    let core = Core::new(
+        Arc::new(w.sim.clone()),
+        sink.clone(),
+        config(4),
+        RuntimeMetrics::default(),
+    );
+    let warm = core.warm();
+    assert!(!*warm.borrow());
+    let (_tx, rx) = mpsc::channel(16);
+    let _task = tokio::spawn(core.clone().run(rx, std::future::pending()));
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(!*warm.borrow(), "still listing subnets");
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert!(*warm.borrow());
+}
+
+// ---- ClientTokens and ENIs left unattached (a burned token must never block a node) ----
+
+fn create_calls(sim: &Simulator) -> u64 {
+    sim.stats().get(Operation::CreateNetworkInterface).calls
+}
+
+/// Our ENIs attached to the instance (the primary excluded).
+async fn our_attached(sim: &Simulator, instance: &str) -> Vec<NetworkInterface> {
+    attached_enis(sim, instance)
+        .await
+        .into_iter()
+        .filter(|e| e.device_index() != Some(0))
+        .collect()
+}
+
+fn throttled() -> eni_operator::ec2::sim::Fault {
+    eni_operator::ec2::sim::Fault::new("RequestLimitExceeded", "Request limit exceeded.", 503)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_throttled_attach_keeps_the_eni_and_the_next_pass_attaches_it() {
+    let w = world();
+    // Every attempt the gate makes for the first attach is throttled (the account's bucket is
+    // drained by other tools): the gate gives up after its 5 attempts.
+    w.sim.inject_error(
+        Operation::AttachNetworkInterface,
+        "RequestLimitExceeded",
+        GateConfig::aws_defaults().max_attempts as usize,
+    );
+    let sink = Arc::new(MemorySink::new());
+    let gate = Gate::new(w.sim.clone(), GateConfig::aws_defaults());
+    let (_core, tx, _task) = start(gate, &sink, config(4));
+    let inst = w
+        .sim
+        .run_instance("m5.large", &w.subnet, std::slice::from_ref(&w.sg));
+    let n = sink.put(&agent_node(&w, "n", &inst.id, 8));
+    tx.send(NodeInput::Upsert(Box::new(n))).await.unwrap();
+    assert!(
+        wait_until(|| served(&sink, "n", 8), Duration::from_secs(120)).await,
+        "served: {:?}",
+        operator_error(&sink, "n")
+    );
+    assert_eq!(
+        create_calls(&w.sim),
+        1,
+        "the kept ENI was attached, none created"
+    );
+    assert_eq!(
+        w.sim.stats().get(Operation::DeleteNetworkInterface).calls,
+        0,
+        "a throttled attach never deletes the ENI"
+    );
+    assert_eq!(our_attached(&w.sim, &inst.id).await.len(), 1);
+    assert!(our_available_enis(&w.sim).await.is_empty());
+    w.sim.check_invariants().unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_refused_attach_does_not_leave_the_node_stuck_on_its_token() {
+    let w = world();
+    // EC2 refuses the first attach for good: the ENI is deleted, so its token now answers
+    // with an ENI that does not exist.
+    w.sim.inject_error(
+        Operation::AttachNetworkInterface,
+        "InvalidParameterValue",
+        1,
+    );
+    let sink = Arc::new(MemorySink::new());
+    let (_core, tx, _task) = start(w.sim.clone(), &sink, config(4));
+    let inst = w
+        .sim
+        .run_instance("m5.large", &w.subnet, std::slice::from_ref(&w.sg));
+    let n = sink.put(&agent_node(&w, "n", &inst.id, 8));
+    tx.send(NodeInput::Upsert(Box::new(n))).await.unwrap();
+    assert!(
+        wait_until(|| served(&sink, "n", 8), Duration::from_secs(120)).await,
+        "served: {:?}",
+        operator_error(&sink, "n")
+    );
+    assert_eq!(create_calls(&w.sim), 2, "one fresh token after the refusal");
+    assert_eq!(our_attached(&w.sim, &inst.id).await.len(), 1);
+    assert!(our_available_enis(&w.sim).await.is_empty());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_token_burned_before_a_restart_does_not_block_the_node() {
+    let w = world();
+    w.sim.set_fault_rate(
+        Operation::AttachNetworkInterface,
+        1.0,
+        eni_operator::ec2::sim::Fault::new("InvalidParameterValue", "refused (injected)", 400),
+    );
+    let sink = Arc::new(MemorySink::new());
+    let (_core, tx, task) = start(w.sim.clone(), &sink, config(4));
+    let inst = w
+        .sim
+        .run_instance("m5.large", &w.subnet, std::slice::from_ref(&w.sg));
+    let n = sink.put(&agent_node(&w, "n", &inst.id, 8));
+    tx.send(NodeInput::Upsert(Box::new(n))).await.unwrap();
+    let sim = w.sim.clone();
+    assert!(
+        wait_until(
+            || sim.stats().get(Operation::DeleteNetworkInterface).ok >= 1,
+            Duration::from_secs(60)
+        )
+        .await
+    );
+    // The operator restarts with no memory of the token it burned.
+    task.abort();
+    let _ = task.await;
+    w.sim
+        .set_fault_rate(Operation::AttachNetworkInterface, 0.0, throttled());
+    let (_core, tx, _task) = start(w.sim.clone(), &sink, config(4));
+    tx.send(NodeInput::Upsert(Box::new(sink.get("n").unwrap())))
+        .await
+        .unwrap();
+    assert!(
+        wait_until(|| served(&sink, "n", 8), Duration::from_secs(120)).await,
+        "served: {:?}",
+        operator_error(&sink, "n")
+    );
+    assert_eq!(our_attached(&w.sim, &inst.id).await.len(), 1);
+    assert!(our_available_enis(&w.sim).await.is_empty());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_new_eni_at_a_reused_device_index_gets_a_fresh_token() {
+    let w = world();
+    let sink = Arc::new(MemorySink::new());
+    let (_core, tx, _task) = start(w.sim.clone(), &sink, config(4));
+    let inst = w
+        .sim
+        .run_instance("m5.large", &w.subnet, std::slice::from_ref(&w.sg));
+    let n = sink.put(&agent_node(&w, "n", &inst.id, 8));
+    tx.send(NodeInput::Upsert(Box::new(n))).await.unwrap();
+    assert!(wait_until(|| served(&sink, "n", 8), Duration::from_secs(60)).await);
+    // The ENI at device index 1 goes away (detached and deleted by someone); the node needs a
+    // new one at the same index, with the same attached set as the first time.
+    let first = our_attached(&w.sim, &inst.id).await.remove(0);
+    assert_eq!(first.device_index(), Some(1));
+    w.sim
+        .detach_network_interface(&first.attachment.as_ref().unwrap().id, false)
+        .await
+        .unwrap();
+    w.sim.delete_network_interface(&first.id).await.unwrap();
+    let sim = w.sim.clone();
+    let replaced = wait_until(
+        || {
+            sim.check_invariants().is_ok()
+                && sink.get("n").is_some_and(|n| {
+                    n.spec.ipam.pool.len() >= 8
+                        && n.spec.ipam.pool.values().all(|a| a.resource != first.id)
+                })
+        },
+        Duration::from_secs(300),
+    )
+    .await;
+    assert!(replaced, "served again: {:?}", operator_error(&sink, "n"));
+    assert!(served(&sink, "n", 8));
+    let now = our_attached(&w.sim, &inst.id).await;
+    assert_eq!(now.len(), 1);
+    assert_ne!(now[0].id, first.id);
+    assert_eq!(now[0].device_index(), Some(1));
+}
+
+/// Start a core, let it create an ENI for a node and kill it while the attach is in flight.
+/// Returns the ENI left `available`.
+async fn crash_between_create_and_attach(
+    w: &World,
+    sink: &Arc<MemorySink>,
+    node: &CiliumNode,
+) -> NetworkInterface {
+    w.sim
+        .set_latency(Operation::AttachNetworkInterface, Duration::from_secs(30));
+    let (_core, tx, task) = start(w.sim.clone(), sink, config(4));
+    tx.send(NodeInput::Upsert(Box::new(node.clone())))
+        .await
+        .unwrap();
+    let sim = w.sim.clone();
+    assert!(
+        wait_until(
+            || sim.stats().get(Operation::CreateNetworkInterface).ok >= 1,
+            Duration::from_secs(60)
+        )
+        .await
+    );
+    task.abort();
+    let _ = task.await;
+    w.sim
+        .set_latency(Operation::AttachNetworkInterface, Duration::ZERO);
+    let mut left = our_available_enis(&w.sim).await;
+    assert_eq!(left.len(), 1, "the created ENI was never attached");
+    left.remove(0)
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_eni_left_by_a_crash_between_create_and_attach_is_attached_instead_of_a_new_create() {
+    let w = world();
+    let sink = Arc::new(MemorySink::new());
+    let inst = w
+        .sim
+        .run_instance("m5.large", &w.subnet, std::slice::from_ref(&w.sg));
+    let n = sink.put(&agent_node(&w, "n", &inst.id, 16));
+    let left = crash_between_create_and_attach(&w, &sink, &n).await;
+    // Demand moves before the new leader acts: the same token would now be a mismatch.
+    let n = sink.update("n", |n| n.spec.ipam.min_allocate = 2).unwrap();
+    let (_core, tx, _task) = start(w.sim.clone(), &sink, config(4));
+    tx.send(NodeInput::Upsert(Box::new(n))).await.unwrap();
+    assert!(
+        wait_until(|| served(&sink, "n", 8), Duration::from_secs(120)).await,
+        "served: {:?}",
+        operator_error(&sink, "n")
+    );
+    assert_eq!(create_calls(&w.sim), 1, "no second create");
+    let attached = our_attached(&w.sim, &inst.id).await;
+    assert_eq!(attached.len(), 1);
+    assert_eq!(attached[0].id, left.id, "the leftover was attached");
+    assert!(our_available_enis(&w.sim).await.is_empty());
+    assert!(sink.events("n").iter().any(|e| e.reason == "EniAttached"));
+}
+
+#[tokio::test(start_paused = true)]
+async fn idempotent_parameter_mismatch_moves_to_a_fresh_token() {
+    let w = world();
+    let sg2 = w.sim.add_security_group(&w.vpc, Tags::new());
+    let sink = Arc::new(MemorySink::new());
+    let inst = w
+        .sim
+        .run_instance("m5.large", &w.subnet, std::slice::from_ref(&w.sg));
+    let mut node = agent_node(&w, "n", &inst.id, 8);
+    node.spec.eni.security_groups = vec![w.sg.clone()];
+    let n = sink.put(&node);
+    let left = crash_between_create_and_attach(&w, &sink, &n).await;
+    // The security groups change before the retry: the leftover no longer fits, and the
+    // token of the first request now comes with other parameters.
+    let n = sink
+        .update("n", |n| n.spec.eni.security_groups = vec![sg2.clone()])
+        .unwrap();
+    let (_core, tx, _task) = start(w.sim.clone(), &sink, config(4));
+    tx.send(NodeInput::Upsert(Box::new(n))).await.unwrap();
+    assert!(
+        wait_until(|| served(&sink, "n", 8), Duration::from_secs(120)).await,
+        "served: {:?}",
+        operator_error(&sink, "n")
+    );
+    let attached = our_attached(&w.sim, &inst.id).await;
+    assert_eq!(attached.len(), 1);
+    assert_eq!(attached[0].security_groups, vec![sg2]);
+    assert!(
+        w.sim.network_interface(&left.id).is_none(),
+        "misfit deleted"
+    );
+    assert!(our_available_enis(&w.sim).await.is_empty());
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_gc_removing_a_kept_eni_does_not_block_the_node() {
+    let w = world();
+    w.sim
+        .set_fault_rate(Operation::AttachNetworkInterface, 1.0, throttled());
+    let sink = Arc::new(MemorySink::new());
+    let gate = Gate::new(w.sim.clone(), GateConfig::aws_defaults());
+    let (_core, tx, _task) = start(gate, &sink, config(4));
+    let inst = w
+        .sim
+        .run_instance("m5.large", &w.subnet, std::slice::from_ref(&w.sg));
+    let n = sink.put(&agent_node(&w, "n", &inst.id, 8));
+    tx.send(NodeInput::Upsert(Box::new(n))).await.unwrap();
+    let sim = w.sim.clone();
+    assert!(
+        wait_until(
+            || sim.stats().get(Operation::CreateNetworkInterface).ok >= 1,
+            Duration::from_secs(60)
+        )
+        .await
+    );
+    // The kept ENI stays available over two GC runs and is collected.
+    let mut gc = EniGc::new(CLUSTER, 25);
+    gc.run_once(&w.sim, &[]).await.unwrap();
+    let report = gc.run_once(&w.sim, &[]).await.unwrap();
+    assert_eq!(report.deleted.len(), 1);
+    w.sim
+        .set_fault_rate(Operation::AttachNetworkInterface, 0.0, throttled());
+    assert!(
+        wait_until(|| served(&sink, "n", 8), Duration::from_secs(300)).await,
+        "served: {:?}",
+        operator_error(&sink, "n")
+    );
+    assert_eq!(our_attached(&w.sim, &inst.id).await.len(), 1);
+    assert!(our_available_enis(&w.sim).await.is_empty());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_lost_answer_to_an_assign_does_not_double_the_addresses() {
+    let w = world();
+    let sink = Arc::new(MemorySink::new());
+    let gate = Gate::new(w.sim.clone(), GateConfig::aws_defaults());
+    let (_core, tx, _task) = start(gate, &sink, config(4));
+    // m5.xlarge: 14 secondary addresses per ENI, room for a top-up and for its double.
+    let inst = w
+        .sim
+        .run_instance("m5.xlarge", &w.subnet, std::slice::from_ref(&w.sg));
+    let mut node = agent_node(&w, "n", &inst.id, 2);
+    node.spec.eni.instance_type = "m5.xlarge".into();
+    let n = sink.put(&node);
+    tx.send(NodeInput::Upsert(Box::new(n))).await.unwrap();
+    assert!(wait_until(|| served(&sink, "n", 8), Duration::from_secs(60)).await);
+    let before = sink.get("n").unwrap().spec.ipam.pool.len();
+    // The next assign is carried out, but its answer never arrives.
+    w.sim
+        .inject_lost_answer(Operation::AssignPrivateIpAddresses, 1);
+    let want = before + 3;
+    let n = sink
+        .update("n", |n| n.spec.ipam.min_allocate = want as i64)
+        .unwrap();
+    tx.send(NodeInput::Upsert(Box::new(n))).await.unwrap();
+    assert!(
+        wait_until(|| served(&sink, "n", want), Duration::from_secs(120)).await,
+        "served: {:?}",
+        operator_error(&sink, "n")
+    );
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let enis = our_attached(&w.sim, &inst.id).await;
+    let in_ec2: usize = enis.iter().map(|e| e.secondary_ips.len()).sum();
+    let pool = sink.get("n").unwrap().spec.ipam.pool.len();
+    assert_eq!(in_ec2, pool, "EC2 agrees with the pool");
+    assert_eq!(pool, want, "no address assigned twice");
+    assert_eq!(
+        w.sim.stats().get(Operation::AssignPrivateIpAddresses).ok,
+        1,
+        "the assign was carried out once"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn twenty_nodes_under_a_tenth_of_the_aws_rates_all_get_their_enis() {
+    // Other tools drain the account's buckets: EC2 lets us have a tenth of its published rates
+    // (refills rounded up to 1/s), while the gate believes it has 80 %. Throttled attaches
+    // must not strand a node behind a burned token.
+    const NODES: usize = 20;
+    let w = world();
+    for b in eni_operator::ec2::Bucket::ALL {
+        let (burst, rate) = b.aws_default();
+        w.sim.set_bucket(b, (burst / 10).max(1), (rate / 10).max(1));
+    }
+    let sink = Arc::new(MemorySink::new());
+    let gate = Gate::new(w.sim.clone(), GateConfig::aws_defaults());
+    let (_core, tx, _task) = start(gate, &sink, config(20));
+    let mut names = Vec::new();
+    for i in 0..NODES {
+        let inst = w
+            .sim
+            .run_instance("m5.large", &w.subnet, std::slice::from_ref(&w.sg));
+        let name = format!("node-{i}");
+        let n = sink.put(&agent_node(&w, &name, &inst.id, 8));
+        tx.send(NodeInput::Upsert(Box::new(n))).await.unwrap();
+        names.push(name);
+    }
+    let all = wait_until(
+        || names.iter().all(|n| served(&sink, n, 8)),
+        Duration::from_secs(600),
+    )
+    .await;
+    let stuck: Vec<_> = names
+        .iter()
+        .filter(|n| !served(&sink, n, 8))
+        .map(|n| (n.clone(), operator_error(&sink, n)))
+        .collect();
+    assert!(all, "stuck: {stuck:?}");
+    assert!(
+        w.sim
+            .stats()
+            .get(Operation::AttachNetworkInterface)
+            .throttled
+            > 0,
+        "the scenario throttled attaches"
+    );
+    // Served nodes leave nothing behind (the GC would, after two rounds).
+    assert!(our_available_enis(&w.sim).await.is_empty());
+    w.sim.check_invariants().unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_lost_answer_to_an_attach_is_found_attached() {
+    let w = world();
+    // The attach is carried out but its answer never arrives: the operator must look, not
+    // repeat it (refused "in use") and then try to delete an attached ENI.
+    w.sim
+        .inject_lost_answer(Operation::AttachNetworkInterface, 1);
+    let sink = Arc::new(MemorySink::new());
+    let gate = Gate::new(w.sim.clone(), GateConfig::aws_defaults());
+    let (_core, tx, _task) = start(gate, &sink, config(4));
+    let inst = w
+        .sim
+        .run_instance("m5.large", &w.subnet, std::slice::from_ref(&w.sg));
+    let n = sink.put(&agent_node(&w, "n", &inst.id, 8));
+    tx.send(NodeInput::Upsert(Box::new(n))).await.unwrap();
+    assert!(
+        wait_until(|| served(&sink, "n", 8), Duration::from_secs(60)).await,
+        "served: {:?}",
+        operator_error(&sink, "n")
+    );
+    let stats = w.sim.stats();
+    assert_eq!(
+        stats.get(Operation::AttachNetworkInterface).calls,
+        1,
+        "not repeated"
+    );
+    assert_eq!(stats.get(Operation::DeleteNetworkInterface).calls, 0);
+    assert_eq!(stats.get(Operation::CreateNetworkInterface).calls, 1);
+    assert!(
+        !sink.events("n").iter().any(|e| e.warning),
+        "no error: {:?}",
+        sink.events("n")
+    );
+    assert_eq!(our_attached(&w.sim, &inst.id).await.len(), 1);
 }

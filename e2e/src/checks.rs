@@ -266,6 +266,114 @@ pub const FORBIDDEN_ACCESS: &[Access] = &[
     ("", "pods", "", "create"),
 ];
 
+/// Whether a CiliumNode CRD (as read from the cluster) prunes `status.eni-operator`, our
+/// summary: true for Cilium's own CRD, false for ours (which preserves unknown fields).
+pub fn crd_prunes_summary(crd: &serde_json::Value) -> Result<bool, String> {
+    let schema = eni_operator::runtime::prune::StructuralSchema::from_crd(crd, "v2")?;
+    let mut probe = serde_json::json!({"status": {"eni-operator": {"enis": 1}}});
+    schema.prune_object(&mut probe);
+    Ok(probe.pointer("/status/eni-operator").is_none())
+}
+
+/// What a quiet window must leave as it was on one CiliumNode: its resourceVersion (any write
+/// changes it) and, to say who wrote, each field manager's last write time.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NodeMark {
+    pub resource_version: String,
+    /// `manager operation [subresource]` → time of its last write.
+    pub managers: BTreeMap<String, String>,
+}
+
+pub fn node_mark(cn: &CiliumNode) -> NodeMark {
+    let managers = cn
+        .metadata
+        .managed_fields
+        .iter()
+        .flatten()
+        .map(|m| {
+            let key = format!(
+                "{} {} {}",
+                m.manager.as_deref().unwrap_or("?"),
+                m.operation.as_deref().unwrap_or("?"),
+                m.subresource.as_deref().unwrap_or("")
+            );
+            let time = serde_json::to_value(&m.time)
+                .ok()
+                .and_then(|t| t.as_str().map(str::to_string))
+                .unwrap_or_default();
+            (key.trim_end().to_string(), time)
+        })
+        .collect();
+    NodeMark {
+        resource_version: cn.metadata.resource_version.clone().unwrap_or_default(),
+        managers,
+    }
+}
+
+/// An ENI as compared across a quiet window: everything a mutating call could change.
+fn eni_state(e: &EniView) -> String {
+    let mut addresses = e.addresses.clone();
+    addresses.sort();
+    let mut prefixes = e.prefixes.clone();
+    prefixes.sort();
+    format!(
+        "{} attached to {:?} at {:?}, addresses {addresses:?}, prefixes {prefixes:?}",
+        e.status, e.instance_id, e.device_index
+    )
+}
+
+/// Everything that changed across a quiet window: CiliumNode writes (with the managers that
+/// wrote) and ENIs created, deleted, attached, detached or given/taken addresses.
+pub fn quiet_changes(
+    nodes_before: &BTreeMap<String, NodeMark>,
+    nodes_after: &BTreeMap<String, NodeMark>,
+    enis_before: &[EniView],
+    enis_after: &[EniView],
+) -> Vec<String> {
+    let mut out = Vec::new();
+    for (name, before) in nodes_before {
+        match nodes_after.get(name) {
+            None => out.push(format!("CiliumNode {name} is gone")),
+            Some(after) if after.resource_version != before.resource_version => {
+                let writers: Vec<&str> = after
+                    .managers
+                    .iter()
+                    .filter(|(k, t)| before.managers.get(*k) != Some(t))
+                    .map(|(k, _)| k.as_str())
+                    .collect();
+                out.push(format!(
+                    "CiliumNode {name} written (resourceVersion {} -> {}; by {})",
+                    before.resource_version,
+                    after.resource_version,
+                    if writers.is_empty() {
+                        "a manager writing within the same second".to_string()
+                    } else {
+                        writers.join(", ")
+                    }
+                ));
+            }
+            Some(_) => {}
+        }
+    }
+    let state = |list: &[EniView]| -> BTreeMap<String, String> {
+        list.iter().map(|e| (e.id.clone(), eni_state(e))).collect()
+    };
+    let (before, after) = (state(enis_before), state(enis_after));
+    for (id, b) in &before {
+        match after.get(id) {
+            None => out.push(format!("ENI {id} deleted (was {b})")),
+            Some(a) if a != b => out.push(format!("ENI {id}: {b} -> {a}")),
+            Some(_) => {}
+        }
+    }
+    for (id, a) in &after {
+        if !before.contains_key(id) {
+            out.push(format!("ENI {id} created ({a})"));
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -451,5 +559,77 @@ mod tests {
             .insert("10.0.0.1".into(), AllocationIp::default());
         assert_eq!(available(&cn, Generation::Classic), 1);
         assert_eq!(available(&cn, Generation::MultiPool), 0, "no ENI in status");
+    }
+    #[test]
+    fn ciliums_crd_prunes_the_summary_and_ours_keeps_it() {
+        use eni_operator::runtime::prune::{CILIUM_CRD_YAML, OUR_CRD_YAML};
+        let as_json = |yaml: &str| -> serde_json::Value {
+            serde_yaml::Deserializer::from_str(yaml)
+                .map(|d| serde::Deserialize::deserialize(d).unwrap())
+                .find(|v: &serde_json::Value| v["kind"] == "CustomResourceDefinition")
+                .unwrap()
+        };
+        assert_eq!(crd_prunes_summary(&as_json(CILIUM_CRD_YAML)), Ok(true));
+        assert_eq!(crd_prunes_summary(&as_json(OUR_CRD_YAML)), Ok(false));
+        assert!(crd_prunes_summary(&serde_json::json!({"spec": {}})).is_err());
+    }
+
+    fn in_use(id: &str, addresses: &[&str]) -> EniView {
+        eni(id, "in-use", Some("i-1"), Some(1), addresses)
+    }
+
+    #[test]
+    fn quiet_changes_name_every_write_and_ec2_change() {
+        let mark = |rv: &str, t: &str| NodeMark {
+            resource_version: rv.into(),
+            managers: [
+                ("eni-operator Update status".to_string(), t.to_string()),
+                ("agent Update".to_string(), "t0".to_string()),
+            ]
+            .into(),
+        };
+        let nodes: BTreeMap<String, NodeMark> = [("n1".to_string(), mark("5", "t1"))].into();
+        let enis = [
+            in_use("eni-1", &["10.0.0.2", "10.0.0.1"]),
+            in_use("eni-2", &[]),
+        ];
+        // The same state, listed in another order: nothing changed.
+        let reordered = [
+            in_use("eni-2", &[]),
+            in_use("eni-1", &["10.0.0.1", "10.0.0.2"]),
+        ];
+        assert_eq!(
+            quiet_changes(&nodes, &nodes, &enis, &reordered),
+            Vec::<String>::new()
+        );
+
+        let written: BTreeMap<String, NodeMark> = [("n1".to_string(), mark("6", "t2"))].into();
+        let changed = [in_use("eni-1", &["10.0.0.1"]), in_use("eni-3", &[])];
+        let got = quiet_changes(&nodes, &written, &enis, &changed);
+        assert_eq!(got.len(), 4, "{got:?}");
+        assert!(got[0].contains("n1 written") && got[0].contains("by eni-operator Update status"));
+        assert!(got[1].starts_with("ENI eni-1:"), "{got:?}");
+        assert!(got[2].starts_with("ENI eni-2 deleted"), "{got:?}");
+        assert!(got[3].starts_with("ENI eni-3 created"), "{got:?}");
+    }
+
+    #[test]
+    fn node_mark_reads_version_and_managers() {
+        let mut cn = CiliumNode::new("n1", CiliumNodeSpec::default());
+        cn.metadata.resource_version = Some("7".into());
+        cn.metadata.managed_fields = Some(vec![
+            k8s_openapi::apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry {
+                manager: Some("eni-operator".into()),
+                operation: Some("Update".into()),
+                subresource: Some("status".into()),
+                ..Default::default()
+            },
+        ]);
+        let m = node_mark(&cn);
+        assert_eq!(m.resource_version, "7");
+        assert_eq!(
+            m.managers.keys().collect::<Vec<_>>(),
+            ["eni-operator Update status"]
+        );
     }
 }

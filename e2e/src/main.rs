@@ -10,6 +10,7 @@
 mod agent;
 mod checks;
 mod ec2seed;
+mod faultproxy;
 mod operator;
 mod scenarios;
 
@@ -162,7 +163,11 @@ async fn main() -> std::process::ExitCode {
 
 async fn run(a: RunArgs) -> Result<bool> {
     let names: Vec<String> = if a.scenarios.is_empty() {
-        scenarios::ALL.iter().map(|s| s.to_string()).collect()
+        scenarios::ALL
+            .iter()
+            .filter(|s| !(a.in_cluster && scenarios::LOCAL_ONLY.contains(s)))
+            .map(|s| s.to_string())
+            .collect()
     } else {
         a.scenarios.clone()
     };

@@ -19,6 +19,8 @@ pub struct OperatorOptions {
     pub prefix_delegation: bool,
     /// `Some(delay)`: `--aws-release-excess-ips --excess-ip-release-delay <delay>`.
     pub release_delay_secs: Option<u64>,
+    /// The EC2 endpoint instead of the suite's (local mode: a fault proxy in front of it).
+    pub ec2_endpoint: Option<String>,
 }
 
 /// Settings shared by every operator the suite starts.
@@ -58,7 +60,9 @@ impl OperatorSettings {
             "--cluster-name".into(),
             self.cluster_name.clone(),
             "--ec2-api-endpoint".into(),
-            self.ec2_endpoint.clone(),
+            opts.ec2_endpoint
+                .clone()
+                .unwrap_or_else(|| self.ec2_endpoint.clone()),
             "--aws-region".into(),
             self.region.clone(),
             "--namespace".into(),
@@ -468,6 +472,7 @@ mod tests {
                 OperatorOptions {
                     prefix_delegation: true,
                     release_delay_secs: Some(3),
+                    ..Default::default()
                 },
             ] {
                 let s = OperatorSettings {
@@ -526,6 +531,7 @@ mod tests {
         let opts = OperatorOptions {
             prefix_delegation: true,
             release_delay_secs: Some(3),
+            ..Default::default()
         };
         let a = settings().args(Some("op-1"), Some((9000, 9001)), &opts);
         let joined = a.join(" ");
@@ -564,6 +570,7 @@ mod tests {
         with.extend(scenario_flags(&OperatorOptions {
             prefix_delegation: false,
             release_delay_secs: Some(4),
+            ..Default::default()
         }));
         assert_eq!(strip_scenario_flags(&with), stripped);
     }
@@ -623,6 +630,7 @@ mod process_tests {
         let opts = OperatorOptions {
             prefix_delegation: true,
             release_delay_secs: None,
+            ..Default::default()
         };
         ops.start(&opts, 2).await.unwrap();
         let ids = wait_running(&ops, 2).await;

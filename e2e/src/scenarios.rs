@@ -10,6 +10,7 @@ use k8s_openapi::api::authorization::v1::{
     ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
 };
 use k8s_openapi::api::core::v1::{Event, Node};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 
@@ -18,6 +19,7 @@ use crate::checks::{
     self, FORBIDDEN_ACCESS, NodeVariant, REQUIRED_ACCESS, RUN_LABEL, available, served,
 };
 use crate::ec2seed::{self, EniView, Instance, OWNER_INSTANCE_TAG, World};
+use crate::faultproxy::{Fault, FaultProxy};
 use crate::operator::{OperatorOptions, Operators};
 
 /// Every scenario, in the order they run.
@@ -31,9 +33,15 @@ pub const ALL: &[&str] = &[
     "node-deletion",
     "leader-failover",
     "restart-mid-allocation",
+    "attach-faults",
     "bad-input",
     "rbac",
+    "cilium-crd-steady-state",
 ];
+
+/// Scenarios that need the operator on this machine (a fault proxy in front of EC2): left out
+/// of the default list in-cluster.
+pub const LOCAL_ONLY: &[&str] = &["attach-faults"];
 
 /// Suite settings.
 #[derive(Clone, Debug)]
@@ -72,6 +80,8 @@ pub struct Suite {
     pub cfg: SuiteConfig,
     nodes: Vec<TestNode>,
     seq: u32,
+    /// A scenario's fault proxy, kept until its operators are stopped in the clean-up.
+    fault_proxy: Option<FaultProxy>,
 }
 
 /// Returned by a poll to stop waiting at once.
@@ -131,6 +141,7 @@ impl Suite {
             cfg,
             nodes: Vec::new(),
             seq: 0,
+            fault_proxy: None,
         }
     }
 
@@ -155,8 +166,10 @@ impl Suite {
             "node-deletion" => self.node_deletion().await,
             "leader-failover" => self.leader_failover().await,
             "restart-mid-allocation" => self.restart_mid_allocation().await,
+            "attach-faults" => self.attach_faults().await,
             "bad-input" => self.bad_input().await,
             "rbac" => self.rbac().await,
+            "cilium-crd-steady-state" => self.cilium_crd_steady_state().await,
             other => Err(anyhow!(
                 "unknown scenario {other:?} (known: {})",
                 ALL.join(", ")
@@ -168,6 +181,7 @@ impl Suite {
             Ok(())
         };
         let cleanup = self.cleanup().await;
+        self.fault_proxy = None;
         body.and(invariants).and(cleanup)
     }
 
@@ -1152,6 +1166,64 @@ impl Suite {
         Ok(())
     }
 
+    /// The first attaches are refused for good by EC2 (a fault proxy between the operator and
+    /// the endpoint answers them `InvalidParameterValue`). The operator deletes each refused
+    /// ENI and creates the next with a fresh ClientToken (the old one now names a deleted ENI),
+    /// so every node converges and none of our ENIs stays `available`.
+    async fn attach_faults(&mut self) -> Result<()> {
+        const FAULTS: usize = 3;
+        const ATTACH: &str = "AttachNetworkInterface";
+        ensure!(
+            self.ops.is_local(),
+            "attach-faults needs local mode: the fault proxy runs next to the suite"
+        );
+        let proxy = FaultProxy::start(&self.ops.settings.ec2_endpoint).await?;
+        proxy.fail_next(ATTACH, FAULTS, Fault::refused("InvalidParameterValue"));
+        let url = proxy.url();
+        self.fault_proxy = Some(proxy);
+        self.start_ops(
+            OperatorOptions {
+                ec2_endpoint: Some(url),
+                ..Default::default()
+            },
+            1,
+        )
+        .await?;
+        // 12 pods need a second ENI on both types: at least two attaches after the faults.
+        let mut idxs = Vec::new();
+        for (t, z, g) in [
+            ("m5.large", 0, Generation::Classic),
+            ("m5.xlarge", 1, Generation::MultiPool),
+        ] {
+            idxs.push(
+                self.add_node(t, z, Some(g), 12, NodeVariant::default())
+                    .await?,
+            );
+        }
+        self.wait_served(&idxs, self.cfg.timeout).await?;
+        let proxy = self.fault_proxy.as_ref().expect("set above");
+        ensure!(
+            proxy.injected(ATTACH) == FAULTS,
+            "{} of {FAULTS} attach faults were injected ({} attaches forwarded)",
+            proxy.injected(ATTACH),
+            proxy.forwarded(ATTACH)
+        );
+        for &i in &idxs {
+            self.assert_eni_count_at_most(i, 12).await?;
+        }
+        // At once, not only after the GC intervals the invariants allow: a refused attach
+        // deletes its ENI.
+        let left: Vec<String> = self
+            .owned_enis()
+            .await?
+            .into_iter()
+            .filter(|e| e.status == "available")
+            .map(|e| e.id)
+            .collect();
+        ensure!(left.is_empty(), "ENIs of ours left available: {left:?}");
+        Ok(())
+    }
+
     async fn bad_input(&mut self) -> Result<()> {
         self.start_ops(OperatorOptions::default(), 1).await?;
         let good = [
@@ -1248,6 +1320,120 @@ impl Suite {
         );
         // Good nodes stay served.
         self.wait_served(&good, self.cfg.timeout).await
+    }
+
+    /// Per node of `idxs`: its CiliumNode's resourceVersion and field managers.
+    async fn node_marks(&self, idxs: &[usize]) -> Result<BTreeMap<String, checks::NodeMark>> {
+        let mut out = BTreeMap::new();
+        for &i in idxs {
+            out.insert(
+                self.nodes[i].name.clone(),
+                checks::node_mark(&self.cn(i).await?),
+            );
+        }
+        Ok(out)
+    }
+
+    /// Every ENI of the nodes' instances: attached ones (ours or not) and ours by tag.
+    async fn instance_enis(&self, idxs: &[usize]) -> Result<Vec<EniView>> {
+        let mut out: BTreeMap<String, EniView> = BTreeMap::new();
+        for &i in idxs {
+            let id = &self.nodes[i].instance.id;
+            for e in ec2seed::instance_enis(&self.ec2, id).await? {
+                out.insert(e.id.clone(), e);
+            }
+            for e in self.enis_for(id).await? {
+                out.insert(e.id.clone(), e);
+            }
+        }
+        Ok(out.into_values().collect())
+    }
+
+    /// Steady state costs nothing: once the nodes are served and their CiliumNodes stopped
+    /// changing, a quiet minute (many resyncs) brings no CiliumNode write and no EC2 change.
+    /// Meant for `E2E_CRD=cilium` (Cilium's own CRD, which prunes `status.eni-operator`: the
+    /// operator used to rewrite it on every pass); under our CRD the same holds and the summary
+    /// must be there.
+    async fn cilium_crd_steady_state(&mut self) -> Result<()> {
+        let crds: Api<CustomResourceDefinition> = Api::all(self.kube.clone());
+        let crd = crds
+            .get("ciliumnodes.cilium.io")
+            .await
+            .context("reading the CiliumNode CRD")?;
+        let prunes = checks::crd_prunes_summary(&serde_json::to_value(&crd)?)
+            .map_err(|e| anyhow!("the installed CiliumNode CRD: {e}"))?;
+        tracing::info!(
+            "installed CiliumNode CRD {}",
+            if prunes {
+                "prunes status.eni-operator (Cilium's)"
+            } else {
+                "keeps status.eni-operator (ours; E2E_CRD=cilium tests Cilium's)"
+            }
+        );
+        self.start_ops(OperatorOptions::default(), 1).await?;
+        let a = self
+            .add_node(
+                "m5.large",
+                0,
+                Some(Generation::Classic),
+                5,
+                NodeVariant::default(),
+            )
+            .await?;
+        let b = self
+            .add_node(
+                "c5.xlarge",
+                1,
+                Some(Generation::MultiPool),
+                4,
+                NodeVariant::default(),
+            )
+            .await?;
+        let idxs = [a, b];
+        self.wait_served(&idxs, self.cfg.timeout).await?;
+        // Converged: nothing written to the CiliumNodes for two resyncs.
+        let settle = self.cfg.resync * 2 + Duration::from_secs(2);
+        let before = eventually(self.cfg.timeout, "the CiliumNodes to settle", async || {
+            let first = self.node_marks(&idxs).await?;
+            tokio::time::sleep(settle).await;
+            let second = self.node_marks(&idxs).await?;
+            Ok(if first == second {
+                Ok(second)
+            } else {
+                Err(checks::quiet_changes(&first, &second, &[], &[]).join("; "))
+            })
+        })
+        .await?;
+        let enis_before = self.instance_enis(&idxs).await?;
+        let quiet = Duration::from_secs(60).max(self.cfg.resync * 2 + Duration::from_secs(5));
+        tokio::time::sleep(quiet).await;
+        let after = self.node_marks(&idxs).await?;
+        let enis_after = self.instance_enis(&idxs).await?;
+        let changes = checks::quiet_changes(&before, &after, &enis_before, &enis_after);
+        ensure!(
+            changes.is_empty(),
+            "in a quiet {}s after convergence (resync every {}s): {}",
+            quiet.as_secs(),
+            self.cfg.resync.as_secs(),
+            changes.join("; ")
+        );
+        for i in idxs {
+            let summary = self
+                .cn(i)
+                .await?
+                .status
+                .and_then(|s| s.eni_operator)
+                .is_some();
+            ensure!(
+                summary != prunes,
+                "{}: status.eni-operator {} although the CRD {} it",
+                self.nodes[i].name,
+                if summary { "present" } else { "absent" },
+                if prunes { "prunes" } else { "keeps" }
+            );
+        }
+        // Still served at the end (the agents saw nothing go).
+        self.wait_served(&idxs, self.cfg.timeout).await
     }
 
     async fn rbac(&mut self) -> Result<()> {

@@ -106,6 +106,18 @@ pub struct Outcome {
     pub notes: Vec<String>,
     /// The heap at the end, by part (with the counting allocator installed).
     pub heap: Option<HeapShares>,
+    /// A quiet window after the demand was met (where measured).
+    pub quiet: Option<Quiet>,
+}
+
+/// What the operator did in a window where nothing changed (steady state should cost nothing).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Quiet {
+    pub seconds: u64,
+    /// Node resyncs the window included.
+    pub resyncs: u64,
+    pub writes: u64,
+    pub mutating_calls: u64,
 }
 
 type BenchCore = Core<Gate<Simulator>, MemorySink>;
@@ -153,7 +165,9 @@ fn world_shared(
     let sg = sim.add_security_group(&vpc, Tags::new());
     sim.add_route_table(&vpc, true, &[]);
     let gate = Arc::new(Gate::new(sim.clone(), mode.config()));
-    let sink = Arc::new(MemorySink::new());
+    // Real clusters run Cilium's own CRD, whose API server prunes what it does not list: the
+    // write counts must include what that costs.
+    let sink = Arc::new(MemorySink::with_ciliums_crd());
     let cfg = CoreConfig {
         workers: s.workers,
         ipam: IpamConfig {
@@ -435,6 +449,23 @@ async fn wait_for(
     }
 }
 
+/// Let in-flight passes finish (30 s), then count writes and mutating calls over two resync
+/// intervals and a bit: nothing changes in the world meanwhile, so both should be zero.
+async fn quiet_window(w: &World) -> Quiet {
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    let resync = CoreConfig::default().resync_interval;
+    let span = resync * 2 + Duration::from_secs(10);
+    let a = w.snapshot();
+    tokio::time::sleep(span).await;
+    let win = window(&a, &w.snapshot());
+    Quiet {
+        seconds: span.as_secs(),
+        resyncs: span.as_secs() / resync.as_secs().max(1),
+        writes: win.writes,
+        mutating_calls: win.sum(true),
+    }
+}
+
 fn limits_of(s: &Settings) -> crate::ec2::InstanceTypeLimits {
     default_instance_types()
         .into_iter()
@@ -488,7 +519,7 @@ pub async fn burst(s: &Settings, nodes: usize, prefix: bool, mode: GateMode) -> 
         .get(&Operation::CreateNetworkInterface)
         .copied()
         .unwrap_or(0);
-    let notes = vec![
+    let mut notes = vec![
         format!(
             "{}: ENIs created {created} (necessary {enis}); top-up assigns {}; calls per node: {}",
             row.scenario,
@@ -505,6 +536,12 @@ pub async fn burst(s: &Settings, nodes: usize, prefix: bool, mode: GateMode) -> 
     if let Err(e) = w.sim.check_invariants() {
         panic!("simulator invariants broken: {e}");
     }
+    let quiet = quiet_window(&w).await;
+    notes.push(format!(
+        "{}: steady state (Cilium's CRD): {} CiliumNode writes and {} mutating EC2 calls in {} s \
+         ({} resyncs) after the demand was met",
+        row.scenario, quiet.writes, quiet.mutating_calls, quiet.seconds, quiet.resyncs
+    ));
     let heap = w.heap_shares().await;
     Outcome {
         row,
@@ -513,6 +550,7 @@ pub async fn burst(s: &Settings, nodes: usize, prefix: bool, mode: GateMode) -> 
         enis_created: created,
         notes,
         heap,
+        quiet: Some(quiet),
     }
 }
 
@@ -847,6 +885,7 @@ pub async fn churn(s: &Settings, nodes: usize, minutes: u32) -> Outcome {
             .unwrap_or(0),
         notes,
         heap,
+        quiet: None,
     }
 }
 
@@ -954,6 +993,7 @@ pub async fn scale_down(s: &Settings, nodes: usize) -> Outcome {
         enis_created: 0,
         notes,
         heap,
+        quiet: None,
     }
 }
 
@@ -979,6 +1019,12 @@ mod tests {
             assert_eq!(out.row.throttled, 0);
             assert!(out.row.lower_bound.is_some());
             assert!(out.waiting.last().unwrap().1 == 0.0);
+            let quiet = out.quiet.expect("measured");
+            assert_eq!(
+                (quiet.writes, quiet.mutating_calls),
+                (0, 0),
+                "prefix={prefix}: steady state under Cilium's CRD: {quiet:?}"
+            );
         }
     }
 

@@ -5,7 +5,9 @@
 //!   account), each overridable. Alternatively one bucket shared by every call (Cilium's mode), so
 //!   the benchmark can compare the two. Every attempt, and every page of a describe, takes a token.
 //! * **Retries.** `backon` exponential backoff with jitter, bounded attempts, only for throttled
-//!   and transient errors; client errors return at once. The SDK's own retry is off
+//!   and transient errors; client errors return at once. A transient failure (timeout, 5xx)
+//!   of a call without an idempotency token (assign, attach) is not repeated: it may have
+//!   taken effect, so the caller looks at EC2 instead. The SDK's own retry is off
 //!   ([`super::aws`]), so this is the only policy.
 //! * **Throttle penalty.** A throttled answer means the *account's* bucket at AWS is empty, so
 //!   every caller of that bucket, not only the failing call, must slow down. Each of our buckets
@@ -306,6 +308,14 @@ struct OutcomeLabels {
     outcome: &'static str,
 }
 
+/// Cilium's `ec2_api_duration_seconds` labels: `response_code` is `OK`, or the AWS error code
+/// (`RequestLimitExceeded`, ...) or a local one (`Timeout`) of a failed call.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CallLabels {
+    operation: &'static str,
+    response_code: String,
+}
+
 type HistogramFamily = Family<OpLabels, Histogram, fn() -> Histogram>;
 
 fn latency_histogram() -> Histogram {
@@ -316,7 +326,7 @@ fn latency_histogram() -> Histogram {
 #[derive(Clone, Debug)]
 pub struct GateMetrics {
     calls: Family<OutcomeLabels, Counter>,
-    duration: HistogramFamily,
+    duration: Family<CallLabels, Histogram, fn() -> Histogram>,
     wait: HistogramFamily,
     retries: Family<OpLabels, Counter>,
     throttled: Family<OpLabels, Counter>,
@@ -349,7 +359,7 @@ impl GateMetrics {
         );
         registry.register(
             "ec2_api_duration_seconds",
-            "Latency of one EC2 API call",
+            "Latency of one EC2 API call, by operation and response code",
             self.duration.clone(),
         );
         registry.register(
@@ -588,7 +598,13 @@ impl<E: Ec2> Gate<E> {
         let result = call.await;
         self.metrics
             .duration
-            .get_or_create(&labels)
+            .get_or_create(&CallLabels {
+                operation: op.name(),
+                response_code: match &result {
+                    Ok(_) => "OK".to_string(),
+                    Err(e) => e.code.clone(),
+                },
+            })
             .observe(started.elapsed().as_secs_f64());
         let outcome = match &result {
             Ok(_) => {
@@ -650,7 +666,9 @@ impl<E: Ec2> Gate<E> {
                     return first.elapsed() < self.config.throttle_deadline;
                 }
                 failures += 1;
-                e.is_retryable() && failures < self.config.max_attempts
+                e.is_retryable()
+                    && op.repeatable_after_lost_answer()
+                    && failures < self.config.max_attempts
             })
             .notify(|err: &Ec2Error, delay: Duration| {
                 self.counters.retries[op_index(op)].fetch_add(1, Ordering::Relaxed);

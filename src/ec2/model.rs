@@ -138,6 +138,19 @@ impl Operation {
         }
     }
 
+    /// Whether repeating a call whose answer was lost (timeout, 5xx) is harmless. AWS may have
+    /// carried out such a call ("a timeout can hide a call that took effect"). Assign carries
+    /// no idempotency token: a repeat of one that took effect assigns the addresses twice.
+    /// Attach has none either: a repeat of one that took effect is refused ("in use"). Their
+    /// callers look at the ENI instead. Throttled answers were not carried out: always
+    /// repeatable.
+    pub const fn repeatable_after_lost_answer(self) -> bool {
+        !matches!(
+            self,
+            Operation::AssignPrivateIpAddresses | Operation::AttachNetworkInterface
+        )
+    }
+
     pub const fn is_mutating(self) -> bool {
         !matches!(self.bucket(), Bucket::Describe)
     }

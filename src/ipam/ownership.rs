@@ -45,27 +45,38 @@ pub fn description(instance_id: &str) -> String {
 
 /// The `ClientToken` of a `CreateNetworkInterface` call: sha256 hex (64 chars, EC2's maximum).
 ///
-/// Why these inputs: EC2 returns the ENI created earlier with the same token instead of a
-/// second one. A retry of the SAME intent must repeat the token: after a crash, a timeout with
-/// a lost response, or a leader change, the new attempt computes the same cluster, instance,
-/// device index, subnet and kind, and (since the created-but-unattached ENI is not attached)
-/// the same set of attached ENIs, hence the same token: no second ENI. A LATER intent must get
-/// a new token: once the ENI is attached, the attached set changes, so the next ENI (even at a
-/// reused device index after a detach) gets a fresh token. The amount is left out on purpose:
-/// demand may move between the crash and the retry, which must not create a second ENI (EC2
-/// answers a changed parameter with `IdempotentParameterMismatch`, which the runtime treats as
-/// "refresh and re-plan").
+/// A token must name exactly one intended request. EC2 answers a reused token with the ENI it
+/// created first, for hours, even after that ENI was deleted (and answers a reused token with
+/// other parameters with `IdempotentParameterMismatch`). So:
+/// * a retry of the SAME intent repeats the token: after a timeout with a lost answer, a crash
+///   or a leader change, the new attempt computes the same cluster, instance, device index,
+///   subnet, kind, attached set and `generation`, hence no second ENI;
+/// * a token is never reused for another intent: once the ENI is attached the attached set
+///   changes, and the runtime moves the node's `generation` on whenever a token is spent (the
+///   ENI was attached, deleted after a refused attach, or EC2 answered the token with an ENI
+///   that no longer exists or with `IdempotentParameterMismatch`). The generation lives in the
+///   node's memory and restarts at 0 with a new process; a token burned by an earlier process
+///   is then found out by its answer (the ENI does not exist, or a mismatch) and left at once,
+///   so a node is never stuck on one.
+///
+/// The amount and the security groups are left out on purpose: an ENI left unattached by a
+/// crash is attached by the next pass as it is (the runtime attaches our `available` ENIs of
+/// the instance before creating one), and a changed request is answered with a mismatch, which
+/// moves the generation on.
 ///
 /// ```
 /// use eni_operator::ipam::capacity::Kind;
 /// use eni_operator::ipam::ownership::client_token;
-/// let a = client_token("prod", "i-1", 1, "subnet-a", Kind::Prefixes, &["eni-0".into()]);
-/// let b = client_token("prod", "i-1", 1, "subnet-a", Kind::Prefixes, &["eni-0".into()]);
+/// let a = client_token("prod", "i-1", 1, "subnet-a", Kind::Prefixes, &["eni-0".into()], 0);
+/// let b = client_token("prod", "i-1", 1, "subnet-a", Kind::Prefixes, &["eni-0".into()], 0);
 /// assert_eq!(a, b);
 /// assert_eq!(a.len(), 64);
 /// let later = client_token("prod", "i-1", 2, "subnet-a", Kind::Prefixes,
-///     &["eni-0".into(), "eni-1".into()]);
+///     &["eni-0".into(), "eni-1".into()], 0);
 /// assert_ne!(a, later);
+/// let after_a_spent_token = client_token("prod", "i-1", 1, "subnet-a", Kind::Prefixes,
+///     &["eni-0".into()], 1);
+/// assert_ne!(a, after_a_spent_token);
 /// ```
 pub fn client_token(
     cluster: &str,
@@ -74,6 +85,7 @@ pub fn client_token(
     subnet_id: &str,
     kind: Kind,
     attached_eni_ids: &[String],
+    generation: u32,
 ) -> String {
     let mut ids: Vec<&str> = attached_eni_ids.iter().map(String::as_str).collect();
     ids.sort_unstable();
@@ -90,6 +102,7 @@ pub fn client_token(
         &device_index.to_string(),
         subnet_id,
         kind,
+        &generation.to_string(),
     ]
     .into_iter()
     .chain(ids)
@@ -137,20 +150,21 @@ mod tests {
     #[test]
     fn token_is_stable_and_sensitive() {
         let ids = vec!["eni-b".to_string(), "eni-a".to_string()];
-        let base = client_token("c", "i-1", 1, "s", Kind::Ips, &ids);
+        let base = client_token("c", "i-1", 1, "s", Kind::Ips, &ids, 0);
         let reordered = vec!["eni-a".to_string(), "eni-b".to_string()];
         assert_eq!(
             base,
-            client_token("c", "i-1", 1, "s", Kind::Ips, &reordered)
+            client_token("c", "i-1", 1, "s", Kind::Ips, &reordered, 0)
         );
         assert!(base.len() <= 64 && base.chars().all(|c| c.is_ascii_hexdigit()));
         for other in [
-            client_token("d", "i-1", 1, "s", Kind::Ips, &ids),
-            client_token("c", "i-2", 1, "s", Kind::Ips, &ids),
-            client_token("c", "i-1", 2, "s", Kind::Ips, &ids),
-            client_token("c", "i-1", 1, "t", Kind::Ips, &ids),
-            client_token("c", "i-1", 1, "s", Kind::Prefixes, &ids),
-            client_token("c", "i-1", 1, "s", Kind::Ips, &ids[..1]),
+            client_token("d", "i-1", 1, "s", Kind::Ips, &ids, 0),
+            client_token("c", "i-2", 1, "s", Kind::Ips, &ids, 0),
+            client_token("c", "i-1", 2, "s", Kind::Ips, &ids, 0),
+            client_token("c", "i-1", 1, "t", Kind::Ips, &ids, 0),
+            client_token("c", "i-1", 1, "s", Kind::Prefixes, &ids, 0),
+            client_token("c", "i-1", 1, "s", Kind::Ips, &ids[..1], 0),
+            client_token("c", "i-1", 1, "s", Kind::Ips, &ids, 1),
         ] {
             assert_ne!(base, other);
         }

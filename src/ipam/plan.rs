@@ -155,7 +155,18 @@ pub fn plan_node(
         instance_max
     };
     let alloc = Allocation::new(&demand, &marks, max, pending_pods, pd);
-    let (action, problem) = allocate(node, ec2, config, limits, enis, &usable, &alloc, now);
+    let token_generation = memory.eni_token_generation();
+    let (action, problem) = allocate(
+        node,
+        ec2,
+        config,
+        limits,
+        enis,
+        &usable,
+        &alloc,
+        now,
+        token_generation,
+    );
     NodePlan {
         demand,
         action,
@@ -212,6 +223,7 @@ fn allocate(
     usable: &[&NetworkInterface],
     alloc: &Allocation,
     now: Instant,
+    token_generation: u32,
 ) -> (Action, Option<Problem>) {
     if alloc.cap == 0 {
         return (Action::None, None);
@@ -260,7 +272,17 @@ fn allocate(
         };
         return (Action::None, Some(problem));
     };
-    match create(node, ec2, config, limits, enis, alloc, device_index, now) {
+    match create(
+        node,
+        ec2,
+        config,
+        limits,
+        enis,
+        alloc,
+        device_index,
+        now,
+        token_generation,
+    ) {
         Ok(Some(create)) => (Action::CreateEni(create), None),
         Ok(None) => (
             Action::None,
@@ -321,6 +343,7 @@ fn create(
     alloc: &Allocation,
     device_index: u32,
     now: Instant,
+    token_generation: u32,
 ) -> Result<Option<CreateEni>, Problem> {
     let subnets = select_subnets(node, ec2, limits.ipv4_per_eni)?;
     let security_groups = select_security_groups(node, ec2, enis)?;
@@ -348,6 +371,7 @@ fn create(
                 &subnet.id,
                 kind,
                 &attached,
+                token_generation,
             ),
         }
     };
@@ -614,6 +638,35 @@ mod tests {
         let tokens: std::collections::BTreeSet<&str> =
             c.attempts.iter().map(|a| a.client_token.as_str()).collect();
         assert_eq!(tokens.len(), 3, "one token per intent");
+    }
+
+    #[test]
+    fn a_retired_token_is_not_reused_for_the_next_create() {
+        let mut w = World::new();
+        w.enis[0] = eni_with_ips("eni-0", 0, "subnet-a", 9);
+        let mut n = node();
+        n.spec.ipam.min_allocate = 17;
+        let cfg = IpamConfig::default();
+        let mut mem = NodeMemory::new();
+        let token =
+            |mem: &mut NodeMemory| match plan_node(&n, &w.view(), &cfg, mem, Instant::now(), 0)
+                .action
+            {
+                Action::CreateEni(c) => c.attempts[0].client_token.clone(),
+                other => panic!("{other:?}"),
+            };
+        let first = token(&mut mem);
+        assert_eq!(
+            first,
+            token(&mut mem),
+            "a retry of the same intent repeats it"
+        );
+        mem.retire_eni_token();
+        assert_ne!(
+            first,
+            token(&mut mem),
+            "same instance, index, subnet, attached set"
+        );
     }
 
     #[test]

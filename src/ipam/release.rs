@@ -31,6 +31,9 @@ pub struct NodeMemory {
     classic: ClassicMemory,
     multi_pool: Option<MultiPoolMemory>,
     generation: Option<Generation>,
+    /// Goes into the node's next `ClientToken`; moved on whenever a token is spent, so a token
+    /// is only ever reused to retry the very same request (see `ownership::client_token`).
+    eni_token_generation: u32,
 }
 
 #[derive(Clone, Debug, Default)]
@@ -474,6 +477,20 @@ impl NodeMemory {
             }
         }
         None
+    }
+}
+
+/// The ENI token generation (kept apart from the release bookkeeping above).
+impl NodeMemory {
+    /// The generation the node's next `CreateNetworkInterface` token is derived from.
+    pub fn eni_token_generation(&self) -> u32 {
+        self.eni_token_generation
+    }
+
+    /// The current token is spent (its ENI was attached or deleted, or EC2 answered it with an
+    /// ENI that no longer exists or a parameter mismatch): the next intent gets a fresh one.
+    pub fn retire_eni_token(&mut self) {
+        self.eni_token_generation = self.eni_token_generation.wrapping_add(1);
     }
 }
 

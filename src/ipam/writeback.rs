@@ -12,6 +12,12 @@
 //!
 //! [`changes`] compares order-insensitively and emits: pool removals (spec), then status, then
 //! pool additions (spec) (C1: a pool address is always in status first and last).
+//!
+//! Fields that Cilium's own CRD does not list ([`PRUNABLE_ENI_FIELDS`] and the summary in
+//! `status.eni-operator`) never survive a write on real clusters: the API server prunes them.
+//! They are written along with a real change, and compared only when the object carries them
+//! (a pruned field is "unchanged", not "missing"), so steady state costs zero writes under
+//! either CRD.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -257,6 +263,25 @@ fn normalized(entry: &EniEntry) -> Value {
     serde_json::to_value(e).unwrap_or(Value::Null)
 }
 
+/// Fields of a `status.eni.enis` entry that Cilium's CRD does not list, so the API server prunes
+/// them where that CRD is installed (tests/fixtures/ciliumnodes.cilium.io.yaml; a test checks
+/// this list against it). Our CRD keeps them.
+pub const PRUNABLE_ENI_FIELDS: &[&str] = &["ipv6-prefixes"];
+
+/// Whether `want` differs from `cur` only by `prunable` keys that `cur` lacks (the server may
+/// have pruned them: unchanged, not missing).
+fn same_but_pruned(cur: &Value, want: &Value, prunable: &[&str]) -> bool {
+    let mut want = want.clone();
+    if let (Value::Object(w), Value::Object(c)) = (&mut want, cur) {
+        for key in prunable {
+            if !c.contains_key(*key) {
+                w.remove(*key);
+            }
+        }
+    }
+    merge_diff(cur, &want).is_none()
+}
+
 /// RFC 7386 merge patch from `current` to `desired`; `None` when they are equal. Keys missing
 /// from `desired` become `null`; arrays and scalars are replaced whole.
 pub fn merge_diff(current: &Value, desired: &Value) -> Option<Value> {
@@ -321,7 +346,16 @@ pub fn changes(node: &CiliumNode, desired: &DesiredState) -> ChangeSet {
             .collect();
         let want: Map<String, Value> = enis
             .iter()
-            .map(|(k, v)| (k.clone(), normalized(v)))
+            .map(|(k, v)| {
+                let want = normalized(v);
+                match current.get(k) {
+                    // Nothing to write for this ENI: leave it as the server keeps it.
+                    Some(cur) if same_but_pruned(cur, &want, PRUNABLE_ENI_FIELDS) => {
+                        (k.clone(), cur.clone())
+                    }
+                    _ => (k.clone(), want),
+                }
+            })
             .collect();
         if let Some(diff) = merge_diff(&Value::Object(current), &Value::Object(want)) {
             status_patch.insert("eni".into(), json!({ "enis": diff }));
@@ -354,7 +388,13 @@ pub fn changes(node: &CiliumNode, desired: &DesiredState) -> ChangeSet {
     if !ipam_patch.is_empty() {
         status_patch.insert("ipam".into(), Value::Object(ipam_patch));
     }
-    if status.eni_operator.as_ref() != Some(&desired.summary) {
+    // The summary: kept up to date where the CRD keeps it; where it is absent (pruned, or not
+    // written yet) it only rides along with a real status change.
+    let summary_stale = match &status.eni_operator {
+        Some(cur) => cur != &desired.summary,
+        None => !status_patch.is_empty(),
+    };
+    if summary_stale {
         status_patch.insert(
             "eni-operator".into(),
             serde_json::to_value(&desired.summary).unwrap_or(Value::Null),
@@ -816,6 +856,120 @@ mod tests {
             );
             assert_eq!(d.operator_error, Some(format!("{}: m", reason.as_str())));
         }
+    }
+
+    /// The object as the API server stores it under Cilium's own CRD.
+    fn stored_under_ciliums_crd(n: &CiliumNode) -> CiliumNode {
+        let mut v = serde_json::to_value(n).unwrap();
+        crate::runtime::prune::StructuralSchema::cilium().prune_object(&mut v);
+        serde_json::from_value(v).unwrap()
+    }
+
+    fn status_write(set: &ChangeSet) -> Option<&Write> {
+        set.writes
+            .iter()
+            .find(|w| w.subresource == Subresource::Status)
+    }
+
+    #[test]
+    fn a_summary_pruned_by_ciliums_crd_counts_as_unchanged() {
+        let w = world_with_prefix();
+        let cfg = IpamConfig::default();
+        let d = desired_state(&node(), &w.view(), &cfg, &NodeMemory::new(), None);
+        let first = changes(&node(), &d);
+        assert!(
+            status_write(&first).unwrap().patch["status"]["eni-operator"].is_object(),
+            "the summary rides along with the first status write"
+        );
+        let n1 = stored_under_ciliums_crd(&apply(&node(), &first));
+        assert_eq!(n1.status.as_ref().unwrap().eni_operator, None, "pruned");
+        let d1 = desired_state(&n1, &w.view(), &cfg, &NodeMemory::new(), None);
+        assert_eq!(
+            changes(&n1, &d1).writes,
+            [],
+            "nothing to write on the next pass"
+        );
+
+        // A real change still carries the summary (our CRD would keep it).
+        let mut w2 = w.clone();
+        w2.enis[1].prefixes.clear();
+        let d2 = desired_state(&n1, &w2.view(), &cfg, &NodeMemory::new(), None);
+        let ch2 = changes(&n1, &d2);
+        assert!(status_write(&ch2).unwrap().patch["status"]["eni-operator"].is_object());
+    }
+
+    #[test]
+    fn a_stale_summary_is_rewritten_where_the_crd_keeps_it() {
+        let w = world_with_prefix();
+        let cfg = IpamConfig::default();
+        let d = desired_state(&node(), &w.view(), &cfg, &NodeMemory::new(), None);
+        let mut n1 = apply(&node(), &changes(&node(), &d));
+        assert_eq!(
+            n1.status.as_ref().unwrap().eni_operator.as_ref(),
+            Some(&d.summary)
+        );
+        assert!(changes(&n1, &d).is_empty());
+        n1.status
+            .as_mut()
+            .unwrap()
+            .eni_operator
+            .as_mut()
+            .unwrap()
+            .used = 99;
+        let ch = changes(&n1, &d);
+        assert_eq!(ch.writes.len(), 1);
+        assert_eq!(
+            ch.writes[0].patch,
+            json!({"status": {"eni-operator": serde_json::to_value(&d.summary).unwrap()}})
+        );
+    }
+
+    #[test]
+    fn every_field_we_write_survives_ciliums_crd_but_the_known_prunable_ones() {
+        let mut w = world_with_prefix();
+        w.enis[1].ipv6_prefixes = vec!["2001:db8::/80".into()];
+        w.enis[1].public_ip = Some("54.0.0.1".into());
+        w.enis[1].description = "eni-operator".into();
+        let cfg = IpamConfig::default();
+        let p = Problem {
+            reason: ProblemReason::AtCapacity,
+            message: "full".into(),
+        };
+        let mut d = desired_state(&node(), &w.view(), &cfg, &NodeMemory::new(), Some(&p));
+        d.release_ips
+            .insert("10.0.99.1".into(), Some("marked-for-release".into()));
+        let written = apply(&node(), &changes(&node(), &d));
+        let stored = stored_under_ciliums_crd(&written);
+        let dropped = crate::runtime::prune::dropped_paths(
+            &serde_json::to_value(&written).unwrap(),
+            &serde_json::to_value(&stored).unwrap(),
+        );
+        let mut expected: BTreeSet<String> = ["/status/eni-operator".to_string()].into();
+        for field in PRUNABLE_ENI_FIELDS {
+            expected.insert(format!("/status/eni/enis/eni-1/{field}"));
+        }
+        assert_eq!(dropped, expected);
+        let st = stored.status.as_ref().unwrap();
+        assert_eq!(st.ipam.release_ips["10.0.99.1"], "marked-for-release");
+        assert_eq!(
+            st.ipam.operator_status.error.as_deref(),
+            Some("AtCapacity: full")
+        );
+        assert_eq!(st.eni.enis["eni-1"].public_ip, "54.0.0.1");
+        assert_eq!(stored.spec.ipam.pool.len(), 18);
+        assert!(
+            changes(&stored, &d).is_empty(),
+            "settled under Cilium's CRD"
+        );
+
+        // Where the CRD keeps them (ours), a pruned-looking field that changes is written.
+        w.enis[1].ipv6_prefixes.clear();
+        let d2 = desired_state(&written, &w.view(), &cfg, &NodeMemory::new(), Some(&p));
+        let ch = changes(&written, &d2);
+        assert_eq!(
+            status_write(&ch).unwrap().patch["status"]["eni"]["enis"]["eni-1"]["ipv6-prefixes"],
+            json!(null)
+        );
     }
 
     #[test]

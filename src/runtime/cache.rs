@@ -8,7 +8,10 @@
 //! * a refresh that started before our own last change to an instance does not overwrite that
 //!   instance (it would resurrect a state we just changed);
 //! * our own results apply at once: created ENIs, assigned addresses merged as sets, unassigned
-//!   ones removed, subnet free counts adjusted.
+//!   ones removed, subnet free counts adjusted;
+//! * our own `available` ENIs tagged for a managed instance (left by a throttled attach or a
+//!   crash between create and attach) are kept with that instance as leftovers, so the next
+//!   pass attaches one instead of creating another.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::Ipv4Addr;
@@ -20,6 +23,7 @@ use crate::ec2::{
     Assigned, Attachment, EniState, InstanceTypeLimits, NetworkInterface, PREFIX_SIZE, RouteTable,
     SecurityGroup, Subnet, Vpc,
 };
+use crate::ipam::ownership::{INSTANCE_TAG, is_owned_by};
 use crate::ipam::{Ec2View, InstanceView};
 
 /// What the cache holds for one instance.
@@ -32,6 +36,8 @@ pub struct InstanceEntry {
     pub local_change: Option<Instant>,
     /// Attachments whose delete-on-termination flag still has to be set (eni -> attachment).
     pub pending_delete_on_termination: BTreeMap<String, String>,
+    /// Our ENIs created for this instance and left `available` (not in `enis`).
+    pub leftovers: Vec<NetworkInterface>,
 }
 
 /// Everything a full refresh lists, taken at `started`.
@@ -57,11 +63,21 @@ pub struct Ec2Cache {
     /// The last full refresh succeeded. False blocks every mutation (§1.2).
     pub healthy: bool,
     pub last_full_refresh: Option<Instant>,
+    /// `--cluster-name`: which unattached ENIs are ours to keep as leftovers.
+    pub cluster: String,
 }
 
 impl Ec2Cache {
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// A cache that keeps this cluster's unattached ENIs as leftovers of their instance.
+    pub fn for_cluster(cluster: impl Into<String>) -> Self {
+        Self {
+            cluster: cluster.into(),
+            ..Self::default()
+        }
     }
 
     /// Apply a successful full refresh.
@@ -79,17 +95,34 @@ impl Ec2Cache {
             .collect();
         self.route_tables = snap.route_tables;
         let mut by_instance: BTreeMap<String, Vec<NetworkInterface>> = BTreeMap::new();
+        let mut leftovers: BTreeMap<String, Vec<NetworkInterface>> = BTreeMap::new();
         for eni in snap.enis {
-            // ENIs without an attachment belong to no node (GC's business).
             if let Some(id) = eni.instance_id() {
                 by_instance.entry(id.to_string()).or_default().push(eni);
+            } else if let Some(id) = self.leftover_of(&eni) {
+                leftovers.entry(id).or_default().push(eni);
             }
         }
         for (id, enis) in by_instance {
             self.replace_instance(&id, enis, snap.started);
         }
+        // Only for managed instances; other unattached ENIs are the GC's business.
+        for (id, entry) in &mut self.instances {
+            if entry.local_change.is_none_or(|t| t <= snap.started) {
+                entry.leftovers = leftovers.remove(id).unwrap_or_default();
+            }
+        }
         self.healthy = true;
         self.last_full_refresh = Some(snap.started);
+    }
+
+    /// The instance an unattached ENI of ours was created for, if it is a leftover.
+    fn leftover_of(&self, eni: &NetworkInterface) -> Option<String> {
+        (eni.attachment.is_none()
+            && eni.state == EniState::Available
+            && is_owned_by(eni, &self.cluster))
+        .then(|| eni.tags.get(INSTANCE_TAG).cloned())
+        .flatten()
     }
 
     /// A full refresh failed: block mutations until the next one succeeds.
@@ -138,6 +171,10 @@ impl Ec2Cache {
                         .is_some_and(|a| !a.delete_on_termination)
             })
         });
+        // A per-instance describe cannot see unattached ENIs: keep those not attached now.
+        entry
+            .leftovers
+            .retain(|l| enis.iter().all(|e| e.id != l.id));
         entry.enis = enis;
     }
 
@@ -210,17 +247,63 @@ impl Ec2Cache {
         attachment: Attachment,
         now: Instant,
     ) {
-        let taken = 1 + eni.secondary_ips.len() as i64 + eni.prefixes.len() as i64 * 16;
-        self.adjust_subnet(&eni.subnet_id.clone(), -taken);
         let instance = attachment.instance_id.clone();
+        let was_leftover = self
+            .instances
+            .get(&instance)
+            .is_some_and(|e| e.leftovers.iter().any(|l| l.id == eni.id));
+        if !was_leftover {
+            // A leftover's addresses were taken from the subnet when it was created.
+            let taken = 1 + eni.secondary_ips.len() as i64 + eni.prefixes.len() as i64 * 16;
+            self.adjust_subnet(&eni.subnet_id.clone(), -taken);
+        }
         eni.state = EniState::InUse;
         eni.attachment = Some(attachment);
         let entry = self.instances.entry(instance).or_default();
+        entry.leftovers.retain(|e| e.id != eni.id);
         entry.gone = false;
         entry.local_change = Some(now);
         entry.enis.retain(|e| e.id != eni.id);
         entry.enis.push(eni);
         entry.enis.sort_by(|a, b| a.id.cmp(&b.id));
+    }
+
+    /// Our new ENI could not be attached yet (throttled, no answer): keep it as a leftover of
+    /// the instance so the next pass attaches it instead of creating another.
+    pub fn add_leftover(&mut self, instance_id: &str, eni: NetworkInterface, now: Instant) {
+        let Some(entry) = self.instances.get_mut(instance_id) else {
+            return;
+        };
+        if entry.leftovers.iter().any(|e| e.id == eni.id) {
+            // Known already: not a change (and no reason to hold off refreshes).
+            return;
+        }
+        entry.local_change = Some(now);
+        let taken = 1 + eni.secondary_ips.len() as i64 + eni.prefixes.len() as i64 * 16;
+        let subnet = eni.subnet_id.clone();
+        entry.leftovers.push(eni);
+        self.adjust_subnet(&subnet, -taken);
+    }
+
+    /// A leftover was deleted or turned out not to exist.
+    pub fn remove_leftover(&mut self, eni_id: &str) {
+        for e in self.instances.values_mut() {
+            e.leftovers.retain(|l| l.id != eni_id);
+        }
+    }
+
+    /// An attached ENI by ID.
+    pub fn eni(&self, eni_id: &str) -> Option<&NetworkInterface> {
+        self.instances
+            .values()
+            .find_map(|e| e.enis.iter().find(|n| n.id == eni_id))
+    }
+
+    /// Our unattached ENIs kept for an instance.
+    pub fn leftovers(&self, instance_id: &str) -> &[NetworkInterface] {
+        self.instances
+            .get(instance_id)
+            .map_or(&[], |e| e.leftovers.as_slice())
     }
 
     /// An assign succeeded: merge what EC2 reports as a set (emulators may list everything).
@@ -468,6 +551,68 @@ pub(crate) mod tests {
         assert_eq!(e.secondary_ips, vec![ip(21)]);
         assert!(e.prefixes.is_empty());
         assert_eq!(c.subnets["subnet-1"].available_addresses, 200 - 1);
+    }
+
+    #[test]
+    fn our_unattached_enis_of_managed_instances_are_kept_as_leftovers() {
+        use crate::ipam::ownership::ownership_tags;
+        let t = Instant::now();
+        let mut c = Ec2Cache::for_cluster("prod");
+        let owned = |id: &str, instance: &str, cluster: &str| {
+            let mut e = eni(id, None, "subnet-1");
+            e.tags = ownership_tags(cluster, instance);
+            e
+        };
+        c.apply_full(snap(
+            t,
+            vec![
+                eni("eni-a", Some(("i-a", 0)), "subnet-1"),
+                owned("eni-left", "i-a", "prod"),
+                owned("eni-other-cluster", "i-a", "staging"),
+                owned("eni-unmanaged", "i-z", "prod"),
+                eni("eni-untagged", None, "subnet-1"),
+            ],
+        ));
+        let ids = |c: &Ec2Cache| -> Vec<String> {
+            c.leftovers("i-a").iter().map(|e| e.id.clone()).collect()
+        };
+        assert_eq!(ids(&c), ["eni-left"]);
+        assert!(
+            c.instance("i-z").is_none(),
+            "no entry for an unmanaged instance"
+        );
+        // A per-instance describe cannot see it: it stays.
+        c.apply_instances(
+            &["i-a".into()],
+            vec![eni("eni-a", Some(("i-a", 0)), "subnet-1")],
+            t + Duration::from_secs(1),
+        );
+        assert_eq!(ids(&c), ["eni-left"]);
+        // Attached by us: no longer a leftover, and its addresses were counted already.
+        let free = c.subnets["subnet-1"].available_addresses;
+        let attach = Attachment {
+            id: "attach-left".into(),
+            instance_id: "i-a".into(),
+            device_index: 1,
+            delete_on_termination: false,
+        };
+        c.add_attached_eni(
+            owned("eni-left", "i-a", "prod"),
+            attach,
+            t + Duration::from_secs(2),
+        );
+        assert!(ids(&c).is_empty());
+        assert_eq!(c.subnets["subnet-1"].available_addresses, free);
+        // One of our own (throttled attach) survives a listing that started before it.
+        c.add_leftover(
+            "i-a",
+            owned("eni-new", "i-a", "prod"),
+            t + Duration::from_secs(5),
+        );
+        c.apply_full(snap(t + Duration::from_secs(4), vec![]));
+        assert_eq!(ids(&c), ["eni-new"]);
+        c.remove_leftover("eni-new");
+        assert!(ids(&c).is_empty());
     }
 
     #[test]

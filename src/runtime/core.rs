@@ -17,7 +17,7 @@ use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 use tracing::{debug, info, warn};
 
-use crate::crd::{CiliumNode, FINALIZER, IGNORE_ANNOTATION};
+use crate::crd::{CILIUM_IGNORE_ANNOTATION, CiliumNode, FINALIZER, IGNORE_ANNOTATION};
 use crate::ec2::{Ec2, Ec2Error};
 use crate::ipam::{
     self, ChangeSet, Demand, IpamConfig, NodeMemory, Problem, ProblemReason, Subresource, Write,
@@ -26,10 +26,10 @@ use crate::ipam::{
 use super::cache::Ec2Cache;
 use super::executor::{Executor, Success};
 use super::finalizer::release_instance_enis;
-use super::metrics::RuntimeMetrics;
+use super::metrics::{self, RuntimeMetrics};
 use super::queue::{DeficitQueue, Outcome, Priority};
 use super::refresher::{INSTANCE_BATCH, Refresher, Scope};
-use super::sink::{NodeEvent, NodeRef, NodeSink, SinkError};
+use super::sink::{NodeEvent, NodeRef, NodeSink, SinkError, SinkResult};
 use super::stored::StoredNode;
 
 /// Settings of the core.
@@ -51,6 +51,8 @@ pub struct CoreConfig {
     pub preload_instance_types: bool,
     pub ipam: IpamConfig,
     pub scope: Scope,
+    /// `--annotate-cilium-ignore`: keep `ipam.cilium.io/ignore: "true"` on the nodes we serve.
+    pub annotate_cilium_ignore: bool,
 }
 
 impl Default for CoreConfig {
@@ -65,6 +67,7 @@ impl Default for CoreConfig {
             preload_instance_types: true,
             ipam: IpamConfig::default(),
             scope: Scope::default(),
+            annotate_cilium_ignore: false,
         }
     }
 }
@@ -98,6 +101,8 @@ struct Slot {
     pending_pods: u32,
     demand: Demand,
     errored: bool,
+    /// The last pass found every ENI full and no interface slot free.
+    at_capacity: bool,
     /// Annotated `eni-operator.cilium.io/ignore`: only our finalizer is left to remove.
     ignored: bool,
 }
@@ -112,6 +117,8 @@ struct Inner<E, S> {
     slots: Mutex<HashMap<String, Slot>>,
     type_lookups: Mutex<HashMap<String, Instant>>,
     metrics: RuntimeMetrics,
+    /// True while `run` has warm caches (after the first full EC2 refresh).
+    warm: tokio::sync::watch::Sender<bool>,
 }
 
 /// The allocation core. Cheap to clone (a handle).
@@ -153,14 +160,16 @@ enum Done {
 
 impl<E: Ec2, S: NodeSink> Core<E, S> {
     pub fn new(ec2: Arc<E>, sink: Arc<S>, config: CoreConfig, metrics: RuntimeMetrics) -> Self {
-        let cache = Arc::new(RwLock::new(Ec2Cache::new()));
+        let cache = Arc::new(RwLock::new(Ec2Cache::for_cluster(
+            config.ipam.cluster_name.clone(),
+        )));
         let refresher = Refresher::new(
             ec2.clone(),
             cache.clone(),
             config.scope.clone(),
             config.instance_refresh_spacing,
         );
-        let executor = Executor::new(ec2.clone(), cache.clone());
+        let executor = Executor::new(ec2.clone(), cache.clone()).with_metrics(metrics.clone());
         Self {
             inner: Arc::new(Inner {
                 ec2,
@@ -172,6 +181,7 @@ impl<E: Ec2, S: NodeSink> Core<E, S> {
                 slots: Mutex::new(HashMap::new()),
                 type_lookups: Mutex::new(HashMap::new()),
                 metrics,
+                warm: tokio::sync::watch::Sender::new(false),
             }),
         }
     }
@@ -182,6 +192,11 @@ impl<E: Ec2, S: NodeSink> Core<E, S> {
 
     pub fn metrics(&self) -> &RuntimeMetrics {
         &self.inner.metrics
+    }
+
+    /// Becomes true once [`Core::run`] has rebuilt its EC2 view and starts serving nodes.
+    pub fn warm(&self) -> tokio::sync::watch::Receiver<bool> {
+        self.inner.warm.subscribe()
     }
 
     /// Handles to this core still alive (the benchmark waits for 1 before it measures what
@@ -214,6 +229,7 @@ impl<E: Ec2, S: NodeSink> Core<E, S> {
         }
         inner.refresher.full().await?;
         inner.metrics.leader.set(1);
+        inner.warm.send_replace(true);
 
         let mut queue: DeficitQueue<String> = DeficitQueue::new();
         let mut tasks: JoinSet<Done> = JoinSet::new();
@@ -373,6 +389,7 @@ impl<E: Ec2, S: NodeSink> Core<E, S> {
             }
         }
         inner.metrics.leader.set(0);
+        inner.warm.send_replace(false);
         Ok(())
     }
 
@@ -503,11 +520,18 @@ impl<E: Ec2, S: NodeSink> Core<E, S> {
         let m = &self.inner.metrics;
         let (mut a, mut u, mut n) = (0, 0, 0);
         let mut states: BTreeMap<&str, i64> = BTreeMap::new();
-        for s in slots.values() {
+        let mut per_node = Vec::with_capacity(slots.len());
+        for (name, s) in slots.iter() {
+            if s.node.is_some() && !s.ignored {
+                let d = &s.demand;
+                per_node.push((name.clone(), d.available, d.used, d.needed));
+            }
             a += s.demand.available;
             u += s.demand.used;
             n += s.demand.needed.max(0);
-            let state = if s.errored {
+            let state = if s.at_capacity {
+                "at-capacity"
+            } else if s.errored {
                 "error"
             } else if s.demand.needed > 0 {
                 "in-deficit"
@@ -519,13 +543,23 @@ impl<E: Ec2, S: NodeSink> Core<E, S> {
         m.ips_available.set(a);
         m.ips_used.set(u);
         m.ips_needed.set(n);
-        for state in ["ok", "in-deficit", "error"] {
+        drop(slots);
+        m.publish_nodes(per_node.iter().map(|(n, a, u, d)| (n.as_str(), *a, *u, *d)));
+        for state in ["ok", "in-deficit", "at-capacity", "error"] {
             m.nodes
                 .get_or_create(&vec![("state", state.to_string())])
                 .set(states.get(state).copied().unwrap_or(0));
         }
-        let (enis, _) = self.inner.cache.read().expect("cache").totals();
+        let cache = self.inner.cache.read().expect("cache");
+        let (enis, _) = cache.totals();
         m.enis_managed.set(enis as i64);
+        m.publish_subnets(cache.subnets.values().map(|s| {
+            (
+                s.id.as_str(),
+                s.availability_zone.as_str(),
+                s.available_addresses,
+            )
+        }));
     }
 
     /// One pass over one node. Never runs twice at once for a node (the queue sees to it).
@@ -558,6 +592,18 @@ impl<E: Ec2, S: NodeSink> Core<E, S> {
             return (Outcome::Done, None);
         };
         if ignored {
+            // Handing the node back: Cilium's operator may serve it again.
+            let node = match self.mark_cilium_ignore(&node, false).await {
+                Ok(fresh) => fresh.unwrap_or(node),
+                Err(SinkError::NotFound) => {
+                    inner.slots.lock().expect("slots").remove(name);
+                    return (Outcome::Done, None);
+                }
+                Err(e) => {
+                    warn!(node = name, error = %e, "could not remove {CILIUM_IGNORE_ANNOTATION}");
+                    return (Outcome::Failed, None);
+                }
+            };
             return match inner.sink.set_finalizer(&NodeRef::of(&node), false).await {
                 Ok(_) | Err(SinkError::NotFound) => {
                     inner.slots.lock().expect("slots").remove(name);
@@ -612,6 +658,20 @@ impl<E: Ec2, S: NodeSink> Core<E, S> {
             let stored = StoredNode::new(&node);
             self.with_slot(name, |s| s.node = Some(stored));
         }
+        // Tell Cilium's operator to keep off before we touch EC2 for the node.
+        match self.mark_cilium_ignore(&node, true).await {
+            Ok(Some(n)) => {
+                node = n;
+                let stored = StoredNode::new(&node);
+                self.with_slot(name, |s| s.node = Some(stored));
+            }
+            Ok(None) => {}
+            Err(SinkError::NotFound) => return (Outcome::Done, None),
+            Err(e) => {
+                warn!(node = name, error = %e, "could not set {CILIUM_IGNORE_ANNOTATION}");
+                return (Outcome::Failed, None);
+            }
+        }
 
         let t = now();
         if !inner.cache.read().expect("cache").healthy {
@@ -649,6 +709,9 @@ impl<E: Ec2, S: NodeSink> Core<E, S> {
         let exec = inner.executor.execute(&plan.action).await;
         if let Some(r) = &exec.released {
             memory.record_released(r, now());
+        }
+        if exec.retire_token {
+            memory.retire_eni_token();
         }
         let problem = match &exec.error {
             Some(e) => {
@@ -693,6 +756,12 @@ impl<E: Ec2, S: NodeSink> Core<E, S> {
                 Success::EniCreated { eni_id, addresses } => NodeEvent::normal(
                     "EniCreated",
                     format!("created and attached {eni_id} with {addresses} addresses"),
+                ),
+                Success::EniAttached { eni_id, addresses } => NodeEvent::normal(
+                    "EniAttached",
+                    format!(
+                        "attached {eni_id} (left unattached earlier) with {addresses} addresses"
+                    ),
                 ),
                 Success::IpsAllocated { eni_id, addresses } => NodeEvent::normal(
                     "IpsAllocated",
@@ -750,6 +819,9 @@ impl<E: Ec2, S: NodeSink> Core<E, S> {
             s.memory = memory;
             s.last_problem = message;
             s.errored = problem.is_some();
+            s.at_capacity = problem
+                .as_ref()
+                .is_some_and(|p| p.reason == ProblemReason::AtCapacity);
             if written.is_some() {
                 s.node = written;
             }
@@ -848,6 +920,31 @@ impl<E: Ec2, S: NodeSink> Core<E, S> {
         }
     }
 
+    /// `--annotate-cilium-ignore`: make `ipam.cilium.io/ignore` say whether we serve the node,
+    /// with a merge patch of that one annotation, only when it is wrong (no write otherwise).
+    async fn mark_cilium_ignore(
+        &self,
+        node: &CiliumNode,
+        serve: bool,
+    ) -> SinkResult<Option<CiliumNode>> {
+        if !self.inner.config.annotate_cilium_ignore {
+            return Ok(None);
+        }
+        let current = node
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(CILIUM_IGNORE_ANNOTATION));
+        let want = serve.then_some("true");
+        if current.map(String::as_str) == want {
+            return Ok(None);
+        }
+        self.inner
+            .sink
+            .set_annotation(&NodeRef::of(node), CILIUM_IGNORE_ANNOTATION, want)
+            .await
+    }
+
     /// The CiliumNode is being deleted. With its Node gone, give back our ENIs first; with the
     /// Node still there (deleted by hand), touch nothing.
     async fn finalize(&self, name: &str, node: &CiliumNode) -> (Outcome, Option<Priority>) {
@@ -871,6 +968,9 @@ impl<E: Ec2, S: NodeSink> Core<E, S> {
                 .await
             {
                 Ok(n) => {
+                    inner
+                        .metrics
+                        .eni_deleted(metrics::DELETED_NODE_GONE, n as u64);
                     if n > 0 {
                         inner
                             .sink

@@ -3,17 +3,26 @@
 //!
 //! Cost: one mutating call per top-up; at most three per new ENI (create with addresses inline,
 //! attach, delete-on-termination). Extra calls happen only on the failure paths (fallbacks,
-//! device-index conflicts, clean-up).
+//! device-index conflicts, clean-up, a describe after a call that got no answer).
+//!
+//! A new ENI that could not be attached because of throttling or a missing answer is kept (the
+//! cache holds it as a leftover of its instance) and attached by the next pass; only an attach
+//! EC2 refused deletes it. Deleting on throttling burned the ClientToken: EC2 answers a reused
+//! token with the deleted ENI, so the node was stuck for good.
 
 use std::sync::{Arc, RwLock};
 use std::time::Instant;
 
 use tracing::{info, warn};
 
-use crate::ec2::{AddressRequest, Attachment, Ec2, Ec2Error, ErrorKind, NetworkInterface};
+use crate::ec2::{
+    AddressRequest, Assigned, Attachment, Ec2, Ec2Error, EniFilter, ErrorKind, NetworkInterface,
+    Resource, collect_pages,
+};
 use crate::ipam::{Action, Assign, CreateEni, Release};
 
 use super::cache::{Ec2Cache, next_free_index};
+use super::metrics::{self, RuntimeMetrics};
 
 /// Device-index conflicts are retried this many times in all.
 pub const ATTACH_ATTEMPTS: usize = 5;
@@ -21,9 +30,23 @@ pub const ATTACH_ATTEMPTS: usize = 5;
 /// A success worth an Event.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Success {
-    EniCreated { eni_id: String, addresses: u32 },
-    IpsAllocated { eni_id: String, addresses: u32 },
-    IpsReleased { eni_id: String, addresses: u32 },
+    EniCreated {
+        eni_id: String,
+        addresses: u32,
+    },
+    /// An ENI of ours left unattached earlier (throttled attach, crash) was attached.
+    EniAttached {
+        eni_id: String,
+        addresses: u32,
+    },
+    IpsAllocated {
+        eni_id: String,
+        addresses: u32,
+    },
+    IpsReleased {
+        eni_id: String,
+        addresses: u32,
+    },
 }
 
 /// What one action did.
@@ -37,6 +60,9 @@ pub struct ExecOutcome {
     pub not_running: bool,
     /// The release that was carried out (for the node's release bookkeeping).
     pub released: Option<Release>,
+    /// The node's current `ClientToken` is spent: the next create must use a fresh one
+    /// (`NodeMemory::retire_eni_token`).
+    pub retire_token: bool,
     /// Worth a Warning Event although the action went through (e.g. a /28 fallback).
     pub warning: Option<String>,
 }
@@ -50,9 +76,34 @@ impl ExecOutcome {
     }
 }
 
+/// How an attach ended.
+enum Attach {
+    Done(String),
+    /// Throttled or unanswered: the ENI stays, as a leftover of the instance.
+    Kept(Ec2Error),
+    /// The ENI does not exist.
+    Gone(Ec2Error),
+    /// EC2 refused it for good: the ENI was deleted (or, failing that, kept as a leftover).
+    Refused(Ec2Error),
+}
+
+/// A leftover fits the planned ENI: the subnet and security groups of one of its attempts.
+fn fits(eni: &NetworkInterface, c: &CreateEni) -> bool {
+    let sorted = |g: &[String]| {
+        let mut g = g.to_vec();
+        g.sort();
+        g
+    };
+    let groups = sorted(&eni.security_groups);
+    c.attempts
+        .iter()
+        .any(|a| a.subnet_id == eni.subnet_id && sorted(&a.security_groups) == groups)
+}
+
 pub struct Executor<E> {
     ec2: Arc<E>,
     cache: Arc<RwLock<Ec2Cache>>,
+    metrics: RuntimeMetrics,
 }
 
 fn now() -> Instant {
@@ -61,7 +112,17 @@ fn now() -> Instant {
 
 impl<E: Ec2> Executor<E> {
     pub fn new(ec2: Arc<E>, cache: Arc<RwLock<Ec2Cache>>) -> Self {
-        Self { ec2, cache }
+        Self {
+            ec2,
+            cache,
+            metrics: RuntimeMetrics::default(),
+        }
+    }
+
+    /// Count ENIs and addresses into these metrics (default: unregistered ones).
+    pub fn with_metrics(mut self, metrics: RuntimeMetrics) -> Self {
+        self.metrics = metrics;
+        self
     }
 
     fn cache(&self) -> std::sync::RwLockWriteGuard<'_, Ec2Cache> {
@@ -80,10 +141,7 @@ impl<E: Ec2> Executor<E> {
     async fn assign(&self, a: &Assign) -> ExecOutcome {
         let mut request = a.request;
         let mut warning = None;
-        let mut result = self
-            .ec2
-            .assign_private_ip_addresses(&a.eni_id, request)
-            .await;
+        let mut result = self.assign_checked(&a.eni_id, request).await;
         let no_prefix_granted = match &result {
             Err(e) => e.kind == ErrorKind::InsufficientCidrBlocks,
             // EC2 accepted a /28 request but granted none (emulators ignore prefixes): treat it
@@ -102,10 +160,7 @@ impl<E: Ec2> Executor<E> {
             ));
             if let Some(n) = a.fallback_ips {
                 request = AddressRequest::Ips(n);
-                result = self
-                    .ec2
-                    .assign_private_ip_addresses(&a.eni_id, request)
-                    .await;
+                result = self.assign_checked(&a.eni_id, request).await;
                 if let Ok(assigned) = &result {
                     self.cache().merge_assigned(&a.eni_id, assigned, now());
                 }
@@ -118,20 +173,66 @@ impl<E: Ec2> Executor<E> {
             }
         }
         match result {
-            Ok(_) => ExecOutcome {
-                changed: true,
-                success: Some(Success::IpsAllocated {
-                    eni_id: a.eni_id.clone(),
-                    addresses: request.addresses(),
-                }),
-                warning,
-                ..ExecOutcome::default()
-            },
+            Ok(_) => {
+                self.metrics.allocated(&a.subnet_id, request.addresses());
+                ExecOutcome {
+                    changed: true,
+                    success: Some(Success::IpsAllocated {
+                        eni_id: a.eni_id.clone(),
+                        addresses: request.addresses(),
+                    }),
+                    warning,
+                    ..ExecOutcome::default()
+                }
+            }
             Err(e) => ExecOutcome::failed(e),
         }
     }
 
+    /// Assign; after a failure without an answer (timeout, 5xx) decide from what EC2 shows:
+    /// the call carries no token, so it may have taken effect and is not repeated blindly (the
+    /// gate does not retry it either). Addresses on the ENI the cache does not know yet are the
+    /// call's. (Describes may lag behind the call; then the next pass asks again.)
+    async fn assign_checked(
+        &self,
+        eni_id: &str,
+        request: AddressRequest,
+    ) -> Result<Assigned, Ec2Error> {
+        let e = match self.ec2.assign_private_ip_addresses(eni_id, request).await {
+            Err(e) if e.kind == ErrorKind::Transient => e,
+            other => return other,
+        };
+        let Some(seen) = self.describe_eni(eni_id).await else {
+            return Err(e);
+        };
+        let known = self.cache.read().expect("cache lock").eni(eni_id).cloned();
+        let (known_ips, known_prefixes) = known
+            .map(|k| (k.secondary_ips, k.prefixes))
+            .unwrap_or_default();
+        let new = Assigned {
+            ips: seen
+                .secondary_ips
+                .into_iter()
+                .filter(|ip| !known_ips.contains(ip))
+                .collect(),
+            prefixes: seen
+                .prefixes
+                .into_iter()
+                .filter(|p| !known_prefixes.contains(p))
+                .collect(),
+        };
+        if new.ips.is_empty() && new.prefixes.is_empty() {
+            return Err(e);
+        }
+        info!(eni = %eni_id, error = %e, "the assign got no answer but took effect");
+        Ok(new)
+    }
+
     async fn create(&self, c: &CreateEni) -> ExecOutcome {
+        // An ENI of ours left unattached for this instance is attached instead of a new one.
+        if let Some(outcome) = self.attach_leftover(c).await {
+            return outcome;
+        }
         let mut created: Option<(NetworkInterface, AddressRequest)> = None;
         let mut last_err = None;
         for attempt in &c.attempts {
@@ -145,7 +246,15 @@ impl<E: Ec2> Executor<E> {
                     info!(subnet = %attempt.subnet_id, "no free /28 for a new ENI, trying the next option");
                     last_err = Some(e);
                 }
-                Err(e) => return ExecOutcome::failed(e),
+                Err(e) => {
+                    // The token belongs to an earlier, different request: the next pass must use
+                    // a fresh one, or the node would be refused for hours.
+                    let retire_token = e.kind == ErrorKind::IdempotencyMismatch;
+                    return ExecOutcome {
+                        retire_token,
+                        ..ExecOutcome::failed(e)
+                    };
+                }
             }
         }
         let Some((eni, requested)) = created else {
@@ -162,9 +271,109 @@ impl<E: Ec2> Executor<E> {
                 eni.id, eni.subnet_id
             )
         });
+        let addresses = if warning.is_some() {
+            0
+        } else {
+            requested.addresses()
+        };
+        self.metrics.eni_created(&eni.subnet_id, addresses);
+        let eni_id = eni.id.clone();
+        match self.attach(c, eni).await {
+            Attach::Done(attachment_id) => {
+                let outcome = ExecOutcome {
+                    changed: true,
+                    success: Some(Success::EniCreated {
+                        eni_id: eni_id.clone(),
+                        addresses,
+                    }),
+                    warning,
+                    retire_token: true,
+                    ..ExecOutcome::default()
+                };
+                self.finish_attach(c, &eni_id, &attachment_id, outcome)
+                    .await
+            }
+            Attach::Kept(e) => ExecOutcome::failed(e),
+            // The token answered with an ENI that no longer exists (deleted after an earlier
+            // failed attach, or by the GC): a fresh token next pass.
+            Attach::Gone(e) => ExecOutcome {
+                retire_token: true,
+                ..ExecOutcome::failed(e)
+            },
+            Attach::Refused(e) => Self::refused(e),
+        }
+    }
 
+    /// Attach a leftover of this instance that fits the planned ENI (a subnet and the security
+    /// groups of one of the attempts). Leftovers that do not fit (the groups changed meanwhile)
+    /// are deleted: they are ours, unattached, and a fitting ENI is about to be created.
+    /// `None`: no leftover was attached; go on and create one.
+    async fn attach_leftover(&self, c: &CreateEni) -> Option<ExecOutcome> {
+        let leftovers = self
+            .cache
+            .read()
+            .expect("cache lock")
+            .leftovers(&c.instance_id)
+            .to_vec();
+        for eni in leftovers {
+            if !fits(&eni, c) {
+                info!(eni = %eni.id, instance = %c.instance_id, "deleting our unattached ENI that no longer fits the node");
+                self.delete_unattached(&c.instance_id, &eni).await;
+                continue;
+            }
+            let eni_id = eni.id.clone();
+            let addresses = eni.secondary_ips.len() as u32
+                + eni.prefixes.len() as u32 * crate::ec2::PREFIX_SIZE;
+            info!(eni = %eni_id, instance = %c.instance_id, "attaching our ENI left unattached earlier");
+            return match self.attach(c, eni).await {
+                Attach::Done(attachment_id) => {
+                    let outcome = ExecOutcome {
+                        changed: true,
+                        success: Some(Success::EniAttached {
+                            eni_id: eni_id.clone(),
+                            addresses,
+                        }),
+                        retire_token: true,
+                        ..ExecOutcome::default()
+                    };
+                    Some(
+                        self.finish_attach(c, &eni_id, &attachment_id, outcome)
+                            .await,
+                    )
+                }
+                Attach::Kept(e) => Some(ExecOutcome::failed(e)),
+                // Deleted meanwhile (e.g. by the GC): create one instead.
+                Attach::Gone(_) => continue,
+                // It may have been created with the current token, which now names a deleted ENI.
+                Attach::Refused(e) => Some(ExecOutcome {
+                    retire_token: true,
+                    ..Self::refused(e)
+                }),
+            };
+        }
+        None
+    }
+
+    fn refused(e: Ec2Error) -> ExecOutcome {
+        if e.kind == ErrorKind::InstanceNotRunning {
+            return ExecOutcome {
+                not_running: true,
+                retire_token: true,
+                ..ExecOutcome::default()
+            };
+        }
+        ExecOutcome {
+            retire_token: true,
+            ..ExecOutcome::failed(e)
+        }
+    }
+
+    /// Attach `eni` to the planned instance, moving on to the next free device index on a
+    /// conflict. A throttled or unanswered attach keeps the ENI (a leftover the next pass
+    /// attaches); only an attach EC2 refused deletes it.
+    async fn attach(&self, c: &CreateEni, eni: NetworkInterface) -> Attach {
         let mut index = c.device_index;
-        let mut attach_result = Err(None);
+        let mut refused = None;
         for _ in 0..ATTACH_ATTEMPTS {
             match self
                 .ec2
@@ -172,8 +381,8 @@ impl<E: Ec2> Executor<E> {
                 .await
             {
                 Ok(id) => {
-                    attach_result = Ok(id);
-                    break;
+                    self.attached(eni, &c.instance_id, &id, index);
+                    return Attach::Done(id);
                 }
                 Err(e) if e.kind == ErrorKind::DeviceIndexInUse => {
                     let mut used = self
@@ -183,56 +392,94 @@ impl<E: Ec2> Executor<E> {
                         .used_device_indices(&c.instance_id);
                     used.insert(index);
                     index = next_free_index(&used, index);
-                    attach_result = Err(Some(e));
+                    refused = Some(e);
+                }
+                Err(e) if e.is_retryable() => {
+                    // No answer may still mean it was attached: look before deciding.
+                    if e.kind == ErrorKind::Transient
+                        && let Some(a) = self.attachment_in_ec2(&eni.id, &c.instance_id).await
+                    {
+                        let id = a.id.clone();
+                        self.attached(eni, &c.instance_id, &id, a.device_index);
+                        return Attach::Done(id);
+                    }
+                    warn!(eni = %eni.id, error = %e, "attach not done; keeping the ENI for the next pass");
+                    self.cache().add_leftover(&c.instance_id, eni, now());
+                    return Attach::Kept(e);
+                }
+                Err(e) if e.kind == ErrorKind::NotFound(Resource::NetworkInterface) => {
+                    self.cache().remove_leftover(&eni.id);
+                    return Attach::Gone(e);
                 }
                 Err(e) => {
-                    attach_result = Err(Some(e));
+                    refused = Some(e);
                     break;
                 }
             }
         }
-        let attachment_id = match attach_result {
-            Ok(id) => id,
-            Err(e) => {
-                // Never leave an unattached ENI behind; the GC catches it if this fails too.
-                if let Err(del) = self.ec2.delete_network_interface(&eni.id).await {
-                    warn!(eni = %eni.id, error = %del, "could not delete the ENI after a failed attach");
-                }
-                let e = e.expect("at least one attach attempt");
-                if e.kind == ErrorKind::InstanceNotRunning {
-                    return ExecOutcome {
-                        not_running: true,
-                        ..ExecOutcome::default()
-                    };
-                }
-                return ExecOutcome::failed(e);
-            }
-        };
+        self.delete_unattached(&c.instance_id, &eni).await;
+        Attach::Refused(refused.expect("at least one attach attempt"))
+    }
 
-        let eni_id = eni.id.clone();
+    /// Put a newly attached ENI into the cache.
+    fn attached(&self, eni: NetworkInterface, instance_id: &str, attachment_id: &str, index: u32) {
         let attachment = Attachment {
-            id: attachment_id.clone(),
-            instance_id: c.instance_id.clone(),
+            id: attachment_id.to_string(),
+            instance_id: instance_id.to_string(),
             device_index: index,
             delete_on_termination: false,
         };
         self.cache().add_attached_eni(eni, attachment, now());
-        let mut outcome = ExecOutcome {
-            changed: true,
-            success: Some(Success::EniCreated {
-                eni_id: eni_id.clone(),
-                addresses: if warning.is_some() {
-                    0
-                } else {
-                    requested.addresses()
-                },
-            }),
-            warning,
-            ..ExecOutcome::default()
+        self.metrics.enis_attached.inc();
+    }
+
+    /// After an attach without an answer: the attachment EC2 shows for this ENI and instance.
+    async fn attachment_in_ec2(&self, eni_id: &str, instance_id: &str) -> Option<Attachment> {
+        let eni = self.describe_eni(eni_id).await?;
+        eni.attachment.filter(|a| a.instance_id == instance_id)
+    }
+
+    async fn describe_eni(&self, eni_id: &str) -> Option<NetworkInterface> {
+        let filter = EniFilter {
+            ids: vec![eni_id.to_string()],
+            ..Default::default()
         };
+        match collect_pages(|t| self.ec2.describe_network_interfaces(&filter, t)).await {
+            Ok(list) => list.into_iter().find(|e| e.id == eni_id),
+            Err(e) => {
+                warn!(eni = %eni_id, error = %e, "could not describe the ENI after an unanswered call");
+                None
+            }
+        }
+    }
+
+    /// Delete our unattached ENI; if that fails it stays a leftover (attached by a later pass
+    /// or collected by the GC).
+    async fn delete_unattached(&self, instance_id: &str, eni: &NetworkInterface) {
+        match self.ec2.delete_network_interface(&eni.id).await {
+            Ok(()) => {
+                self.cache().remove_leftover(&eni.id);
+                self.metrics.eni_deleted(metrics::DELETED_ATTACH_FAILED, 1);
+            }
+            Err(e) if e.is_not_found() => self.cache().remove_leftover(&eni.id),
+            Err(e) => {
+                warn!(eni = %eni.id, error = %e, "could not delete our unattached ENI; keeping it for a later pass or the GC");
+                self.cache().add_leftover(instance_id, eni.clone(), now());
+            }
+        }
+    }
+
+    /// Delete-on-termination for an ENI just attached, when the node asks for it.
+    async fn finish_attach(
+        &self,
+        c: &CreateEni,
+        eni_id: &str,
+        attachment_id: &str,
+        outcome: ExecOutcome,
+    ) -> ExecOutcome {
         if c.delete_on_termination {
-            outcome = self
-                .mark_delete_on_termination(&eni_id, &attachment_id, outcome)
+            return self
+                .mark_delete_on_termination(eni_id, attachment_id, outcome)
                 .await;
         }
         outcome
@@ -298,6 +545,17 @@ impl<E: Ec2> Executor<E> {
     }
 
     async fn release(&self, r: &Release) -> ExecOutcome {
+        // For the per-subnet counters; releases are rare (EC2-rate-limited), so a scan is fine.
+        let subnet_id = self
+            .cache
+            .read()
+            .expect("cache lock")
+            .instances
+            .values()
+            .flat_map(|e| &e.enis)
+            .find(|n| n.id == r.eni_id)
+            .map(|n| n.subnet_id.clone())
+            .unwrap_or_default();
         if !r.prefixes.is_empty() {
             if let Err(e) = self
                 .ec2
@@ -308,6 +566,8 @@ impl<E: Ec2> Executor<E> {
             }
             self.cache()
                 .remove_addresses(&r.eni_id, &[], &r.prefixes, now());
+            self.metrics
+                .released(&subnet_id, r.prefixes.len() as u32 * 16);
         }
         let ips: Vec<_> = r
             .ips
@@ -335,6 +595,7 @@ impl<E: Ec2> Executor<E> {
                 };
             }
             self.cache().remove_addresses(&r.eni_id, &ips, &[], now());
+            self.metrics.released(&subnet_id, ips.len() as u32);
         }
         // Addresses covered by the released prefixes are released with them.
         done.ips = r.ips.clone();

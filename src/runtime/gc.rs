@@ -3,6 +3,11 @@
 //!
 //! Only ENIs carrying our ownership tags for this cluster are ever considered; untagged ENIs
 //! and Cilium's are never touched. The decision ([`EniGc::round`]) is pure.
+//!
+//! The allocation core attaches such an ENI of a managed instance on the node's next pass
+//! (seconds), long before a second sighting an interval later. Should the GC win anyway (the
+//! node backed off for longer), the attach finds the ENI gone and the node creates another
+//! with a fresh token; if the attach wins, the delete is refused ("in use") and only logged.
 
 use std::collections::BTreeSet;
 
@@ -10,6 +15,8 @@ use tracing::{debug, info};
 
 use crate::ec2::{Ec2, EniFilter, EniState, NetworkInterface, Result, Tags, collect_pages};
 use crate::ipam::ownership::{CLUSTER_TAG, is_owned_by};
+
+use super::metrics::{DELETED_GC, RuntimeMetrics};
 
 /// Default per-run cap on deletions (and on marks), as Cilium's.
 pub const DEFAULT_MAX_PER_RUN: usize = 25;
@@ -28,6 +35,7 @@ pub struct EniGc {
     cluster: String,
     max_per_run: usize,
     marked: BTreeSet<String>,
+    metrics: RuntimeMetrics,
 }
 
 impl EniGc {
@@ -36,7 +44,14 @@ impl EniGc {
             cluster: cluster.into(),
             max_per_run: max_per_run.max(1),
             marked: BTreeSet::new(),
+            metrics: RuntimeMetrics::default(),
         }
+    }
+
+    /// Count runs and deletions into these metrics (default: unregistered ones).
+    pub fn with_metrics(mut self, metrics: RuntimeMetrics) -> Self {
+        self.metrics = metrics;
+        self
     }
 
     /// Eligible: ours, for this cluster, unattached and `available`.
@@ -73,6 +88,18 @@ impl EniGc {
 
     /// One GC run: list (paginated, filtered by status and our cluster tag), decide, delete.
     pub async fn run_once<E: Ec2>(&mut self, ec2: &E, subnet_ids: &[String]) -> Result<GcReport> {
+        let result = self.run_inner(ec2, subnet_ids).await;
+        match &result {
+            Ok(r) => {
+                self.metrics.gc_run(true, r.marked);
+                self.metrics.eni_deleted(DELETED_GC, r.deleted.len() as u64);
+            }
+            Err(_) => self.metrics.gc_run(false, 0),
+        }
+        result
+    }
+
+    async fn run_inner<E: Ec2>(&mut self, ec2: &E, subnet_ids: &[String]) -> Result<GcReport> {
         let filter = EniFilter {
             subnet_ids: subnet_ids.to_vec(),
             tags: Tags::from([(CLUSTER_TAG.to_string(), self.cluster.clone())]),
@@ -110,8 +137,9 @@ pub async fn run_loop<E: Ec2>(
     subnet_ids: Vec<String>,
     interval: std::time::Duration,
     max_per_run: usize,
+    metrics: RuntimeMetrics,
 ) {
-    let mut gc = EniGc::new(cluster, max_per_run);
+    let mut gc = EniGc::new(cluster, max_per_run).with_metrics(metrics);
     let mut tick = tokio::time::interval(interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {

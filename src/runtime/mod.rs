@@ -12,6 +12,7 @@ pub mod finalizer;
 pub mod gc;
 pub mod leader;
 pub mod metrics;
+pub mod prune;
 pub mod queue;
 pub mod refresher;
 pub mod sink;

@@ -2,6 +2,8 @@
 //!
 //! [`KubeSink`] talks to the API server with JSON merge patches of operator-owned fields only
 //! (C8); [`MemorySink`] keeps objects in memory and counts writes, for tests and the benchmark.
+//! Given a CRD schema ([`MemorySink::pruning`]), it prunes what it stores as the API server does
+//! (real clusters run Cilium's CRD, which drops every field it does not list).
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -13,6 +15,8 @@ use serde_json::{Value, json};
 
 use crate::crd::{CiliumNode, FINALIZER};
 use crate::ipam::{ChangeSet, Subresource};
+
+use super::prune::StructuralSchema;
 
 /// The object a write or Event is about.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -91,6 +95,14 @@ pub trait NodeSink: Send + Sync + 'static {
         present: bool,
     ) -> impl Future<Output = SinkResult<Option<CiliumNode>>> + Send;
 
+    /// Set (`Some`) or remove (`None`) one annotation, touching no other key.
+    fn set_annotation(
+        &self,
+        node: &NodeRef,
+        key: &str,
+        value: Option<&str>,
+    ) -> impl Future<Output = SinkResult<Option<CiliumNode>>> + Send;
+
     fn delete(&self, name: &str) -> impl Future<Output = SinkResult<()>> + Send;
 
     /// Whether the Kubernetes Node of this name exists right now. Asked by the finalizer at the
@@ -118,6 +130,12 @@ pub fn finalizer_patch(node: &NodeRef, present: bool) -> Option<Value> {
         "finalizers": list,
         "resourceVersion": node.resource_version,
     }}))
+}
+
+/// The merge patch of one annotation (`null` removes it): no resourceVersion is needed, since it
+/// cannot drop anyone else's annotation or field.
+pub fn annotation_patch(key: &str, value: Option<&str>) -> Value {
+    json!({"metadata": {"annotations": {key: value}}})
 }
 
 /// A write's patch, with `metadata.resourceVersion` when it asks for one.
@@ -257,6 +275,23 @@ impl NodeSink for KubeSink {
         }
     }
 
+    async fn set_annotation(
+        &self,
+        node: &NodeRef,
+        key: &str,
+        value: Option<&str>,
+    ) -> SinkResult<Option<CiliumNode>> {
+        let patch = annotation_patch(key, value);
+        match self
+            .api
+            .patch(&node.name, &self.params, &Patch::Merge(&patch))
+            .await
+        {
+            Ok(obj) => Ok(Some(obj)),
+            Err(e) => Err(self.classify(&node.name, e).await),
+        }
+    }
+
     async fn delete(&self, name: &str) -> SinkResult<()> {
         match self.api.delete(name, &DeleteParams::default()).await {
             Ok(_) => Ok(()),
@@ -302,15 +337,37 @@ struct MemoryState {
 }
 
 /// An in-memory API server for CiliumNodes: applies patches like Kubernetes (spec and status
-/// through separate endpoints, resourceVersion checks, finalizers hold deletion).
+/// through separate endpoints, resourceVersion checks, finalizers hold deletion, and with a
+/// schema, structural pruning of every create, update and patch).
 #[derive(Debug, Default)]
 pub struct MemorySink {
     state: Mutex<MemoryState>,
+    schema: Option<StructuralSchema>,
 }
 
 impl MemorySink {
+    /// Stores every field (like our CRD, which preserves unknown fields).
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// Prunes every stored object by `schema`, as the API server does with the CRD installed.
+    pub fn pruning(schema: StructuralSchema) -> Self {
+        Self {
+            state: Mutex::default(),
+            schema: Some(schema),
+        }
+    }
+
+    /// Pruning by Cilium's own CiliumNode CRD: what real clusters run.
+    pub fn with_ciliums_crd() -> Self {
+        Self::pruning(StructuralSchema::cilium())
+    }
+
+    fn prune(&self, object: &mut Value) {
+        if let Some(s) = &self.schema {
+            s.prune_object(object);
+        }
     }
 
     /// Create or replace an object as an agent would; returns the stored copy.
@@ -330,6 +387,7 @@ impl MemorySink {
             v["metadata"]["uid"] = json!(format!("uid-{name}"));
         }
         v["metadata"]["resourceVersion"] = json!(s.next_version.to_string());
+        self.prune(&mut v);
         s.objects.insert(name, v.clone());
         serde_json::from_value(v).expect("parse")
     }
@@ -442,6 +500,9 @@ impl MemorySink {
             }
         }
         merge_patch(obj, &p);
+        if let Some(schema) = &self.schema {
+            schema.prune_object(obj);
+        }
         obj["metadata"]["resourceVersion"] = json!(version);
         let finalizers_empty = obj
             .pointer("/metadata/finalizers")
@@ -488,6 +549,16 @@ impl NodeSink for MemorySink {
             None => Ok(None),
             Some(p) => self.patch(&node.name, &p, None).map(Some),
         }
+    }
+
+    async fn set_annotation(
+        &self,
+        node: &NodeRef,
+        key: &str,
+        value: Option<&str>,
+    ) -> SinkResult<Option<CiliumNode>> {
+        self.patch(&node.name, &annotation_patch(key, value), None)
+            .map(Some)
     }
 
     async fn delete(&self, name: &str) -> SinkResult<()> {
@@ -559,6 +630,73 @@ mod tests {
         // The stale version now conflicts on a versioned write.
         let err = sink.apply(&r, &changes).await.unwrap_err();
         assert!(matches!(err, SinkError::Conflict(Some(_))));
+    }
+
+    #[tokio::test]
+    async fn a_pruning_sink_stores_what_ciliums_crd_keeps() {
+        let sink = MemorySink::with_ciliums_crd();
+        let mut n = node("n1");
+        n.spec.extra.insert("not-in-the-schema".into(), json!(1));
+        n.spec.extra.insert("bootid".into(), json!("b"));
+        let stored = sink.put(&n);
+        assert!(
+            !stored.spec.extra.contains_key("not-in-the-schema"),
+            "create pruned"
+        );
+        assert_eq!(stored.spec.extra["bootid"], json!("b"));
+        let changes = ChangeSet {
+            writes: vec![Write {
+                subresource: Subresource::Status,
+                patch: json!({"status": {
+                    "eni-operator": {"enis": 1, "available": 0, "used": 0, "needed": 0},
+                    "ipam": {"operator-status": {"error": "x"}}
+                }}),
+                needs_resource_version: false,
+            }],
+        };
+        let out = sink
+            .apply(&NodeRef::of(&stored), &changes)
+            .await
+            .unwrap()
+            .unwrap();
+        let status = out.status.unwrap();
+        assert_eq!(status.eni_operator, None, "patch pruned");
+        assert_eq!(status.ipam.operator_status.error.as_deref(), Some("x"));
+        assert_eq!(sink.writes("n1").status, 1, "the write still counts");
+        assert_eq!(
+            sink.raw("n1").unwrap().pointer("/metadata/uid"),
+            Some(&json!("uid-n1")),
+            "metadata is the server's, not pruned"
+        );
+        // Without a schema everything is kept.
+        let plain = MemorySink::new();
+        assert!(plain.put(&n).spec.extra.contains_key("not-in-the-schema"));
+    }
+
+    #[tokio::test]
+    async fn an_annotation_patch_touches_only_its_key() {
+        let sink = MemorySink::new();
+        let mut n = node("n1");
+        n.metadata.annotations = Some([("other".to_string(), "kept".to_string())].into());
+        let stored = sink.put(&n);
+        let out = sink
+            .set_annotation(&NodeRef::of(&stored), "k", Some("true"))
+            .await
+            .unwrap()
+            .unwrap();
+        let a = out.metadata.annotations.unwrap();
+        assert_eq!(a.get("k").map(String::as_str), Some("true"));
+        assert_eq!(a.get("other").map(String::as_str), Some("kept"));
+        // A stale version does not matter: the patch carries none.
+        let out = sink
+            .set_annotation(&NodeRef::of(&stored), "k", None)
+            .await
+            .unwrap()
+            .unwrap();
+        let a = out.metadata.annotations.unwrap();
+        assert!(!a.contains_key("k"));
+        assert_eq!(a.get("other").map(String::as_str), Some("kept"));
+        assert_eq!(sink.writes("n1").metadata, 2);
     }
 
     #[tokio::test]

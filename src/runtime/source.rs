@@ -68,8 +68,13 @@ async fn next_event<K>(
     }
 }
 
-/// Watch CiliumNodes until the channel closes.
-pub async fn watch_cilium_nodes(client: kube::Client, tx: mpsc::Sender<NodeInput>) {
+/// Watch CiliumNodes until the channel closes; `on_listed` runs after each complete listing
+/// (the first one, and every re-list after the watch had to start over).
+pub async fn watch_cilium_nodes(
+    client: kube::Client,
+    tx: mpsc::Sender<NodeInput>,
+    mut on_listed: impl FnMut() + Send,
+) {
     let ar = ApiResource::erase::<CiliumNode>(&());
     let api: Api<DynamicObject> = Api::all_with(client, &ar);
     let mut stream = watcher::watcher(api, watcher::Config::default())
@@ -82,7 +87,11 @@ pub async fn watch_cilium_nodes(client: kube::Client, tx: mpsc::Sender<NodeInput
         let input = match event {
             Event::Apply(obj) | Event::InitApply(obj) => to_input(&obj),
             Event::Delete(obj) => NodeInput::Deleted(obj.metadata.name.unwrap_or_default()),
-            Event::Init | Event::InitDone => continue,
+            Event::InitDone => {
+                on_listed();
+                continue;
+            }
+            Event::Init => continue,
         };
         if tx.send(input).await.is_err() {
             return;

@@ -363,6 +363,40 @@ async fn transient_failures_are_retried() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_lost_answer_of_a_call_without_a_token_is_not_repeated() {
+    // A 5xx or timeout may hide an assign or attach that took effect: repeating it would
+    // assign the addresses twice. Throttled answers were not carried out and are repeated.
+    let fake = Fake::default();
+    fake.fail(Operation::AssignPrivateIpAddresses, "InternalError", 1);
+    fake.fail(Operation::AttachNetworkInterface, "InternalError", 1);
+    let g = gate(fake, GateConfig::aws_defaults());
+    let err = g
+        .assign_private_ip_addresses("eni-1", AddressRequest::Ips(3))
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind, ErrorKind::Transient);
+    let err = g
+        .attach_network_interface("eni-1", "i-1", 1)
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind, ErrorKind::Transient);
+    assert_eq!(g.inner().times(None).len(), 2, "no repeat");
+    g.inner().fail(
+        Operation::AssignPrivateIpAddresses,
+        "RequestLimitExceeded",
+        1,
+    );
+    g.assign_private_ip_addresses("eni-1", AddressRequest::Ips(3))
+        .await
+        .unwrap();
+    assert_eq!(
+        g.inner().times(None).len(),
+        4,
+        "a throttled assign is repeated"
+    );
+}
+
+#[tokio::test(start_paused = true)]
 async fn client_errors_are_not_retried() {
     let fake = Fake::default();
     fake.fail(
@@ -696,7 +730,7 @@ async fn unassigning_ips_and_prefixes_takes_two_tokens() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn metrics_count_calls_by_outcome() {
+async fn metrics_count_calls_by_outcome_and_response_code() {
     let fake = Fake::default();
     fake.fail(
         Operation::AssignPrivateIpAddresses,
@@ -716,7 +750,8 @@ async fn metrics_count_calls_by_outcome() {
         r#"ec2_api_calls_total{operation="AssignPrivateIpAddresses",outcome="success"} 1"#,
         r#"ec2_api_retries_total{operation="AssignPrivateIpAddresses"} 1"#,
         r#"ec2_api_throttled_total{operation="AssignPrivateIpAddresses"} 1"#,
-        r#"ec2_api_duration_seconds_count{operation="AssignPrivateIpAddresses"} 2"#,
+        r#"ec2_api_duration_seconds_count{operation="AssignPrivateIpAddresses",response_code="RequestLimitExceeded"} 1"#,
+        r#"ec2_api_duration_seconds_count{operation="AssignPrivateIpAddresses",response_code="OK"} 1"#,
         r#"ec2_rate_limit_wait_seconds_count{operation="AssignPrivateIpAddresses"} 2"#,
         // Untouched buckets report their ceiling.
         r#"ec2_rate_limit_qps{bucket="delete-network-interface"} 4.0"#,

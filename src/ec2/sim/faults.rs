@@ -84,6 +84,8 @@ pub(crate) struct Faults {
     latency: BTreeMap<Operation, Duration>,
     rates: BTreeMap<Operation, (f64, Fault)>,
     queued: BTreeMap<Operation, VecDeque<Fault>>,
+    /// Calls of an operation still to be carried out and then answered with a timeout.
+    lost_answers: BTreeMap<Operation, usize>,
     rng: StdRng,
     pub(crate) stats: SimStats,
 }
@@ -94,6 +96,7 @@ impl Faults {
             latency: BTreeMap::new(),
             rates: BTreeMap::new(),
             queued: BTreeMap::new(),
+            lost_answers: BTreeMap::new(),
             rng: StdRng::seed_from_u64(seed),
             stats: SimStats::default(),
         }
@@ -125,6 +128,21 @@ impl Faults {
             .entry(op)
             .or_default()
             .extend(std::iter::repeat_n(fault, times));
+    }
+
+    pub(crate) fn lose_answers(&mut self, op: Operation, times: usize) {
+        *self.lost_answers.entry(op).or_default() += times;
+    }
+
+    /// Whether the answer to this (carried out) call of `op` is lost.
+    pub(crate) fn answer_lost(&mut self, op: Operation) -> bool {
+        match self.lost_answers.get_mut(&op) {
+            Some(n) if *n > 0 => {
+                *n -= 1;
+                true
+            }
+            _ => false,
+        }
     }
 
     /// The fault to answer this call of `op` with, if any (one-off faults first).

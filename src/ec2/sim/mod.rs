@@ -172,6 +172,14 @@ impl Simulator {
         );
     }
 
+    /// Carry out the next `times` calls of `op`, then answer each with a timeout, as when the
+    /// answer is lost on the way back: AWS documents that a request that timed out may have
+    /// succeeded ("Ensuring idempotency in Amazon EC2 API requests"), which is why creates
+    /// carry a client token and callers of the other calls must look before repeating them.
+    pub fn inject_lost_answer(&self, op: Operation, times: usize) {
+        self.lock().faults.lose_answers(op, times);
+    }
+
     /// Per-operation counters so far.
     pub fn stats(&self) -> SimStats {
         self.lock().faults.stats.clone()
@@ -406,6 +414,14 @@ impl Simulator {
             stats.ok += 1;
         } else {
             stats.rejected += 1;
+        }
+        if result.is_ok() && inner.faults.answer_lost(op) {
+            inner.faults.count(op).faults += 1;
+            return Err(Ec2Error::transient(
+                op,
+                "Timeout",
+                "the call was carried out but its answer was lost (injected)",
+            ));
         }
         result
     }
