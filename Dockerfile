@@ -36,5 +36,5 @@ RUN cargo build --locked --release -p eni-operator --bin eni-operator \
 FROM gcr.io/distroless/cc-debian12:nonroot
 COPY --from=builder /eni-operator /usr/local/bin/eni-operator
 USER nonroot
-EXPOSE 9963 9234
+EXPOSE 9751 9752
 ENTRYPOINT ["/usr/local/bin/eni-operator"]

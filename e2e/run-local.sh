@@ -1,9 +1,25 @@
 #!/usr/bin/env bash
 # make e2e-local: the e2e suite against the current KUBECONFIG and EC2_ENDPOINT (default: moto on
 # loopback), with the operator run as local processes under its ServiceAccount's identity.
+# Portable bash (Linux, macOS): no GNU-only flags.
 set -euo pipefail
 
-ROOT=$(cd "$(dirname "$0")/.." && pwd)
+die() {
+  printf 'error: %s\n' "$*" >&2
+  exit 2
+}
+# Every tool this script calls, checked before anything is created.
+missing=""
+for tool in kubectl cargo curl python3 base64 chmod cat date mkdir rm sleep; do
+  command -v "$tool" >/dev/null 2>&1 || missing="$missing $tool"
+done
+[ -z "$missing" ] || die "make e2e-local needs:$missing (not found in PATH; see e2e/README.md)"
+
+case "${BASH_SOURCE[0]}" in
+  */*) HERE=${BASH_SOURCE[0]%/*} ;;
+  *) HERE=. ;;
+esac
+ROOT=$(cd "$HERE/.." && pwd)
 cd "$ROOT"
 WORK=${E2E_WORK_DIR:-$ROOT/e2e/.work}
 NS=${E2E_NAMESPACE:-eni-operator}
@@ -27,6 +43,10 @@ cleanup() {
   local rc=$?
   log "cleaning up"
   kubectl delete nodes -l eni-operator-e2e/run --wait=false --ignore-not-found >/dev/null 2>&1 || true
+  # Nodes left draining by an interrupted `draining-node` (only the suite puts finalizers on them).
+  for n in $(kubectl get nodes -l eni-operator-e2e/run -o name 2>/dev/null); do
+    kubectl patch "$n" --type=merge -p '{"metadata":{"finalizers":null}}' >/dev/null 2>&1 || true
+  done
   # CiliumNodes whose finalizer nobody will remove any more (the operators are gone by now).
   for cn in $(kubectl get ciliumnodes -l eni-operator-e2e/run -o name 2>/dev/null); do
     kubectl patch "$cn" --type=merge -p '{"metadata":{"finalizers":null}}' >/dev/null 2>&1 || true
@@ -37,22 +57,23 @@ cleanup() {
 }
 trap cleanup EXIT INT TERM
 
-command -v kubectl >/dev/null || { echo "kubectl is required" >&2; exit 2; }
-kubectl get --raw /readyz >/dev/null || { echo "no API server reachable through KUBECONFIG" >&2; exit 2; }
+kubectl get --raw /readyz >/dev/null 2>&1 || die "no API server reachable through KUBECONFIG"
 
 if [ -z "${EC2_ENDPOINT:-}" ]; then
   if [ ! -x .venv/bin/moto_server ]; then
     log "creating .venv with moto[server]"
     python3 -m venv .venv
-    .venv/bin/pip install --quiet 'moto[server]'
+    .venv/bin/pip install --quiet "moto[server]==${MOTO_VERSION:-5.2.5}"
   fi
   PORT=$(free_port)
   .venv/bin/moto_server -H 127.0.0.1 -p "$PORT" >"$WORK/moto.log" 2>&1 &
   MOTO_PID=$!
   EC2_ENDPOINT=http://127.0.0.1:$PORT
-  for _ in $(seq 1 60); do
-    curl -fsS -o /dev/null "$EC2_ENDPOINT/moto-api/" 2>/dev/null && break
-    kill -0 "$MOTO_PID" 2>/dev/null || { cat "$WORK/moto.log" >&2; exit 2; }
+  tries=0
+  until curl -fsS -o /dev/null "$EC2_ENDPOINT/moto-api/" 2>/dev/null; do
+    kill -0 "$MOTO_PID" 2>/dev/null || { cat "$WORK/moto.log" >&2; die "moto exited (log above)"; }
+    tries=$((tries + 1))
+    [ "$tries" -lt 60 ] || die "moto is not answering on $EC2_ENDPOINT after 30s ($WORK/moto.log)"
     sleep 0.5
   done
   log "moto on $EC2_ENDPOINT"
@@ -69,7 +90,7 @@ log "applying namespace, ServiceAccount and RBAC from manifests/"
   manifests/*.yaml >"$WORK/rbac.yaml"
 kubectl apply -f "$WORK/rbac.yaml"
 # Which CiliumNode CRD the suite runs against (E2E_CRD, see e2e/README.md):
-#   ours (default)  manifests/: preserves unknown fields;
+#   ours (default)  manifests/crd/: preserves unknown fields;
 #   cilium          Cilium's own (tests/fixtures/ciliumnodes.cilium.io.yaml), as real clusters
 #                   run it: the API server prunes every field it does not list;
 #   keep            whatever the cluster has (e.g. a cluster running Cilium).
@@ -77,7 +98,7 @@ kubectl apply -f "$WORK/rbac.yaml"
 # with an earlier CRD could keep x-kubernetes-preserve-unknown-fields).
 case "$CRD" in
   ours)
-    "$E2E" filter-manifests --kinds CustomResourceDefinition manifests/*.yaml >"$WORK/crd.yaml" ;;
+    cp manifests/crd/ciliumnodes.cilium.io.yaml "$WORK/crd.yaml" ;;
   cilium)
     cp tests/fixtures/ciliumnodes.cilium.io.yaml "$WORK/crd.yaml" ;;
   keep)
@@ -94,6 +115,9 @@ if [ "$CRD" != keep ]; then
   fi
 fi
 kubectl wait --for condition=established crd/ciliumnodes.cilium.io --timeout=60s
+# The README's install command against this cluster's CRD (Cilium's or ours): a server-side
+# dry run that must pass and leave the CRD untouched.
+bash scripts/check-install.sh
 # A lease left by an earlier run would only delay the first leader.
 kubectl -n "$NS" delete lease "$LEASE" --ignore-not-found >/dev/null
 
@@ -106,7 +130,7 @@ INSECURE=$(kubectl config view --minify --raw -o jsonpath='{.clusters[0].cluster
 SA_KUBECONFIG=$WORK/operator.kubeconfig
 rm -f "$SA_KUBECONFIG"
 if [ -n "$CA_DATA" ]; then
-  printf '%s' "$CA_DATA" | base64 -d >"$WORK/ca.crt"
+  printf '%s' "$CA_DATA" | base64 --decode >"$WORK/ca.crt"
   kubectl config --kubeconfig="$SA_KUBECONFIG" set-cluster e2e --server="$SERVER" \
     --certificate-authority="$WORK/ca.crt" --embed-certs=true >/dev/null
 elif [ -n "$CA_FILE" ]; then

@@ -64,14 +64,18 @@ pub enum LogFormat {
 #[command(next_help_heading = "Server")]
 pub struct ServerSettings {
     /// Address serving Prometheus `/metrics`.
+    // The ports: the operator runs with host networking, so it shares every node's ports with
+    // Cilium, which runs host-networked too (operator: 9963 metrics, 9234 API, 9891 gops, 6061
+    // pprof; agent: 9962, 9879, 9890, 4240, 4244; relay/clustermesh: 4245, 9892-9893, 9880-9883,
+    // 9964-9966; see Cilium's "Firewall Rules" port list). 9751/9752 are clear of all of them.
     #[arg(
         long,
         env = "ENI_OPERATOR_METRICS_ADDR",
-        default_value = "0.0.0.0:9963"
+        default_value = "0.0.0.0:9751"
     )]
     pub metrics_addr: SocketAddr,
     /// Address serving `/healthz` and `/readyz` (may equal --metrics-addr: one listener).
-    #[arg(long, env = "ENI_OPERATOR_HEALTH_ADDR", default_value = "0.0.0.0:9234")]
+    #[arg(long, env = "ENI_OPERATOR_HEALTH_ADDR", default_value = "0.0.0.0:9752")]
     pub health_addr: SocketAddr,
     /// Log format (the filter comes from RUST_LOG, default `info`).
     #[arg(long, env = "ENI_OPERATOR_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
@@ -107,11 +111,11 @@ pub struct KubeSettings {
     /// This replica's identity in the Lease [fallback env: POD_NAME; default: hostname + random suffix].
     #[arg(long, env = "ENI_OPERATOR_IDENTITY")]
     pub identity: Option<String>,
-    /// Client-side rate limit on Kubernetes API calls. kube-rs has no built-in limiter: accepted
-    /// for parity with Cilium's flag, enforced only where the runtime applies it.
+    /// Client-side rate limit on Kubernetes API requests, per second (every request, including
+    /// the start of each list and watch).
     #[arg(long, env = "ENI_OPERATOR_K8S_CLIENT_QPS", default_value_t = 50.0)]
     pub k8s_client_qps: f64,
-    /// Burst for --k8s-client-qps.
+    /// Requests that may go at once above --k8s-client-qps.
     #[arg(long, env = "ENI_OPERATOR_K8S_CLIENT_BURST", default_value_t = 100)]
     pub k8s_client_burst: u32,
 }
@@ -195,16 +199,18 @@ pub struct IpamSettings {
     /// Cluster name, stored in the eni-operator.io/cluster-name ownership tag of created ENIs.
     #[arg(long, env = "ENI_OPERATOR_CLUSTER_NAME", default_value = "default")]
     pub cluster_name: String,
-    /// Only consider these subnets (IDs, comma-separated or repeated).
+    /// New ENIs and addresses only in these subnets (IDs, comma-separated or repeated); a
+    /// node's other ENIs are still known and listed.
     #[arg(long, env = "ENI_OPERATOR_SUBNET_IDS_FILTER", value_delimiter = ',')]
     pub subnet_ids_filter: Vec<String>,
-    /// Only consider subnets carrying all these tags, k=v[,k2=v2].
+    /// New ENIs and addresses only in subnets carrying all these tags, k=v[,k2=v2].
     #[arg(long, env = "ENI_OPERATOR_SUBNET_TAGS_FILTER", value_delimiter = ',')]
     pub subnet_tags_filter: Vec<Tag>,
-    /// Only consider instances carrying all these tags, k=v[,k2=v2].
+    /// Only manage nodes whose instances carry all these tags, k=v[,k2=v2]; other nodes'
+    /// CiliumNodes are left alone (another operator may serve them).
     #[arg(long, env = "ENI_OPERATOR_INSTANCE_TAGS_FILTER", value_delimiter = ',')]
     pub instance_tags_filter: Vec<Tag>,
-    /// Only consider resources in this VPC.
+    /// Only consider resources in this VPC (default: the VPC of the managed nodes, once known).
     #[arg(long, env = "ENI_OPERATOR_VPC_ID")]
     pub vpc_id: Option<String>,
     /// Put `ipam.cilium.io/ignore: "true"` on every CiliumNode we serve (so Cilium's operator leaves it to us), and remove it when we let a node go (eni-operator.cilium.io/ignore).
@@ -613,8 +619,8 @@ pub(crate) mod tests {
     fn defaults() {
         let _g = clean_env();
         let s = parse(&["--namespace", "ns", "--identity", "me"]).unwrap();
-        assert_eq!(s.server.metrics_addr, "0.0.0.0:9963".parse().unwrap());
-        assert_eq!(s.server.health_addr, "0.0.0.0:9234".parse().unwrap());
+        assert_eq!(s.server.metrics_addr, "0.0.0.0:9751".parse().unwrap());
+        assert_eq!(s.server.health_addr, "0.0.0.0:9752".parse().unwrap());
         assert_eq!(s.server.log_format, LogFormat::Text);
         assert!(s.kube.leader_election);
         assert_eq!(s.kube.leader_election_lease_name, "eni-operator");

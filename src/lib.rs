@@ -6,6 +6,7 @@
 //! * [`ipam`]: the pure engine (demand, capacity, planning, release, write-back).
 //! * [`runtime`]: leader election, caches, deficit queue, reconciler, finalizer, GC.
 //! * [`config`], [`metrics`], [`http`]: settings, Prometheus registry, health/metrics server.
+//! * [`kube_limit`]: the client-side rate limit of Kubernetes API requests.
 
 pub mod bench;
 pub mod config;
@@ -13,5 +14,6 @@ pub mod crd;
 pub mod ec2;
 pub mod http;
 pub mod ipam;
+pub mod kube_limit;
 pub mod metrics;
 pub mod runtime;

@@ -42,7 +42,7 @@ async fn main() -> ExitCode {
     };
 
     let client = tokio::select! {
-        result = connect_kube() => match result {
+        result = connect_kube(settings.kube.k8s_client_qps, settings.kube.k8s_client_burst) => match result {
             Ok(c) => c,
             Err(e) => return fail(format!("cannot reach the Kubernetes API server: {e}")),
         },
@@ -105,9 +105,6 @@ async fn run_operator(
     use eni_operator::runtime::sink::KubeSink;
     use eni_operator::runtime::{gc, source};
 
-    if !settings.ipam.instance_tags_filter.is_empty() {
-        tracing::warn!("--instance-tags-filter is not supported yet and is ignored");
-    }
     let gate_config = GateConfig {
         rate_fraction: settings.gate.ec2_rate_fraction,
         overrides: Bucket::ALL
@@ -150,11 +147,7 @@ async fn run_operator(
             cluster_name: settings.ipam.cluster_name.clone(),
             ..IpamConfig::default()
         },
-        scope: Scope {
-            vpc_id: settings.ipam.vpc_id.clone(),
-            subnet_ids: settings.ipam.subnet_ids_filter.clone(),
-            subnet_tags: settings.ipam.subnet_tags(),
-        },
+        scope: Scope::from_settings(&settings.ipam),
         annotate_cilium_ignore: settings.ipam.annotate_cilium_ignore,
         ..CoreConfig::default()
     };
@@ -247,9 +240,10 @@ async fn run_operator(
     result
 }
 
-/// In-cluster config or KUBECONFIG, checked with one cheap call so a bad config fails now.
-async fn connect_kube() -> anyhow::Result<kube::Client> {
-    let client = kube::Client::try_default().await?;
+/// In-cluster config or KUBECONFIG, rate-limited (`--k8s-client-qps`/`--k8s-client-burst`),
+/// checked with one cheap call so a bad config fails now.
+async fn connect_kube(qps: f64, burst: u32) -> anyhow::Result<kube::Client> {
+    let client = eni_operator::kube_limit::client(qps, burst).await?;
     let version = tokio::time::timeout(API_SERVER_CHECK_TIMEOUT, client.apiserver_version())
         .await
         .map_err(|_| anyhow::anyhow!("no answer within {API_SERVER_CHECK_TIMEOUT:?}"))??;

@@ -1,6 +1,9 @@
-//! Every object in `manifests/` parses into its k8s-openapi type and loses no field doing so
-//! (a misspelt field fails), the CRD matches the Rust types, the ConfigMap only sets real
-//! settings, and the IAM policy grants exactly the EC2 actions the operator calls.
+//! Every object in the default apply path (`kubectl apply -f manifests/`) parses into its
+//! k8s-openapi type and loses no field doing so (a misspelt field fails), that path installs no
+//! CRD (Cilium's own must stay untouched), the kustomize base is the same path, the CRD in
+//! `manifests/crd/` matches the Rust types, the ConfigMap only sets real settings, no port is one
+//! of Cilium's, RBAC and the README agree, and the IAM policy grants exactly the EC2 actions the
+//! operator calls, scoped to one cluster's ENIs.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -18,18 +21,38 @@ use serde_json::Value;
 
 const NAMESPACE: &str = "eni-operator";
 
-fn manifests_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("manifests")
+const CRD_FILE: &str = "crd/ciliumnodes.cilium.io.yaml";
+
+fn root_dir() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
 }
 
-/// All objects of all `manifests/*.yaml`, in file order, with their file name.
-fn documents() -> Vec<(String, Value)> {
+fn manifests_dir() -> PathBuf {
+    root_dir().join("manifests")
+}
+
+/// The files `kubectl apply -f manifests/` reads: the directory's own `.yaml`, `.yml` and
+/// `.json` files, sorted (kubectl does not recurse without `-R`).
+fn default_apply_path() -> Vec<PathBuf> {
     let mut files: Vec<_> = std::fs::read_dir(manifests_dir())
         .unwrap()
         .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|e| e == "yaml" || e == "yml"))
+        .filter(|p| p.is_file())
+        .filter(|p| {
+            p.extension()
+                .is_some_and(|e| e == "yaml" || e == "yml" || e == "json")
+        })
         .collect();
     files.sort();
+    files
+}
+
+/// All objects of the default apply path, in file order, with their file name.
+fn documents() -> Vec<(String, Value)> {
+    documents_in(default_apply_path())
+}
+
+fn documents_in(files: Vec<PathBuf>) -> Vec<(String, Value)> {
     let mut docs = Vec::new();
     for file in files {
         let name = file.file_name().unwrap().to_string_lossy().into_owned();
@@ -74,6 +97,13 @@ struct Objects {
     services: Vec<Service>,
 }
 
+/// The CRD for clusters without Cilium (not in the default apply path).
+fn crd() -> CustomResourceDefinition {
+    let docs = documents_in(vec![manifests_dir().join(CRD_FILE)]);
+    assert_eq!(docs.len(), 1, "{CRD_FILE}: one object");
+    typed(CRD_FILE, &docs[0].1)
+}
+
 fn objects() -> Objects {
     let mut o = Objects::default();
     for (file, v) in documents() {
@@ -109,7 +139,6 @@ fn objects() -> Objects {
 fn every_object_parses_and_the_set_is_complete() {
     let o = objects();
     let counts = [
-        o.crds.len(),
         o.namespaces.len(),
         o.service_accounts.len(),
         o.cluster_roles.len(),
@@ -121,7 +150,7 @@ fn every_object_parses_and_the_set_is_complete() {
         o.pdbs.len(),
         o.services.len(),
     ];
-    assert_eq!(counts, [1; 11]);
+    assert_eq!(counts, [1; 10]);
     assert_eq!(o.namespaces[0].metadata.name.as_deref(), Some(NAMESPACE));
     // Namespaced objects all live in the operator's namespace.
     let namespaced = [
@@ -144,35 +173,74 @@ fn every_object_parses_and_the_set_is_complete() {
 }
 
 #[test]
-fn files_are_ordered_crd_and_namespace_first() {
+fn files_are_ordered_namespace_first() {
     let docs = documents();
-    let kinds: Vec<_> = docs
-        .iter()
-        .map(|(_, v)| v["kind"].as_str().unwrap())
-        .collect();
-    assert_eq!(kinds[0], "CustomResourceDefinition");
-    assert_eq!(kinds[1], "Namespace");
-    assert_eq!(docs[0].0, "00-crd-ciliumnodes.yaml");
+    assert_eq!(docs[0].1["kind"], "Namespace");
     // The IAM policy must not sit where `kubectl apply -f manifests/` would pick it up.
-    let json_at_top = std::fs::read_dir(manifests_dir())
-        .unwrap()
-        .filter_map(|e| e.ok())
-        .any(|e| e.path().extension().is_some_and(|x| x == "json"));
+    let json_at_top = default_apply_path()
+        .iter()
+        .any(|p| p.extension().is_some_and(|x| x == "json"));
     assert!(!json_at_top, "no .json directly in manifests/");
+}
+
+/// On a cluster running Cilium, `kubectl apply -f manifests/` (the README's install command)
+/// must leave Cilium's ciliumnodes CRD alone: replacing it drops Cilium's schema-version label,
+/// Cilium's operator rewrites it, and GitOps tools fight over it.
+#[test]
+fn default_apply_path_installs_no_crd() {
+    let docs = documents();
+    assert!(!docs.is_empty());
+    for (file, v) in &docs {
+        assert_ne!(
+            v["kind"], "CustomResourceDefinition",
+            "{file}: a CRD in the default apply path"
+        );
+        assert_ne!(v["apiVersion"], "apiextensions.k8s.io/v1", "{file}");
+    }
+    assert!(objects().crds.is_empty());
+    // The CRD for clusters without Cilium is still there, one level down.
+    assert_eq!(
+        crd().metadata.name.as_deref(),
+        Some("ciliumnodes.cilium.io")
+    );
+}
+
+/// The kustomize base at the repository root is exactly the default apply path: same files, no
+/// CRD, so a kustomize user gets what `kubectl apply -f manifests/` gives.
+#[test]
+fn kustomize_base_lists_the_default_apply_path() {
+    let text = std::fs::read_to_string(root_dir().join("kustomization.yaml")).unwrap();
+    let k: Value = serde_yaml::from_str(&text).unwrap();
+    assert_eq!(k["kind"], "Kustomization");
+    let listed: Vec<String> = k["resources"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r.as_str().unwrap().to_string())
+        .collect();
+    let expected: Vec<String> = default_apply_path()
+        .iter()
+        .map(|p| format!("manifests/{}", p.file_name().unwrap().to_string_lossy()))
+        .collect();
+    assert_eq!(listed, expected);
+    // The e2e overlay builds on this base.
+    let overlay = std::fs::read_to_string(root_dir().join("e2e/overlay/kustomization.yaml"));
+    let overlay: Value = serde_yaml::from_str(&overlay.unwrap()).unwrap();
+    assert_eq!(overlay["resources"], serde_json::json!(["../.."]));
 }
 
 #[test]
 fn crd_file_matches_the_types() {
-    let file = std::fs::read_to_string(manifests_dir().join("00-crd-ciliumnodes.yaml")).unwrap();
+    let file = std::fs::read_to_string(manifests_dir().join(CRD_FILE)).unwrap();
     assert!(
         file == eni_operator::crd::crd_yaml(),
-        "manifests/00-crd-ciliumnodes.yaml is stale: run `make crds`"
+        "manifests/{CRD_FILE} is stale: run `make crds`"
     );
 }
 
 #[test]
 fn crd_declares_cilium_io_v2() {
-    let crd = objects().crds.remove(0);
+    let crd = crd();
     assert_eq!(crd.metadata.name.as_deref(), Some("ciliumnodes.cilium.io"));
     let spec = &crd.spec;
     assert_eq!(spec.group, "cilium.io");
@@ -402,6 +470,124 @@ fn deployment_is_hardened_and_uses_the_service_account() {
     ));
 }
 
+/// Default ports of Cilium's components (Cilium docs, "Firewall Rules" and the Helm values):
+/// the agent, the operator and cilium-envoy run with host networking, so any of these on the
+/// same node makes one of the two fail to bind.
+const CILIUM_PORTS: &[u16] = &[
+    2379, 2380, // etcd / kvstore
+    4240, 4244, 4245, 4250, 4251, // health, Hubble server and relay, mutual auth, SPIRE
+    6060, 6061, 6062, 6063, // pprof: agent, operator, relay, clustermesh-apiserver
+    6081, 8472, 51871, // Geneve, VXLAN, WireGuard
+    9234,  // operator API (health)
+    9876, 9878, 9879, 9880, 9881, 9882, 9883, // envoy/agent health, clustermesh health
+    9890, 9891, 9892, 9893, // gops: agent, operator, clustermesh-apiserver, relay
+    9901, // cilium-envoy admin
+    9962, 9963, 9964, 9965, 9966, // metrics: agent, operator, envoy, Hubble, relay
+];
+
+#[test]
+fn no_default_port_is_one_of_ciliums() {
+    use clap::CommandFactory;
+    use eni_operator::config::Settings;
+    let mut ports: Vec<(String, u16)> = Vec::new();
+    // Built-in defaults of the flags.
+    for arg in Settings::command().get_arguments() {
+        for d in arg.get_default_values() {
+            if let Ok(addr) = d.to_string_lossy().parse::<std::net::SocketAddr>() {
+                ports.push((format!("--{}", arg.get_long().unwrap()), addr.port()));
+            }
+        }
+    }
+    assert!(
+        ports.len() >= 2,
+        "metrics and health defaults found: {ports:?}"
+    );
+    let o = objects();
+    for (key, value) in o.config_maps[0].data.iter().flatten() {
+        if let Ok(addr) = value.parse::<std::net::SocketAddr>() {
+            ports.push((key.clone(), addr.port()));
+        }
+    }
+    let pod = o.deployments[0]
+        .spec
+        .as_ref()
+        .unwrap()
+        .template
+        .spec
+        .clone();
+    for c in pod.unwrap().containers {
+        for p in c.ports.into_iter().flatten() {
+            ports.push((
+                format!("containerPort {:?}", p.name),
+                p.container_port as u16,
+            ));
+            assert_eq!(p.host_port, None, "hostNetwork sets host ports itself");
+        }
+    }
+    let svc = &o.services[0];
+    for p in svc.spec.as_ref().unwrap().ports.iter().flatten() {
+        ports.push(("Service port".into(), p.port as u16));
+    }
+    for (k, v) in svc.metadata.annotations.iter().flatten() {
+        if k.ends_with("/port") {
+            ports.push((k.clone(), v.parse().unwrap()));
+        }
+    }
+    for (what, port) in &ports {
+        assert!(
+            !CILIUM_PORTS.contains(port),
+            "{what} uses {port}, a Cilium default port"
+        );
+    }
+}
+
+/// One line of the README's RBAC table for a rule.
+fn readme_row(r: &k8s_openapi::api::rbac::v1::PolicyRule) -> String {
+    let group = r.api_groups.iter().flatten().map(|g| match g.as_str() {
+        "" => "core".to_string(),
+        g => format!("`{g}`"),
+    });
+    let mut resources: Vec<String> = r
+        .resources
+        .iter()
+        .flatten()
+        .map(|x| format!("`{x}`"))
+        .collect();
+    for name in r.resource_names.iter().flatten() {
+        resources.push(format!("(only `{name}`)"));
+    }
+    let verbs: Vec<String> = r.verbs.iter().map(|v| format!("`{v}`")).collect();
+    format!(
+        "| {} | {} | {} |",
+        group.collect::<Vec<_>>().join(", "),
+        resources.join(" "),
+        verbs.join(", ")
+    )
+}
+
+#[test]
+fn readme_lists_every_rbac_grant() {
+    let readme = std::fs::read_to_string(root_dir().join("README.md")).unwrap();
+    let o = objects();
+    let rules = o.cluster_roles[0]
+        .rules
+        .iter()
+        .flatten()
+        .chain(o.roles[0].rules.iter().flatten());
+    for rule in rules {
+        let row = readme_row(rule);
+        assert!(
+            readme.lines().any(|l| l.starts_with(&row)),
+            "README lacks the RBAC row {row}"
+        );
+    }
+}
+
+/// Every grant matches an API call in src/runtime/{source,sink,leader}.rs, and nothing more:
+/// watches (list, watch) of CiliumNodes, Nodes and pending Pods; merge patches of CiliumNodes
+/// and their status; a get of a CiliumNode after a conflict and of a Node before releasing its
+/// ENIs; deletes of CiliumNodes whose Node is gone; events.k8s.io Events (kube-runtime's
+/// Recorder creates, then patches repeats); the Lease: get, create, update (PUT).
 #[test]
 fn rbac_grants_exactly_what_the_operator_uses() {
     let o = objects();
@@ -419,30 +605,46 @@ fn rbac_grants_exactly_what_the_operator_uses() {
     let set = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<BTreeSet<_>>();
     assert_eq!(
         verbs("cilium.io", "ciliumnodes"),
-        set(&["get", "list", "watch", "patch", "update", "delete"])
+        set(&["get", "list", "watch", "patch", "delete"])
     );
-    assert_eq!(
-        verbs("cilium.io", "ciliumnodes/status"),
-        set(&["get", "patch", "update"])
-    );
+    assert_eq!(verbs("cilium.io", "ciliumnodes/status"), set(&["patch"]));
     assert_eq!(verbs("", "nodes"), set(&["get", "list", "watch"]));
     assert_eq!(verbs("", "pods"), set(&["list", "watch"]));
-    assert_eq!(verbs("", "events"), set(&["create", "patch"]));
-    assert_eq!(verbs("events.k8s.io", "events"), set(&["create", "patch"]));
-    assert_eq!(rules.len(), 6, "no other cluster-wide rules");
-    let lease_rules = o.roles[0].rules.clone().unwrap();
-    assert_eq!(lease_rules.len(), 1);
     assert_eq!(
-        lease_rules[0].resources.as_deref(),
-        Some(&["leases".to_string()][..])
+        verbs("", "events"),
+        set(&[]),
+        "core Events are never written"
     );
-    assert_eq!(
-        lease_rules[0]
-            .verbs
+    assert_eq!(verbs("events.k8s.io", "events"), set(&["create", "patch"]));
+    assert_eq!(rules.len(), 5, "no other cluster-wide rules");
+    for r in &rules {
+        assert!(r.resource_names.is_none() && r.non_resource_urls.is_none());
+        assert!(!r.verbs.iter().any(|v| v == "*"));
+    }
+
+    // The Lease: create cannot be limited by name (the name is in the body); get and update
+    // are limited to the operator's own Lease.
+    let lease_rules = o.roles[0].rules.clone().unwrap();
+    assert_eq!(lease_rules.len(), 2);
+    for r in &lease_rules {
+        assert_eq!(
+            r.api_groups.as_deref(),
+            Some(&["coordination.k8s.io".to_string()][..])
+        );
+        assert_eq!(r.resources.as_deref(), Some(&["leases".to_string()][..]));
+    }
+    let by_verbs = |v: &[&str]| {
+        lease_rules
             .iter()
-            .cloned()
-            .collect::<BTreeSet<_>>(),
-        set(&["get", "list", "watch", "create", "update", "patch"])
+            .find(|r| r.verbs.iter().cloned().collect::<BTreeSet<_>>() == set(v))
+            .unwrap_or_else(|| panic!("a Lease rule with exactly {v:?}"))
+    };
+    assert_eq!(by_verbs(&["create"]).resource_names, None);
+    let lease_name =
+        o.config_maps[0].data.as_ref().unwrap()["ENI_OPERATOR_LEADER_ELECTION_LEASE_NAME"].clone();
+    assert_eq!(
+        by_verbs(&["get", "update"]).resource_names,
+        Some(vec![lease_name])
     );
 }
 
@@ -484,37 +686,91 @@ fn iam_policy_grants_the_ec2_actions_with_tag_conditions() {
     for s in statements {
         assert_eq!(s["Effect"], "Allow");
     }
-    let conditions = |action: &str, resource_part: &str| -> Vec<&Value> {
+    let grants = |action: &str, resource_part: &str| -> Vec<&Value> {
         statements
             .iter()
             .filter(|s| actions_of(s).iter().any(|a| a == action))
             .filter(|s| s["Resource"].to_string().contains(resource_part))
+            .collect()
+    };
+    let conditions = |action: &str, resource_part: &str| -> Vec<&Value> {
+        grants(action, resource_part)
+            .into_iter()
             .map(|s| &s["Condition"])
             .collect()
     };
-    // Every grant touching an ENI for these actions carries the ownership-tag condition.
-    for c in conditions("ec2:CreateNetworkInterface", "network-interface") {
-        assert_eq!(
-            c["Null"]["aws:RequestTag/eni-operator.io/cluster-name"], "false",
-            "{c}"
-        );
-    }
-    for action in ["ec2:DeleteNetworkInterface", "ec2:DetachNetworkInterface"] {
-        let cs = conditions(action, "network-interface");
-        assert!(!cs.is_empty());
-        for c in cs {
-            assert_eq!(
-                c["Null"]["ec2:ResourceTag/eni-operator.io/cluster-name"], "false",
-                "{action}: {c}"
+    // Only the describes (which support no resource-level permission) are granted on "*".
+    for s in statements {
+        if s["Resource"] == "*" {
+            assert!(
+                actions_of(s).iter().all(|a| a.starts_with("ec2:Describe")),
+                "{s}"
             );
         }
-        // Never an unconditional "*" grant.
-        assert!(conditions(action, "\"*\"").is_empty(), "{action} on *");
+    }
+    // The cluster's name and VPC are placeholders the docs tell users to replace.
+    let tag = |c: &Value, key: &str| c["StringEquals"][key].clone();
+    let vpc = |c: &Value| c["ArnLike"]["ec2:Vpc"].clone();
+    let our_vpc = Value::from("arn:aws:ec2:*:*:vpc/VPC_ID");
+    let our_cluster = Value::from("CLUSTER_NAME");
+
+    // A new ENI must carry this cluster's tag (an existence check would let it claim to be
+    // another cluster's) and land in the cluster's VPC: its subnet and security groups must be
+    // the VPC's (the subnet decides the ENI's VPC).
+    let created = conditions("ec2:CreateNetworkInterface", "network-interface");
+    assert_eq!(created.len(), 1);
+    assert_eq!(
+        tag(created[0], "aws:RequestTag/eni-operator.io/cluster-name"),
+        our_cluster
+    );
+    for part in ["subnet", "security-group"] {
+        let cs = conditions("ec2:CreateNetworkInterface", part);
+        assert!(!cs.is_empty(), "{part}");
+        for c in cs {
+            assert_eq!(vpc(c), our_vpc, "{part}s of the cluster's VPC only");
+        }
     }
     for c in conditions("ec2:CreateTags", "") {
+        assert_eq!(tag(c, "ec2:CreateAction"), "CreateNetworkInterface", "{c}");
         assert_eq!(
-            c["StringEquals"]["ec2:CreateAction"], "CreateNetworkInterface",
-            "{c}"
+            tag(c, "aws:RequestTag/eni-operator.io/cluster-name"),
+            our_cluster
         );
+    }
+    // Destructive actions, and those the operator only sends for ENIs it created, touch only
+    // ENIs carrying this cluster's tag (StringEquals, not Null) in the cluster's VPC: in a
+    // shared account one cluster's operator cannot detach or delete another cluster's ENIs.
+    for action in [
+        "ec2:DeleteNetworkInterface",
+        "ec2:DetachNetworkInterface",
+        "ec2:AttachNetworkInterface",
+        "ec2:ModifyNetworkInterfaceAttribute",
+    ] {
+        let cs = conditions(action, "network-interface");
+        assert!(!cs.is_empty(), "{action}");
+        for c in cs {
+            assert_eq!(
+                tag(c, "ec2:ResourceTag/eni-operator.io/cluster-name"),
+                our_cluster,
+                "{action}: {c}"
+            );
+            assert!(
+                c.get("Null").is_none(),
+                "{action}: an existence check only: {c}"
+            );
+            assert_eq!(vpc(c), our_vpc, "{action}: {c}");
+        }
+    }
+    // Addresses: on any ENI of the cluster's VPC (the operator adopts ENIs it did not create,
+    // e.g. Cilium's), never outside it.
+    for action in [
+        "ec2:AssignPrivateIpAddresses",
+        "ec2:UnassignPrivateIpAddresses",
+    ] {
+        let cs = conditions(action, "network-interface");
+        assert!(!cs.is_empty(), "{action}");
+        for c in cs {
+            assert_eq!(vpc(c), our_vpc, "{action}: {c}");
+        }
     }
 }

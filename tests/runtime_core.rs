@@ -6,7 +6,10 @@ use std::net::Ipv4Addr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use eni_operator::crd::{AllocationIp, CiliumNode, FINALIZER, ReleaseState};
+use eni_operator::crd::{
+    AllocationIp, CiliumNode, FINALIZER, IpamPoolAllocation, IpamPoolDemand, IpamPoolRequest,
+    ReleaseState,
+};
 use eni_operator::ec2::gate::{Gate, GateConfig};
 use eni_operator::ec2::sim::Simulator;
 use eni_operator::ec2::{
@@ -23,9 +26,11 @@ use eni_operator::runtime::leader::{
 };
 use eni_operator::runtime::metrics::RuntimeMetrics;
 use eni_operator::runtime::prune::StructuralSchema;
-use eni_operator::runtime::sink::{MemorySink, NodeRef};
-use eni_operator::runtime::source::parse_node;
+use eni_operator::runtime::sink::MemorySink;
+use eni_operator::runtime::source::{node_input, parse_node, to_input};
 use ipnet::Ipv4Net;
+use kube::api::DynamicObject;
+use kube::runtime::watcher::Event;
 use tokio::sync::mpsc;
 
 const CLUSTER: &str = "test-cluster";
@@ -299,13 +304,10 @@ async fn a_node_with_a_bad_spec_gets_an_error_and_the_rest_proceed() {
     let bad = sink.put(&agent_node(&w, "bad", &inst.id, 4));
     let mut raw = serde_json::to_value(&bad).unwrap();
     raw["spec"]["ipam"]["pre-allocate"] = serde_json::json!("lots");
-    let err = parse_node(raw).expect_err("does not parse");
-    tx.send(NodeInput::Invalid {
-        node: NodeRef::of(&bad),
-        error: err,
-    })
-    .await
-    .unwrap();
+    parse_node(raw.clone()).expect_err("does not parse");
+    tx.send(to_input(&serde_json::from_value(raw).unwrap()))
+        .await
+        .unwrap();
     // Parses, but no instance ID: the engine refuses it.
     let noid = sink.put(&agent_node(&w, "noid", "", 4));
     tx.send(NodeInput::Upsert(Box::new(noid))).await.unwrap();
@@ -1492,4 +1494,451 @@ async fn a_lost_answer_to_an_attach_is_found_attached() {
         sink.events("n")
     );
     assert_eq!(our_attached(&w.sim, &inst.id).await.len(), 1);
+}
+
+/// Our ENIs of an instance (ownership tags), with their addresses: what must not change while
+/// its Node drains.
+async fn our_enis(sim: &Simulator, instance: &str) -> Vec<(String, Vec<Ipv4Addr>, Vec<Ipv4Net>)> {
+    let tags = ownership_tags(CLUSTER, instance);
+    let mut out: Vec<_> = attached_enis(sim, instance)
+        .await
+        .into_iter()
+        .filter(|e| tags.iter().all(|(k, v)| e.tags.get(k) == Some(v)))
+        .map(|mut e| {
+            e.secondary_ips.sort();
+            (e.id, e.secondary_ips, e.prefixes)
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+/// Karpenter's finalizer on the Nodes it drains.
+const KARPENTER: &str = "karpenter.sh/termination";
+
+#[tokio::test(start_paused = true)]
+async fn a_draining_node_keeps_its_enis_until_it_is_gone() {
+    let w = world();
+    let sink = Arc::new(MemorySink::new());
+    let (_core, tx, _task) = start(w.sim.clone(), &sink, config(4));
+    let inst = w
+        .sim
+        .run_instance("m5.large", &w.subnet, std::slice::from_ref(&w.sg));
+    let n = sink.put(&agent_node(&w, "d", &inst.id, 8));
+    tx.send(NodeInput::Upsert(Box::new(n))).await.unwrap();
+    let node = sink.put_node("d", &[KARPENTER]);
+    tx.send(node_input(Event::Apply(node)).unwrap())
+        .await
+        .unwrap();
+    assert!(wait_until(|| served(&sink, "d", 8), Duration::from_secs(60)).await);
+    let before = our_enis(&w.sim, &inst.id).await;
+    assert_eq!(before.len(), 1, "one ENI of ours: {before:?}");
+
+    // Karpenter drains: the Node gets its deletionTimestamp and stays, held by its finalizer,
+    // while the instance still runs pods on our addresses.
+    let event = sink.delete_node("d").expect("the Node exists");
+    assert!(matches!(&event, Event::Apply(_)), "held by Karpenter");
+    tx.send(node_input(event).unwrap()).await.unwrap();
+    // Long enough for full refreshes and rescans of every node.
+    tokio::time::sleep(Duration::from_secs(150)).await;
+    let kept = sink.get("d").expect("the CiliumNode is kept");
+    assert!(kept.metadata.deletion_timestamp.is_none(), "not deleted");
+    assert_eq!(our_enis(&w.sim, &inst.id).await, before, "no EC2 change");
+    assert!(
+        !sink.events("d").iter().any(|e| e.reason == "EnisReleased"),
+        "{:?}",
+        sink.events("d")
+    );
+
+    // Karpenter is done: the Node goes, and with it the CiliumNode and our ENI.
+    let event = sink
+        .remove_node_finalizer("d", KARPENTER)
+        .expect("the Node exists");
+    assert!(matches!(&event, Event::Delete(_)), "gone");
+    tx.send(node_input(event).unwrap()).await.unwrap();
+    assert!(wait_until(|| sink.raw("d").is_none(), Duration::from_secs(120)).await);
+    assert_eq!(our_enis(&w.sim, &inst.id).await, vec![], "our ENI released");
+    assert!(our_available_enis(&w.sim).await.is_empty(), "and deleted");
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_unparsable_node_is_deleted_with_its_enis_once_its_node_is_gone() {
+    let w = world();
+    let sink = Arc::new(MemorySink::new());
+    let (_core, tx, _task) = start(w.sim.clone(), &sink, config(4));
+    let inst = w
+        .sim
+        .run_instance("m5.large", &w.subnet, std::slice::from_ref(&w.sg));
+    let n = sink.put(&agent_node(&w, "bad", &inst.id, 8));
+    tx.send(NodeInput::Upsert(Box::new(n))).await.unwrap();
+    let node = sink.put_node("bad", &[]);
+    tx.send(node_input(Event::Apply(node)).unwrap())
+        .await
+        .unwrap();
+    assert!(wait_until(|| served(&sink, "bad", 8), Duration::from_secs(60)).await);
+    assert_eq!(our_enis(&w.sim, &inst.id).await.len(), 1);
+
+    // Something our types reject: reported on the object.
+    let raw = sink
+        .edit_raw("bad", |v| {
+            v["spec"]["ipam"]["pre-allocate"] = serde_json::json!("lots")
+        })
+        .unwrap();
+    let obj: DynamicObject = serde_json::from_value(raw).unwrap();
+    tx.send(to_input(&obj)).await.unwrap();
+    let error = |sink: &MemorySink| {
+        sink.raw("bad")
+            .and_then(|v| {
+                v.pointer("/status/ipam/operator-status/error")
+                    .and_then(|e| e.as_str().map(String::from))
+            })
+            .unwrap_or_default()
+    };
+    assert!(
+        wait_until(
+            || error(&sink).contains("InvalidSpec"),
+            Duration::from_secs(30)
+        )
+        .await
+    );
+
+    // The Node goes; Kubernetes' garbage collector deletes the CiliumNode (Cilium makes the
+    // Node its owner) and our finalizer holds it.
+    let event = sink.delete_node("bad").expect("the Node exists");
+    tx.send(node_input(event).unwrap()).await.unwrap();
+    sink.begin_delete("bad");
+    if let Some(raw) = sink.raw("bad") {
+        assert!(raw.pointer("/metadata/deletionTimestamp").is_some());
+        let obj: DynamicObject = serde_json::from_value(raw).unwrap();
+        tx.send(to_input(&obj)).await.unwrap();
+    }
+    assert!(
+        wait_until(|| sink.raw("bad").is_none(), Duration::from_secs(120)).await,
+        "hangs in Terminating: {:?}",
+        sink.raw("bad")
+    );
+    assert_eq!(our_enis(&w.sim, &inst.id).await, vec![], "our ENI released");
+}
+
+/// A multi-pool agent's CiliumNode: its demand in `pools.requested`.
+fn multi_pool_node(w: &World, name: &str, instance: &str, requested: i64) -> CiliumNode {
+    let mut n = agent_node(w, name, instance, 0);
+    set_requested(&mut n, requested);
+    n
+}
+
+fn set_requested(n: &mut CiliumNode, requested: i64) {
+    n.spec.ipam.pools.requested = vec![IpamPoolRequest {
+        pool: "default".into(),
+        needed: IpamPoolDemand {
+            ipv4_addrs: requested,
+            ..Default::default()
+        },
+        ..Default::default()
+    }];
+}
+
+/// The agent's CIDRs of the instance's non-primary ENIs (C3: each /28, each other address as a
+/// /32; the simulator grants no /28s).
+async fn agent_cidrs(sim: &Simulator, instance: &str) -> Vec<String> {
+    let mut out: Vec<String> = attached_enis(sim, instance)
+        .await
+        .iter()
+        .filter(|e| e.device_index() != Some(0))
+        .flat_map(|e| e.secondary_ips.iter().map(|ip| format!("{ip}/32")))
+        .collect();
+    out.sort();
+    out
+}
+
+fn set_allocated(n: &mut CiliumNode, cidrs: &[String]) {
+    n.spec.ipam.pools.allocated = vec![IpamPoolAllocation {
+        pool: "default".into(),
+        cidrs: cidrs.to_vec(),
+        ..Default::default()
+    }];
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_cidr_the_agent_takes_back_before_the_unassign_is_not_released() {
+    let w = world();
+    let sink = Arc::new(MemorySink::new());
+    let mut cfg = config(4);
+    cfg.ipam.release_excess_ips = true;
+    cfg.ipam.release_delay = Duration::from_secs(10);
+    cfg.node_rescan_interval = Duration::from_secs(5);
+    let (_core, tx, _task) = start(w.sim.clone(), &sink, cfg);
+    let inst = w
+        .sim
+        .run_instance("m5.large", &w.subnet, std::slice::from_ref(&w.sg));
+    // 16 requested with the default pre-allocation of 8: 8 in use, 16 wanted.
+    let n = sink.put(&multi_pool_node(&w, "mp", &inst.id, 16));
+    tx.send(NodeInput::Upsert(Box::new(n))).await.unwrap();
+    assert!(
+        wait_until_async(|| async { agent_cidrs(&w.sim, &inst.id).await.len() >= 16 }).await,
+        "allocated"
+    );
+    let all = agent_cidrs(&w.sim, &inst.id).await;
+
+    // The agent holds every CIDR, then its demand drops: 8 in excess.
+    let n = sink
+        .update("mp", |n| {
+            set_allocated(n, &all);
+            set_requested(n, 8);
+        })
+        .unwrap();
+    tx.send(NodeInput::Upsert(Box::new(n))).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    // It drops one CIDR (the operator sees it) ...
+    let taken_back = all.last().unwrap().clone();
+    let n = sink
+        .update("mp", |n| set_allocated(n, &all[..all.len() - 1]))
+        .unwrap();
+    tx.send(NodeInput::Upsert(Box::new(n))).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    // ... and re-adopts it as demand grows again (Cilium #46674), before the release delay is
+    // up; the operator's copy still lacks it (a lagging watch, a throttled pass).
+    sink.update("mp", |n| set_allocated(n, &all)).unwrap();
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    assert!(
+        agent_cidrs(&w.sim, &inst.id).await.contains(&taken_back),
+        "{taken_back} was released though the agent holds it again"
+    );
+    assert!(
+        !sink.events("mp").iter().any(|e| e.reason == "IpsReleased"),
+        "{:?}",
+        sink.events("mp")
+    );
+
+    // A CIDR the agent really gives up is released (the check does not block releases).
+    let dropped = all[0].clone();
+    let n = sink.update("mp", |n| set_allocated(n, &all[1..])).unwrap();
+    tx.send(NodeInput::Upsert(Box::new(n))).await.unwrap();
+    assert!(
+        wait_until_async(|| async { !agent_cidrs(&w.sim, &inst.id).await.contains(&dropped) })
+            .await,
+        "{dropped} not released"
+    );
+    let left = agent_cidrs(&w.sim, &inst.id).await;
+    assert!(left.contains(&taken_back));
+    assert_eq!(left.len(), all.len() - 1);
+}
+
+/// [`wait_until`] for a condition that needs the simulator (60 simulated seconds at most).
+async fn wait_until_async<F: std::future::Future<Output = bool>>(
+    mut cond: impl FnMut() -> F,
+) -> bool {
+    for _ in 0..240 {
+        if cond().await {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    cond().await
+}
+
+/// `status.eni.enis` of a node: ENI ID -> subnet ID.
+fn status_enis(sink: &MemorySink, name: &str) -> BTreeMap<String, String> {
+    sink.get(name)
+        .and_then(|n| n.status)
+        .map(|s| {
+            s.eni
+                .enis
+                .into_iter()
+                .map(|(id, e)| (id, e.subnet.id))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_subnet_filter_never_hides_a_nodes_primary_eni() {
+    // The node subnet is outside --subnet-ids-filter (custom networking: pods in the pod
+    // subnet). The primary ENI must still be published (C5) from the first pass on, and after
+    // every full refresh; new ENIs go only to the pod subnet.
+    let w = world();
+    let pod_subnet = w.sim.add_subnet(
+        &w.vpc,
+        "zone-a",
+        "10.0.64.0/18".parse().unwrap(),
+        Tags::new(),
+    );
+    let sink = Arc::new(MemorySink::new());
+    let mut cfg = config(4);
+    cfg.scope.subnet_ids = vec![pod_subnet.clone()];
+    let (_core, tx, _task) = start(w.sim.clone(), &sink, cfg);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let inst = w
+        .sim
+        .run_instance("m5.large", &w.subnet, std::slice::from_ref(&w.sg));
+    let primary = w.sim.primary_eni_id(&inst.id).unwrap();
+    let n = sink.put(&agent_node(&w, "n", &inst.id, 8));
+    tx.send(NodeInput::Upsert(Box::new(n))).await.unwrap();
+    // Well before the next full refresh (60 s).
+    assert!(wait_until(|| served(&sink, "n", 8), Duration::from_secs(20)).await);
+    assert_eq!(operator_error(&sink, "n"), None);
+    let enis = status_enis(&sink, "n");
+    assert_eq!(enis.get(&primary), Some(&w.subnet), "primary ENI listed");
+    assert!(
+        enis.iter()
+            .filter(|(id, _)| **id != primary)
+            .all(|(_, subnet)| *subnet == pod_subnet),
+        "new ENIs only in the filtered subnet: {enis:?}"
+    );
+    // Full refreshes come and go: the primary ENI stays known and listed.
+    tokio::time::sleep(Duration::from_secs(130)).await;
+    let after = status_enis(&sink, "n");
+    assert_eq!(after, enis, "status unchanged by the full refreshes");
+    assert_eq!(operator_error(&sink, "n"), None);
+    let cache = _core.cache().read().unwrap();
+    let cached = &cache.instance(&inst.id).unwrap().enis;
+    assert!(cached.iter().any(|e| e.id == primary), "{cached:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_ec2_cache_holds_only_the_managed_nodes_vpc_and_forgets_the_rest() {
+    // No --vpc-id: the listing is scoped to the managed nodes' VPC once it is known (Cilium
+    // #41392 lists the whole Region), and an instance that is neither managed nor listed any
+    // more is forgotten.
+    let w = world();
+    let other_vpc = w.sim.add_vpc("10.1.0.0/16".parse().unwrap(), &[]);
+    let other_subnet = w.sim.add_subnet(
+        &other_vpc,
+        "zone-a",
+        "10.1.0.0/18".parse().unwrap(),
+        Tags::new(),
+    );
+    let other_sg = w.sim.add_security_group(&other_vpc, Tags::new());
+    let elsewhere = w
+        .sim
+        .run_instance("m5.large", &other_subnet, std::slice::from_ref(&other_sg));
+    let bystander = w
+        .sim
+        .run_instance("m5.large", &w.subnet, std::slice::from_ref(&w.sg));
+    let inst = w
+        .sim
+        .run_instance("m5.large", &w.subnet, std::slice::from_ref(&w.sg));
+    let sink = Arc::new(MemorySink::new());
+    let (core, tx, _task) = start(w.sim.clone(), &sink, config(4));
+    let n = sink.put(&agent_node(&w, "n", &inst.id, 4));
+    tx.send(NodeInput::Upsert(Box::new(n))).await.unwrap();
+    assert!(wait_until(|| served(&sink, "n", 4), Duration::from_secs(30)).await);
+    w.sim.terminate_instance(&bystander.id);
+    tokio::time::sleep(Duration::from_secs(130)).await;
+    let cache = core.cache().read().unwrap();
+    assert!(cache.instance(&inst.id).is_some(), "the managed node stays");
+    assert!(
+        cache.instance(&elsewhere.id).is_none(),
+        "another VPC's instance is not listed any more"
+    );
+    assert!(
+        cache.instance(&bystander.id).is_none(),
+        "a terminated instance no node names is forgotten"
+    );
+    assert!(
+        !cache.subnets.contains_key(&other_subnet),
+        "subnets scoped to the VPC"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn late_node_events_for_unknown_nodes_leave_no_state() {
+    let w = world();
+    let sink = Arc::new(MemorySink::new());
+    let (core, tx, _task) = start(w.sim.clone(), &sink, config(4));
+    let inst = w
+        .sim
+        .run_instance("m5.large", &w.subnet, std::slice::from_ref(&w.sg));
+    let n = sink.put(&agent_node(&w, "n", &inst.id, 4));
+    tx.send(NodeInput::Upsert(Box::new(n))).await.unwrap();
+    assert!(wait_until(|| served(&sink, "n", 4), Duration::from_secs(30)).await);
+    tx.send(NodeInput::Deleted("n".into())).await.unwrap();
+    // Events that arrive after the CiliumNode is gone, or for Nodes without one.
+    for input in [
+        NodeInput::NodePresent {
+            name: "n".into(),
+            present: false,
+        },
+        NodeInput::PendingPods {
+            name: "n".into(),
+            count: 0,
+        },
+        NodeInput::NodePresent {
+            name: "fargate-1".into(),
+            present: true,
+        },
+        NodeInput::PendingPods {
+            name: "pending-1".into(),
+            count: 3,
+        },
+    ] {
+        tx.send(input).await.unwrap();
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(core.demand("n").is_none(), "no slot for a deleted node");
+    assert!(
+        core.demand("fargate-1").is_none(),
+        "no slot for a Node alone"
+    );
+    assert!(
+        core.demand("pending-1").is_some(),
+        "a pending count waits for its CiliumNode"
+    );
+    tx.send(NodeInput::PendingPods {
+        name: "pending-1".into(),
+        count: 0,
+    })
+    .await
+    .unwrap();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(core.demand("pending-1").is_none(), "and goes at zero");
+    assert!(
+        core.cache().read().unwrap().instance(&inst.id).is_none(),
+        "the deleted node's instance is forgotten"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn nodes_whose_instances_lack_the_instance_tags_are_left_alone() {
+    // --instance-tags-filter (Cilium: only instances with these tags are managed): a node on
+    // an untagged instance gets no write and no EC2 change; one whose instance loses the tags
+    // is let go with our finalizer, as an ignored node.
+    let w = world();
+    let tags: Tags = [("team".to_string(), "blue".to_string())].into();
+    let sink = Arc::new(MemorySink::new());
+    let mut cfg = config(4);
+    cfg.scope.instance_tags = tags.clone();
+    let (_core, tx, _task) = start(w.sim.clone(), &sink, cfg);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let ours = w
+        .sim
+        .run_instance("m5.large", &w.subnet, std::slice::from_ref(&w.sg));
+    w.sim.set_instance_tags(&ours.id, tags.clone());
+    let theirs = w
+        .sim
+        .run_instance("m5.large", &w.subnet, std::slice::from_ref(&w.sg));
+    for (name, inst) in [("ours", &ours.id), ("theirs", &theirs.id)] {
+        let n = sink.put(&agent_node(&w, name, inst, 12));
+        tx.send(NodeInput::Upsert(Box::new(n))).await.unwrap();
+    }
+    assert!(wait_until(|| served(&sink, "ours", 12), Duration::from_secs(30)).await);
+    tokio::time::sleep(Duration::from_secs(130)).await;
+    assert_eq!(sink.writes("theirs").total(), 0, "never written");
+    assert_eq!(
+        attached_enis(&w.sim, &theirs.id).await.len(),
+        1,
+        "no ENI added"
+    );
+
+    // The tags go: we let go of the node, finalizer included, and write nothing else.
+    w.sim.set_instance_tags(&ours.id, Tags::new());
+    let no_finalizer = || {
+        sink.get("ours")
+            .and_then(|n| n.metadata.finalizers)
+            .is_none_or(|f| !f.contains(&FINALIZER.to_string()))
+    };
+    assert!(wait_until(no_finalizer, Duration::from_secs(130)).await);
+    let writes = sink.writes("ours");
+    tokio::time::sleep(Duration::from_secs(130)).await;
+    assert_eq!(sink.writes("ours"), writes);
 }

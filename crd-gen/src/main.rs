@@ -1,12 +1,12 @@
 //! Writes the CiliumNode CRD generated from eni-operator's types.
 //!
-//! `crd-gen` writes `manifests/00-crd-ciliumnodes.yaml` (relative to the workspace root);
+//! `crd-gen` writes `manifests/crd/ciliumnodes.cilium.io.yaml` (relative to the workspace root);
 //! `crd-gen --stdout` prints it instead.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-const TARGET: &str = "manifests/00-crd-ciliumnodes.yaml";
+const TARGET: &str = "manifests/crd/ciliumnodes.cilium.io.yaml";
 
 fn main() -> ExitCode {
     let yaml = eni_operator::crd::crd_yaml();

@@ -259,11 +259,21 @@ pub fn access_namespace(resource: &str, operator_ns: &str) -> Option<String> {
     }
 }
 
+/// The object a permission is checked on: the RBAC grants get/update only on the operator's own
+/// Lease (`resourceNames`), so a check without the name would be denied.
+pub fn access_name(resource: &str, lease_name: &str) -> Option<String> {
+    (resource == "leases").then(|| lease_name.to_string())
+}
+
 /// Access an operator must not have (proof it is not running as admin).
 pub const FORBIDDEN_ACCESS: &[Access] = &[
     ("", "nodes", "", "delete"),
     ("", "secrets", "", "list"),
     ("", "pods", "", "create"),
+    // Least privilege: the operator only merge-patches CiliumNodes and writes events.k8s.io
+    // Events (manifests/03-rbac.yaml).
+    ("cilium.io", "ciliumnodes", "", "update"),
+    ("", "events", "", "create"),
 ];
 
 /// Whether a CiliumNode CRD (as read from the cluster) prunes `status.eni-operator`, our
@@ -547,6 +557,8 @@ mod tests {
         assert_eq!(access_namespace("leases", "ns").as_deref(), Some("ns"));
         assert_eq!(access_namespace("events", "ns").as_deref(), Some("default"));
         assert_eq!(access_namespace("ciliumnodes", "ns"), None);
+        assert_eq!(access_name("leases", "l").as_deref(), Some("l"));
+        assert_eq!(access_name("ciliumnodes", "l"), None);
         assert!(REQUIRED_ACCESS.iter().all(|alts| !alts.is_empty()));
     }
 

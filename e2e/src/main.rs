@@ -5,7 +5,7 @@
 //! * `agents --count N --generation classic|multi-pool --pods-script 0:10,60:30`: plays N
 //!   agents on existing CiliumNodes.
 //! * `filter-manifests --kinds A,B FILE...`: prints the YAML documents of the given kinds (the
-//!   local mode applies only the CRD and RBAC from `manifests/`).
+//!   local mode applies only the Namespace, ServiceAccount and RBAC from `manifests/`).
 
 mod agent;
 mod checks;

@@ -31,6 +31,7 @@ pub const ALL: &[&str] = &[
     "demand-growth",
     "demand-drop",
     "node-deletion",
+    "draining-node",
     "leader-failover",
     "restart-mid-allocation",
     "attach-faults",
@@ -125,6 +126,43 @@ fn is_status(e: &kube::Error, code: u16) -> bool {
     matches!(e, kube::Error::Api(s) if s.code == code)
 }
 
+/// The finalizer `draining-node` puts on a Node so that deleting it leaves it draining (with a
+/// `deletionTimestamp`), as Karpenter's `karpenter.sh/termination` does.
+const DRAIN_FINALIZER: &str = "eni-operator-e2e/drain";
+
+/// The merge patch that drops `finalizer` from these finalizers (`None`: not among them), with
+/// the resourceVersion so another controller's finalizer added meanwhile is never lost.
+fn finalizer_removal(
+    finalizers: &[String],
+    finalizer: &str,
+    resource_version: Option<&str>,
+) -> Option<serde_json::Value> {
+    if !finalizers.iter().any(|f| f == finalizer) {
+        return None;
+    }
+    let kept: Vec<&String> = finalizers.iter().filter(|f| *f != finalizer).collect();
+    Some(json!({"metadata": {"finalizers": kept, "resourceVersion": resource_version}}))
+}
+
+/// What EC2 shows of an instance's ENIs, comparable across time: ENI ID -> (state, device
+/// index, sorted addresses, sorted prefixes).
+type EniSnapshot = BTreeMap<String, (String, Option<i32>, Vec<String>, Vec<String>)>;
+
+fn eni_snapshot(enis: &[EniView]) -> EniSnapshot {
+    enis.iter()
+        .map(|e| {
+            let mut addresses = e.addresses.clone();
+            addresses.sort();
+            let mut prefixes = e.prefixes.clone();
+            prefixes.sort();
+            (
+                e.id.clone(),
+                (e.status.clone(), e.device_index, addresses, prefixes),
+            )
+        })
+        .collect()
+}
+
 impl Suite {
     pub fn new(
         kube: kube::Client,
@@ -164,6 +202,7 @@ impl Suite {
             "demand-growth" => self.demand_growth().await,
             "demand-drop" => self.demand_drop().await,
             "node-deletion" => self.node_deletion().await,
+            "draining-node" => self.draining_node().await,
             "leader-failover" => self.leader_failover().await,
             "restart-mid-allocation" => self.restart_mid_allocation().await,
             "attach-faults" => self.attach_faults().await,
@@ -484,6 +523,10 @@ impl Suite {
         }
         let names: Vec<String> = self.nodes.iter().map(|n| n.name.clone()).collect();
         for name in &names {
+            // A Node left draining by a failed `draining-node` would never go.
+            if let Err(e) = self.drop_node_finalizer(name, DRAIN_FINALIZER).await {
+                problems.push(format!("releasing Node {name}: {e:#}"));
+            }
             if let Err(e) = self
                 .k8s_nodes()
                 .delete(name, &DeleteParams::background())
@@ -549,6 +592,31 @@ impl Suite {
         self.nodes.clear();
         ensure!(problems.is_empty(), "clean-up: {}", problems.join("; "));
         Ok(())
+    }
+
+    /// Drops `finalizer` from the Node, if it has it.
+    async fn drop_node_finalizer(&self, name: &str, finalizer: &str) -> Result<()> {
+        let Some(node) = self.k8s_nodes().get_opt(name).await? else {
+            return Ok(());
+        };
+        let finalizers = node.metadata.finalizers.clone().unwrap_or_default();
+        if let Some(patch) = finalizer_removal(
+            &finalizers,
+            finalizer,
+            node.metadata.resource_version.as_deref(),
+        ) {
+            self.k8s_nodes()
+                .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+                .with_context(|| format!("removing {finalizer} from Node {name}"))?;
+        }
+        Ok(())
+    }
+
+    async fn instance_snapshot(&self, instance: &str) -> Result<EniSnapshot> {
+        Ok(eni_snapshot(
+            &ec2seed::instance_enis(&self.ec2, instance).await?,
+        ))
     }
 
     async fn remove_finalizer(&self, cn: &CiliumNode) {
@@ -1060,6 +1128,105 @@ impl Suite {
         Ok(())
     }
 
+    /// A Node that is deleted but held by another finalizer (Karpenter draining it) still has
+    /// its instance running: nothing changes for it until the Node is really gone.
+    async fn draining_node(&mut self) -> Result<()> {
+        self.start_ops(OperatorOptions::default(), 1).await?;
+        let a = self
+            .add_node(
+                "m5.xlarge",
+                0,
+                Some(Generation::Classic),
+                14,
+                NodeVariant::default(),
+            )
+            .await?;
+        self.wait_served(&[a], self.cfg.timeout).await?;
+        let name = self.nodes[a].name.clone();
+        let inst = self.nodes[a].instance.id.clone();
+        ensure!(
+            !self.enis_for(&inst).await?.is_empty(),
+            "no ENI made for {inst}"
+        );
+        // Settled: the same EC2 picture one resync apart.
+        let pause = self.cfg.resync + Duration::from_secs(2);
+        let before = eventually(self.cfg.timeout, "the node's ENIs to settle", async || {
+            let first = self.instance_snapshot(&inst).await?;
+            tokio::time::sleep(pause).await;
+            let second = self.instance_snapshot(&inst).await?;
+            Ok(if first == second {
+                Ok(second)
+            } else {
+                Err(format!("{first:?} -> {second:?}"))
+            })
+        })
+        .await?;
+
+        // Karpenter's way: its finalizer on the Node, then the delete. The Node stays.
+        let node = self.k8s_nodes().get(&name).await?;
+        let mut finalizers = node.metadata.finalizers.clone().unwrap_or_default();
+        finalizers.push(DRAIN_FINALIZER.to_string());
+        let patch = json!({"metadata": {
+            "finalizers": finalizers,
+            "resourceVersion": node.metadata.resource_version,
+        }});
+        self.k8s_nodes()
+            .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .context("adding the drain finalizer")?;
+        self.k8s_nodes()
+            .delete(&name, &DeleteParams::background())
+            .await?;
+        let node = self.k8s_nodes().get(&name).await?;
+        ensure!(
+            node.metadata.deletion_timestamp.is_some(),
+            "the Node has no deletionTimestamp"
+        );
+
+        // Draining for several resyncs (and a GC run): no EC2 change, the CiliumNode stays.
+        let hold = self.cfg.resync * 4 + self.cfg.gc;
+        let until = Instant::now() + hold;
+        while Instant::now() < until {
+            let cn = self.cns().get_opt(&name).await?;
+            ensure!(
+                cn.as_ref()
+                    .is_some_and(|c| c.metadata.deletion_timestamp.is_none()),
+                "the CiliumNode of a draining Node was deleted"
+            );
+            let now = self.instance_snapshot(&inst).await?;
+            ensure!(
+                now == before,
+                "EC2 changed for a draining Node: {before:?} -> {now:?}"
+            );
+            tokio::time::sleep(Duration::from_secs(2)).await;
+        }
+
+        // Drained: the Node goes; its CiliumNode and our ENIs with it.
+        self.nodes[a].agent.as_ref().unwrap().stop();
+        self.drop_node_finalizer(&name, DRAIN_FINALIZER).await?;
+        eventually(
+            self.cfg.timeout,
+            "Node, CiliumNode and ENIs of the drained Node to go",
+            async || {
+                let node = self.k8s_nodes().get_opt(&name).await?;
+                let cn = self.cns().get_opt(&name).await?;
+                let left = self.enis_for(&inst).await?;
+                Ok(if node.is_none() && cn.is_none() && left.is_empty() {
+                    Ok(())
+                } else {
+                    Err(format!(
+                        "Node present: {}, CiliumNode present: {}, ENIs left: {:?}",
+                        node.is_some(),
+                        cn.is_some(),
+                        left.iter().map(|e| &e.id).collect::<Vec<_>>()
+                    ))
+                })
+            },
+        )
+        .await?;
+        Ok(())
+    }
+
     async fn leader_failover(&mut self) -> Result<()> {
         self.start_ops(OperatorOptions::default(), 2).await?;
         let leader = eventually(self.cfg.timeout, "a leader", async || {
@@ -1447,7 +1614,10 @@ impl Suite {
             let mut ok = false;
             for &(group, resource, sub, verb) in *alternatives {
                 let at = checks::access_namespace(resource, &ns);
-                ok |= self.allowed(&user, group, resource, sub, verb, at).await?;
+                let name = checks::access_name(resource, &self.ops.settings.lease_name);
+                ok |= self
+                    .allowed(&user, (group, resource, sub, verb), at, name)
+                    .await?;
             }
             if !ok {
                 let (_, resource, sub, verb) = alternatives[0];
@@ -1459,7 +1629,7 @@ impl Suite {
         for &(group, resource, sub, verb) in FORBIDDEN_ACCESS {
             ensure!(
                 !self
-                    .allowed(&user, group, resource, sub, verb, None)
+                    .allowed(&user, (group, resource, sub, verb), None, None)
                     .await?,
                 "{user} may {verb} {resource}: not least privilege"
             );
@@ -1495,11 +1665,9 @@ impl Suite {
     async fn allowed(
         &self,
         user: &str,
-        group: &str,
-        resource: &str,
-        sub: &str,
-        verb: &str,
+        (group, resource, sub, verb): checks::Access,
         namespace: Option<String>,
+        name: Option<String>,
     ) -> Result<bool> {
         let sar = SubjectAccessReview {
             spec: SubjectAccessReviewSpec {
@@ -1515,6 +1683,7 @@ impl Suite {
                     subresource: (!sub.is_empty()).then(|| sub.to_string()),
                     verb: Some(verb.to_string()),
                     namespace,
+                    name,
                     ..Default::default()
                 }),
                 ..Default::default()
@@ -1533,12 +1702,11 @@ impl Suite {
     pub async fn purge(&self) -> Result<()> {
         let lp = ListParams::default().labels(&format!("{RUN_LABEL}={}", self.world.run_id));
         for n in self.k8s_nodes().list(&lp).await?.items {
+            let name = n.metadata.name.as_deref().unwrap_or_default();
+            let _ = self.drop_node_finalizer(name, DRAIN_FINALIZER).await;
             let _ = self
                 .k8s_nodes()
-                .delete(
-                    n.metadata.name.as_deref().unwrap_or_default(),
-                    &DeleteParams::background(),
-                )
+                .delete(name, &DeleteParams::background())
                 .await;
         }
         for cn in self.cns().list(&lp).await?.items {
@@ -1591,6 +1759,56 @@ mod tests {
             .await
             .unwrap_err();
         assert!(err.to_string().ends_with("error: api hiccup"), "{err}");
+    }
+
+    #[test]
+    fn the_drain_finalizer_is_removed_and_others_are_kept() {
+        let list = vec![
+            "karpenter.sh/termination".to_string(),
+            DRAIN_FINALIZER.into(),
+        ];
+        assert_eq!(
+            finalizer_removal(&list, DRAIN_FINALIZER, Some("7")),
+            Some(json!({"metadata": {
+                "finalizers": ["karpenter.sh/termination"],
+                "resourceVersion": "7",
+            }}))
+        );
+        assert_eq!(
+            finalizer_removal(&list[..1], DRAIN_FINALIZER, Some("7")),
+            None
+        );
+        assert_eq!(
+            finalizer_removal(&list[1..], DRAIN_FINALIZER, None),
+            Some(json!({"metadata": {"finalizers": [], "resourceVersion": null}}))
+        );
+    }
+
+    #[test]
+    fn an_eni_snapshot_ignores_order_but_sees_every_change() {
+        let eni = |id: &str, addresses: &[&str]| EniView {
+            id: id.into(),
+            status: "in-use".into(),
+            instance_id: Some("i-1".into()),
+            device_index: Some(1),
+            addresses: addresses.iter().map(|a| a.to_string()).collect(),
+            prefixes: vec![],
+            tags: BTreeMap::new(),
+        };
+        let a = eni_snapshot(&[eni("eni-1", &["10.0.0.1", "10.0.0.2"]), eni("eni-2", &[])]);
+        let b = eni_snapshot(&[eni("eni-2", &[]), eni("eni-1", &["10.0.0.2", "10.0.0.1"])]);
+        assert_eq!(a, b);
+        let fewer = eni_snapshot(&[eni("eni-1", &["10.0.0.1"]), eni("eni-2", &[])]);
+        assert_ne!(a, fewer, "an address released");
+        let mut detached = eni("eni-2", &[]);
+        detached.status = "available".into();
+        let c = eni_snapshot(&[eni("eni-1", &["10.0.0.1", "10.0.0.2"]), detached]);
+        assert_ne!(a, c, "an ENI detached");
+        assert_ne!(
+            a,
+            eni_snapshot(&[eni("eni-1", &["10.0.0.1", "10.0.0.2"])]),
+            "an ENI gone"
+        );
     }
 
     #[test]

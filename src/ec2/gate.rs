@@ -129,9 +129,12 @@ impl Clock for TokioClock {
     }
 }
 
-type Limiter = RateLimiter<NotKeyed, InMemoryState, TokioClock, NoOpMiddleware<std::time::Instant>>;
+/// A governor bucket on tokio's time.
+pub(crate) type Limiter =
+    RateLimiter<NotKeyed, InMemoryState, TokioClock, NoOpMiddleware<std::time::Instant>>;
 
-fn limiter(burst: u32, per_sec: f64) -> Limiter {
+/// A bucket of `burst` tokens refilled at `per_sec`.
+pub(crate) fn limiter(burst: u32, per_sec: f64) -> Limiter {
     let per_sec = if per_sec.is_finite() && per_sec > 0.0 {
         per_sec
     } else {

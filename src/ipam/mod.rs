@@ -23,7 +23,7 @@ mod proptests;
 #[cfg(test)]
 pub(crate) mod testkit;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::Ipv4Addr;
 use std::time::{Duration, Instant};
 
@@ -97,6 +97,16 @@ pub struct Ec2View<'a> {
     pub route_tables: &'a [RouteTable],
     /// Subnets that recently had no room for a /28, with when that was seen.
     pub prefix_cooldown: &'a BTreeMap<String, Instant>,
+    /// The operator's `--subnet-*-filter`: the only subnets new ENIs and addresses may use
+    /// (`None`: any). Never narrows what is known of the node's ENIs.
+    pub pod_subnets: Option<&'a BTreeSet<String>>,
+}
+
+impl Ec2View<'_> {
+    /// New ENIs and addresses may go in this subnet (the operator's subnet filters).
+    pub fn is_pod_subnet(&self, subnet_id: &str) -> bool {
+        self.pod_subnets.is_none_or(|s| s.contains(subnet_id))
+    }
 }
 
 /// Why a node cannot be served: becomes `status.ipam.operator-status.error`, an Event reason
@@ -286,6 +296,7 @@ impl ChangeSet {
 ///     security_groups: &security_groups,
 ///     route_tables: &[],
 ///     prefix_cooldown: &cooldown,
+///     pod_subnets: None,
 /// };
 /// // One bare primary ENI and the default pre-allocation of 8: top it up with 8 addresses.
 /// let plan = plan_node(&node, &view, &config, &mut memory, Instant::now(), 0);
@@ -346,6 +357,7 @@ pub fn plan_node(
 ///     security_groups: &security_groups,
 ///     route_tables: &[],
 ///     prefix_cooldown: &cooldown,
+///     pod_subnets: None,
 /// };
 /// let desired = desired_state(&node, &view, &config, &memory, None);
 /// let eni = &desired.enis.as_ref().unwrap()["eni-0"];
@@ -403,6 +415,7 @@ pub fn desired_state(
 ///     security_groups: &security_groups,
 ///     route_tables: &[],
 ///     prefix_cooldown: &cooldown,
+///     pod_subnets: None,
 /// };
 /// let desired = desired_state(&node, &view, &config, &memory, None);
 /// let set = changes(&node, &desired);

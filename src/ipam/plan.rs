@@ -237,7 +237,12 @@ fn allocate(
             continue;
         }
         any_room = true;
-        let Some(subnet) = ec2.subnets.get(&eni.subnet_id) else {
+        // Outside the operator's subnet filters: known, listed, but given no new addresses.
+        let Some(subnet) = ec2
+            .subnets
+            .get(&eni.subnet_id)
+            .filter(|s| ec2.is_pod_subnet(&s.id))
+        else {
             continue;
         };
         if let Some(assign) = top_up(ec2, config, alloc, eni, subnet, slots, now) {

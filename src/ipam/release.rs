@@ -199,6 +199,19 @@ pub fn allocated_cidrs(node: &CiliumNode) -> BTreeSet<Ipv4Net> {
         .collect()
 }
 
+/// §7.4 step 3: whether the agent holds any address of this release again (a CIDR it dropped
+/// and re-adopted, Cilium #46674). Overlap, not equality: never release an address that lies
+/// in any CIDR the agent lists.
+pub fn readopted(release: &Release, allocated: &BTreeSet<Ipv4Net>) -> bool {
+    allocated.iter().any(|a| {
+        release.ips.iter().any(|ip| a.contains(ip))
+            || release
+                .prefixes
+                .iter()
+                .any(|p| a.contains(&p.network()) || p.contains(&a.network()))
+    })
+}
+
 impl NodeMemory {
     pub fn new() -> Self {
         Self::default()
@@ -761,6 +774,31 @@ mod tests {
         assert!(!cidrs.contains_key(&net("10.1.0.5/32")));
         assert!(!cidrs.contains_key(&Ipv4Net::from(e.primary_ip)));
         assert!(attached_cidrs(&[&e], true).contains_key(&Ipv4Net::from(e.primary_ip)));
+    }
+
+    #[test]
+    fn a_release_is_readopted_when_the_agent_lists_any_of_its_addresses_again() {
+        let net = |s: &str| s.parse::<Ipv4Net>().unwrap();
+        let release = Release {
+            eni_id: "eni-1".into(),
+            ips: vec!["10.0.1.5".parse().unwrap()],
+            prefixes: vec![net("10.0.2.16/28")],
+        };
+        assert!(!readopted(&release, &BTreeSet::new()));
+        assert!(!readopted(
+            &release,
+            &BTreeSet::from([net("10.0.1.6/32"), net("10.0.2.32/28")])
+        ));
+        assert!(readopted(&release, &BTreeSet::from([net("10.0.1.5/32")])));
+        assert!(readopted(&release, &BTreeSet::from([net("10.0.2.16/28")])));
+        assert!(
+            readopted(&release, &BTreeSet::from([net("10.0.2.20/32")])),
+            "inside the /28"
+        );
+        assert!(
+            readopted(&release, &BTreeSet::from([net("10.0.1.0/28")])),
+            "covers the /32"
+        );
     }
 
     #[test]

@@ -87,7 +87,7 @@ pub fn select_subnets<'a>(
         .subnets
         .values()
         .filter(|s| s.vpc_id == place.vpc_id && s.availability_zone == place.availability_zone)
-        .filter(|s| s.available_addresses > 0)
+        .filter(|s| s.available_addresses > 0 && ec2.is_pod_subnet(&s.id))
         .collect();
     let no_match = |what: String| Problem {
         reason: ProblemReason::NoMatchingSubnet,
@@ -282,6 +282,22 @@ mod tests {
         let err = select_subnets(&n, &w.view(), 10).unwrap_err();
         assert_eq!(err.reason, ProblemReason::NoMatchingSubnet);
         assert!(err.message.contains("role"));
+    }
+
+    #[test]
+    fn new_enis_stay_in_the_operators_filtered_subnets() {
+        // The node's subnet (subnet-a, the primary ENI's) is known but outside the operator's
+        // subnet filter: never a candidate, even with room; subnet-b is.
+        let mut w = World::new();
+        w.subnets.get_mut("subnet-a").unwrap().available_addresses = 1000;
+        w.pod_subnets = Some(["subnet-b".to_string()].into());
+        assert_eq!(
+            ids(&select_subnets(&node(), &w.view(), 10).unwrap()),
+            ["subnet-b"]
+        );
+        w.pod_subnets = Some(Default::default());
+        let err = select_subnets(&node(), &w.view(), 10).unwrap_err();
+        assert_eq!(err.reason, ProblemReason::NoMatchingSubnet);
     }
 
     #[test]

@@ -134,6 +134,8 @@ pub struct World {
     pub security_groups: BTreeMap<String, SecurityGroup>,
     pub route_tables: Vec<RouteTable>,
     pub cooldown: BTreeMap<String, Instant>,
+    /// The operator's subnet filters (`None`: none).
+    pub pod_subnets: Option<std::collections::BTreeSet<String>>,
 }
 
 impl World {
@@ -178,6 +180,7 @@ impl World {
                 subnet_ids: vec![],
             }],
             cooldown: BTreeMap::new(),
+            pod_subnets: None,
         }
     }
 
@@ -201,6 +204,7 @@ impl World {
             security_groups: &self.security_groups,
             route_tables: &self.route_tables,
             prefix_cooldown: &self.cooldown,
+            pod_subnets: self.pod_subnets.as_ref(),
         }
     }
 }

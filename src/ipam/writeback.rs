@@ -658,6 +658,44 @@ mod tests {
         assert!(!status.needs_resource_version);
     }
 
+    /// Cilium's CRD prunes `status.eni-operator`: a node that is otherwise current gets no
+    /// write for the summary alone, or every resync would patch every node.
+    #[test]
+    fn pruned_summary_alone_is_not_rewritten() {
+        let w = world_with_prefix();
+        let cfg = IpamConfig::default();
+        let d = desired_state(&node(), &w.view(), &cfg, &NodeMemory::new(), None);
+        let n1 = apply(&node(), &changes(&node(), &d));
+        assert!(
+            n1.status.as_ref().unwrap().eni_operator.is_some(),
+            "written along with the first status write"
+        );
+        // What the API server stores under Cilium's CRD.
+        let mut pruned = n1.clone();
+        pruned.status.as_mut().unwrap().eni_operator = None;
+        assert!(
+            changes(&pruned, &d).is_empty(),
+            "{:?}",
+            changes(&pruned, &d)
+        );
+        // Under our CRD a stale summary is still corrected on its own.
+        let mut stale = n1.clone();
+        stale
+            .status
+            .as_mut()
+            .unwrap()
+            .eni_operator
+            .as_mut()
+            .unwrap()
+            .used += 1;
+        let ch = changes(&stale, &d);
+        assert_eq!(ch.writes.len(), 1);
+        assert_eq!(
+            ch.writes[0].patch,
+            json!({"status": {"eni-operator": serde_json::to_value(&d.summary).unwrap()}})
+        );
+    }
+
     #[test]
     fn unknown_eni_fields_are_preserved() {
         let w = World::new();

@@ -12,6 +12,14 @@
 //! * our own `available` ENIs tagged for a managed instance (left by a throttled attach or a
 //!   crash between create and attach) are kept with that instance as leftovers, so the next
 //!   pass attaches one instead of creating another.
+//!
+//! Filters restrict where new ENIs and addresses go, never what is known about a managed
+//! node's attached ENIs: with `--subnet-*-filter` every subnet of the VPC and every ENI of a
+//! listed instance is still cached (the node's primary ENI must be in `status.eni.enis`, C5,
+//! and its security groups are the fallback for new ENIs, Cilium #18239); the filters only
+//! become [`Ec2Cache::pod_subnets`]. Memory is bounded by the managed instances (those of
+//! CiliumNodes, see [`Ec2Cache::manage`]) plus the latest full listing: an instance that is
+//! neither is forgotten at the next full refresh.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::Ipv4Addr;
@@ -49,6 +57,10 @@ pub struct FullSnapshot {
     pub security_groups: Vec<SecurityGroup>,
     pub route_tables: Vec<RouteTable>,
     pub enis: Vec<NetworkInterface>,
+    /// Subnets matching `--subnet-ids-filter`/`--subnet-tags-filter`; `None`: no filter.
+    pub pod_subnets: Option<BTreeSet<String>>,
+    /// Instances carrying the `--instance-tags-filter` tags; `None`: no filter.
+    pub tagged_instances: Option<BTreeSet<String>>,
 }
 
 #[derive(Clone, Debug, Default)]
@@ -65,6 +77,20 @@ pub struct Ec2Cache {
     pub last_full_refresh: Option<Instant>,
     /// `--cluster-name`: which unattached ENIs are ours to keep as leftovers.
     pub cluster: String,
+    /// Subnets new ENIs and addresses may use (the operator's subnet filters); `None`: any.
+    pub pod_subnets: Option<BTreeSet<String>>,
+    /// Instances of the CiliumNodes the core holds: kept even when a listing misses them.
+    managed: BTreeSet<String>,
+    /// `--instance-tags-filter`: which instances carry the tags, as far as known.
+    instance_tags: Option<InstanceTags>,
+}
+
+/// What is known of the instances' tags under `--instance-tags-filter`.
+#[derive(Clone, Debug, Default)]
+struct InstanceTags {
+    tagged: BTreeSet<String>,
+    /// Managed instances known to lack the tags.
+    untagged: BTreeSet<String>,
 }
 
 impl Ec2Cache {
@@ -87,6 +113,7 @@ impl Ec2Cache {
             .into_iter()
             .map(|s| (s.id.clone(), s))
             .collect();
+        self.pod_subnets = snap.pod_subnets;
         self.vpcs = snap.vpcs.into_iter().map(|v| (v.id.clone(), v)).collect();
         self.security_groups = snap
             .security_groups
@@ -103,6 +130,24 @@ impl Ec2Cache {
                 leftovers.entry(id).or_default().push(eni);
             }
         }
+        if let Some(tagged) = snap.tagged_instances {
+            // Instances without the tags are not ours to manage: not cached unless a
+            // CiliumNode names them (then the core needs to know they are out of scope).
+            by_instance.retain(|id, _| tagged.contains(id) || self.managed.contains(id));
+            let untagged = self
+                .managed
+                .iter()
+                .filter(|id| !tagged.contains(*id))
+                .cloned()
+                .collect();
+            self.instance_tags = Some(InstanceTags { tagged, untagged });
+        } else {
+            self.instance_tags = None;
+        }
+        // Neither managed nor in this listing: forget (the cache must not keep every instance
+        // it ever saw).
+        self.instances
+            .retain(|id, _| self.managed.contains(id) || by_instance.contains_key(id));
         for (id, enis) in by_instance {
             self.replace_instance(&id, enis, snap.started);
         }
@@ -123,6 +168,55 @@ impl Ec2Cache {
             && is_owned_by(eni, &self.cluster))
         .then(|| eni.tags.get(INSTANCE_TAG).cloned())
         .flatten()
+    }
+
+    /// A CiliumNode names this instance: keep it across listings that miss it (#46513).
+    pub fn manage(&mut self, id: &str) {
+        if !id.is_empty() && !self.managed.contains(id) {
+            self.managed.insert(id.to_string());
+        }
+    }
+
+    /// The VPCs of the managed instances' ENIs (to scope the full listing when `--vpc-id` is
+    /// not given, Cilium #41392).
+    pub fn managed_vpcs(&self) -> BTreeSet<String> {
+        self.managed
+            .iter()
+            .filter_map(|id| self.instances.get(id))
+            .flat_map(|e| e.enis.iter().map(|n| n.vpc_id.clone()))
+            .filter(|v| !v.is_empty())
+            .collect()
+    }
+
+    /// Record which of `checked` carry the `--instance-tags-filter` tags (`tagged`).
+    pub fn set_instance_tags(&mut self, checked: &[String], tagged: &BTreeSet<String>) {
+        let Some(t) = self.instance_tags.as_mut() else {
+            return;
+        };
+        for id in checked {
+            if tagged.contains(id) {
+                t.untagged.remove(id);
+                t.tagged.insert(id.clone());
+            } else {
+                t.tagged.remove(id);
+                t.untagged.insert(id.clone());
+            }
+        }
+    }
+
+    /// Whether the operator manages this instance under `--instance-tags-filter`: `None` while
+    /// its tags are not known yet. Always `Some(true)` without the filter.
+    pub fn in_scope(&self, id: &str) -> Option<bool> {
+        let Some(t) = &self.instance_tags else {
+            return Some(true);
+        };
+        if id.is_empty() || t.tagged.contains(id) {
+            Some(true)
+        } else if t.untagged.contains(id) {
+            Some(false)
+        } else {
+            None
+        }
     }
 
     /// A full refresh failed: block mutations until the next one succeeds.
@@ -181,6 +275,11 @@ impl Ec2Cache {
     /// Forget an instance (its CiliumNode was deleted).
     pub fn drop_instance(&mut self, id: &str) {
         self.instances.remove(id);
+        self.managed.remove(id);
+        if let Some(t) = self.instance_tags.as_mut() {
+            t.tagged.remove(id);
+            t.untagged.remove(id);
+        }
     }
 
     pub fn instance(&self, id: &str) -> Option<&InstanceEntry> {
@@ -189,9 +288,12 @@ impl Ec2Cache {
 
     /// Whether a node on this instance should get a targeted refresh before planning.
     pub fn needs_instance_refresh(&self, id: &str) -> bool {
-        self.instances
-            .get(id)
-            .is_none_or(|e| e.enis.is_empty() && !e.gone)
+        match self.instances.get(id) {
+            None => true,
+            Some(e) if e.gone => false,
+            // Under --instance-tags-filter the per-instance refresh also checks the tags.
+            Some(e) => e.enis.is_empty() || self.in_scope(id).is_none(),
+        }
     }
 
     /// The view the engine plans against.
@@ -213,6 +315,7 @@ impl Ec2Cache {
             security_groups: &self.security_groups,
             route_tables: &self.route_tables,
             prefix_cooldown: &self.prefix_cooldown,
+            pod_subnets: self.pod_subnets.as_ref(),
         }
     }
 
@@ -460,6 +563,8 @@ pub(crate) mod tests {
             security_groups: vec![],
             route_tables: vec![],
             enis,
+            pod_subnets: None,
+            tagged_instances: None,
         }
     }
 
@@ -468,6 +573,7 @@ pub(crate) mod tests {
         let t = Instant::now();
         let mut c = Ec2Cache::new();
         c.apply_full(snap(t, vec![eni("eni-a", Some(("i-a", 0)), "subnet-1")]));
+        c.manage("i-b");
         c.apply_instances(
             &["i-b".into()],
             vec![eni("eni-b", Some(("i-b", 0)), "subnet-x")],
@@ -558,6 +664,8 @@ pub(crate) mod tests {
         use crate::ipam::ownership::ownership_tags;
         let t = Instant::now();
         let mut c = Ec2Cache::for_cluster("prod");
+        // A CiliumNode names i-a (the core calls `manage` on every upsert).
+        c.manage("i-a");
         let owned = |id: &str, instance: &str, cluster: &str| {
             let mut e = eni(id, None, "subnet-1");
             e.tags = ownership_tags(cluster, instance);
@@ -620,5 +728,58 @@ pub(crate) mod tests {
         let used: BTreeSet<u32> = [0, 1, 2, 4].into();
         assert_eq!(next_free_index(&used, 1), 3);
         assert_eq!(next_free_index(&used, 3), 5);
+    }
+
+    #[test]
+    fn instances_neither_managed_nor_listed_are_forgotten() {
+        let t = Instant::now();
+        let mut c = Ec2Cache::new();
+        c.manage("i-a");
+        c.apply_full(snap(
+            t,
+            vec![
+                eni("eni-a", Some(("i-a", 0)), "subnet-1"),
+                eni("eni-x", Some(("i-x", 0)), "subnet-1"),
+            ],
+        ));
+        // A late per-instance answer for an instance no node names any more.
+        c.apply_instances(&["i-late".into()], vec![], t);
+        assert!(c.instance("i-x").is_some() && c.instance("i-late").is_some());
+        c.apply_full(snap(t + Duration::from_secs(60), vec![]));
+        assert!(c.instance("i-a").is_some(), "managed: kept (#46513)");
+        assert!(c.instance("i-x").is_none());
+        assert!(c.instance("i-late").is_none());
+        assert_eq!(c.managed_vpcs(), BTreeSet::from(["vpc-1".to_string()]));
+        c.drop_instance("i-a");
+        assert!(c.managed_vpcs().is_empty());
+    }
+
+    #[test]
+    fn instance_tags_decide_the_scope_of_managed_instances() {
+        let t = Instant::now();
+        let mut c = Ec2Cache::new();
+        c.manage("i-a");
+        c.manage("i-b");
+        let mut s = snap(
+            t,
+            vec![
+                eni("eni-a", Some(("i-a", 0)), "subnet-1"),
+                eni("eni-b", Some(("i-b", 0)), "subnet-1"),
+                eni("eni-x", Some(("i-x", 0)), "subnet-1"),
+            ],
+        );
+        s.tagged_instances = Some(["i-a".to_string()].into());
+        c.apply_full(s);
+        assert_eq!(c.in_scope("i-a"), Some(true));
+        assert_eq!(c.in_scope("i-b"), Some(false), "managed, untagged");
+        assert!(
+            c.instance("i-x").is_none(),
+            "untagged and unmanaged: not cached"
+        );
+        assert_eq!(c.in_scope("i-new"), None, "not checked yet");
+        assert!(c.needs_instance_refresh("i-new"));
+        c.set_instance_tags(&["i-new".into(), "i-a".into()], &["i-new".into()].into());
+        assert_eq!(c.in_scope("i-new"), Some(true));
+        assert_eq!(c.in_scope("i-a"), Some(false));
     }
 }

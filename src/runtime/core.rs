@@ -19,8 +19,10 @@ use tracing::{debug, info, warn};
 
 use crate::crd::{CILIUM_IGNORE_ANNOTATION, CiliumNode, FINALIZER, IGNORE_ANNOTATION};
 use crate::ec2::{Ec2, Ec2Error};
+use crate::ipam::release::{allocated_cidrs, readopted};
 use crate::ipam::{
-    self, ChangeSet, Demand, IpamConfig, NodeMemory, Problem, ProblemReason, Subresource, Write,
+    self, Action, ChangeSet, Demand, Generation, IpamConfig, NodeMemory, Problem, ProblemReason,
+    Release, Subresource, Write,
 };
 
 use super::cache::Ec2Cache;
@@ -78,7 +80,7 @@ pub enum NodeInput {
     /// A CiliumNode was added or changed (parsed).
     Upsert(Box<CiliumNode>),
     /// A CiliumNode that does not parse: report it on that object only.
-    Invalid { node: NodeRef, error: String },
+    Invalid(InvalidNode),
     /// The CiliumNode object is gone.
     Deleted(String),
     /// Whether the Kubernetes Node of that name exists.
@@ -87,10 +89,22 @@ pub enum NodeInput {
     PendingPods { name: String, count: u32 },
 }
 
+/// A CiliumNode that does not parse: what its metadata (and a lenient read) still tell, so its
+/// deletion and our finalizer are handled all the same.
+#[derive(Clone, Debug)]
+pub struct InvalidNode {
+    pub node: NodeRef,
+    pub error: String,
+    /// It carries a `deletionTimestamp`.
+    pub deleting: bool,
+    /// `spec.instance-id` when that field is readable, else empty.
+    pub instance_id: String,
+}
+
 #[derive(Debug, Default)]
 struct Slot {
     node: Option<StoredNode>,
-    invalid: Option<(NodeRef, String)>,
+    invalid: Option<InvalidNode>,
     invalid_reported: Option<String>,
     memory: NodeMemory,
     /// `None`: not known yet (treated as present: never pull ENIs from a live node).
@@ -140,6 +154,7 @@ fn now() -> Instant {
 
 fn priority_of(slot: &Slot) -> Priority {
     match &slot.node {
+        _ if slot.invalid.as_ref().is_some_and(|i| i.deleting) => Priority::Deleting,
         Some(n) if n.deleting() => Priority::Deleting,
         Some(_) if slot.k8s_node == Some(false) => Priority::Deleting,
         Some(n) if n.pool_empty() && slot.demand == Demand::default() => Priority::NoFreeIp(8),
@@ -451,7 +466,9 @@ impl<E: Ec2, S: NodeSink> Core<E, S> {
                         slot.node = stored;
                         queue.push(name, Priority::Deleting);
                     } else {
-                        slots.remove(&name);
+                        if let Some(node) = slots.remove(&name).and_then(|s| s.node) {
+                            self.forget_instance(node.instance_id());
+                        }
                         queue.remove(&name);
                     }
                     return;
@@ -464,24 +481,29 @@ impl<E: Ec2, S: NodeSink> Core<E, S> {
                 let instance = node.spec.instance_id.clone();
                 slot.node = stored;
                 let p = priority_of(slot);
-                let unknown = !instance.is_empty()
-                    && p != Priority::Deleting
-                    && inner
-                        .cache
-                        .read()
-                        .expect("cache")
-                        .needs_instance_refresh(&instance);
+                let unknown = {
+                    let mut cache = inner.cache.write().expect("cache");
+                    cache.manage(&instance);
+                    !instance.is_empty()
+                        && p != Priority::Deleting
+                        && cache.needs_instance_refresh(&instance)
+                };
                 if unknown {
                     waiting.entry(instance).or_default().insert(name);
                 } else {
                     queue.push(name, p);
                 }
             }
-            NodeInput::Invalid { node, error } => {
-                let name = node.name.clone();
+            NodeInput::Invalid(invalid) => {
+                let name = invalid.node.name.clone();
                 let slot = slots.entry(name.clone()).or_default();
-                slot.invalid = Some((node, error));
-                queue.push(name, Priority::Routine);
+                let p = if invalid.deleting || slot.k8s_node == Some(false) {
+                    Priority::Deleting
+                } else {
+                    Priority::Routine
+                };
+                slot.invalid = Some(invalid);
+                queue.push(name, p);
             }
             NodeInput::Deleted(name) => {
                 queue.remove(&name);
@@ -497,19 +519,31 @@ impl<E: Ec2, S: NodeSink> Core<E, S> {
                 }
             }
             NodeInput::NodePresent { name, present } => {
-                let slot = slots.entry(name.clone()).or_default();
-                slot.k8s_node = Some(present);
-                if !present && slot.node.is_some() {
-                    queue.push(name, Priority::Deleting);
+                // Only for nodes we hold: a slot made here for a Node without a CiliumNode
+                // (or whose CiliumNode is already gone) would never be removed. Not known
+                // counts as present.
+                if let Some(slot) = slots.get_mut(&name) {
+                    slot.k8s_node = Some(present);
+                    if !present && (slot.node.is_some() || slot.invalid.is_some()) {
+                        queue.push(name, Priority::Deleting);
+                    }
                 }
             }
             NodeInput::PendingPods { name, count } => {
+                // A count may come before the node's CiliumNode: kept while non-zero, and a
+                // slot holding nothing else goes when it drops to zero.
+                if count == 0 && !slots.contains_key(&name) {
+                    return;
+                }
                 let slot = slots.entry(name.clone()).or_default();
                 if slot.pending_pods != count {
                     slot.pending_pods = count;
                     if slot.node.is_some() {
-                        queue.push(name, Priority::Deficit(count));
+                        queue.push(name.clone(), Priority::Deficit(count));
                     }
+                }
+                if slot.node.is_none() && slot.invalid.is_none() && slot.pending_pods == 0 {
+                    slots.remove(&name);
                 }
             }
         }
@@ -582,9 +616,10 @@ impl<E: Ec2, S: NodeSink> Core<E, S> {
                 slot.ignored,
             )
         };
-        if let Some((r, error)) = invalid {
+        if let Some(invalid) = invalid {
+            let last_instance = node.as_ref().map(|n| n.instance_id().to_string());
             return self
-                .report_invalid(name, &r, &error, invalid_reported)
+                .pass_invalid(name, invalid, invalid_reported, k8s_node, last_instance)
                 .await;
         }
         // Parsed outside the slots lock.
@@ -607,10 +642,25 @@ impl<E: Ec2, S: NodeSink> Core<E, S> {
             return match inner.sink.set_finalizer(&NodeRef::of(&node), false).await {
                 Ok(_) | Err(SinkError::NotFound) => {
                     inner.slots.lock().expect("slots").remove(name);
+                    self.forget_instance(&node.spec.instance_id);
                     (Outcome::Done, None)
                 }
                 Err(_) => (Outcome::Failed, None),
             };
+        }
+
+        // --instance-tags-filter: an instance without the tags is not ours (another operator
+        // may serve it, as with Cilium's filter): leave its CiliumNode alone.
+        let in_scope = inner
+            .cache
+            .read()
+            .expect("cache")
+            .in_scope(&node.spec.instance_id);
+        match in_scope {
+            Some(true) => {}
+            // Tags not known yet (the check failed): the next full refresh tells.
+            None => return (Outcome::RetryAfter(inner.config.unhealthy_retry), None),
+            Some(false) => return self.leave_alone(name, &node).await,
         }
 
         // The Kubernetes Node is gone: delete the CiliumNode; the finalizer runs next.
@@ -630,7 +680,9 @@ impl<E: Ec2, S: NodeSink> Core<E, S> {
             self.with_slot(name, |s| s.node = Some(stored));
         }
         if node.metadata.deletion_timestamp.is_some() {
-            return self.finalize(name, &node).await;
+            return self
+                .finalize(name, &NodeRef::of(&node), &node.spec.instance_id)
+                .await;
         }
 
         let has_finalizer = node
@@ -706,7 +758,25 @@ impl<E: Ec2, S: NodeSink> Core<E, S> {
                 .inc_by(started.elapsed().as_nanos() as u64);
             plan
         };
-        let exec = inner.executor.execute(&plan.action).await;
+        let checked;
+        let mut action = &plan.action;
+        if plan.demand.generation == Generation::MultiPool
+            && let Action::Release(r) = &plan.action
+        {
+            match self.check_multi_pool_release(name, r).await {
+                Ok(Some(release)) => {
+                    checked = Action::Release(release);
+                    action = &checked;
+                }
+                Ok(None) => {
+                    // Taken back: no EC2 call; the re-adoption's update re-plans the node.
+                    self.with_slot(name, |s| s.memory = memory);
+                    return (Outcome::Done, None);
+                }
+                Err(outcome) => return (outcome, None),
+            }
+        }
+        let exec = inner.executor.execute(action).await;
         if let Some(r) = &exec.released {
             memory.record_released(r, now());
         }
@@ -842,6 +912,51 @@ impl<E: Ec2, S: NodeSink> Core<E, S> {
         (outcome, again)
     }
 
+    /// A node whose instance lacks the `--instance-tags-filter` tags: no writes, no EC2 calls;
+    /// only our finalizer goes, should it have one (its instance lost the tags), as for an
+    /// ignored node. Said once in the log; a rescan checks the tags again.
+    async fn leave_alone(&self, name: &str, node: &CiliumNode) -> (Outcome, Option<Priority>) {
+        const NOT_MANAGED: &str = "instance lacks the --instance-tags-filter tags";
+        let said = self.with_slot(name, |s| s.last_problem.replace(NOT_MANAGED.into()));
+        if said.flatten().as_deref() != Some(NOT_MANAGED) {
+            info!(
+                node = name,
+                instance = node.spec.instance_id,
+                "not managed: {NOT_MANAGED}"
+            );
+        }
+        let r = NodeRef::of(node);
+        if !r.finalizers.iter().any(|f| f == FINALIZER) {
+            return (Outcome::Done, None);
+        }
+        match self.inner.sink.set_finalizer(&r, false).await {
+            Ok(_) | Err(SinkError::NotFound) => (Outcome::Done, None),
+            Err(SinkError::Conflict(fresh)) => {
+                if let Some(f) = fresh {
+                    let stored = StoredNode::new(&f);
+                    self.with_slot(name, |s| s.node = Some(stored));
+                }
+                (Outcome::RetryAfter(Duration::from_millis(500)), None)
+            }
+            Err(e) => {
+                warn!(node = name, error = %e, "could not remove the finalizer");
+                (Outcome::Failed, None)
+            }
+        }
+    }
+
+    /// The node is gone from our state: its instance too (cache and refresh spacing).
+    fn forget_instance(&self, instance: &str) {
+        if !instance.is_empty() {
+            self.inner
+                .cache
+                .write()
+                .expect("cache")
+                .drop_instance(instance);
+            self.inner.refresher.forget(instance);
+        }
+    }
+
     fn with_slot<T>(&self, name: &str, f: impl FnOnce(&mut Slot) -> T) -> Option<T> {
         let mut slots = self.inner.slots.lock().expect("slots");
         slots.get_mut(name).map(f)
@@ -879,6 +994,78 @@ impl<E: Ec2, S: NodeSink> Core<E, S> {
         {
             debug!(instance_type, error = %e, "instance type lookup failed");
         }
+    }
+
+    /// §7.4 step 3, the last check before a multi-pool unassign: read the CiliumNode afresh
+    /// and release nothing the agent lists in `pools.allocated` again. The plan's copy can be
+    /// seconds old (a lagging watch; awaits that last 20 s under throttling), and the agent
+    /// re-adopts a dropped CIDR that is still attached when its demand grows (Cilium #46674).
+    /// One unassign call per pass (prefixes first, single addresses on the next pass), so the
+    /// check always directly precedes the call. `Ok(None)`: skip this pass.
+    async fn check_multi_pool_release(
+        &self,
+        name: &str,
+        planned: &Release,
+    ) -> Result<Option<Release>, Outcome> {
+        let mut release = planned.clone();
+        if !release.prefixes.is_empty() {
+            release.ips.clear();
+        }
+        let fresh = match self.inner.sink.fetch(name).await {
+            Ok(Some(fresh)) => fresh,
+            // Gone: the watch's delete follows.
+            Ok(None) => return Err(Outcome::Done),
+            Err(e) => {
+                warn!(node = name, error = %e, "cannot re-read the CiliumNode before a release");
+                return Err(Outcome::Failed);
+            }
+        };
+        if readopted(&release, &allocated_cidrs(&fresh)) {
+            // The slot keeps the watched copy: the watch delivers this update (or a newer one)
+            // and re-plans; storing our read could overwrite a newer watched version.
+            info!(node = name, eni = %release.eni_id, "the agent took back CIDRs planned for release; not releasing");
+            return Ok(None);
+        }
+        Ok(Some(release))
+    }
+
+    /// A CiliumNode that does not parse. Its deletion works from metadata alone (with the Node
+    /// gone, delete it; once deleted, release and drop our finalizer), so it never hangs in
+    /// Terminating; otherwise the error goes on the object.
+    async fn pass_invalid(
+        &self,
+        name: &str,
+        mut invalid: InvalidNode,
+        reported: Option<String>,
+        k8s_node: Option<bool>,
+        last_instance: Option<String>,
+    ) -> (Outcome, Option<Priority>) {
+        if k8s_node == Some(false) && !invalid.deleting {
+            match self.inner.sink.delete(name).await {
+                Ok(()) | Err(SinkError::NotFound) => {}
+                Err(e) => {
+                    warn!(node = name, error = %e, "could not delete the CiliumNode");
+                    return (Outcome::Failed, None);
+                }
+            }
+            invalid.deleting = true;
+            self.with_slot(name, |s| {
+                if let Some(i) = s.invalid.as_mut() {
+                    i.deleting = true;
+                }
+            });
+        }
+        if invalid.deleting {
+            // The instance from the object itself, else from its last version that parsed.
+            let instance = if invalid.instance_id.is_empty() {
+                last_instance.unwrap_or_default()
+            } else {
+                invalid.instance_id
+            };
+            return self.finalize(name, &invalid.node, &instance).await;
+        }
+        self.report_invalid(name, &invalid.node, &invalid.error, reported)
+            .await
     }
 
     /// A CiliumNode that does not parse: say so on that object (once per message).
@@ -947,11 +1134,14 @@ impl<E: Ec2, S: NodeSink> Core<E, S> {
 
     /// The CiliumNode is being deleted. With its Node gone, give back our ENIs first; with the
     /// Node still there (deleted by hand), touch nothing.
-    async fn finalize(&self, name: &str, node: &CiliumNode) -> (Outcome, Option<Priority>) {
+    async fn finalize(
+        &self,
+        name: &str,
+        r: &NodeRef,
+        instance: &str,
+    ) -> (Outcome, Option<Priority>) {
         let inner = &self.inner;
-        let r = NodeRef::of(node);
         let has_finalizer = r.finalizers.iter().any(|f| f == FINALIZER);
-        let instance = node.spec.instance_id.clone();
         let k8s_node_exists = if has_finalizer {
             match inner.sink.node_exists(name).await {
                 Ok(exists) => exists,
@@ -964,7 +1154,7 @@ impl<E: Ec2, S: NodeSink> Core<E, S> {
             true
         };
         if has_finalizer && !k8s_node_exists && !instance.is_empty() {
-            match release_instance_enis(&*inner.ec2, &inner.config.ipam.cluster_name, &instance)
+            match release_instance_enis(&*inner.ec2, &inner.config.ipam.cluster_name, instance)
                 .await
             {
                 Ok(n) => {
@@ -975,7 +1165,7 @@ impl<E: Ec2, S: NodeSink> Core<E, S> {
                         inner
                             .sink
                             .event(
-                                &r,
+                                r,
                                 NodeEvent::normal(
                                     "EnisReleased",
                                     format!("detached and deleted {n} ENIs of {instance}"),
@@ -988,14 +1178,14 @@ impl<E: Ec2, S: NodeSink> Core<E, S> {
                     inner.metrics.error(&e.code);
                     inner
                         .sink
-                        .event(&r, NodeEvent::warning("Ec2Error", e.to_string()))
+                        .event(r, NodeEvent::warning("Ec2Error", e.to_string()))
                         .await;
                     return (Outcome::Failed, None);
                 }
             }
         }
         if has_finalizer {
-            match inner.sink.set_finalizer(&r, false).await {
+            match inner.sink.set_finalizer(r, false).await {
                 Ok(_) | Err(SinkError::NotFound) => {}
                 Err(SinkError::Conflict(fresh)) => {
                     if let Some(f) = fresh {
@@ -1012,8 +1202,8 @@ impl<E: Ec2, S: NodeSink> Core<E, S> {
         }
         inner.slots.lock().expect("slots").remove(name);
         if !instance.is_empty() {
-            inner.cache.write().expect("cache").drop_instance(&instance);
-            inner.refresher.forget(&instance);
+            inner.cache.write().expect("cache").drop_instance(instance);
+            inner.refresher.forget(instance);
         }
         (Outcome::Done, None)
     }

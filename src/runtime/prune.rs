@@ -32,7 +32,7 @@ pub struct StructuralSchema {
 pub const CILIUM_CRD_YAML: &str = include_str!("../../tests/fixtures/ciliumnodes.cilium.io.yaml");
 
 /// eni-operator's CiliumNode CRD (preserves unknown fields everywhere).
-pub const OUR_CRD_YAML: &str = include_str!("../../manifests/00-crd-ciliumnodes.yaml");
+pub const OUR_CRD_YAML: &str = include_str!("../../manifests/crd/ciliumnodes.cilium.io.yaml");
 
 impl StructuralSchema {
     pub fn new(open_api_v3_schema: Value) -> Self {
@@ -74,7 +74,7 @@ impl StructuralSchema {
 
     /// Our CRD, `cilium.io/v2`.
     pub fn ours() -> Self {
-        Self::from_crd_yaml(OUR_CRD_YAML, "v2").expect("manifests/00-crd-ciliumnodes.yaml parses")
+        Self::from_crd_yaml(OUR_CRD_YAML, "v2").expect("manifests/crd/ciliumnodes.cilium.io.yaml parses")
     }
 
     /// Prune a whole object (the resource root) in place.

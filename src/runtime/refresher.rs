@@ -6,11 +6,13 @@
 //! `attachment.instance-id` describe per [`INSTANCE_BATCH`] instances, and each instance is
 //! refreshed at most once per `min_spacing` after our own changes.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
-use crate::ec2::{Ec2, EniFilter, ResourceFilter, Result, Tags, collect_pages};
+use crate::ec2::{
+    Ec2, EniFilter, InstanceFilter, ResourceFilter, Result, Subnet, Tags, collect_pages,
+};
 
 use super::cache::{Ec2Cache, FullSnapshot};
 
@@ -21,17 +23,46 @@ pub const INSTANCE_BATCH: usize = 200;
 /// What the operator's cache covers.
 #[derive(Clone, Debug, Default)]
 pub struct Scope {
-    /// The operator's VPC; `None` lists every VPC.
+    /// `--vpc-id`; `None`: learned from the managed nodes (see [`Refresher::full`]).
     pub vpc_id: Option<String>,
     /// `--subnet-ids-filter`.
     pub subnet_ids: Vec<String>,
     /// `--subnet-tags-filter`.
     pub subnet_tags: Tags,
+    /// `--instance-tags-filter`: only instances carrying all these tags are managed.
+    pub instance_tags: Tags,
 }
 
 impl Scope {
+    /// `--vpc-id`, the subnet filters and `--instance-tags-filter`.
+    pub fn from_settings(ipam: &crate::config::IpamSettings) -> Self {
+        Self {
+            vpc_id: ipam.vpc_id.clone(),
+            subnet_ids: ipam.subnet_ids_filter.clone(),
+            subnet_tags: ipam.subnet_tags(),
+            instance_tags: ipam.instance_tags(),
+        }
+    }
+
     fn filtered_subnets(&self) -> bool {
         !self.subnet_ids.is_empty() || !self.subnet_tags.is_empty()
+    }
+
+    /// The subnets matching the subnet filters (both must match when both are set); `None`
+    /// without filters.
+    fn pod_subnets(&self, subnets: &[Subnet]) -> Option<BTreeSet<String>> {
+        self.filtered_subnets().then(|| {
+            subnets
+                .iter()
+                .filter(|s| self.subnet_ids.is_empty() || self.subnet_ids.contains(&s.id))
+                .filter(|s| {
+                    self.subnet_tags
+                        .iter()
+                        .all(|(k, v)| s.tags.get(k) == Some(v))
+                })
+                .map(|s| s.id.clone())
+                .collect()
+        })
     }
 }
 
@@ -81,36 +112,72 @@ impl<E: Ec2> Refresher<E> {
         }
     }
 
+    /// The VPC the full listing is scoped to: `--vpc-id`, else the one VPC of the managed
+    /// nodes' ENIs. Without it every ENI of the Region is listed each minute (Cilium #41392,
+    /// where the operator reads its VPC from IMDS and lists everything when that fails). The
+    /// managed nodes' VPC is known after their first per-instance refresh; nodes in several
+    /// VPCs leave the listing unscoped.
+    fn vpc_scope(&self) -> Option<String> {
+        if let Some(v) = &self.scope.vpc_id {
+            return Some(v.clone());
+        }
+        let vpcs = self.cache.read().expect("cache lock").managed_vpcs();
+        if vpcs.len() == 1 {
+            vpcs.into_iter().next()
+        } else {
+            None
+        }
+    }
+
     async fn list_all(&self) -> Result<FullSnapshot> {
         let started = now();
         let ec2 = &*self.ec2;
+        let known_vpc = self.vpc_scope();
+        // Every subnet of the VPC, not just the filtered ones: a node's other ENIs (its
+        // primary ENI in the node subnet) must stay complete in status (C4, C5).
+        let subnet_filter = ResourceFilter {
+            vpc_id: known_vpc.clone(),
+            ..Default::default()
+        };
+        let mut subnets = collect_pages(|t| ec2.describe_subnets(&subnet_filter, t)).await?;
+        let pod_subnets = self.scope.pod_subnets(&subnets);
+        // Not learned yet: the filtered subnets name the VPC when they share one.
+        let vpc_id = known_vpc.or_else(|| {
+            let vpcs: BTreeSet<&str> = subnets
+                .iter()
+                .filter(|s| pod_subnets.as_ref().is_some_and(|p| p.contains(&s.id)))
+                .map(|s| s.vpc_id.as_str())
+                .collect();
+            (vpcs.len() == 1).then(|| vpcs.into_iter().next().unwrap_or_default().to_string())
+        });
+        if let Some(v) = &vpc_id {
+            subnets.retain(|s| &s.vpc_id == v);
+        }
         let by_vpc = ResourceFilter {
-            vpc_id: self.scope.vpc_id.clone(),
+            vpc_id: vpc_id.clone(),
             ..Default::default()
         };
         let vpcs = collect_pages(|t| ec2.describe_vpcs(&by_vpc, t)).await?;
-        let subnet_filter = ResourceFilter {
-            ids: self.scope.subnet_ids.clone(),
-            vpc_id: self.scope.vpc_id.clone(),
-            tags: self.scope.subnet_tags.clone(),
-        };
-        let subnets = collect_pages(|t| ec2.describe_subnets(&subnet_filter, t)).await?;
         let security_groups = collect_pages(|t| ec2.describe_security_groups(&by_vpc, t)).await?;
         let route_tables = collect_pages(|t| ec2.describe_route_tables(&by_vpc, t)).await?;
+        let tagged_instances = if self.scope.instance_tags.is_empty() {
+            None
+        } else {
+            let filter = InstanceFilter {
+                vpc_id: vpc_id.clone(),
+                tags: self.scope.instance_tags.clone(),
+                ..Default::default()
+            };
+            let instances = collect_pages(|t| ec2.describe_instances(&filter, t)).await?;
+            Some(instances.into_iter().map(|i| i.id).collect())
+        };
+        // Not narrowed by the subnet filters: they say where new ENIs go, not which of a
+        // node's ENIs exist.
         let eni_filter = EniFilter {
-            vpc_id: self.scope.vpc_id.clone(),
-            subnet_ids: if self.scope.filtered_subnets() {
-                subnets.iter().map(|s| s.id.clone()).collect()
-            } else {
-                Vec::new()
-            },
+            vpc_id,
             ..Default::default()
         };
-        let enis = if self.scope.filtered_subnets() && eni_filter.subnet_ids.is_empty() {
-            Vec::new()
-        } else {
-            collect_pages(|t| ec2.describe_network_interfaces(&eni_filter, t)).await?
-        };
+        let enis = collect_pages(|t| ec2.describe_network_interfaces(&eni_filter, t)).await?;
         Ok(FullSnapshot {
             started,
             subnets,
@@ -118,6 +185,8 @@ impl<E: Ec2> Refresher<E> {
             security_groups,
             route_tables,
             enis,
+            pod_subnets,
+            tagged_instances,
         })
     }
 
@@ -127,6 +196,9 @@ impl<E: Ec2> Refresher<E> {
         let started = now();
         let ids: Vec<String> = {
             let mut last = self.last_instance_refresh.lock().expect("spacing lock");
+            // An entry older than the spacing no longer holds anything back: drop it, so the
+            // map only holds recently refreshed instances (never every instance ever seen).
+            last.retain(|_, t| started.duration_since(*t) < self.min_spacing);
             let mut chosen = Vec::new();
             for id in ids {
                 let due = !respect_spacing
@@ -140,18 +212,56 @@ impl<E: Ec2> Refresher<E> {
             }
             chosen
         };
+        let check_tags = !self.scope.instance_tags.is_empty();
         for chunk in ids.chunks(INSTANCE_BATCH) {
             let filter = EniFilter {
                 instance_ids: chunk.to_vec(),
                 ..Default::default()
             };
             let enis = collect_pages(|t| self.ec2.describe_network_interfaces(&filter, t)).await?;
-            self.cache
-                .write()
-                .expect("cache lock")
-                .apply_instances(chunk, enis, started);
+            let tagged = if check_tags {
+                self.tagged(&enis).await
+            } else {
+                None
+            };
+            let mut cache = self.cache.write().expect("cache lock");
+            if let Some((checked, tagged)) = tagged {
+                cache.set_instance_tags(&checked, &tagged);
+            }
+            cache.apply_instances(chunk, enis, started);
         }
         Ok(ids)
+    }
+
+    /// Which instances with these ENIs carry the `--instance-tags-filter` tags: (checked,
+    /// tagged). Only instances with ENIs are asked about (a long-gone ID fails the whole
+    /// `DescribeInstances`); on an error they stay unknown until the next full refresh.
+    async fn tagged(
+        &self,
+        enis: &[crate::ec2::NetworkInterface],
+    ) -> Option<(Vec<String>, BTreeSet<String>)> {
+        let checked: Vec<String> = enis
+            .iter()
+            .filter_map(|e| e.instance_id())
+            .collect::<BTreeSet<_>>()
+            .into_iter()
+            .map(str::to_string)
+            .collect();
+        if checked.is_empty() {
+            return None;
+        }
+        let filter = InstanceFilter {
+            ids: checked.clone(),
+            tags: self.scope.instance_tags.clone(),
+            ..Default::default()
+        };
+        match collect_pages(|t| self.ec2.describe_instances(&filter, t)).await {
+            Ok(found) => Some((checked, found.into_iter().map(|i| i.id).collect())),
+            Err(e) => {
+                tracing::debug!(error = %e, "instance tag check failed");
+                None
+            }
+        }
     }
 
     /// Load limits: every type (`types` empty) or just the ones given.
@@ -167,5 +277,74 @@ impl<E: Ec2> Refresher<E> {
             .lock()
             .expect("spacing lock")
             .remove(instance_id);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ec2::sim::Simulator;
+
+    #[test]
+    fn every_scope_flag_reaches_the_scope() {
+        use clap::Parser;
+        let s = crate::config::Settings::try_parse_from([
+            "eni-operator",
+            "--vpc-id=vpc-1",
+            "--subnet-ids-filter=subnet-1,subnet-2",
+            "--subnet-tags-filter=role=pods",
+            "--instance-tags-filter=team=blue,env=prod",
+        ])
+        .unwrap();
+        let scope = Scope::from_settings(&s.ipam);
+        assert_eq!(scope.vpc_id.as_deref(), Some("vpc-1"));
+        assert_eq!(scope.subnet_ids, ["subnet-1", "subnet-2"]);
+        assert_eq!(
+            scope.subnet_tags,
+            Tags::from([("role".into(), "pods".into())])
+        );
+        assert_eq!(
+            scope.instance_tags,
+            Tags::from([
+                ("team".into(), "blue".into()),
+                ("env".into(), "prod".into())
+            ])
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn without_a_vpc_id_the_filtered_subnets_name_the_vpc_to_list() {
+        let sim = Simulator::new();
+        let vpc = sim.add_vpc("10.0.0.0/16".parse().unwrap(), &[]);
+        let nodes = sim.add_subnet(&vpc, "zone-a", "10.0.0.0/18".parse().unwrap(), Tags::new());
+        let pods = sim.add_subnet(&vpc, "zone-a", "10.0.64.0/18".parse().unwrap(), Tags::new());
+        let sg = sim.add_security_group(&vpc, Tags::new());
+        let ours = sim.run_instance("m5.large", &nodes, std::slice::from_ref(&sg));
+        let other_vpc = sim.add_vpc("10.1.0.0/16".parse().unwrap(), &[]);
+        let far = sim.add_subnet(
+            &other_vpc,
+            "zone-a",
+            "10.1.0.0/18".parse().unwrap(),
+            Tags::new(),
+        );
+        let far_sg = sim.add_security_group(&other_vpc, Tags::new());
+        let elsewhere = sim.run_instance("m5.large", &far, std::slice::from_ref(&far_sg));
+        let cache = Arc::new(RwLock::new(Ec2Cache::new()));
+        let scope = Scope {
+            subnet_ids: vec![pods.clone()],
+            ..Default::default()
+        };
+        let r = Refresher::new(Arc::new(sim), cache.clone(), scope, Duration::from_secs(15));
+        r.full().await.unwrap();
+        let c = cache.read().unwrap();
+        assert!(c.instance(&ours.id).is_some(), "the VPC's instances listed");
+        assert!(c.instance(&elsewhere.id).is_none(), "other VPCs not listed");
+        // Every subnet of the VPC is known (the node subnet too); only the filtered one takes
+        // new ENIs.
+        assert_eq!(
+            c.subnets.keys().cloned().collect::<BTreeSet<_>>(),
+            BTreeSet::from([nodes, pods.clone()])
+        );
+        assert_eq!(c.pod_subnets, Some(BTreeSet::from([pods])));
     }
 }

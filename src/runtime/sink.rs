@@ -9,8 +9,11 @@ use std::collections::BTreeMap;
 use std::future::Future;
 use std::sync::Mutex;
 
+use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::watcher;
 use serde_json::{Value, json};
 
 use crate::crd::{CiliumNode, FINALIZER};
@@ -79,7 +82,8 @@ pub type SinkResult<T> = Result<T, SinkError>;
 
 /// The core's only way to the outside world.
 pub trait NodeSink: Send + Sync + 'static {
-    /// Apply the change set's writes in order. Returns the object after the last write.
+    /// Apply the change set's writes in order. Returns the object after the last write (`None`
+    /// when it took effect but the object does not parse: an invalid CiliumNode's error report).
     fn apply(
         &self,
         node: &NodeRef,
@@ -107,7 +111,13 @@ pub trait NodeSink: Send + Sync + 'static {
 
     /// Whether the Kubernetes Node of this name exists right now. Asked by the finalizer at the
     /// moment it decides, not taken from a watch that may lag behind the CiliumNode's deletion.
+    /// A Node with a `deletionTimestamp` exists: it is draining (Karpenter, any Node finalizer)
+    /// and its instance still runs; only the API server's 404 means gone.
     fn node_exists(&self, name: &str) -> impl Future<Output = SinkResult<bool>> + Send;
+
+    /// The CiliumNode as the API server has it now (`None`: gone). For the last check before
+    /// an irreversible EC2 call, when the watched copy may be seconds old.
+    fn fetch(&self, name: &str) -> impl Future<Output = SinkResult<Option<CiliumNode>>> + Send;
 }
 
 /// The merge patch that sets (or removes) our finalizer, with optimistic concurrency so
@@ -175,7 +185,7 @@ pub fn merge_patch(target: &mut Value, patch: &Value) {
 #[derive(Clone)]
 pub struct KubeSink {
     api: Api<CiliumNode>,
-    nodes: Api<k8s_openapi::api::core::v1::Node>,
+    nodes: Api<Node>,
     recorder: Recorder,
     params: PatchParams,
 }
@@ -212,7 +222,7 @@ impl NodeSink for KubeSink {
     async fn apply(&self, node: &NodeRef, changes: &ChangeSet) -> SinkResult<Option<CiliumNode>> {
         let mut version = node.resource_version.clone();
         let mut last = None;
-        for w in &changes.writes {
+        for (i, w) in changes.writes.iter().enumerate() {
             let patch = with_version(&w.patch, w.needs_resource_version, version.as_deref());
             let result = match w.subresource {
                 Subresource::Spec => {
@@ -230,6 +240,10 @@ impl NodeSink for KubeSink {
                 Ok(obj) => {
                     version = obj.metadata.resource_version.clone();
                     last = Some(obj);
+                }
+                // The last write went through; only the answer does not parse.
+                Err(kube::Error::SerdeError(_)) if i + 1 == changes.writes.len() => {
+                    return Ok(None);
                 }
                 Err(e) => return Err(self.classify(&node.name, e).await),
             }
@@ -271,6 +285,9 @@ impl NodeSink for KubeSink {
             .await
         {
             Ok(obj) => Ok(Some(obj)),
+            // The patch went through; only the answer does not parse (an invalid CiliumNode,
+            // whose deletion must not depend on its spec).
+            Err(kube::Error::SerdeError(_)) => Ok(None),
             Err(e) => Err(self.classify(&node.name, e).await),
         }
     }
@@ -294,7 +311,7 @@ impl NodeSink for KubeSink {
 
     async fn delete(&self, name: &str) -> SinkResult<()> {
         match self.api.delete(name, &DeleteParams::default()).await {
-            Ok(_) => Ok(()),
+            Ok(_) | Err(kube::Error::SerdeError(_)) => Ok(()),
             Err(e) => match self.classify(name, e).await {
                 SinkError::NotFound => Ok(()),
                 other => Err(other),
@@ -303,10 +320,18 @@ impl NodeSink for KubeSink {
     }
 
     async fn node_exists(&self, name: &str) -> SinkResult<bool> {
-        match self.nodes.get_opt(name).await {
-            Ok(n) => Ok(n.is_some_and(|n| n.metadata.deletion_timestamp.is_none())),
+        // Metadata only: a Node's status (images, conditions) is large and not needed here.
+        match self.nodes.get_metadata_opt(name).await {
+            Ok(n) => Ok(n.is_some()),
             Err(e) => Err(SinkError::Other(e.to_string())),
         }
+    }
+
+    async fn fetch(&self, name: &str) -> SinkResult<Option<CiliumNode>> {
+        self.api
+            .get_opt(name)
+            .await
+            .map_err(|e| SinkError::Other(e.to_string()))
     }
 }
 
@@ -334,6 +359,8 @@ struct MemoryState {
     next_version: u64,
     /// Kubernetes Nodes known to be gone (every other Node exists).
     gone_nodes: std::collections::BTreeSet<String>,
+    /// Kubernetes Nodes put by a test, as the API server holds them (metadata only).
+    nodes: BTreeMap<String, Node>,
 }
 
 /// An in-memory API server for CiliumNodes: applies patches like Kubernetes (spec and status
@@ -399,11 +426,24 @@ impl MemorySink {
         Some(self.put(&node))
     }
 
+    /// The stored object, if it exists and parses.
     pub fn get(&self, name: &str) -> Option<CiliumNode> {
         let s = self.state.lock().expect("sink lock");
         s.objects
             .get(name)
-            .map(|v| serde_json::from_value(v.clone()).expect("parse"))
+            .and_then(|v| serde_json::from_value(v.clone()).ok())
+    }
+
+    /// Edit a stored object's JSON (e.g. into something our types reject); bumps the
+    /// resourceVersion. Returns the stored JSON, as a watch would deliver it.
+    pub fn edit_raw(&self, name: &str, edit: impl FnOnce(&mut Value)) -> Option<Value> {
+        let mut s = self.state.lock().expect("sink lock");
+        s.next_version += 1;
+        let version = s.next_version.to_string();
+        let v = s.objects.get_mut(name)?;
+        edit(v);
+        v["metadata"]["resourceVersion"] = json!(version);
+        Some(v.clone())
     }
 
     pub fn raw(&self, name: &str) -> Option<Value> {
@@ -447,10 +487,77 @@ impl MemorySink {
             s.gone_nodes.remove(name);
         } else {
             s.gone_nodes.insert(name.to_string());
+            s.nodes.remove(name);
         }
     }
 
-    /// Start deleting an object: with finalizers it only gets a deletion mark.
+    /// Create a Kubernetes Node with these finalizers (Karpenter's `karpenter.sh/termination`,
+    /// for one); returns it as a watch would deliver it.
+    pub fn put_node(&self, name: &str, finalizers: &[&str]) -> Node {
+        let mut s = self.state.lock().expect("sink lock");
+        let node = Node {
+            metadata: ObjectMeta {
+                name: Some(name.to_string()),
+                uid: Some(format!("node-uid-{name}")),
+                finalizers: Some(finalizers.iter().map(|f| f.to_string()).collect()),
+                ..ObjectMeta::default()
+            },
+            ..Node::default()
+        };
+        s.gone_nodes.remove(name);
+        s.nodes.insert(name.to_string(), node.clone());
+        node
+    }
+
+    /// `kubectl delete node`, as the API server does it: a Node with finalizers only gets a
+    /// `deletionTimestamp` and stays (draining, its instance still running) until the last
+    /// finalizer goes; one without is removed at once. Returns what a Node watch then sees.
+    pub fn delete_node(&self, name: &str) -> Option<watcher::Event<Node>> {
+        let mut s = self.state.lock().expect("sink lock");
+        let node = s.nodes.get_mut(name)?;
+        if node
+            .metadata
+            .finalizers
+            .as_ref()
+            .is_some_and(|f| !f.is_empty())
+        {
+            node.metadata.deletion_timestamp = Some(Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH));
+            return Some(watcher::Event::Apply(node.clone()));
+        }
+        let node = s.nodes.remove(name)?;
+        s.gone_nodes.insert(name.to_string());
+        Some(watcher::Event::Delete(node))
+    }
+
+    /// Another controller removes its finalizer from a Node; the Node goes once it is being
+    /// deleted and no finalizer is left. Same answer as [`Self::delete_node`].
+    pub fn remove_node_finalizer(
+        &self,
+        name: &str,
+        finalizer: &str,
+    ) -> Option<watcher::Event<Node>> {
+        let mut s = self.state.lock().expect("sink lock");
+        let node = s.nodes.get_mut(name)?;
+        if let Some(f) = node.metadata.finalizers.as_mut() {
+            f.retain(|x| x != finalizer);
+        }
+        let deleting = node.metadata.deletion_timestamp.is_some();
+        if !(deleting
+            && node
+                .metadata
+                .finalizers
+                .as_ref()
+                .is_none_or(|f| f.is_empty()))
+        {
+            return Some(watcher::Event::Apply(node.clone()));
+        }
+        let node = s.nodes.remove(name)?;
+        s.gone_nodes.insert(name.to_string());
+        Some(watcher::Event::Delete(node))
+    }
+
+    /// Start deleting an object: with finalizers it only gets a deletion mark. Returns the
+    /// marked object (if it parses).
     pub fn begin_delete(&self, name: &str) -> Option<CiliumNode> {
         let mut s = self.state.lock().expect("sink lock");
         let v = s.objects.get_mut(name)?;
@@ -460,15 +567,21 @@ impl MemorySink {
             .is_some_and(|a| !a.is_empty());
         if has_finalizers {
             v["metadata"]["deletionTimestamp"] = json!("2026-01-01T00:00:00Z");
-            let v = v.clone();
-            Some(serde_json::from_value(v).expect("parse"))
+            serde_json::from_value(v.clone()).ok()
         } else {
             s.objects.remove(name);
             None
         }
     }
 
-    fn patch(&self, name: &str, patch: &Value, sub: Option<Subresource>) -> SinkResult<CiliumNode> {
+    /// Apply a patch; returns the object after it, `None` when that does not parse (the patch
+    /// still took effect, as on the API server).
+    fn patch(
+        &self,
+        name: &str,
+        patch: &Value,
+        sub: Option<Subresource>,
+    ) -> SinkResult<Option<CiliumNode>> {
         let mut s = self.state.lock().expect("sink lock");
         s.next_version += 1;
         let version = s.next_version.to_string();
@@ -481,8 +594,8 @@ impl MemorySink {
                 .and_then(Value::as_str)
                 != Some(want)
         {
-            let fresh = serde_json::from_value(obj.clone()).expect("parse");
-            return Err(SinkError::Conflict(Some(Box::new(fresh))));
+            let fresh = serde_json::from_value(obj.clone()).ok().map(Box::new);
+            return Err(SinkError::Conflict(fresh));
         }
         let mut p = patch.clone();
         if let Some(m) = p.get_mut("metadata").and_then(Value::as_object_mut) {
@@ -509,7 +622,7 @@ impl MemorySink {
             .and_then(Value::as_array)
             .is_none_or(|a| a.is_empty());
         let deleting = obj.pointer("/metadata/deletionTimestamp").is_some();
-        let out: CiliumNode = serde_json::from_value(obj.clone()).expect("parse");
+        let out: Option<CiliumNode> = serde_json::from_value(obj.clone()).ok();
         let counts = s.writes.entry(name.to_string()).or_default();
         match sub {
             Some(Subresource::Spec) => counts.spec += 1,
@@ -527,9 +640,15 @@ impl NodeSink for MemorySink {
     async fn apply(&self, node: &NodeRef, changes: &ChangeSet) -> SinkResult<Option<CiliumNode>> {
         let mut version = node.resource_version.clone();
         let mut last = None;
-        for w in &changes.writes {
+        for (i, w) in changes.writes.iter().enumerate() {
             let patch = with_version(&w.patch, w.needs_resource_version, version.as_deref());
-            let obj = self.patch(&node.name, &patch, Some(w.subresource))?;
+            // Like KubeSink, whose typed answer fails to parse after the write took effect.
+            let Some(obj) = self.patch(&node.name, &patch, Some(w.subresource))? else {
+                if i + 1 == changes.writes.len() {
+                    return Ok(None);
+                }
+                return Err(SinkError::Other("the CiliumNode does not parse".into()));
+            };
             version = obj.metadata.resource_version.clone();
             last = Some(obj);
         }
@@ -547,7 +666,7 @@ impl NodeSink for MemorySink {
     async fn set_finalizer(&self, node: &NodeRef, present: bool) -> SinkResult<Option<CiliumNode>> {
         match finalizer_patch(node, present) {
             None => Ok(None),
-            Some(p) => self.patch(&node.name, &p, None).map(Some),
+            Some(p) => self.patch(&node.name, &p, None),
         }
     }
 
@@ -558,7 +677,6 @@ impl NodeSink for MemorySink {
         value: Option<&str>,
     ) -> SinkResult<Option<CiliumNode>> {
         self.patch(&node.name, &annotation_patch(key, value), None)
-            .map(Some)
     }
 
     async fn delete(&self, name: &str) -> SinkResult<()> {
@@ -567,8 +685,19 @@ impl NodeSink for MemorySink {
     }
 
     async fn node_exists(&self, name: &str) -> SinkResult<bool> {
+        // Like the API server: a Node being deleted is still returned by a GET.
         let s = self.state.lock().expect("sink lock");
         Ok(!s.gone_nodes.contains(name))
+    }
+
+    async fn fetch(&self, name: &str) -> SinkResult<Option<CiliumNode>> {
+        match self.raw(name) {
+            None => Ok(None),
+            // Like KubeSink's typed GET of an object our types reject.
+            Some(v) => serde_json::from_value(v)
+                .map(Some)
+                .map_err(|e| SinkError::Other(e.to_string())),
+        }
     }
 }
 
@@ -630,6 +759,130 @@ mod tests {
         // The stale version now conflicts on a versioned write.
         let err = sink.apply(&r, &changes).await.unwrap_err();
         assert!(matches!(err, SinkError::Conflict(Some(_))));
+    }
+
+    /// A loopback stand-in for the API server's `GET /api/v1/nodes/{name}`: "draining" has a
+    /// `deletionTimestamp` and Karpenter's finalizer, every other Node answers 404 (the
+    /// server's `Status` body). It answers a metadata-only GET as the API server does.
+    async fn fake_node_api() -> kube::Client {
+        use axum::extract::Path;
+        use axum::http::{HeaderMap, StatusCode, header};
+        let app = axum::Router::new().route(
+            "/api/v1/nodes/{name}",
+            axum::routing::get(|Path(name): Path<String>, headers: HeaderMap| async move {
+                let json = [(header::CONTENT_TYPE, "application/json")];
+                if name != "draining" {
+                    let status = json!({"kind": "Status", "apiVersion": "v1", "metadata": {},
+                        "status": "Failure", "reason": "NotFound", "code": 404,
+                        "message": format!("nodes \"{name}\" not found")});
+                    return (StatusCode::NOT_FOUND, json, status.to_string());
+                }
+                let metadata = json!({"name": name, "uid": "u1", "resourceVersion": "5",
+                    "finalizers": ["karpenter.sh/termination"],
+                    "deletionTimestamp": "2026-01-01T00:00:00Z"});
+                let accept = headers
+                    .get(header::ACCEPT)
+                    .and_then(|v| v.to_str().ok())
+                    .unwrap_or_default();
+                let body = if accept.contains("as=PartialObjectMetadata") {
+                    json!({"apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadata",
+                        "metadata": metadata})
+                } else {
+                    json!({"apiVersion": "v1", "kind": "Node", "metadata": metadata,
+                        "spec": {"providerID": "aws:///zone-a/i-1"}})
+                };
+                (StatusCode::OK, json, body.to_string())
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        let config = kube::Config::new(format!("http://{addr}").parse().unwrap());
+        kube::Client::try_from(config).unwrap()
+    }
+
+    #[tokio::test]
+    async fn kube_sink_counts_a_draining_node_as_present_and_only_a_404_as_gone() {
+        let sink = KubeSink::new(fake_node_api().await, None);
+        assert!(
+            sink.node_exists("draining").await.unwrap(),
+            "a Node with a deletionTimestamp is still there"
+        );
+        assert!(!sink.node_exists("gone").await.unwrap());
+    }
+
+    /// A loopback stand-in for the API server answering every PATCH and DELETE of a CiliumNode
+    /// with an object our types reject (the write took effect; only the answer does not parse).
+    async fn fake_unparsable_cilium_node_api() -> kube::Client {
+        use axum::http::header;
+        let answer = || async {
+            let body = json!({"apiVersion": "cilium.io/v2", "kind": "CiliumNode",
+                "metadata": {"name": "bad", "resourceVersion": "9",
+                             "deletionTimestamp": "2026-01-01T00:00:00Z"},
+                "spec": {"instance-id": "i-1", "ipam": {"pre-allocate": "lots"}}});
+            (
+                [(header::CONTENT_TYPE, "application/json")],
+                body.to_string(),
+            )
+        };
+        let app = axum::Router::new()
+            .route(
+                "/apis/cilium.io/v2/ciliumnodes/{name}",
+                axum::routing::patch(answer).delete(answer),
+            )
+            .route(
+                "/apis/cilium.io/v2/ciliumnodes/{name}/status",
+                axum::routing::patch(answer),
+            );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        let config = kube::Config::new(format!("http://{addr}").parse().unwrap());
+        kube::Client::try_from(config).unwrap()
+    }
+
+    #[tokio::test]
+    async fn kube_sink_deletes_and_finalizes_a_cilium_node_that_does_not_parse() {
+        let sink = KubeSink::new(fake_unparsable_cilium_node_api().await, None);
+        let r = NodeRef {
+            name: "bad".into(),
+            resource_version: Some("8".into()),
+            finalizers: vec![FINALIZER.into()],
+            ..NodeRef::default()
+        };
+        assert!(matches!(sink.set_finalizer(&r, false).await, Ok(None)));
+        assert!(sink.delete("bad").await.is_ok());
+        let report = ChangeSet {
+            writes: vec![Write {
+                subresource: Subresource::Status,
+                patch: json!({"status": {"ipam": {"operator-status": {"error": "x"}}}}),
+                needs_resource_version: false,
+            }],
+        };
+        assert!(matches!(sink.apply(&r, &report).await, Ok(None)));
+    }
+
+    #[tokio::test]
+    async fn a_draining_node_exists_until_its_last_finalizer_goes() {
+        let sink = MemorySink::new();
+        sink.put_node("n1", &["karpenter.sh/termination"]);
+        match sink.delete_node("n1") {
+            Some(watcher::Event::Apply(n)) => assert!(n.metadata.deletion_timestamp.is_some()),
+            other => panic!("expected the Node still there, got {other:?}"),
+        }
+        assert!(sink.node_exists("n1").await.unwrap(), "draining, not gone");
+        assert!(matches!(
+            sink.remove_node_finalizer("n1", "karpenter.sh/termination"),
+            Some(watcher::Event::Delete(_))
+        ));
+        assert!(!sink.node_exists("n1").await.unwrap());
+        // Without finalizers a Node goes at once.
+        sink.put_node("n2", &[]);
+        assert!(matches!(
+            sink.delete_node("n2"),
+            Some(watcher::Event::Delete(_))
+        ));
+        assert!(!sink.node_exists("n2").await.unwrap());
     }
 
     #[tokio::test]

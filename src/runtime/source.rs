@@ -11,7 +11,8 @@ use futures::{StreamExt, TryStreamExt};
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{Node, Pod};
-use kube::api::{Api, ApiResource, DynamicObject};
+use kube::Resource;
+use kube::api::{Api, ApiResource, DynamicObject, PartialObjectMeta};
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
 use tokio::sync::mpsc;
@@ -19,7 +20,7 @@ use tracing::warn;
 
 use crate::crd::CiliumNode;
 
-use super::core::NodeInput;
+use super::core::{InvalidNode, NodeInput};
 use super::sink::NodeRef;
 
 /// Parse one CiliumNode; the error names what is wrong, for the object's operator-status.
@@ -46,13 +47,37 @@ fn node_ref(obj: &DynamicObject) -> NodeRef {
 /// Turn one watched object into the core's input.
 pub fn to_input(obj: &DynamicObject) -> NodeInput {
     let value = serde_json::to_value(obj).unwrap_or_default();
+    // Read before parsing: an object that does not parse must still be deletable (metadata),
+    // and its ENIs released (the instance ID, when at least that field is a string).
+    let instance_id = value
+        .pointer("/spec/instance-id")
+        .and_then(serde_json::Value::as_str)
+        .unwrap_or_default()
+        .to_string();
     match parse_node(value) {
         Ok(node) => NodeInput::Upsert(Box::new(node)),
-        Err(error) => NodeInput::Invalid {
+        Err(error) => NodeInput::Invalid(InvalidNode {
             node: node_ref(obj),
             error,
-        },
+            deleting: obj.metadata.deletion_timestamp.is_some(),
+            instance_id,
+        }),
     }
+}
+
+/// What one Node watch event tells the core. Only a delete (the API server no longer has the
+/// Node) means gone: a Node with a `deletionTimestamp` is draining (Karpenter, any Node
+/// finalizer) and its instance still runs pods on our addresses.
+pub fn node_input<K: Resource>(event: watcher::Event<K>) -> Option<NodeInput> {
+    let (node, present) = match event {
+        Event::Apply(n) | Event::InitApply(n) => (n, true),
+        Event::Delete(n) => (n, false),
+        Event::Init | Event::InitDone => return None,
+    };
+    Some(NodeInput::NodePresent {
+        name: node.meta().name.clone().unwrap_or_default(),
+        present,
+    })
 }
 
 /// The next event of a watch, riding out (and logging) its errors; `None` once it ends.
@@ -99,9 +124,10 @@ pub async fn watch_cilium_nodes(
     }
 }
 
-/// Watch Nodes until the channel closes: presence, and absence once deleted.
+/// Watch Nodes until the channel closes: presence, and absence once deleted. Metadata only:
+/// a whole Node (images, conditions) is often 10-20 KB, and only its existence matters here.
 pub async fn watch_nodes(client: kube::Client, tx: mpsc::Sender<NodeInput>) {
-    let api: Api<Node> = Api::all(client);
+    let api: Api<PartialObjectMeta<Node>> = Api::all(client);
     let mut stream = watcher::watcher(api, watcher::Config::default())
         .default_backoff()
         .boxed();
@@ -109,16 +135,8 @@ pub async fn watch_nodes(client: kube::Client, tx: mpsc::Sender<NodeInput>) {
         let Some(event) = next_event(&mut stream, "Node").await else {
             return;
         };
-        let input = match event {
-            Event::Apply(n) | Event::InitApply(n) => NodeInput::NodePresent {
-                present: n.metadata.deletion_timestamp.is_none(),
-                name: n.metadata.name.unwrap_or_default(),
-            },
-            Event::Delete(n) => NodeInput::NodePresent {
-                name: n.metadata.name.unwrap_or_default(),
-                present: false,
-            },
-            Event::Init | Event::InitDone => continue,
+        let Some(input) = node_input(event) else {
+            continue;
         };
         if tx.send(input).await.is_err() {
             return;
@@ -146,19 +164,41 @@ impl PendingPods {
             }
             return Vec::new();
         }
-        let mut pods = self.pods.clone();
-        match node {
-            Some(node) => pods.insert(uid.to_string(), node.to_string()),
-            None => pods.remove(uid),
+        // In place: one event costs O(log n), not a copy of every pending pod (a scale-out
+        // brings thousands, and this runs in the task that also renews the lease).
+        let before = match node {
+            Some(node) => self.pods.insert(uid.to_string(), node.to_string()),
+            None => self.pods.remove(uid),
         };
-        self.replace(pods)
+        let mut changed = Vec::new();
+        if before.as_deref() != node {
+            if let Some(old) = before {
+                changed.push(self.count(&old, -1));
+            }
+            if let Some(new) = node {
+                changed.push(self.count(new, 1));
+            }
+        }
+        changed
     }
 
     /// The pod left the pending set (started, failed, deleted).
     pub fn remove(&mut self, uid: &str) -> Vec<(String, u32)> {
-        let mut pods = self.pods.clone();
-        pods.remove(uid);
-        self.replace(pods)
+        match self.pods.remove(uid) {
+            Some(node) => vec![self.count(&node, -1)],
+            None => Vec::new(),
+        }
+    }
+
+    /// Adjust one node's count; returns its new count (a node at zero is dropped).
+    fn count(&mut self, node: &str, delta: i32) -> (String, u32) {
+        let c = self.counts.entry(node.to_string()).or_default();
+        *c = c.saturating_add_signed(delta);
+        let now = *c;
+        if now == 0 {
+            self.counts.remove(node);
+        }
+        (node.to_string(), now)
     }
 
     pub fn relist_started(&mut self) {
@@ -249,7 +289,7 @@ mod tests {
         }))
         .unwrap();
         match to_input(&obj) {
-            NodeInput::Invalid { node, error } => {
+            NodeInput::Invalid(InvalidNode { node, error, .. }) => {
                 assert_eq!(node.name, "n1");
                 assert_eq!(node.resource_version.as_deref(), Some("7"));
                 assert!(error.contains("does not parse"), "{error}");
@@ -262,6 +302,47 @@ mod tests {
         }))
         .unwrap();
         assert!(matches!(to_input(&ok), NodeInput::Upsert(n) if n.spec.instance_id == "i-1"));
+    }
+
+    #[test]
+    fn an_unparsable_object_being_deleted_is_reported_with_its_deletion_and_instance() {
+        let obj: DynamicObject = serde_json::from_value(serde_json::json!({
+            "apiVersion": "cilium.io/v2", "kind": "CiliumNode",
+            "metadata": {"name": "n1", "finalizers": [crate::crd::FINALIZER],
+                         "deletionTimestamp": "2026-01-01T00:00:00Z"},
+            "spec": {"instance-id": "i-1", "ipam": {"pre-allocate": "lots"}}
+        }))
+        .unwrap();
+        match to_input(&obj) {
+            NodeInput::Invalid(i) => {
+                assert!(i.deleting);
+                assert_eq!(i.instance_id, "i-1");
+                assert_eq!(i.node.finalizers, vec![crate::crd::FINALIZER.to_string()]);
+            }
+            other => panic!("expected Invalid, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_draining_node_is_still_present() {
+        let mut node = Node::default();
+        node.metadata.name = Some("n1".into());
+        node.metadata.finalizers = Some(vec!["karpenter.sh/termination".into()]);
+        node.metadata.deletion_timestamp =
+            Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+            ));
+        let present = |e| match node_input(e) {
+            Some(NodeInput::NodePresent { name, present }) if name == "n1" => present,
+            other => panic!("expected NodePresent for n1, got {other:?}"),
+        };
+        assert!(present(Event::Apply(node.clone())), "draining, not gone");
+        assert!(present(Event::InitApply(node.clone())));
+        assert!(
+            !present(Event::Delete(node)),
+            "gone once the API server drops it"
+        );
+        assert!(node_input::<Node>(Event::InitDone).is_none());
     }
 
     #[test]
@@ -282,5 +363,20 @@ mod tests {
         let mut changed = p.relist_done();
         changed.sort();
         assert_eq!(changed, vec![("n1".to_string(), 0), ("n2".to_string(), 1)]);
+    }
+
+    #[test]
+    fn a_rescheduled_pod_moves_its_count_and_unscheduling_drops_it() {
+        let mut p = PendingPods::default();
+        p.upsert("a", Some("n1"));
+        p.upsert("b", Some("n1"));
+        assert_eq!(
+            p.upsert("a", Some("n2")),
+            vec![("n1".to_string(), 1), ("n2".to_string(), 1)]
+        );
+        assert_eq!(p.upsert("a", None), vec![("n2".to_string(), 0)]);
+        assert_eq!(p.remove("a"), vec![], "already counted nowhere");
+        assert_eq!(p.remove("b"), vec![("n1".to_string(), 0)]);
+        assert!(p.counts.is_empty() && p.pods.is_empty());
     }
 }
