@@ -74,7 +74,8 @@ impl StructuralSchema {
 
     /// Our CRD, `cilium.io/v2`.
     pub fn ours() -> Self {
-        Self::from_crd_yaml(OUR_CRD_YAML, "v2").expect("manifests/crd/ciliumnodes.cilium.io.yaml parses")
+        Self::from_crd_yaml(OUR_CRD_YAML, "v2")
+            .expect("manifests/crd/ciliumnodes.cilium.io.yaml parses")
     }
 
     /// Prune a whole object (the resource root) in place.
