@@ -61,10 +61,10 @@ check-install: ## Dry-run the install (kubectl apply --dry-run=server -f manifes
 # Debug profile on purpose: the paused tokio clock needs tokio's test-util feature, which the
 # debug test builds already compile; a release build would rebuild every dependency with it
 # (~13 min on 2 cores) for a run that takes about a minute in debug. See docs/benchmarks.md.
-# BENCH_SCENARIO=burst|churn|scale-down runs one scenario.
+# BENCH_SCENARIO=burst|churn|scale-down|shared-account runs one scenario.
 BENCH_SCENARIO ?= all
 bench: ## Scale benchmark; rewrites the results in docs/benchmarks.md (smoke run: ARGS=--quick)
-	cargo run --locked --example bench -- --scenario $(BENCH_SCENARIO) --out docs/benchmarks.md --plot docs/burst.png $(ARGS)
+	cargo run --locked --example bench -- --scenario $(BENCH_SCENARIO) --out docs/benchmarks.md --plot docs/burst.png --shared-plot docs/shared-account.png $(ARGS)
 
 venv: $(MOTO_STAMP) ## Python venv with the pinned moto server (EC2 emulator)
 

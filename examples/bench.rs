@@ -9,9 +9,9 @@ use clap::{Parser, ValueEnum};
 use eni_operator::bench::heap::{self, CountingAllocator};
 use eni_operator::bench::plot::{Series, plot};
 use eni_operator::bench::scenario::{
-    GateMode, Outcome, Settings, burst, churn, peak_rss_mib, scale_down,
+    GateMode, Outcome, Settings, burst, churn, peak_rss_mib, scale_down, shared_account,
 };
-use eni_operator::bench::{Row, table};
+use eni_operator::bench::{Row, SharedRow, shared_table, table};
 
 // Counts heap bytes so each scenario can report the operator's share of the process.
 #[global_allocator]
@@ -22,6 +22,7 @@ enum Scenario {
     Burst,
     Churn,
     ScaleDown,
+    SharedAccount,
     All,
 }
 
@@ -54,6 +55,12 @@ struct Args {
     /// Node counts of the burst with the Cilium-like gate (default: the burst sizes up to 1000).
     #[arg(long, value_delimiter = ',')]
     cilium_nodes: Option<Vec<usize>>,
+    /// Node count of the shared-account scenario.
+    #[arg(long, default_value_t = 1000)]
+    shared_nodes: usize,
+    /// Shares of every AWS bucket another tenant of the account uses, one run each.
+    #[arg(long, value_delimiter = ',', default_value = "0.5,0.7,0.9")]
+    shares: Vec<f64>,
     /// Small sizes for a CI smoke run.
     #[arg(long)]
     quick: bool,
@@ -63,21 +70,27 @@ struct Args {
     /// Write the burst plot (PNG) here.
     #[arg(long)]
     plot: Option<std::path::PathBuf>,
+    /// Write the shared-account plot (PNG) here.
+    #[arg(long)]
+    shared_plot: Option<std::path::PathBuf>,
 }
 
 const BEGIN: &str = "<!-- bench:begin -->";
 const END: &str = "<!-- bench:end -->";
+/// The shared-account results have markers of their own, so each part can be rerun alone.
+const SHARED_BEGIN: &str = "<!-- bench:shared:begin -->";
+const SHARED_END: &str = "<!-- bench:shared:end -->";
 
 /// Replace the part of an existing document between the markers (keeping the prose around it);
-/// without markers the results are the whole file.
-fn splice(existing: Option<String>, results: &str) -> String {
-    if let Some(doc) = existing
-        && let (Some(b), Some(e)) = (doc.find(BEGIN), doc.find(END))
+/// without markers the results are appended.
+fn splice(existing: Option<String>, results: &str, begin: &str, end: &str) -> String {
+    let doc = existing.unwrap_or_default();
+    if let (Some(b), Some(e)) = (doc.find(begin), doc.find(end))
         && b < e
     {
-        return format!("{}{BEGIN}\n{results}{}", &doc[..b], &doc[e..]);
+        return format!("{}{begin}\n{results}{}", &doc[..b], &doc[e..]);
     }
-    format!("{BEGIN}\n{results}{END}\n")
+    format!("{doc}{begin}\n{results}{end}\n")
 }
 
 const COLORS: [[u8; 3]; 8] = [
@@ -97,6 +110,7 @@ fn main() -> anyhow::Result<()> {
         args.nodes = vec![10, 50];
         args.steady_nodes = vec![20];
         args.churn_minutes = 3;
+        args.shared_nodes = 50;
     }
     let settings = Settings {
         instance_type: args.instance_type.clone(),
@@ -194,6 +208,68 @@ fn main() -> anyhow::Result<()> {
         }
     }
 
+    let mut shared_rows: Vec<SharedRow> = Vec::new();
+    let mut shared_notes: Vec<String> = Vec::new();
+    let mut shared_curves: Vec<(String, Vec<(f64, f64)>)> = Vec::new();
+    if matches!(args.scenario, Scenario::SharedAccount | Scenario::All) {
+        for mode in [GateMode::Defaults, GateMode::CiliumLike] {
+            for &share in &args.shares {
+                let out = rt.block_on(shared_account(&settings, args.shared_nodes, share, mode));
+                let r = &out.row;
+                eprintln!(
+                    "shared account, {}, other tenant {:.0} % x {}: {:.1} s simulated, bound \
+                     {:.1} s, {:.2}x, throttled {} / {} ({:.0} s wall so far)",
+                    r.gate,
+                    share * 100.0,
+                    r.nodes,
+                    r.time.as_secs_f64(),
+                    r.lower_bound.as_secs_f64(),
+                    r.ratio(),
+                    r.throttled,
+                    r.calls,
+                    wall.elapsed().as_secs_f64()
+                );
+                shared_curves.push((
+                    format!("{}, other tenant {:.0} %", r.gate, share * 100.0),
+                    out.waiting,
+                ));
+                shared_notes.extend(out.notes);
+                shared_rows.push(out.row);
+            }
+        }
+    }
+    if !shared_rows.is_empty() {
+        let tbl = shared_table(&shared_rows);
+        println!("{tbl}");
+        for n in &shared_notes {
+            println!("- {n}");
+        }
+        let legend = legend_of(&shared_curves);
+        if let Some(path) = &args.out {
+            let mut md = format!("{tbl}\n");
+            for n in &shared_notes {
+                md.push_str(&format!("- {n}\n"));
+            }
+            md.push_str(&plot_caption(&shared_curves, args.shared_nodes, &legend));
+            std::fs::write(
+                path,
+                splice(
+                    std::fs::read_to_string(path).ok(),
+                    &md,
+                    SHARED_BEGIN,
+                    SHARED_END,
+                ),
+            )?;
+        }
+        if let Some(path) = &args.shared_plot {
+            write_plot(path, &shared_curves, &legend)?;
+        }
+    }
+    if rows.is_empty() {
+        eprintln!("wall time {:.0} s", wall.elapsed().as_secs_f64());
+        return Ok(());
+    }
+
     let tbl = table(&rows);
     println!("{tbl}");
     for n in &notes {
@@ -211,42 +287,59 @@ fn main() -> anyhow::Result<()> {
         args.mutating_latency_ms,
         args.describe_latency_ms
     );
-    let legend: Vec<String> = curves
-        .iter()
-        .zip(COLORS.iter().cycle())
-        .map(|((name, _), c)| format!("- rgb({},{},{}): {name}", c[0], c[1], c[2]))
-        .collect();
+    let legend = legend_of(&curves);
     if let Some(path) = &args.out {
         let mut md = format!("{tbl}\n");
         for n in &notes {
             md.push_str(&format!("- {n}\n"));
         }
-        let max_t = curves
-            .iter()
-            .flat_map(|(_, pts)| pts.iter().map(|p| p.0))
-            .fold(0.0, f64::max);
-        md.push_str(&format!(
-            "\nPlot: x = simulated seconds from 0 to {max_t:.0} (grid every tenth), y = nodes \
-             still waiting, 0 to {plot_size}. Colours:\n"
-        ));
-        md.push_str(&legend.join("\n"));
-        md.push('\n');
-        std::fs::write(path, splice(std::fs::read_to_string(path).ok(), &md))?;
+        md.push_str(&plot_caption(&curves, plot_size, &legend));
+        std::fs::write(
+            path,
+            splice(std::fs::read_to_string(path).ok(), &md, BEGIN, END),
+        )?;
     }
     if let Some(path) = &args.plot {
-        let series: Vec<Series> = curves
-            .iter()
-            .zip(COLORS.iter().cycle())
-            .map(|((_, pts), c)| Series {
-                color: *c,
-                points: pts.clone(),
-            })
-            .collect();
-        std::fs::write(path, plot(900, 450, &series).to_png())?;
-        eprintln!("plot written to {}", path.display());
-        for l in &legend {
-            eprintln!("{l}");
-        }
+        write_plot(path, &curves, &legend)?;
+    }
+    Ok(())
+}
+
+type Curves = [(String, Vec<(f64, f64)>)];
+
+fn legend_of(curves: &Curves) -> Vec<String> {
+    curves
+        .iter()
+        .zip(COLORS.iter().cycle())
+        .map(|((name, _), c)| format!("- rgb({},{},{}): {name}", c[0], c[1], c[2]))
+        .collect()
+}
+
+fn plot_caption(curves: &Curves, nodes: usize, legend: &[String]) -> String {
+    let max_t = curves
+        .iter()
+        .flat_map(|(_, pts)| pts.iter().map(|p| p.0))
+        .fold(0.0, f64::max);
+    format!(
+        "\nPlot: x = simulated seconds from 0 to {max_t:.0} (grid every tenth), y = nodes still \
+         waiting, 0 to {nodes}. Colours:\n{}\n",
+        legend.join("\n")
+    )
+}
+
+fn write_plot(path: &std::path::Path, curves: &Curves, legend: &[String]) -> anyhow::Result<()> {
+    let series: Vec<Series> = curves
+        .iter()
+        .zip(COLORS.iter().cycle())
+        .map(|((_, pts), c)| Series {
+            color: *c,
+            points: pts.clone(),
+        })
+        .collect();
+    std::fs::write(path, plot(900, 450, &series).to_png())?;
+    eprintln!("plot written to {}", path.display());
+    for l in legend {
+        eprintln!("{l}");
     }
     Ok(())
 }

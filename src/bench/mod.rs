@@ -118,6 +118,68 @@ pub fn table(rows: &[Row]) -> String {
     out
 }
 
+/// One line of the shared-account table.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct SharedRow {
+    pub gate: String,
+    /// Share of every AWS bucket the other tenant uses.
+    pub other_share: f64,
+    pub nodes: usize,
+    /// Simulated time until every node's demand was met (or the limit).
+    pub time: Duration,
+    /// The lower bound at the capacity the other tenant leaves.
+    pub lower_bound: Duration,
+    /// Our calls (attempts, pages included) and the throttled answers among them.
+    pub calls: u64,
+    pub throttled: u64,
+    /// The same after the learning phase (`scenario::LEARNING`).
+    pub calls_after_learning: u64,
+    pub throttled_after_learning: u64,
+    /// EC2 calls that returned an error to the operator after the gate's retries.
+    pub failed_operations: u64,
+    /// Nodes whose demand was never met.
+    pub stuck: usize,
+}
+
+impl SharedRow {
+    pub fn ratio(&self) -> f64 {
+        self.time.as_secs_f64() / self.lower_bound.as_secs_f64().max(1e-9)
+    }
+
+    /// Throttled answers after the learning phase, as a share of our calls then.
+    pub fn throttled_share_after_learning(&self) -> f64 {
+        self.throttled_after_learning as f64 / (self.calls_after_learning.max(1)) as f64
+    }
+}
+
+/// The shared-account results as a Markdown table.
+pub fn shared_table(rows: &[SharedRow]) -> String {
+    let mut out = String::from(
+        "| gate | other tenant | nodes | demand met | bound (capacity left) | ratio | throttled \
+         / calls | throttled after 30 s | failed operations | nodes stuck |\n\
+         |---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+    );
+    for r in rows {
+        out.push_str(&format!(
+            "| {} | {:.0} % | {} | {} | {} | {:.2}x | {} / {} | {:.1} % ({} / {}) | {} | {} |\n",
+            r.gate,
+            r.other_share * 100.0,
+            r.nodes,
+            secs(r.time),
+            secs(r.lower_bound),
+            r.ratio(),
+            r.throttled,
+            r.calls,
+            r.throttled_share_after_learning() * 100.0,
+            r.throttled_after_learning,
+            r.calls_after_learning,
+            r.failed_operations,
+            r.stuck,
+        ));
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -154,6 +216,33 @@ mod tests {
             (Operation::DetachNetworkInterface, 4),
         ]);
         assert_eq!(calls.get(&Bucket::GeneralMutating), Some(&7));
+    }
+
+    #[test]
+    fn shared_table_reports_the_ratio_and_the_late_throttled_share() {
+        let row = SharedRow {
+            gate: "default gate".into(),
+            other_share: 0.7,
+            nodes: 10,
+            time: Duration::from_secs(120),
+            lower_bound: Duration::from_secs(100),
+            calls: 300,
+            throttled: 20,
+            calls_after_learning: 200,
+            throttled_after_learning: 4,
+            failed_operations: 0,
+            stuck: 0,
+        };
+        let t = shared_table(&[row]);
+        assert_eq!(t.lines().count(), 3);
+        let line = t.lines().last().unwrap();
+        assert!(line.contains("| 70 % |"), "{line}");
+        assert!(line.contains("| 1.20x |"), "{line}");
+        assert!(line.contains("| 2.0 % (4 / 200) |"), "{line}");
+        assert_eq!(
+            t.lines().nth(1).unwrap().matches('|').count(),
+            line.matches('|').count()
+        );
     }
 
     #[test]

@@ -15,7 +15,7 @@ use tokio::time::Instant;
 use tokio_util::task::AbortOnDropHandle;
 
 use super::heap::{self, HeapShares};
-use super::{Row, enis_needed, lower_bound, per_bucket};
+use super::{Row, SharedRow, enis_needed, lower_bound, per_bucket};
 use crate::crd::{AllocationIp, CiliumNode, ReleaseState};
 use crate::ec2::gate::{Gate, GateConfig};
 use crate::ec2::sim::{SimStats, Simulator, default_instance_types};
@@ -35,6 +35,8 @@ pub enum GateMode {
     AwsFull,
     /// As the Cilium operator ships: one bucket for every call, 4 qps, burst 20.
     CiliumLike,
+    /// The operator's defaults: per-action buckets at 80 % of AWS's rates.
+    Defaults,
 }
 
 impl GateMode {
@@ -45,6 +47,7 @@ impl GateMode {
                 ..GateConfig::aws_defaults()
             },
             GateMode::CiliumLike => GateConfig::cilium_like(),
+            GateMode::Defaults => GateConfig::aws_defaults(),
         }
     }
 
@@ -52,6 +55,7 @@ impl GateMode {
         match self {
             GateMode::AwsFull => "AWS buckets",
             GateMode::CiliumLike => "Cilium gate",
+            GateMode::Defaults => "default gate",
         }
     }
 }
@@ -132,8 +136,20 @@ struct World {
 }
 
 fn world(s: &Settings, mode: GateMode, prefix: bool, release: bool) -> World {
+    world_shared(s, mode, prefix, release, 0.0)
+}
+
+/// A world whose EC2 account has another tenant using `other_share` of every bucket.
+fn world_shared(
+    s: &Settings,
+    mode: GateMode,
+    prefix: bool,
+    release: bool,
+    other_share: f64,
+) -> World {
     let sim = Simulator::new();
     sim.set_seed(s.seed);
+    sim.set_other_tenant_share(other_share);
     for op in Operation::ALL {
         let latency = if op.is_mutating() {
             s.mutating_latency
@@ -538,6 +554,121 @@ pub async fn burst(s: &Settings, nodes: usize, prefix: bool, mode: GateMode) -> 
     }
 }
 
+/// The result of one shared-account run.
+#[derive(Clone, Debug)]
+pub struct SharedOutcome {
+    pub row: SharedRow,
+    /// (simulated seconds, nodes whose demand is not met yet).
+    pub waiting: Vec<(f64, f64)>,
+    pub notes: Vec<String>,
+}
+
+/// Calls made before this much simulated time are the learning phase: the throttled share is
+/// reported after it.
+pub const LEARNING: Duration = Duration::from_secs(30);
+
+/// Shared account: another tenant uses `other_share` of every AWS bucket (the simulated account
+/// throttles both) while `nodes` nodes join at once, each needing `ips_per_node` secondary
+/// addresses; the gate in `mode` (the operator's defaults, or Cilium's single bucket).
+pub async fn shared_account(
+    s: &Settings,
+    nodes: usize,
+    other_share: f64,
+    mode: GateMode,
+) -> SharedOutcome {
+    let w = world_shared(s, mode, false, false, other_share);
+    let before = w.snapshot();
+    let names: Vec<String> = (0..nodes).map(|i| format!("node-{i}")).collect();
+    for name in &names {
+        w.join(s, name, s.ips_per_node);
+    }
+    let want = s.ips_per_node as usize;
+    let mut learned: Option<Snapshot> = None;
+    let (took, _, curve) = wait_for(
+        &w,
+        &names,
+        s.limit,
+        false,
+        |_, n| served(n, want),
+        |w, t| {
+            if learned.is_none() && t >= LEARNING.as_secs_f64() {
+                learned = Some(w.snapshot());
+            }
+            BTreeSet::new()
+        },
+    )
+    .await;
+    let after = w.snapshot();
+    let win = window(&before, &after);
+    let late = learned.as_ref().map(|l| window(l, &after));
+    let stuck = names
+        .iter()
+        .filter(|n| !w.sink.get(n).is_some_and(|node| served(&node, want)))
+        .count();
+
+    // The necessary calls (as in the burst) against the capacity the other tenant leaves.
+    let enis = u64::from(enis_needed(s.ips_per_node as u32, per_new_eni(s, false))) * nodes as u64;
+    let necessary = per_bucket([
+        (Operation::CreateNetworkInterface, enis),
+        (Operation::AttachNetworkInterface, enis),
+        (Operation::ModifyNetworkInterfaceAttribute, enis),
+    ]);
+    let chain = s.describe_latency + 3 * s.mutating_latency;
+    let left = 1.0 - other_share;
+    let bound = lower_bound(
+        &necessary,
+        |b| {
+            let (burst, rate) = b.aws_default();
+            (burst, f64::from(rate) * left)
+        },
+        chain,
+    );
+    let ours = |win: &Window| win.sum(true) + win.sum(false);
+    let gate = w.gate.stats();
+    let row = SharedRow {
+        gate: mode.label().into(),
+        other_share,
+        nodes,
+        time: took,
+        lower_bound: bound,
+        calls: ours(&win),
+        throttled: win.throttled,
+        calls_after_learning: late.as_ref().map_or(0, ours),
+        throttled_after_learning: late.as_ref().map_or(0, |l| l.throttled),
+        failed_operations: gate.total_failed(),
+        stuck,
+    };
+    let rates = w
+        .gate
+        .rates()
+        .into_iter()
+        .map(|(b, r)| format!("{b} {r:.2}"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let notes = vec![
+        format!(
+            "{}, other tenant {:.0} %: calls per node: {}",
+            row.gate,
+            other_share * 100.0,
+            win.op_notes(nodes)
+        ),
+        format!(
+            "{}, other tenant {:.0} %: gate rates at the end (calls/s): {rates}; gate retries {}",
+            row.gate,
+            other_share * 100.0,
+            gate.total_retries()
+        ),
+    ];
+    if let Err(e) = w.sim.check_invariants() {
+        panic!("simulator invariants broken: {e}");
+    }
+    SharedOutcome {
+        row,
+        waiting: curve,
+        notes,
+    }
+}
+
 /// A classic agent: pods hold pool addresses (reported in `status.ipam.used`), release
 /// proposals are answered as pkg/ipam/crd.go does.
 #[derive(Debug, Default)]
@@ -939,6 +1070,17 @@ mod tests {
     async fn a_small_churn_settles() {
         let out = churn(&small(), 4, 2).await;
         assert!(out.all_met, "{:?} {:?}", out.row, out.notes);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_small_burst_in_a_busy_account_converges_without_failures() {
+        for mode in [GateMode::Defaults, GateMode::CiliumLike] {
+            let out = shared_account(&small(), 40, 0.9, mode).await;
+            let r = &out.row;
+            assert_eq!(r.stuck, 0, "{r:?}");
+            assert_eq!(r.failed_operations, 0, "{r:?}");
+            assert!(r.throttled > 0, "the other tenant leaves too little: {r:?}");
+        }
     }
 
     #[test]

@@ -14,7 +14,20 @@
 //!   keeps a "not before" instant that all its callers wait for before taking a token. It is set
 //!   to `now + base_delay × 2^(strikes−1)` (capped at `max_delay`), where `strikes` counts
 //!   consecutive throttled answers of the bucket; any success resets the strikes. This is
-//!   simpler than rescaling the governor quota and adapts without configuration.
+//!   simpler than rescaling the governor quota and adapts without configuration. It answers
+//!   "the AWS bucket is empty *now*"; the adaptive rate below answers "how much of it is ours".
+//! * **Adaptive rate.** The configured rate is a ceiling: AWS's buckets are per account and
+//!   region, shared with every other tool in the account. Each bucket has a [`RateController`]
+//!   (see [`rate`]) that cuts its rate on throttled answers and grows it back on successes. The
+//!   governor limiter stays at the ceiling (quotas are immutable; rebuilding one would lose its
+//!   state); while the controller's rate is below the ceiling, calls are also paced one every
+//!   `1/rate` after the previous one. At the ceiling the pacing is off, so with nobody else in
+//!   the account the gate behaves exactly as the static limiter. The current rate of each bucket
+//!   is the gauge `ec2_rate_limit_qps{bucket}`.
+//! * **Order under scarcity.** While a bucket's rate is below its ceiling, calls that complete
+//!   half-done work (attach, delete-on-termination, unassign, ...) take its next slot before
+//!   calls that start new work
+//!   (`CreateNetworkInterface`); describes keep their place (`Class`).
 //! * **Time** is tokio's (a governor [`Clock`] over `tokio::time::Instant`, waits with
 //!   `tokio::time::sleep`), so tests and benchmarks run under `tokio::time::pause()` at simulated
 //!   speed.
@@ -24,7 +37,7 @@ use std::future::Future;
 use std::net::Ipv4Addr;
 use std::num::NonZeroU32;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use backon::{ExponentialBuilder, Retryable};
@@ -36,10 +49,12 @@ use ipnet::Ipv4Net;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 use tokio::time::Instant;
 
+use self::rate::RateController;
 use super::error::ErrorKind;
 use super::model::*;
 use super::{Ec2, Ec2Error, Result};
@@ -53,8 +68,12 @@ pub struct GateConfig {
     pub overrides: BTreeMap<Bucket, (u32, f64)>,
     /// One bucket (refill per second, burst) for every call instead of per-action buckets.
     pub single_bucket: Option<(f64, u32)>,
-    /// Attempts per call, the first included.
+    /// Attempts per call, the first included, counting failures other than throttling.
     pub max_attempts: u32,
+    /// How long a call keeps retrying throttled answers (from its first attempt). A throttled
+    /// call was not executed, so retrying is always safe; giving up early would turn scarcity
+    /// into failed operations (and the executor's error paths), so the bound is generous.
+    pub throttle_deadline: Duration,
     pub base_delay: Duration,
     pub max_delay: Duration,
 }
@@ -73,6 +92,7 @@ impl GateConfig {
             overrides: BTreeMap::new(),
             single_bucket: None,
             max_attempts: 5,
+            throttle_deadline: Duration::from_secs(300),
             base_delay: Duration::from_millis(200),
             max_delay: Duration::from_secs(20),
         }
@@ -134,9 +154,29 @@ struct Penalty {
     strikes: u32,
 }
 
+/// The adaptive pacing of one bucket (see the module docs).
+#[derive(Debug)]
+struct Pacing {
+    controller: RateController,
+    /// When the last call was let through.
+    last: Option<Instant>,
+}
+
 struct BucketState {
     limiter: Limiter,
     penalty: Mutex<Penalty>,
+    pacing: Mutex<Pacing>,
+    /// Callers waiting that complete half-done work; new work yields to them.
+    urgent_waiting: AtomicUsize,
+}
+
+/// Decrements the urgent-waiter count when the wait ends, also when the caller is cancelled.
+struct UrgentGuard<'a>(&'a AtomicUsize);
+
+impl Drop for UrgentGuard<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 impl BucketState {
@@ -147,36 +187,108 @@ impl BucketState {
                 not_before: Instant::now(),
                 strikes: 0,
             }),
+            pacing: Mutex::new(Pacing {
+                controller: RateController::new(per_sec),
+                last: None,
+            }),
+            urgent_waiting: AtomicUsize::new(0),
         }
     }
 
-    /// Wait out the penalty, then for a token.
-    async fn acquire(&self) {
+    /// Wait out the penalty, the adaptive pacing (urgent callers first), then for a token.
+    async fn acquire(&self, class: Class) {
+        let urgent = class == Class::Completes;
+        let _guard = urgent.then(|| {
+            self.urgent_waiting.fetch_add(1, Ordering::Relaxed);
+            UrgentGuard(&self.urgent_waiting)
+        });
         loop {
             let not_before = self.penalty.lock().expect("penalty lock").not_before;
-            if Instant::now() < not_before {
+            let now = Instant::now();
+            if now < not_before {
                 tokio::time::sleep_until(not_before).await;
                 continue;
             }
-            match self.limiter.check() {
-                Ok(()) => return,
-                Err(not_until) => {
-                    tokio::time::sleep(not_until.wait_time_from(TokioClock.now())).await
+            // Everything is re-evaluated after every wait: a cut meanwhile spaces calls further,
+            // and urgent callers that arrived meanwhile go first.
+            let wake = {
+                let mut p = self.pacing.lock().expect("pacing lock");
+                let next = match p.last {
+                    Some(last) if p.controller.is_limiting() => {
+                        last + Duration::from_secs_f64(1.0 / p.controller.rate())
+                    }
+                    _ => now,
+                };
+                // Only under scarcity (the bucket was throttled and is not back at its
+                // ceiling): otherwise every call goes in its turn, as before.
+                let scarce = p.controller.is_limiting();
+                if scarce
+                    && class == Class::Starts
+                    && self.urgent_waiting.load(Ordering::Relaxed) > 0
+                {
+                    // New work lets the urgent callers take the next slot, then looks again.
+                    next.max(now) + Duration::from_secs_f64(1.0 / p.controller.rate())
+                } else if next > now {
+                    next
+                } else {
+                    match self.limiter.check() {
+                        Ok(()) => {
+                            p.last = Some(now);
+                            return;
+                        }
+                        Err(not_until) => now + not_until.wait_time_from(TokioClock.now()),
+                    }
                 }
-            }
+            };
+            tokio::time::sleep_until(wake).await;
         }
     }
 
-    fn throttled(&self, base: Duration, max: Duration) {
+    /// A throttled answer to a call sent at `sent`. Returns the rate if it was cut.
+    fn throttled(&self, sent: Instant, base: Duration, max: Duration) -> Option<f64> {
         let mut p = self.penalty.lock().expect("penalty lock");
         p.strikes = p.strikes.saturating_add(1);
         let factor = 1u32 << (p.strikes - 1).min(16);
         let delay = base.saturating_mul(factor).min(max);
         p.not_before = p.not_before.max(Instant::now() + delay);
+        let mut pacing = self.pacing.lock().expect("pacing lock");
+        let c = &mut pacing.controller;
+        c.on_throttle(sent, Instant::now()).then(|| c.rate())
     }
 
-    fn succeeded(&self) {
+    /// A success: resets the penalty's strikes and grows the rate. Returns the rate.
+    fn succeeded(&self) -> f64 {
         self.penalty.lock().expect("penalty lock").strikes = 0;
+        let mut pacing = self.pacing.lock().expect("pacing lock");
+        pacing.controller.on_success();
+        pacing.controller.rate()
+    }
+
+    fn rate(&self) -> f64 {
+        self.pacing.lock().expect("pacing lock").controller.rate()
+    }
+}
+
+/// Calls that start new work yield a bucket's next slot to calls completing work already begun
+/// (attach after create, delete-on-termination, releases): under scarcity, finishing what is
+/// half done keeps the cluster correct; a new ENI can wait. Describes neither yield nor are
+/// yielded to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Class {
+    Starts,
+    Completes,
+    Neutral,
+}
+
+impl Class {
+    fn of(op: Operation) -> Self {
+        if op == Operation::CreateNetworkInterface {
+            Class::Starts
+        } else if op.is_mutating() {
+            Class::Completes
+        } else {
+            Class::Neutral
+        }
     }
 }
 
@@ -184,6 +296,14 @@ impl BucketState {
 struct OpLabels {
     operation: &'static str,
 }
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct BucketLabels {
+    bucket: &'static str,
+}
+
+/// The `bucket` label in single-bucket mode.
+const SINGLE_BUCKET: &str = "all";
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct OutcomeLabels {
@@ -213,6 +333,7 @@ pub struct GateMetrics {
     wait: HistogramFamily,
     retries: Family<OpLabels, Counter>,
     throttled: Family<OpLabels, Counter>,
+    rate: Family<BucketLabels, Gauge<f64, AtomicU64>>,
 }
 
 impl Default for GateMetrics {
@@ -223,13 +344,15 @@ impl Default for GateMetrics {
             wait: Family::new_with_constructor(latency_histogram),
             retries: Family::default(),
             throttled: Family::default(),
+            rate: Family::default(),
         }
     }
 }
 
 impl GateMetrics {
     /// Register under `ec2_api_calls_total`, `ec2_api_duration_seconds`,
-    /// `ec2_rate_limit_wait_seconds`, `ec2_api_retries_total`, `ec2_api_throttled_total`.
+    /// `ec2_rate_limit_wait_seconds`, `ec2_api_retries_total`, `ec2_api_throttled_total`,
+    /// `ec2_rate_limit_qps`.
     pub fn register(&self, registry: &mut Registry) {
         // prometheus-client appends `_total` to counters.
         registry.register(
@@ -256,6 +379,12 @@ impl GateMetrics {
             "ec2_api_throttled",
             "EC2 API answers that were throttled",
             self.throttled.clone(),
+        );
+        registry.register(
+            "ec2_rate_limit_qps",
+            "Current adaptive rate of each client-side bucket (calls per second; the configured \
+             rate is its ceiling)",
+            self.rate.clone(),
         );
     }
 }
@@ -294,6 +423,7 @@ struct Counters {
     throttled: [AtomicU64; OPS],
     retries: [AtomicU64; OPS],
     wait_nanos: [AtomicU64; OPS],
+    failed: [AtomicU64; OPS],
 }
 
 /// A snapshot of the gate's counters.
@@ -307,6 +437,8 @@ pub struct GateStats {
     pub retries: BTreeMap<Operation, u64>,
     /// Total time spent waiting for tokens and penalties, per operation.
     pub waited: BTreeMap<Operation, Duration>,
+    /// Calls that returned an error to the caller (after the retries), per operation.
+    pub failed: BTreeMap<Operation, u64>,
 }
 
 impl GateStats {
@@ -320,6 +452,10 @@ impl GateStats {
 
     pub fn total_retries(&self) -> u64 {
         self.retries.values().sum()
+    }
+
+    pub fn total_failed(&self) -> u64 {
+        self.failed.values().sum()
     }
 }
 
@@ -345,13 +481,20 @@ impl<E: Ec2> Gate<E> {
                 })
                 .collect(),
         };
-        Self {
+        let gate = Self {
             inner,
             config,
             buckets,
             metrics: GateMetrics::default(),
             counters: Counters::default(),
+        };
+        for (bucket, rate) in gate.rates() {
+            gate.metrics
+                .rate
+                .get_or_create(&BucketLabels { bucket })
+                .set(rate);
         }
+        gate
     }
 
     pub fn inner(&self) -> &E {
@@ -378,11 +521,43 @@ impl<E: Ec2> Gate<E> {
             calls: read(&self.counters.calls),
             throttled: read(&self.counters.throttled),
             retries: read(&self.counters.retries),
+            failed: read(&self.counters.failed),
             waited: read(&self.counters.wait_nanos)
                 .into_iter()
                 .map(|(op, n)| (op, Duration::from_nanos(n)))
                 .collect(),
         }
+    }
+
+    /// The `bucket` label of `op`'s gate bucket.
+    fn bucket_label(&self, op: Operation) -> &'static str {
+        if self.buckets.len() == 1 {
+            SINGLE_BUCKET
+        } else {
+            op.bucket().name()
+        }
+    }
+
+    fn rate_gauge(&self, op: Operation) -> Gauge<f64, AtomicU64> {
+        self.metrics
+            .rate
+            .get_or_create(&BucketLabels {
+                bucket: self.bucket_label(op),
+            })
+            .clone()
+    }
+
+    /// The current adaptive rate of each gate bucket (calls per second), by bucket name
+    /// (`"all"` in single-bucket mode).
+    pub fn rates(&self) -> Vec<(&'static str, f64)> {
+        if self.buckets.len() == 1 {
+            return vec![(SINGLE_BUCKET, self.buckets[0].rate())];
+        }
+        Bucket::ALL
+            .iter()
+            .zip(&self.buckets)
+            .map(|(b, state)| (b.name(), state.rate()))
+            .collect()
     }
 
     fn bucket(&self, op: Operation) -> &BucketState {
@@ -410,8 +585,9 @@ impl<E: Ec2> Gate<E> {
         };
         let bucket = self.bucket(op);
         let waiting = Instant::now();
+        let class = Class::of(op);
         for _ in 0..tokens {
-            bucket.acquire().await;
+            bucket.acquire(class).await;
         }
         let waited = waiting.elapsed();
         self.metrics
@@ -435,13 +611,18 @@ impl<E: Ec2> Gate<E> {
             .observe(started.elapsed().as_secs_f64());
         let outcome = match &result {
             Ok(_) => {
-                bucket.succeeded();
+                let rate = bucket.succeeded();
+                self.rate_gauge(op).set(rate);
                 "success"
             }
             Err(e) => {
                 if e.is_throttled() {
-                    bucket.throttled(self.config.base_delay, self.config.max_delay);
-                    tracing::debug!(%op, bucket = op.bucket().name(), "throttled: slowing the bucket");
+                    let cut =
+                        bucket.throttled(started, self.config.base_delay, self.config.max_delay);
+                    if let Some(rate) = cut {
+                        self.rate_gauge(op).set(rate);
+                    }
+                    tracing::debug!(%op, bucket = op.bucket().name(), ?cut, "throttled: slowing the bucket");
                     self.counters.throttled[i].fetch_add(1, Ordering::Relaxed);
                     self.metrics.throttled.get_or_create(&labels).inc();
                 }
@@ -475,13 +656,22 @@ impl<E: Ec2> Gate<E> {
         let backoff = ExponentialBuilder::default()
             .with_min_delay(self.config.base_delay)
             .with_max_delay(self.config.max_delay)
-            .with_max_times(self.config.max_attempts.saturating_sub(1) as usize)
+            .without_max_times()
             .with_jitter();
+        let first = Instant::now();
+        let mut failures = 0u32;
         (|| self.attempt(op, tokens, call()))
             .retry(backoff)
             .sleep(tokio::time::sleep)
             .when(|e: &Ec2Error| {
-                e.is_throttled() || (e.is_retryable() && op.repeatable_after_lost_answer())
+                if e.is_throttled() {
+                    // Not executed: wait (the bucket is paced meanwhile) and try again.
+                    return first.elapsed() < self.config.throttle_deadline;
+                }
+                failures += 1;
+                e.is_retryable()
+                    && op.repeatable_after_lost_answer()
+                    && failures < self.config.max_attempts
             })
             .notify(|err: &Ec2Error, delay: Duration| {
                 self.counters.retries[op_index(op)].fetch_add(1, Ordering::Relaxed);
@@ -494,6 +684,9 @@ impl<E: Ec2> Gate<E> {
                 tracing::debug!(%op, code = %err.code, ?delay, "retrying EC2 call");
             })
             .await
+            .inspect_err(|_| {
+                self.counters.failed[op_index(op)].fetch_add(1, Ordering::Relaxed);
+            })
     }
 }
 
@@ -657,6 +850,8 @@ impl<E: Ec2> Ec2 for Gate<E> {
         .await
     }
 }
+
+pub mod rate;
 
 #[cfg(test)]
 mod tests;

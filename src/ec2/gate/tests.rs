@@ -414,8 +414,37 @@ async fn client_errors_are_not_retried() {
     assert_eq!(g.stats().total_retries(), 0);
 }
 
+fn create_request() -> CreateEniRequest {
+    CreateEniRequest {
+        subnet_id: "subnet-1".into(),
+        security_groups: vec![],
+        description: String::new(),
+        tags: Tags::new(),
+        addresses: AddressRequest::Ips(0),
+        client_token: "t".into(),
+    }
+}
+
 #[tokio::test(start_paused = true)]
 async fn attempts_are_bounded() {
+    let fake = Fake::default();
+    fake.fail(Operation::CreateNetworkInterface, "InternalError", 10);
+    let config = GateConfig {
+        max_attempts: 3,
+        ..GateConfig::aws_defaults()
+    };
+    let g = gate(fake, config);
+    let err = g
+        .create_network_interface(&create_request())
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind, ErrorKind::Transient);
+    assert_eq!(g.inner().times(None).len(), 3);
+    assert_eq!(g.stats().total_retries(), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn throttled_answers_are_retried_until_the_deadline_not_the_attempt_count() {
     let fake = Fake::default();
     fake.fail(
         Operation::CreateNetworkInterface,
@@ -427,20 +456,158 @@ async fn attempts_are_bounded() {
         ..GateConfig::aws_defaults()
     };
     let g = gate(fake, config);
+    // Ten throttled answers in a row: scarcity, not failure. The call waits and succeeds.
+    g.create_network_interface(&create_request())
+        .await
+        .expect("retried past max_attempts while throttled");
+    assert_eq!(g.inner().times(None).len(), 11);
+    assert_eq!(g.stats().total_throttled(), 10);
+
+    // Past the deadline the throttled answer is returned (the caller reschedules the work).
+    let fake = Fake::default();
+    fake.fail(
+        Operation::CreateNetworkInterface,
+        "RequestLimitExceeded",
+        1000,
+    );
+    let config = GateConfig {
+        throttle_deadline: Duration::from_secs(60),
+        ..GateConfig::aws_defaults()
+    };
+    let g = gate(fake, config);
+    let start = Instant::now();
     let err = g
-        .create_network_interface(&CreateEniRequest {
-            subnet_id: "subnet-1".into(),
-            security_groups: vec![],
-            description: String::new(),
-            tags: Tags::new(),
-            addresses: AddressRequest::Ips(0),
-            client_token: "t".into(),
-        })
+        .create_network_interface(&create_request())
         .await
         .unwrap_err();
     assert!(err.is_throttled());
-    assert_eq!(g.inner().times(None).len(), 3);
-    assert_eq!(g.stats().total_retries(), 2);
+    let took = start.elapsed();
+    assert!(
+        took >= Duration::from_secs(60) && took < Duration::from_secs(60 + 40),
+        "gave up after {took:?}"
+    );
+}
+
+fn rate_of(g: &Gate<Fake>, bucket: Bucket) -> f64 {
+    g.rates()
+        .into_iter()
+        .find(|(name, _)| *name == bucket.name())
+        .expect("bucket listed")
+        .1
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_throttled_answer_cuts_the_rate_of_its_bucket_only() {
+    let fake = Fake::default();
+    fake.fail(Operation::AttachNetworkInterface, "RequestLimitExceeded", 1);
+    let g = gate(fake, GateConfig::aws_defaults());
+    let ceiling = |b| g.config().bucket_limits(b).1;
+    g.attach_network_interface("eni-1", "i-1", 1).await.unwrap();
+    // Cut by the SDK's beta, then grown by the one success of the retry.
+    let general = rate_of(&g, Bucket::GeneralMutating);
+    let expected = ceiling(Bucket::GeneralMutating) * rate::BETA;
+    assert!(
+        general > expected && general < expected * 1.01,
+        "{general} vs {expected}"
+    );
+    for b in Bucket::ALL {
+        if b != Bucket::GeneralMutating {
+            assert_eq!(rate_of(&g, b), ceiling(b), "{b:?} is independent");
+        }
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn below_the_ceiling_calls_are_paced_at_the_learned_rate() {
+    let fake = Fake::default();
+    fake.fail(Operation::DeleteNetworkInterface, "RequestLimitExceeded", 3);
+    let config = GateConfig {
+        // No penalty, so only the pacing spaces the calls.
+        base_delay: Duration::from_millis(1),
+        max_delay: Duration::from_millis(1),
+        ..GateConfig::aws_defaults()
+    };
+    let g = gate(fake, config);
+    g.delete_network_interface("eni-1").await.unwrap();
+    let rate = rate_of(&g, Bucket::DeleteNetworkInterface);
+    assert!(rate < 4.0 * 0.35, "three cuts from 4/s: {rate}");
+    // Thirty concurrent deletes: one every 1/rate, not the burst of 80 the ceiling allows.
+    let start = Instant::now();
+    let tasks: Vec<_> = (0..30)
+        .map(|_| {
+            let g = g.clone();
+            tokio::spawn(async move { g.delete_network_interface("eni-2").await })
+        })
+        .collect();
+    for t in tasks {
+        t.await.unwrap().unwrap();
+    }
+    let times: Vec<Instant> = g
+        .inner()
+        .times(Some(Operation::DeleteNetworkInterface))
+        .into_iter()
+        .filter(|t| *t > start)
+        .collect();
+    assert_eq!(times.len(), 30);
+    let span = (*times.iter().max().unwrap() - start).as_secs_f64();
+    // 29 gaps at a rate that grows by at most 30 successes' worth (< 1.11x).
+    assert!(
+        span >= 29.0 / (rate * 1.11) && span <= 30.0 / rate,
+        "30 calls over {span} s at {rate}/s"
+    );
+    assert!(
+        rate_of(&g, Bucket::DeleteNetworkInterface) > rate,
+        "successes grow it"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn new_work_yields_the_next_slot_to_half_done_work() {
+    // One bucket for everything (Cilium's mode), throttled once: scarcity.
+    let fake = Fake::default();
+    fake.fail(Operation::DescribeVpcs, "RequestLimitExceeded", 1);
+    let config = GateConfig {
+        single_bucket: Some((1.0, 1)),
+        ..GateConfig::aws_defaults()
+    };
+    let g = gate(fake, config);
+    // Throttled, then retried: the rate is cut. Then queue creates first and attaches after.
+    g.describe_vpcs(&ResourceFilter::default(), None)
+        .await
+        .unwrap();
+    assert!(g.rates()[0].1 < 1.0);
+    let mut tasks = Vec::new();
+    for i in 0..3 {
+        let g = g.clone();
+        tasks.push(tokio::spawn(async move {
+            g.create_network_interface(&create_request())
+                .await
+                .map(|_| ())
+        }));
+        tokio::time::sleep(Duration::from_millis(1 + i)).await;
+    }
+    for _ in 0..3 {
+        let g = g.clone();
+        tasks.push(tokio::spawn(async move {
+            g.attach_network_interface("eni-1", "i-1", 1)
+                .await
+                .map(|_| ())
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap().unwrap();
+    }
+    let log = g.inner().log.lock().unwrap().clone();
+    let order: Vec<Operation> = log.iter().skip(2).map(|(op, _)| *op).collect();
+    assert_eq!(
+        order,
+        [
+            [Operation::AttachNetworkInterface; 3],
+            [Operation::CreateNetworkInterface; 3]
+        ]
+        .concat(),
+        "attaches that complete work go before new creates, although queued later"
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -477,6 +644,8 @@ async fn consecutive_throttles_grow_the_penalty_and_success_resets_it() {
     fake.fail(Operation::DetachNetworkInterface, "RequestLimitExceeded", 3);
     let config = GateConfig {
         max_attempts: 1,
+        // Throttled answers are returned at once, so each call below is one attempt.
+        throttle_deadline: Duration::ZERO,
         ..GateConfig::aws_defaults()
     };
     let g = gate(fake, config);
@@ -486,18 +655,22 @@ async fn consecutive_throttles_grow_the_penalty_and_success_resets_it() {
         starts.push(*g.inner().times(None).last().unwrap());
     }
     let gaps: Vec<_> = starts.windows(2).map(|w| w[1] - w[0]).collect();
-    assert_eq!(
-        gaps,
-        vec![
-            Duration::from_millis(200),
-            Duration::from_millis(400),
-            Duration::from_millis(800)
-        ]
-    );
-    // After the success, the next call waits for nothing.
-    let before = Instant::now();
+    // Each gap is the larger of the penalty (200, 400, 800 ms) and the pacing at the cut rate
+    // (1 / (4 × 0.7^k) s: 357, 510, 729 ms).
+    let pacing = |k: i32| Duration::from_secs_f64(1.0 / (4.0 * rate::BETA.powi(k)));
+    // (tokio's timer rounds a wake-up to the next millisecond.)
+    let expected = [pacing(1), pacing(2), Duration::from_millis(800)];
+    for (gap, want) in gaps.iter().zip(expected) {
+        assert!(
+            *gap >= want && *gap <= want + Duration::from_millis(2),
+            "{gaps:?} vs {expected:?}"
+        );
+    }
+    // After the success, the penalty is gone (1.6 s otherwise): only the pacing remains.
+    let before = *starts.last().unwrap();
     g.detach_network_interface("a", false).await.unwrap();
-    assert_eq!(*g.inner().times(None).last().unwrap(), before);
+    let gap = *g.inner().times(None).last().unwrap() - before;
+    assert!(gap <= pacing(3) + Duration::from_millis(2), "{gap:?}");
 }
 
 #[tokio::test(start_paused = true)]
@@ -580,7 +753,16 @@ async fn metrics_count_calls_by_outcome_and_response_code() {
         r#"ec2_api_duration_seconds_count{operation="AssignPrivateIpAddresses",response_code="RequestLimitExceeded"} 1"#,
         r#"ec2_api_duration_seconds_count{operation="AssignPrivateIpAddresses",response_code="OK"} 1"#,
         r#"ec2_rate_limit_wait_seconds_count{operation="AssignPrivateIpAddresses"} 2"#,
+        // Untouched buckets report their ceiling.
+        r#"ec2_rate_limit_qps{bucket="delete-network-interface"} 4.0"#,
     ] {
         assert!(text.contains(line), "missing {line} in\n{text}");
     }
+    // The throttled bucket reports its cut rate (grown by one success).
+    let line = text
+        .lines()
+        .find(|l| l.starts_with(r#"ec2_rate_limit_qps{bucket="assign-private-ip-addresses"}"#))
+        .expect("the assign bucket's rate");
+    let rate: f64 = line.rsplit(' ').next().unwrap().parse().unwrap();
+    assert!(rate > 2.8 && rate < 2.83, "{line}");
 }

@@ -131,6 +131,12 @@ impl Simulator {
             .set(bucket, burst, per_second, Instant::now());
     }
 
+    /// Another tenant of the account uses `share` (0 to 1) of every throttling bucket's refill
+    /// from now on (AWS's buckets are per account and region; see `throttle`).
+    pub fn set_other_tenant_share(&self, share: f64) {
+        self.lock().throttle.set_other_tenant(share, Instant::now());
+    }
+
     /// Every call of `op` takes this long (tokio time) before it is answered.
     pub fn set_latency(&self, op: Operation, latency: Duration) {
         self.lock().faults.set_latency(op, latency);

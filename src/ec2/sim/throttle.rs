@@ -1,6 +1,12 @@
 //! AWS-style request throttling: one token bucket per [`Bucket`], refilled continuously. A
 //! throttled request takes no token (AWS's model). Driven by tokio time so tests can run under
 //! `tokio::time::pause()` without waiting.
+//!
+//! AWS's buckets are per account and region, shared by every caller in the account (other
+//! clusters' CNI, Karpenter, Terraform; AWS EC2 API reference, "Request throttling"). The
+//! *other tenant* models them: another caller draining each bucket at a share of its refill.
+//! Its steady trickle of calls takes its tokens as they come, so only `1 − share` of the refill
+//! is left to the operator (the burst is there at the start, as after a quiet period).
 
 use std::collections::BTreeMap;
 
@@ -26,9 +32,10 @@ impl TokenBucket {
         }
     }
 
-    fn try_take(&mut self, now: Instant) -> bool {
+    fn try_take(&mut self, now: Instant, other_share: f64) -> bool {
         let elapsed = now.saturating_duration_since(self.last).as_secs_f64();
-        self.tokens = (self.tokens + elapsed * self.per_second).min(self.burst);
+        let ours = self.per_second * (1.0 - other_share);
+        self.tokens = (self.tokens + elapsed * ours).min(self.burst);
         self.last = now;
         // A hair of tolerance absorbs float rounding of the refill.
         if self.tokens >= 1.0 - 1e-9 {
@@ -44,6 +51,8 @@ impl TokenBucket {
 #[derive(Clone, Debug)]
 pub(crate) struct Throttle {
     buckets: Option<BTreeMap<Bucket, TokenBucket>>,
+    /// Share of every bucket's refill the other tenant uses (0 to 1).
+    other_share: f64,
 }
 
 impl Throttle {
@@ -58,11 +67,29 @@ impl Throttle {
             .collect();
         Self {
             buckets: Some(buckets),
+            other_share: 0.0,
         }
     }
 
     pub(crate) fn disabled() -> Self {
-        Self { buckets: None }
+        Self {
+            buckets: None,
+            other_share: 0.0,
+        }
+    }
+
+    /// Another tenant of the account uses `share` of every bucket's refill from now on.
+    pub(crate) fn set_other_tenant(&mut self, share: f64, now: Instant) {
+        // Refill up to now at the old share first.
+        if let Some(buckets) = &mut self.buckets {
+            for b in buckets.values_mut() {
+                let elapsed = now.saturating_duration_since(b.last).as_secs_f64();
+                b.tokens =
+                    (b.tokens + elapsed * b.per_second * (1.0 - self.other_share)).min(b.burst);
+                b.last = now;
+            }
+        }
+        self.other_share = share.clamp(0.0, 1.0);
     }
 
     /// Replace one bucket (full), enabling throttling with AWS defaults for the others.
@@ -77,7 +104,9 @@ impl Throttle {
     pub(crate) fn try_take(&mut self, bucket: Bucket, now: Instant) -> bool {
         match &mut self.buckets {
             None => true,
-            Some(buckets) => buckets.get_mut(&bucket).is_none_or(|b| b.try_take(now)),
+            Some(buckets) => buckets
+                .get_mut(&bucket)
+                .is_none_or(|b| b.try_take(now, self.other_share)),
         }
     }
 }
@@ -120,6 +149,23 @@ mod tests {
         drain(&mut t, Bucket::DeleteNetworkInterface);
         tokio::time::advance(Duration::from_secs(3600)).await;
         assert_eq!(drain(&mut t, Bucket::DeleteNetworkInterface), 100);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn another_tenant_leaves_the_rest_of_the_refill() {
+        let mut t = Throttle::aws_default(Instant::now());
+        t.set_other_tenant(0.7, Instant::now());
+        // The burst is there at the start.
+        assert_eq!(drain(&mut t, Bucket::CreateNetworkInterface), 100);
+        assert_eq!(drain(&mut t, Bucket::Describe), 100);
+        // 30 % of 5/s and 20/s is left: 1.5/s and 6/s.
+        tokio::time::advance(Duration::from_secs(10)).await;
+        assert_eq!(drain(&mut t, Bucket::CreateNetworkInterface), 15);
+        assert_eq!(drain(&mut t, Bucket::Describe), 60);
+        // The tenant leaves: the whole refill is ours again.
+        t.set_other_tenant(0.0, Instant::now());
+        tokio::time::advance(Duration::from_secs(2)).await;
+        assert_eq!(drain(&mut t, Bucket::CreateNetworkInterface), 10);
     }
 
     #[tokio::test(start_paused = true)]
