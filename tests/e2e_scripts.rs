@@ -8,6 +8,15 @@
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
+use std::sync::{Mutex, MutexGuard};
+
+/// One test at a time: `cargo test` runs tests as threads of one process, and a fork by one
+/// test while another still holds its fake command open for writing makes that command's exec
+/// fail with ETXTBSY ("Text file busy"), a flaky failure unrelated to the scripts.
+fn serial() -> MutexGuard<'static, ()> {
+    static SERIAL: Mutex<()> = Mutex::new(());
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
 
 fn root() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -74,6 +83,7 @@ fn calls(dir: &Path) -> String {
 
 #[test]
 fn make_e2e_names_every_missing_tool_before_doing_anything() {
+    let _serial = serial();
     let empty = bin_dir("missing");
     let (out, stderr) = run_kind(&empty, &[]);
     assert_eq!(out.status.code(), Some(2), "{stderr}");
@@ -88,6 +98,7 @@ fn make_e2e_names_every_missing_tool_before_doing_anything() {
 
 #[test]
 fn make_e2e_fails_fast_when_the_docker_engine_is_down() {
+    let _serial = serial();
     let dir = fake_world("engine", "[ \"$1\" = info ] && exit 1; exit 0", "exit 7");
     let (out, stderr) = run_kind(&dir, &[]);
     assert_eq!(out.status.code(), Some(2), "{stderr}");
@@ -101,6 +112,7 @@ fn make_e2e_fails_fast_when_the_docker_engine_is_down() {
 
 #[test]
 fn make_e2e_fails_fast_when_the_emulator_exits_and_shows_its_logs() {
+    let _serial = serial();
     // LocalStack without a token: the container stops at once.
     let docker = r#"case "$1" in
   inspect) echo false ;;
@@ -139,6 +151,7 @@ exit 0"#;
 
 #[test]
 fn make_e2e_fails_fast_when_the_emulator_never_becomes_healthy() {
+    let _serial = serial();
     let docker = r#"[ "$1" = inspect ] && echo true; exit 0"#;
     let dir = fake_world("unhealthy", docker, "exit 7");
     let (out, stderr) = run_kind(&dir, &[("E2E_EC2", "moto"), ("E2E_EMULATOR_TIMEOUT", "1")]);
@@ -154,6 +167,7 @@ fn make_e2e_fails_fast_when_the_emulator_never_becomes_healthy() {
 
 #[test]
 fn make_e2e_rejects_an_unknown_emulator() {
+    let _serial = serial();
     let dir = fake_world("unknown", "exit 0", "exit 0");
     let (out, stderr) = run_kind(&dir, &[("E2E_EC2", "aws")]);
     assert_eq!(out.status.code(), Some(2), "{stderr}");
@@ -205,6 +219,7 @@ exit 0"#
 
 #[test]
 fn check_install_passes_a_clean_dry_run_and_writes_nothing_else() {
+    let _serial = serial();
     let (out, stderr, calls) = check_install(
         "install-ok",
         "namespace/eni-operator\ndeployment.apps/eni-operator",
@@ -223,6 +238,7 @@ fn check_install_passes_a_clean_dry_run_and_writes_nothing_else() {
 
 #[test]
 fn check_install_fails_when_the_apply_path_holds_a_crd() {
+    let _serial = serial();
     let (out, stderr, _) = check_install(
         "install-crd",
         "customresourcedefinition.apiextensions.k8s.io/ciliumnodes.cilium.io\nnamespace/eni-operator",
@@ -237,6 +253,7 @@ fn check_install_fails_when_the_apply_path_holds_a_crd() {
 
 #[test]
 fn check_install_fails_when_the_ciliumnodes_crd_changes() {
+    let _serial = serial();
     let (out, stderr, _) = check_install("install-bump", "namespace/eni-operator", true);
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     assert!(
