@@ -1,5 +1,5 @@
 //! Write-back: the operator-owned fields a CiliumNode should carry, and the minimal, ordered
-//! JSON merge patches that get it there (ciliumnode.md §5-§8, rules C1-C9).
+//! JSON merge patches that get it there (`docs/ciliumnode.md`, rules C1-C9).
 //!
 //! * `status.eni.enis`: every ENI of the instance, excluded ones included (C5), prefixes
 //!   flattened into `addresses` (C3), subnet and VPC CIDRs filled (C4). If any of that data is
