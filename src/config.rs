@@ -19,6 +19,12 @@ use std::time::Duration;
 use clap::{Args, Parser, ValueEnum};
 
 use crate::ec2::Bucket;
+use crate::ec2::aws::AwsClientConfig;
+use crate::ec2::gate::GateConfig;
+use crate::ipam::IpamConfig;
+use crate::runtime::core::CoreConfig;
+use crate::runtime::leader::LeaderConfig;
+use crate::runtime::refresher::Scope;
 
 pub const DEFAULT_NAMESPACE: &str = "eni-operator";
 
@@ -373,6 +379,20 @@ impl Settings {
         }
         Ok(())
     }
+
+    /// The allocation core's configuration: loops, workers, IPAM rules and the managed scope.
+    pub fn core_config(&self) -> CoreConfig {
+        CoreConfig {
+            workers: self.runtime.parallel_alloc_workers,
+            resync_interval: self.runtime.ec2_resync_interval,
+            node_rescan_interval: self.runtime.node_resync_interval,
+            instance_refresh_spacing: self.runtime.ec2_refresh_min_spacing,
+            ipam: self.ipam.ipam_config(),
+            scope: Scope::from_settings(&self.ipam),
+            annotate_cilium_ignore: self.ipam.annotate_cilium_ignore,
+            ..CoreConfig::default()
+        }
+    }
 }
 
 impl KubeSettings {
@@ -384,6 +404,16 @@ impl KubeSettings {
     /// This replica's leader-election identity (after [`Settings::apply_fallbacks`]).
     pub fn identity(&self) -> &str {
         self.identity.as_deref().unwrap_or("eni-operator")
+    }
+
+    /// Leader election timings and this replica's identity.
+    pub fn leader_config(&self) -> LeaderConfig {
+        LeaderConfig {
+            identity: self.identity().to_string(),
+            lease_duration: self.leader_election_lease_duration,
+            renew_deadline: self.leader_election_renew_deadline,
+            retry_period: self.leader_election_retry_period,
+        }
     }
 }
 
@@ -402,6 +432,17 @@ impl Ec2Settings {
     /// `MaxResults` for Describe calls, `None` when AWS should choose.
     pub fn max_results(&self) -> Option<i32> {
         (self.aws_max_results_per_call > 0).then_some(self.aws_max_results_per_call)
+    }
+
+    /// The EC2 client's Region, endpoint, timeouts and page size.
+    pub fn aws_client_config(&self) -> AwsClientConfig {
+        AwsClientConfig {
+            region: self.aws_region.clone(),
+            endpoint_url: self.endpoint_url(),
+            connect_timeout: self.ec2_connect_timeout,
+            operation_timeout: self.ec2_operation_timeout,
+            max_results_per_call: self.max_results(),
+        }
     }
 
     /// The SDK configuration: default credential chain and Region, with our overrides. SDK
@@ -436,6 +477,20 @@ impl GateSettings {
         let burst = ((burst as f64 * self.ec2_rate_fraction).floor() as u32).max(1);
         (burst, rate as f64 * self.ec2_rate_fraction)
     }
+
+    /// The gate's buckets (every one, overrides applied), single-bucket mode and attempts.
+    pub fn gate_config(&self) -> GateConfig {
+        GateConfig {
+            rate_fraction: self.ec2_rate_fraction,
+            overrides: Bucket::ALL
+                .iter()
+                .map(|b| (*b, self.bucket_limits(*b)))
+                .collect(),
+            single_bucket: self.limit_ipam_api_qps.zip(self.limit_ipam_api_burst),
+            max_attempts: self.ec2_max_attempts,
+            ..GateConfig::aws_defaults()
+        }
+    }
 }
 
 impl IpamSettings {
@@ -453,6 +508,19 @@ impl IpamSettings {
 
     pub fn excess_ip_release_delay(&self) -> Duration {
         Duration::from_secs(self.excess_ip_release_delay)
+    }
+
+    /// The IPAM engine's switches, delay and ENI tags.
+    pub fn ipam_config(&self) -> IpamConfig {
+        IpamConfig {
+            prefix_delegation: self.aws_enable_prefix_delegation,
+            release_excess_ips: self.aws_release_excess_ips,
+            release_delay: self.excess_ip_release_delay(),
+            use_primary_address: self.aws_use_primary_address,
+            eni_tags: self.eni_tags(),
+            cluster_name: self.cluster_name.clone(),
+            ..IpamConfig::default()
+        }
     }
 }
 
@@ -880,5 +948,107 @@ pub(crate) mod tests {
             assert!(arg.get_help().is_some(), "--{id} has no help");
         }
         Settings::command().debug_assert();
+    }
+    #[test]
+    fn ipam_flags_reach_the_ipam_config() {
+        let _g = clean_env();
+        let s = parse(&[
+            "--aws-enable-prefix-delegation",
+            "--aws-release-excess-ips",
+            "--excess-ip-release-delay=30",
+            "--aws-use-primary-address",
+            "--eni-tags=team=blue",
+            "--cluster-name=prod",
+        ])
+        .unwrap();
+        let c = s.ipam.ipam_config();
+        assert!(c.prefix_delegation && c.release_excess_ips && c.use_primary_address);
+        assert_eq!(c.release_delay, Duration::from_secs(30));
+        assert_eq!(c.eni_tags, BTreeMap::from([("team".into(), "blue".into())]));
+        assert_eq!(c.cluster_name, "prod");
+    }
+
+    #[test]
+    fn runtime_and_ipam_flags_reach_the_core_config() {
+        let _g = clean_env();
+        let s = parse(&[
+            "--parallel-alloc-workers=7",
+            "--ec2-resync-interval=2m",
+            "--node-resync-interval=3m",
+            "--ec2-refresh-min-spacing=20s",
+            "--annotate-cilium-ignore",
+            "--vpc-id=vpc-9",
+            "--cluster-name=prod",
+        ])
+        .unwrap();
+        let c = s.core_config();
+        assert_eq!(c.workers, 7);
+        assert_eq!(c.resync_interval, Duration::from_secs(120));
+        assert_eq!(c.node_rescan_interval, Duration::from_secs(180));
+        assert_eq!(c.instance_refresh_spacing, Duration::from_secs(20));
+        assert!(c.annotate_cilium_ignore);
+        assert_eq!(c.scope.vpc_id.as_deref(), Some("vpc-9"));
+        assert_eq!(c.ipam.cluster_name, "prod");
+    }
+
+    #[test]
+    fn election_flags_reach_the_leader_config() {
+        let _g = clean_env();
+        let s = parse(&[
+            "--identity=replica-1",
+            "--leader-election-lease-duration=20s",
+            "--leader-election-renew-deadline=12s",
+            "--leader-election-retry-period=3s",
+        ])
+        .unwrap();
+        let c = s.kube.leader_config();
+        assert_eq!(c.identity, "replica-1");
+        assert_eq!(c.lease_duration, Duration::from_secs(20));
+        assert_eq!(c.renew_deadline, Duration::from_secs(12));
+        assert_eq!(c.retry_period, Duration::from_secs(3));
+    }
+
+    #[test]
+    fn ec2_flags_reach_the_aws_client_config() {
+        let _g = clean_env();
+        let s = parse(&[
+            "--aws-region=eu-west-1",
+            "--ec2-api-endpoint=localhost:5000",
+            "--ec2-connect-timeout=2s",
+            "--ec2-operation-timeout=9s",
+            "--aws-max-results-per-call=50",
+        ])
+        .unwrap();
+        let c = s.ec2.aws_client_config();
+        assert_eq!(c.region.as_deref(), Some("eu-west-1"));
+        assert_eq!(c.endpoint_url.as_deref(), Some("https://localhost:5000"));
+        assert_eq!(c.connect_timeout, Duration::from_secs(2));
+        assert_eq!(c.operation_timeout, Duration::from_secs(9));
+        assert_eq!(c.max_results_per_call, Some(50));
+    }
+
+    #[test]
+    fn gate_flags_reach_the_gate_config() {
+        let _g = clean_env();
+        let s = parse(&[
+            "--ec2-rate-fraction=0.5",
+            "--ec2-bucket=describe=7/3",
+            "--ec2-max-attempts=2",
+            "--limit-ipam-api-qps=4",
+            "--limit-ipam-api-burst=9",
+        ])
+        .unwrap();
+        let c = s.gate.gate_config();
+        assert_eq!(c.rate_fraction, 0.5);
+        assert_eq!(c.overrides[&Bucket::Describe], (7, 3.0));
+        // Every bucket gets its limits, the others at half of AWS's defaults.
+        assert_eq!(c.overrides.len(), Bucket::ALL.len());
+        let (burst, rate) = Bucket::DeleteNetworkInterface.aws_default();
+        assert_eq!(
+            c.overrides[&Bucket::DeleteNetworkInterface],
+            (burst / 2, rate as f64 / 2.0)
+        );
+        assert_eq!(c.single_bucket, Some((4.0, 9)));
+        assert_eq!(c.max_attempts, 2);
     }
 }

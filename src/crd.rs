@@ -1,6 +1,6 @@
 //! `CiliumNode` (`cilium.io/v2`): the fields ENI IPAM reads or writes, with Cilium's JSON names.
 //!
-//! Compatibility rules (see `shared/spec/ciliumnode.md`):
+//! Compatibility rules (see `docs/ciliumnode.md` and rule C8 of `docs/rules.md`):
 //! * every struct keeps the fields it does not model in `extra` (serde `flatten`), so an object
 //!   read and written back loses nothing an agent or a newer Cilium put there;
 //! * the generated schema marks every object `x-kubernetes-preserve-unknown-fields`, so the API

@@ -94,63 +94,23 @@ async fn run_operator(
 ) -> anyhow::Result<()> {
     use std::sync::Arc;
 
-    use eni_operator::ec2::Bucket;
-    use eni_operator::ec2::aws::{AwsClientConfig, AwsEc2};
-    use eni_operator::ec2::gate::{Gate, GateConfig};
-    use eni_operator::ipam::IpamConfig;
-    use eni_operator::runtime::core::{Core, CoreConfig};
-    use eni_operator::runtime::leader::{Elector, KubeLease, LeaderConfig};
+    use eni_operator::ec2::aws::AwsEc2;
+    use eni_operator::ec2::gate::Gate;
+    use eni_operator::runtime::core::Core;
+    use eni_operator::runtime::leader::{Elector, KubeLease};
     use eni_operator::runtime::metrics::RuntimeMetrics;
-    use eni_operator::runtime::refresher::Scope;
     use eni_operator::runtime::sink::KubeSink;
     use eni_operator::runtime::{gc, source};
 
-    let gate_config = GateConfig {
-        rate_fraction: settings.gate.ec2_rate_fraction,
-        overrides: Bucket::ALL
-            .iter()
-            .map(|b| (*b, settings.gate.bucket_limits(*b)))
-            .collect(),
-        single_bucket: settings
-            .gate
-            .limit_ipam_api_qps
-            .zip(settings.gate.limit_ipam_api_burst),
-        max_attempts: settings.gate.ec2_max_attempts,
-        ..GateConfig::aws_defaults()
-    };
-    let aws = AwsEc2::new(&AwsClientConfig {
-        region: settings.ec2.aws_region.clone(),
-        endpoint_url: settings.ec2.endpoint_url(),
-        connect_timeout: settings.ec2.ec2_connect_timeout,
-        operation_timeout: settings.ec2.ec2_operation_timeout,
-        max_results_per_call: settings.ec2.max_results(),
-    })
-    .await;
+    let aws = AwsEc2::new(&settings.ec2.aws_client_config()).await;
     if settings.ipam.annotate_cilium_ignore {
         tracing::info!("annotating served CiliumNodes with ipam.cilium.io/ignore=true");
     }
-    let ec2 = Arc::new(Gate::new(aws, gate_config));
+    let ec2 = Arc::new(Gate::new(aws, settings.gate.gate_config()));
     registry.with(|r| ec2.metrics().register(r));
     let metrics = registry.with(RuntimeMetrics::register);
 
-    let core_config = CoreConfig {
-        workers: settings.runtime.parallel_alloc_workers,
-        resync_interval: settings.runtime.ec2_resync_interval,
-        node_rescan_interval: settings.runtime.node_resync_interval,
-        instance_refresh_spacing: settings.runtime.ec2_refresh_min_spacing,
-        ipam: IpamConfig {
-            prefix_delegation: settings.ipam.aws_enable_prefix_delegation,
-            release_excess_ips: settings.ipam.aws_release_excess_ips,
-            release_delay: settings.ipam.excess_ip_release_delay(),
-            use_primary_address: settings.ipam.aws_use_primary_address,
-            eni_tags: settings.ipam.eni_tags(),
-            cluster_name: settings.ipam.cluster_name.clone(),
-            ..IpamConfig::default()
-        },
-        scope: Scope::from_settings(&settings.ipam),
-        annotate_cilium_ignore: settings.ipam.annotate_cilium_ignore,
-        ..CoreConfig::default()
-    };
+    let core_config = settings.core_config();
     let sink = Arc::new(KubeSink::new(
         client.clone(),
         Some(settings.kube.identity().to_string()),
@@ -208,15 +168,7 @@ async fn run_operator(
             settings.kube.namespace(),
             settings.kube.leader_election_lease_name.clone(),
         );
-        let mut elector = Elector::new(
-            lease,
-            LeaderConfig {
-                identity: settings.kube.identity().to_string(),
-                lease_duration: settings.kube.leader_election_lease_duration,
-                renew_deadline: settings.kube.leader_election_renew_deadline,
-                retry_period: settings.kube.leader_election_retry_period,
-            },
-        );
+        let mut elector = Elector::new(lease, settings.kube.leader_config());
         let outcome = tokio::select! {
             r = elector.run(work) => Some(r),
             () = shutdown.cancelled() => None,

@@ -1,6 +1,6 @@
 //! `AwsEc2` behind the `Gate`, on the wire against moto's EC2 server: every trait operation
 //! round-trips and errors are classified. moto's deviations from AWS are listed in
-//! `shared/spec/emulators.md`; where a test depends on one, it says so.
+//! `docs/emulators.md`; where a test depends on one, it says so.
 //!
 //! Every call is bounded by the client's operation timeout (10 s): moto can hang.
 
@@ -117,7 +117,7 @@ async fn describes_round_trip() {
         assert_eq!(i.subnet_id, seeded.subnet_id);
     }
     assert_eq!(world.region, moto::REGION);
-    // moto enforces none of AWS's limits (emulators.md): the contract suite skips those checks.
+    // moto enforces none of AWS's limits (docs/emulators.md): the contract suite skips those checks.
     assert!(!world.enforces_aws_rules);
     let one = InstanceFilter {
         ids: vec![world.instances[1].id.clone()],

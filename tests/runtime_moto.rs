@@ -38,7 +38,7 @@ fn agent_node(world: &World, name: &str, instance: &SeededInstance, min: i64) ->
 
 /// C2 + demand: every pool address is on its ENI in status, and the node's pod ENIs hold
 /// enough addresses. Counted per ENI, not as unique pool keys: moto hands out the same address
-/// on two ENIs (shared/spec/emulators.md), which AWS never does.
+/// on two ENIs (docs/emulators.md), which AWS never does.
 fn served(sink: &MemorySink, name: &str, want: usize) -> bool {
     let Some(n) = sink.get(name) else {
         return false;

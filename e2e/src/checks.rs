@@ -160,7 +160,7 @@ pub fn shared_addresses(
 }
 
 /// Of the shared addresses, those EC2 itself holds on fewer than two ENIs: the operator's
-/// fault. (An address on two ENIs in EC2 is an emulator's duplicate, see emulators.md.)
+/// fault. (An address on two ENIs in EC2 is an emulator's duplicate, see docs/emulators.md.)
 pub fn operator_duplicates(shared: &BTreeMap<String, Vec<String>>, vpc: &[EniView]) -> Vec<String> {
     shared
         .keys()

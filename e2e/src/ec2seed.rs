@@ -3,7 +3,7 @@
 //! demand. Records what it made, and answers the suite's questions about ENIs.
 //!
 //! Pod subnets are large on purpose: emulators pick secondary IPs at random without a
-//! subnet-wide uniqueness check (see shared/spec/emulators.md), and big subnets make such
+//! subnet-wide uniqueness check (see docs/emulators.md), and big subnets make such
 //! collisions rare; the suite still tells them apart from operator bugs.
 
 use std::collections::BTreeMap;

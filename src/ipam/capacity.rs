@@ -1,5 +1,5 @@
 //! Capacity from instance-type limits: exclusion, per-ENI room, node maximum/minimum,
-//! prefix-delegation eligibility (behaviour.md §3, §6).
+//! prefix-delegation eligibility (docs/rules.md §3, §6).
 //!
 //! Room is counted from free address SLOTS rather than from Cilium's per-ENI limit formula: EC2
 //! gives an ENI L slots, one for the primary address and one per secondary address or /28
@@ -218,7 +218,7 @@ mod tests {
         assert_eq!(max_allocatable(None, Some(0), false), 0);
         assert_eq!(max_allocatable(Some(&l), None, false), 0);
         assert_eq!(max_allocatable(Some(&l), Some(1), true), 18 * 16);
-        // ciliumnode.md §10: m5.xlarge, f = 1, prefixes: 672.
+        // §3: m5.xlarge (4 ENIs x 15 addresses), f = 1, prefixes: (4 - 1) x 14 x 16 = 672.
         assert_eq!(
             max_allocatable(Some(&limits(4, 15, true)), Some(1), true),
             672

@@ -1,6 +1,6 @@
 //! Demand: the node's agent generation and its available/used/needed/excess figures.
 //!
-//! The two formulas ([`needed`], [`excess`]) are Cilium's, reproduced exactly (behaviour.md §2,
+//! The two formulas ([`needed`], [`excess`]) are Cilium's, reproduced exactly (docs/rules.md §2,
 //! with upstream's test rows as unit tests). They take the pre-allocation P as given; the
 //! substitution of 0 by 8 is [`pre_allocate`]'s job, as upstream. Multi-pool agents do not
 //! report use; it is recovered from their demand (C7) by [`multi_pool_used`].
@@ -85,7 +85,7 @@ pub fn pre_allocate(spec_value: i64) -> i64 {
     }
 }
 
-/// needed(A, U, P, m, M), behaviour.md §2.
+/// needed(A, U, P, m, M), docs/rules.md §2.
 ///
 /// ```
 /// use eni_operator::ipam::demand::needed;
@@ -105,7 +105,7 @@ pub fn needed(available: i64, used: i64, pre: i64, min: i64, max: i64) -> i64 {
     n2.max(0)
 }
 
-/// excess(A, U, P, m, W), behaviour.md §2 (last branch subtracts P, not m).
+/// excess(A, U, P, m, W), docs/rules.md §2 (last branch subtracts P, not m).
 ///
 /// ```
 /// use eni_operator::ipam::demand::excess;
@@ -227,7 +227,7 @@ mod tests {
     use crate::crd::{AllocationIp, CiliumNodeSpec, CiliumNodeStatus, IpamPoolRequest};
     use proptest::prelude::*;
 
-    // behaviour.md §2.1, upstream TestCalculateNeededIPs, in order: (A, U, P, m, M, needed).
+    // docs/rules.md §2.1, upstream TestCalculateNeededIPs, in order: (A, U, P, m, M, needed).
     const NEEDED_ROWS: [(i64, i64, i64, i64, i64, i64); 10] = [
         (0, 0, 0, 16, 0, 16),
         (0, 0, 8, 16, 0, 16),

@@ -7,8 +7,8 @@
 //! applies its result to the cache, and writes the change set. Nothing here calls EC2 or
 //! Kubernetes, so every rule is tested with plain values.
 //!
-//! Behavioural reference: `shared/spec/behaviour.md` (formulas, selection rules, release) and
-//! `shared/spec/ciliumnode.md` (write-back rules C1-C10).
+//! Behavioural reference: `docs/rules.md` (formulas, selection rules, release; rules C1-C10) and
+//! `docs/ciliumnode.md` (which CiliumNode fields are read and written).
 
 pub mod capacity;
 pub mod demand;

@@ -1,4 +1,4 @@
-//! One maintenance decision for one node (behaviour.md §1.3, §4, §5, §6).
+//! One maintenance decision for one node (docs/rules.md §1.3, §4, §5, §6).
 //!
 //! Order: refuse with an explicit [`Problem`] when the node cannot be served (no instance ID,
 //! invalid spec, instance unknown or gone, limits unknown); track multi-pool drops; release

@@ -1,4 +1,4 @@
-//! Release of excess addresses (behaviour.md §7), with the per-node memory it needs.
+//! Release of excess addresses (docs/rules.md §7), with the per-node memory it needs.
 //!
 //! * **Classic agents:** candidates per §7.2, then the four-state handshake on
 //!   `status.ipam.release-ips` (§7.3): propose `marked-for-release` after the release delay,

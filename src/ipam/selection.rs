@@ -1,4 +1,4 @@
-//! Where a new ENI goes: subnet, security groups, device index (behaviour.md §5.1).
+//! Where a new ENI goes: subnet, security groups, device index (docs/rules.md §5.1).
 //!
 //! eni-operator's rule on explicit selectors: when `spec.eni.subnet-ids` or `subnet-tags` is
 //! set, the user asked for specific pod subnets (custom networking). No eligible match is an

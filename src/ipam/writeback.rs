@@ -1,5 +1,5 @@
 //! Write-back: the operator-owned fields a CiliumNode should carry, and the minimal, ordered
-//! JSON merge patches that get it there (ciliumnode.md §5-§8, rules C1-C9).
+//! JSON merge patches that get it there (`docs/ciliumnode.md`, rules C1-C9).
 //!
 //! * `status.eni.enis`: every ENI of the instance, excluded ones included (C5), prefixes
 //!   flattened into `addresses` (C3), subnet and VPC CIDRs filled (C4). If any of that data is
@@ -423,30 +423,9 @@ pub fn changes(node: &CiliumNode, desired: &DesiredState) -> ChangeSet {
 pub fn apply(node: &CiliumNode, set: &ChangeSet) -> CiliumNode {
     let mut value = serde_json::to_value(node).unwrap_or(Value::Null);
     for write in &set.writes {
-        merge_patch(&mut value, &write.patch);
+        json_patch::merge(&mut value, &write.patch);
     }
     serde_json::from_value(value).unwrap_or_else(|_| node.clone())
-}
-
-/// RFC 7386 merge.
-fn merge_patch(target: &mut Value, patch: &Value) {
-    let Value::Object(patch) = patch else {
-        *target = patch.clone();
-        return;
-    };
-    if !target.is_object() {
-        *target = Value::Object(Map::new());
-    }
-    let Value::Object(obj) = target else {
-        return;
-    };
-    for (key, value) in patch {
-        if value.is_null() {
-            obj.remove(key);
-        } else {
-            merge_patch(obj.entry(key.clone()).or_insert(Value::Null), value);
-        }
-    }
 }
 
 #[cfg(test)]

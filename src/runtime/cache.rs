@@ -1,7 +1,7 @@
 //! The EC2 cache: what the operator knows of the VPC, kept current by the refresher and by the
 //! results of its own calls. Pure state; I/O lives in `refresher` and `executor`.
 //!
-//! Rules (behaviour.md §10):
+//! Rules (docs/rules.md §10):
 //! * a full refresh merges ENIs per instance and never drops an instance it did not return
 //!   (#46513); an instance goes only when a per-instance describe finds no ENI for it, or its
 //!   CiliumNode is deleted;

@@ -160,25 +160,6 @@ fn with_version(patch: &Value, needs: bool, version: Option<&str>) -> Value {
     p
 }
 
-/// RFC 7386 JSON merge patch.
-pub fn merge_patch(target: &mut Value, patch: &Value) {
-    let Value::Object(p) = patch else {
-        *target = patch.clone();
-        return;
-    };
-    if !target.is_object() {
-        *target = json!({});
-    }
-    let t = target.as_object_mut().expect("object");
-    for (k, v) in p {
-        if v.is_null() {
-            t.remove(k);
-        } else {
-            merge_patch(t.entry(k.clone()).or_insert(Value::Null), v);
-        }
-    }
-}
-
 // ---------------------------------------------------------------------------------------------
 
 /// Writes to a real API server.
@@ -612,7 +593,7 @@ impl MemorySink {
                 }
             }
         }
-        merge_patch(obj, &p);
+        json_patch::merge(obj, &p);
         if let Some(schema) = &self.schema {
             schema.prune_object(obj);
         }
@@ -715,7 +696,7 @@ mod tests {
     #[test]
     fn merge_patch_follows_rfc7386() {
         let mut t = json!({"a": {"b": 1, "c": 2}, "d": [1]});
-        merge_patch(&mut t, &json!({"a": {"b": null, "e": 3}, "d": [2]}));
+        json_patch::merge(&mut t, &json!({"a": {"b": null, "e": 3}, "d": [2]}));
         assert_eq!(t, json!({"a": {"c": 2, "e": 3}, "d": [2]}));
     }
 

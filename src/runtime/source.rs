@@ -2,6 +2,8 @@
 //!
 //! CiliumNodes are watched leniently, as untyped objects parsed one by one: a single malformed
 //! object gets its own operator-status error and Event instead of breaking the whole watch.
+//! (kube's `DeserializeGuard` does the same but keeps only the metadata of an object that does
+//! not parse; we also need its `spec.instance-id` to release its ENIs when it goes.)
 //! Nodes are watched to learn whether a CiliumNode's Node still exists (the finalizer's
 //! question) and to drive the CiliumNode's deletion when the Node goes. Pending pods are
 //! watched (server-side filtered on `status.phase=Pending`) and counted per node for surge

@@ -1,4 +1,4 @@
-//! AWS's limits and capacity rules (moto enforces none of them: shared/spec/emulators.md).
+//! AWS's limits and capacity rules (moto enforces none of them: docs/emulators.md).
 
 use std::net::Ipv4Addr;
 

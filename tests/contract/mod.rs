@@ -3,7 +3,7 @@
 //!
 //! Checks of AWS's own rules (limits, subnet capacity, /28 prefixes, idempotency, pagination,
 //! delete on termination) run only when `world.enforces_aws_rules`: moto does not model them
-//! (see shared/spec/emulators.md), and the simulator follows the AWS documentation linked at
+//! (see docs/emulators.md), and the simulator follows the AWS documentation linked at
 //! each such assertion. Backends that enforce the rules are seeded with a describe page size of
 //! 2, so every describe here walks several pages.
 

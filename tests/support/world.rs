@@ -38,6 +38,6 @@ pub struct World {
     pub security_groups: Vec<String>,
     pub instances: Vec<SeededInstance>,
     /// True when the backend enforces AWS's rules (limits, capacity, prefixes, idempotency,
-    /// pagination): the simulator. False for moto, which does not (see shared/spec/emulators.md).
+    /// pagination): the simulator. False for moto, which does not (see docs/emulators.md).
     pub enforces_aws_rules: bool,
 }
