@@ -284,7 +284,7 @@ impl<E: Ec2, S: NodeSink> Core<E, S> {
             }
             // Batched per-instance refresh of new instances at once; confirmations of our own
             // changes at most once per `instance_refresh_spacing`, in one batch, so describe
-            // calls per minute do not grow with the number of nodes (behaviour.md §10). More
+            // calls per minute do not grow with the number of nodes (§10). More
             // changed instances than one batch holds are left to the next full refresh, which
             // lists them all anyway.
             if confirm_due && confirm.len() > INSTANCE_BATCH {
