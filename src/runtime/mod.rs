@@ -6,15 +6,20 @@
 //! [`sink::NodeSink`], so it runs without Kubernetes (tests, benchmark).
 
 pub mod cache;
+pub mod clock;
 pub mod core;
+pub mod events;
 pub mod executor;
 pub mod finalizer;
 pub mod gc;
 pub mod leader;
 pub mod metrics;
+pub mod nodes;
+mod pass;
 pub mod prune;
 pub mod queue;
 pub mod refresher;
+pub mod schedule;
 pub mod sink;
 pub mod source;
 pub mod stored;
