@@ -8,92 +8,32 @@
 //! cache is written by the executor and the refresher. Errors become `operator-status` + a
 //! Warning Event ([`super::events`]); the node backs off.
 
-use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
-use std::sync::{Arc, Mutex, RwLock};
-use std::time::{Duration, Instant};
+use std::sync::{Arc, RwLock};
 
 use rand::Rng;
 use tokio::sync::mpsc;
-use tokio::task::{Id, JoinError, JoinSet};
-use tracing::{debug, warn};
 
 use crate::ec2::{Ec2, Ec2Error};
-use crate::ipam::{Demand, IpamConfig};
+use crate::ipam::Demand;
 
 use super::cache::Ec2Cache;
-use super::clock::now;
-use super::events;
-use super::executor::Executor;
+use super::clock::{self, now};
 use super::metrics::RuntimeMetrics;
-use super::nodes::{self, Slots};
+use super::nodes;
 use super::pass::pass;
-use super::queue::{DeficitQueue, Outcome, Priority};
-use super::refresher::{Refresher, Scope};
+use super::queue::{DeficitQueue, Outcome};
 use super::schedule::{InstanceRefresh, RefreshSchedule};
+use super::shared::Shared;
 use super::sink::NodeSink;
+use super::tasks::{Done, Tasks};
 
 pub use super::nodes::{InvalidNode, NodeInput};
-
-/// Settings of the core.
-#[derive(Clone, Debug)]
-pub struct CoreConfig {
-    /// `--parallel-alloc-workers`.
-    pub workers: usize,
-    /// Full EC2 refresh followed by a rescan of every node.
-    pub resync_interval: Duration,
-    /// Rescan of every node on the cached EC2 view (`--node-resync-interval`).
-    pub node_rescan_interval: Duration,
-    /// Minimum spacing of per-instance refreshes after our own changes.
-    pub instance_refresh_spacing: Duration,
-    /// How long a node whose instance is "not running" is left alone.
-    pub not_running_hold: Duration,
-    /// Retry spacing while the EC2 view is unhealthy.
-    pub unhealthy_retry: Duration,
-    /// Load every instance type's limits at start (else only types seen on nodes).
-    pub preload_instance_types: bool,
-    pub ipam: IpamConfig,
-    pub scope: Scope,
-    /// `--annotate-cilium-ignore`: keep `ipam.cilium.io/ignore: "true"` on the nodes we serve.
-    pub annotate_cilium_ignore: bool,
-}
-
-impl Default for CoreConfig {
-    fn default() -> Self {
-        Self {
-            workers: 50,
-            resync_interval: Duration::from_secs(60),
-            node_rescan_interval: Duration::from_secs(60),
-            instance_refresh_spacing: Duration::from_secs(15),
-            not_running_hold: Duration::from_secs(60),
-            unhealthy_retry: Duration::from_secs(60),
-            preload_instance_types: true,
-            ipam: IpamConfig::default(),
-            scope: Scope::default(),
-            annotate_cilium_ignore: false,
-        }
-    }
-}
-
-/// What the passes share: the clients, the EC2 cache and the node slots.
-pub(super) struct Inner<E, S> {
-    pub ec2: Arc<E>,
-    pub sink: Arc<S>,
-    pub cache: Arc<RwLock<Ec2Cache>>,
-    pub refresher: Refresher<E>,
-    pub executor: Executor<E>,
-    pub config: CoreConfig,
-    pub slots: Mutex<Slots>,
-    /// When each instance type's limits were last looked up.
-    pub type_lookups: Mutex<HashMap<String, Instant>>,
-    pub metrics: RuntimeMetrics,
-    /// True while `run` has warm caches (after the first full EC2 refresh).
-    warm: tokio::sync::watch::Sender<bool>,
-}
+pub use super::settings::CoreConfig;
 
 /// The allocation core. Cheap to clone (a handle).
 pub struct Core<E, S> {
-    inner: Arc<Inner<E, S>>,
+    inner: Arc<Shared<E, S>>,
 }
 
 impl<E, S> Clone for Core<E, S> {
@@ -104,71 +44,20 @@ impl<E, S> Clone for Core<E, S> {
     }
 }
 
-enum Done {
-    Pass(String, Outcome, Option<Priority>),
-    Refreshed(Vec<String>),
-    FullRefresh,
-}
-
 /// The event loop's own state.
 #[derive(Default)]
 struct Loop {
     queue: DeficitQueue<String>,
-    tasks: JoinSet<Done>,
-    /// What each task was for, so a panicking task is finished like a failed one instead of
-    /// leaving its node marked in progress (or a refresh marked running) for good.
-    running: BTreeMap<Id, Done>,
+    tasks: Tasks,
     schedule: RefreshSchedule,
+    /// Passes running.
     workers: usize,
-}
-
-impl Loop {
-    fn spawn(&mut self, task: impl Future<Output = Done> + Send + 'static, on_panic: Done) {
-        let id = self.tasks.spawn(task).id();
-        self.running.insert(id, on_panic);
-    }
-
-    fn finished(&mut self, joined: Result<(Id, Done), JoinError>) -> Option<Done> {
-        let done = joined
-            .map(|(id, done)| {
-                self.running.remove(&id);
-                done
-            })
-            .or_else(|e| {
-                warn!(error = %e, "a runtime task failed; finishing it as failed");
-                self.running.remove(&e.id()).ok_or(e)
-            });
-        done.inspect_err(|e| warn!(error = %e, "an untracked runtime task failed"))
-            .ok()
-    }
 }
 
 impl<E: Ec2, S: NodeSink> Core<E, S> {
     pub fn new(ec2: Arc<E>, sink: Arc<S>, config: CoreConfig, metrics: RuntimeMetrics) -> Self {
-        let cache = Arc::new(RwLock::new(Ec2Cache::for_cluster(
-            config.ipam.cluster_name.clone(),
-        )));
-        let refresher = Refresher::new(
-            ec2.clone(),
-            cache.clone(),
-            config.scope.clone(),
-            config.instance_refresh_spacing,
-        );
-        let executor = Executor::new(ec2.clone(), cache.clone()).with_metrics(metrics.clone());
-        Self {
-            inner: Arc::new(Inner {
-                ec2,
-                sink,
-                cache,
-                refresher,
-                executor,
-                config,
-                slots: Mutex::new(HashMap::new()),
-                type_lookups: Mutex::new(HashMap::new()),
-                metrics,
-                warm: tokio::sync::watch::Sender::new(false),
-            }),
-        }
+        let inner = Arc::new(Shared::new(ec2, sink, config, metrics));
+        Self { inner }
     }
 
     pub fn cache(&self) -> &Arc<RwLock<Ec2Cache>> {
@@ -213,9 +102,9 @@ impl<E: Ec2, S: NodeSink> Core<E, S> {
         inner.warm.send_replace(true);
 
         let mut l = Loop::default();
-        let mut resync = interval(config.resync_interval).await;
-        let mut rescan = interval(config.node_rescan_interval).await;
-        let mut confirm_tick = interval(config.instance_refresh_spacing).await;
+        let mut resync = clock::ticks(config.resync_interval).await;
+        let mut rescan = clock::ticks(config.node_rescan_interval).await;
+        let mut confirm_tick = clock::ticks(config.instance_refresh_spacing).await;
         tokio::pin!(shutdown);
         let mut inputs_open = true;
         loop {
@@ -235,16 +124,12 @@ impl<E: Ec2, S: NodeSink> Core<E, S> {
                     None => inputs_open = false,
                     Some(input) => self.accept(input, &mut l),
                 },
-                Some(joined) = l.tasks.join_next_with_id(), if !l.tasks.is_empty() => {
-                    if let Some(done) = l.finished(joined) {
-                        self.on_done(done, &mut l);
-                    }
-                }
+                Some(done) = l.tasks.join(), if !l.tasks.is_empty() => self.on_done(done, &mut l),
                 _ = resync.tick() => self.start_full(&mut l),
                 // Re-plan every node on the cached view, between full EC2 refreshes.
-                _ = rescan.tick() => self.requeue_all(&mut l.queue),
+                _ = rescan.tick() => self.inner.requeue_all(&mut l.queue),
                 _ = confirm_tick.tick() => l.schedule.confirm_tick(),
-                () = sleep_until(next_due) => {}
+                () = clock::sleep_until(next_due) => {}
             }
         }
         inner.metrics.leader.set(0);
@@ -259,11 +144,15 @@ impl<E: Ec2, S: NodeSink> Core<E, S> {
                 break;
             };
             l.workers += 1;
-            let core = self.clone();
-            let on_panic = Done::Pass(name.clone(), Outcome::Failed, Some(self.priority(&name)));
-            l.spawn(
+            let inner = self.inner.clone();
+            let on_panic = Done::Pass(
+                name.clone(),
+                Outcome::Failed,
+                Some(self.inner.priority(&name)),
+            );
+            l.tasks.spawn(
                 async move {
-                    let (outcome, again) = pass(&core.inner, &name).await;
+                    let (outcome, again) = pass(&inner, &name).await;
                     Done::Pass(name, outcome, again)
                 },
                 on_panic,
@@ -274,38 +163,24 @@ impl<E: Ec2, S: NodeSink> Core<E, S> {
     /// Describe the instances nodes wait for, and confirm our own changes.
     fn start_refresh(&self, l: &mut Loop, refresh: InstanceRefresh) {
         let InstanceRefresh { new, confirm } = refresh;
-        let core = self.clone();
+        let inner = self.inner.clone();
         let on_panic = Done::Refreshed(new.clone());
         let task = async move {
-            let refresher = &core.inner.refresher;
-            if !new.is_empty()
-                && let Err(e) = refresher.instances(&new, false).await
-            {
-                warn!(error = %e, "per-instance refresh failed");
-            }
-            if !confirm.is_empty()
-                && let Err(e) = refresher.instances(&confirm, true).await
-            {
-                debug!(error = %e, "confirmation refresh failed");
-            }
+            inner.refresh_instances(&new, &confirm).await;
             Done::Refreshed(new)
         };
-        l.spawn(task, on_panic);
+        l.tasks.spawn(task, on_panic);
     }
 
     fn start_full(&self, l: &mut Loop) {
-        if !l.schedule.start_full() {
-            return;
+        if l.schedule.start_full() {
+            let inner = self.inner.clone();
+            let task = async move {
+                inner.refresh_full().await;
+                Done::FullRefresh
+            };
+            l.tasks.spawn(task, Done::FullRefresh);
         }
-        let core = self.clone();
-        let task = async move {
-            if let Err(e) = core.inner.refresher.full().await {
-                warn!(error = %e, "full EC2 refresh failed; mutations blocked");
-                events::count_ec2_error(&core.inner.metrics, &e);
-            }
-            Done::FullRefresh
-        };
-        l.spawn(task, Done::FullRefresh);
     }
 
     fn on_done(&self, done: Done, l: &mut Loop) {
@@ -316,7 +191,7 @@ impl<E: Ec2, S: NodeSink> Core<E, S> {
                     .finish(&name, outcome, now(), rand::rng().random::<f64>());
                 if outcome == Outcome::Done
                     && again.is_some()
-                    && let Some(i) = self.instance_of(&name)
+                    && let Some(i) = self.inner.instance_of(&name)
                 {
                     l.schedule.changed(i);
                 }
@@ -324,20 +199,20 @@ impl<E: Ec2, S: NodeSink> Core<E, S> {
                     l.queue.push(name, p);
                 }
                 if l.queue.depth() == 0 && l.workers == 0 {
-                    self.publish_totals();
+                    self.inner.publish_totals();
                 }
             }
             Done::Refreshed(ids) => {
                 for name in l.schedule.refreshed(ids) {
-                    let p = self.priority(&name);
+                    let p = self.inner.priority(&name);
                     l.queue.push(name, p);
                 }
             }
             Done::FullRefresh => {
                 l.schedule.full_done();
                 // Resync pass: every node, neediest first.
-                self.requeue_all(&mut l.queue);
-                self.publish_totals();
+                self.inner.requeue_all(&mut l.queue);
+                self.inner.publish_totals();
             }
         }
     }
@@ -356,65 +231,5 @@ impl<E: Ec2, S: NodeSink> Core<E, S> {
         if let Some((name, p)) = a.queue {
             l.queue.push(name, p);
         }
-    }
-
-    /// Queue every known node at its current severity.
-    fn requeue_all(&self, queue: &mut DeficitQueue<String>) {
-        let slots = self.inner.slots.lock().expect("slots");
-        for (name, slot) in slots.iter() {
-            queue.push(name.clone(), nodes::priority_of(slot));
-        }
-    }
-
-    fn instance_of(&self, name: &str) -> Option<String> {
-        let slots = self.inner.slots.lock().expect("slots");
-        let id = slots.get(name)?.node.as_ref()?.instance_id();
-        (!id.is_empty()).then(|| id.to_string())
-    }
-
-    fn priority(&self, name: &str) -> Priority {
-        let slots = self.inner.slots.lock().expect("slots");
-        slots
-            .get(name)
-            .map_or(Priority::Routine, nodes::priority_of)
-    }
-
-    fn publish_totals(&self) {
-        let t = nodes::totals(&self.inner.slots.lock().expect("slots"));
-        let m = &self.inner.metrics;
-        m.ips_available.set(t.available);
-        m.ips_used.set(t.used);
-        m.ips_needed.set(t.needed);
-        m.publish_nodes(
-            t.per_node
-                .iter()
-                .map(|(n, a, u, d)| (n.as_str(), *a, *u, *d)),
-        );
-        for state in nodes::STATES {
-            let n = t.states.get(state).copied().unwrap_or(0);
-            m.nodes
-                .get_or_create(&vec![("state", state.to_string())])
-                .set(n);
-        }
-        let cache = self.inner.cache.read().expect("cache");
-        m.enis_managed.set(cache.totals().0 as i64);
-        m.publish_subnets(cache.subnets.values().map(|s| {
-            let (id, az) = (s.id.as_str(), s.availability_zone.as_str());
-            (id, az, s.available_addresses)
-        }));
-    }
-}
-
-/// A tokio interval whose first (immediate) tick is spent.
-async fn interval(period: Duration) -> tokio::time::Interval {
-    let mut i = tokio::time::interval(period);
-    i.tick().await;
-    i
-}
-
-async fn sleep_until(at: Option<Instant>) {
-    match at {
-        Some(at) => tokio::time::sleep_until(at.into()).await,
-        None => std::future::pending().await,
     }
 }

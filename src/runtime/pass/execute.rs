@@ -4,9 +4,9 @@
 use crate::ec2::Ec2;
 use crate::ipam::{NodeMemory, Problem, ProblemReason};
 use crate::runtime::clock::now;
-use crate::runtime::core::Inner;
 use crate::runtime::events;
 use crate::runtime::executor::ExecOutcome;
+use crate::runtime::shared::Shared;
 use crate::runtime::sink::NodeSink;
 
 use super::plan::Planned;
@@ -18,7 +18,7 @@ pub(super) struct Executed {
 }
 
 pub(super) async fn execute<E: Ec2, S: NodeSink>(
-    inner: &Inner<E, S>,
+    inner: &Shared<E, S>,
     planned: &Planned,
     memory: &mut NodeMemory,
 ) -> Executed {

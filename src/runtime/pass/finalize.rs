@@ -8,11 +8,11 @@ use tracing::warn;
 use crate::crd::FINALIZER;
 use crate::ec2::Ec2;
 use crate::ipam::{ChangeSet, ProblemReason, Subresource, Write};
-use crate::runtime::core::Inner;
 use crate::runtime::events::{self, EventReason};
 use crate::runtime::finalizer::release_instance_enis;
 use crate::runtime::metrics;
 use crate::runtime::nodes::InvalidNode;
+use crate::runtime::shared::Shared;
 use crate::runtime::sink::{NodeRef, NodeSink, SinkError};
 
 use super::snapshot::Snapshot;
@@ -21,7 +21,7 @@ use super::{DONE, FAILED, Step, Verdict};
 /// The CiliumNode is being deleted. With its Node gone, give back our ENIs first; with the
 /// Node still there (deleted by hand), touch nothing.
 pub(super) async fn finalize<E: Ec2, S: NodeSink>(
-    inner: &Inner<E, S>,
+    inner: &Shared<E, S>,
     name: &str,
     r: &NodeRef,
     instance: &str,
@@ -47,7 +47,7 @@ pub(super) async fn finalize<E: Ec2, S: NodeSink>(
     run.await.unwrap_or_else(|end| end)
 }
 
-async fn node_exists<E: Ec2, S: NodeSink>(inner: &Inner<E, S>, name: &str) -> Step<bool> {
+async fn node_exists<E: Ec2, S: NodeSink>(inner: &Shared<E, S>, name: &str) -> Step<bool> {
     inner.sink.node_exists(name).await.map_err(|e| {
         warn!(node = name, error = %e, "cannot tell whether the Node exists");
         FAILED
@@ -56,7 +56,7 @@ async fn node_exists<E: Ec2, S: NodeSink>(inner: &Inner<E, S>, name: &str) -> St
 
 /// Detach and delete the instance's ENIs of ours.
 async fn release<E: Ec2, S: NodeSink>(
-    inner: &Inner<E, S>,
+    inner: &Shared<E, S>,
     r: &NodeRef,
     instance: &str,
 ) -> Step<()> {
@@ -82,7 +82,7 @@ async fn release<E: Ec2, S: NodeSink>(
 /// gone, delete it; once deleted, release and drop our finalizer), so it never hangs in
 /// Terminating; otherwise the error goes on the object.
 pub(super) async fn invalid<E: Ec2, S: NodeSink>(
-    inner: &Inner<E, S>,
+    inner: &Shared<E, S>,
     name: &str,
     mut invalid: InvalidNode,
     snap: &Snapshot,
@@ -118,7 +118,7 @@ pub(super) async fn invalid<E: Ec2, S: NodeSink>(
 
 /// A CiliumNode that does not parse: say so on that object (once per message).
 async fn report_invalid<E: Ec2, S: NodeSink>(
-    inner: &Inner<E, S>,
+    inner: &Shared<E, S>,
     name: &str,
     node: &NodeRef,
     error: &str,

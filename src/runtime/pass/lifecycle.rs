@@ -7,8 +7,8 @@ use tracing::{info, warn};
 
 use crate::crd::{CILIUM_IGNORE_ANNOTATION, CiliumNode, FINALIZER};
 use crate::ec2::Ec2;
-use crate::runtime::core::Inner;
 use crate::runtime::queue::Outcome;
+use crate::runtime::shared::Shared;
 use crate::runtime::sink::{NodeRef, NodeSink, SinkError, SinkResult};
 use crate::runtime::stored::StoredNode;
 
@@ -17,7 +17,7 @@ use super::{DONE, FAILED, Step, Verdict, finalize};
 
 /// The parsed node to serve, or the end of the pass.
 pub(super) async fn admit<E: Ec2, S: NodeSink>(
-    inner: &Inner<E, S>,
+    inner: &Shared<E, S>,
     name: &str,
     snap: &Snapshot,
 ) -> Step<CiliumNode> {
@@ -58,7 +58,7 @@ pub(super) async fn admit<E: Ec2, S: NodeSink>(
 
 /// Delete the CiliumNode of a Node that is gone; go on as if the deletion was seen.
 async fn delete<E: Ec2, S: NodeSink>(
-    inner: &Inner<E, S>,
+    inner: &Shared<E, S>,
     name: &str,
     node: &mut CiliumNode,
 ) -> Step<()> {
@@ -77,7 +77,7 @@ async fn delete<E: Ec2, S: NodeSink>(
 }
 
 async fn add_finalizer<E: Ec2, S: NodeSink>(
-    inner: &Inner<E, S>,
+    inner: &Shared<E, S>,
     name: &str,
     node: &mut CiliumNode,
 ) -> Step<()> {
@@ -105,7 +105,7 @@ async fn add_finalizer<E: Ec2, S: NodeSink>(
 
 /// Tell Cilium's operator to keep off before we touch EC2 for the node.
 async fn claim<E: Ec2, S: NodeSink>(
-    inner: &Inner<E, S>,
+    inner: &Shared<E, S>,
     name: &str,
     node: &mut CiliumNode,
 ) -> Step<()> {
@@ -127,7 +127,7 @@ async fn claim<E: Ec2, S: NodeSink>(
 /// An ignored node still carrying our finalizer: hand it back (Cilium's operator may serve it
 /// again) and remove the finalizer.
 async fn hand_back<E: Ec2, S: NodeSink>(
-    inner: &Inner<E, S>,
+    inner: &Shared<E, S>,
     name: &str,
     node: CiliumNode,
 ) -> Verdict {
@@ -156,7 +156,7 @@ async fn hand_back<E: Ec2, S: NodeSink>(
 /// only our finalizer goes, should it have one (its instance lost the tags), as for an
 /// ignored node. Said once in the log; a rescan checks the tags again.
 async fn leave_alone<E: Ec2, S: NodeSink>(
-    inner: &Inner<E, S>,
+    inner: &Shared<E, S>,
     name: &str,
     node: &CiliumNode,
 ) -> Verdict {
@@ -186,7 +186,7 @@ async fn leave_alone<E: Ec2, S: NodeSink>(
 /// `--annotate-cilium-ignore`: make `ipam.cilium.io/ignore` say whether we serve the node,
 /// with a merge patch of that one annotation, only when it is wrong (no write otherwise).
 async fn mark_cilium_ignore<E: Ec2, S: NodeSink>(
-    inner: &Inner<E, S>,
+    inner: &Shared<E, S>,
     node: &CiliumNode,
     serve: bool,
 ) -> SinkResult<Option<CiliumNode>> {

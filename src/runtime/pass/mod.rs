@@ -21,9 +21,9 @@ use std::time::Duration;
 use crate::crd::CiliumNode;
 use crate::ec2::Ec2;
 
-use super::core::Inner;
 use super::nodes::Slot;
 use super::queue::{Outcome, Priority};
+use super::shared::Shared;
 use super::sink::NodeSink;
 use super::stored::StoredNode;
 
@@ -38,12 +38,12 @@ const DONE: Verdict = (Outcome::Done, None);
 const FAILED: Verdict = (Outcome::Failed, None);
 
 /// One pass over one node. Never runs twice at once for a node (the queue sees to it).
-pub(super) async fn pass<E: Ec2, S: NodeSink>(inner: &Inner<E, S>, name: &str) -> Verdict {
+pub(super) async fn pass<E: Ec2, S: NodeSink>(inner: &Shared<E, S>, name: &str) -> Verdict {
     inner.metrics.passes.inc();
     steps(inner, name).await.unwrap_or_else(|end| end)
 }
 
-async fn steps<E: Ec2, S: NodeSink>(inner: &Inner<E, S>, name: &str) -> Step<Verdict> {
+async fn steps<E: Ec2, S: NodeSink>(inner: &Shared<E, S>, name: &str) -> Step<Verdict> {
     let mut snap = snapshot::take(inner, name)?;
     let mut memory = std::mem::take(&mut snap.memory);
     let node = lifecycle::admit(inner, name, &snap).await?;
@@ -53,7 +53,7 @@ async fn steps<E: Ec2, S: NodeSink>(inner: &Inner<E, S>, name: &str) -> Step<Ver
     Ok(report::report(inner, name, &node, planned, executed, written, memory).await)
 }
 
-impl<E: Ec2, S: NodeSink> Inner<E, S> {
+impl<E: Ec2, S: NodeSink> Shared<E, S> {
     pub(super) fn with_slot<T>(&self, name: &str, f: impl FnOnce(&mut Slot) -> T) -> Option<T> {
         let mut slots = self.slots.lock().expect("slots");
         slots.get_mut(name).map(f)
@@ -72,13 +72,5 @@ impl<E: Ec2, S: NodeSink> Inner<E, S> {
             self.store(name, &f);
         }
         (Outcome::RetryAfter(Duration::from_millis(500)), None)
-    }
-
-    /// The node is gone from our state: its instance too (cache and refresh spacing).
-    pub(super) fn forget_instance(&self, instance: &str) {
-        if !instance.is_empty() {
-            self.cache.write().expect("cache").drop_instance(instance);
-            self.refresher.forget(instance);
-        }
     }
 }

@@ -11,8 +11,8 @@ use crate::ec2::Ec2;
 use crate::ipam::release::{allocated_cidrs, readopted};
 use crate::ipam::{self, Action, Generation, NodeMemory, NodePlan, Release};
 use crate::runtime::clock::now;
-use crate::runtime::core::Inner;
 use crate::runtime::queue::Outcome;
+use crate::runtime::shared::Shared;
 use crate::runtime::sink::NodeSink;
 
 use super::snapshot::Snapshot;
@@ -30,7 +30,7 @@ pub(super) struct Planned {
 }
 
 pub(super) async fn plan<E: Ec2, S: NodeSink>(
-    inner: &Inner<E, S>,
+    inner: &Shared<E, S>,
     name: &str,
     node: &CiliumNode,
     memory: &mut NodeMemory,
@@ -97,7 +97,7 @@ pub(super) async fn plan<E: Ec2, S: NodeSink>(
 }
 
 /// Describe a type we have no limits for (just that type, at most once a minute).
-async fn ensure_limits<E: Ec2, S: NodeSink>(inner: &Inner<E, S>, instance_type: &str) {
+async fn ensure_limits<E: Ec2, S: NodeSink>(inner: &Shared<E, S>, instance_type: &str) {
     let known = |t: &str| inner.cache.read().expect("cache").limits.contains_key(t);
     if instance_type.is_empty() || known(instance_type) {
         return;
@@ -126,7 +126,7 @@ async fn ensure_limits<E: Ec2, S: NodeSink>(inner: &Inner<E, S>, instance_type: 
 /// per pass (prefixes first, single addresses on the next pass), so the check always directly
 /// precedes the call. `Ok(None)`: skip this pass.
 async fn check_multi_pool_release<E: Ec2, S: NodeSink>(
-    inner: &Inner<E, S>,
+    inner: &Shared<E, S>,
     name: &str,
     planned: &Release,
 ) -> Step<Option<Release>> {

@@ -8,10 +8,10 @@ use crate::crd::CiliumNode;
 use crate::ec2::Ec2;
 use crate::ipam::{NodeMemory, Problem, ProblemReason};
 use crate::runtime::clock::now;
-use crate::runtime::core::Inner;
 use crate::runtime::events::{self, EventReason};
 use crate::runtime::executor::{ExecOutcome, Success};
 use crate::runtime::queue::{Outcome, Priority};
+use crate::runtime::shared::Shared;
 use crate::runtime::sink::{NodeRef, NodeSink};
 use crate::runtime::stored::StoredNode;
 
@@ -21,7 +21,7 @@ use super::plan::Planned;
 use super::write::Written;
 
 pub(super) async fn report<E: Ec2, S: NodeSink>(
-    inner: &Inner<E, S>,
+    inner: &Shared<E, S>,
     name: &str,
     node: &CiliumNode,
     planned: Planned,
@@ -82,7 +82,7 @@ pub(super) fn select_events(
 /// How the pass ends: held while the instance is not running, failed on an EC2 error, looked
 /// at again at once after a change (one action may not give all that is needed).
 fn verdict<E: Ec2, S: NodeSink>(
-    inner: &Inner<E, S>,
+    inner: &Shared<E, S>,
     name: &str,
     planned: &Planned,
     exec: &ExecOutcome,
@@ -108,7 +108,7 @@ fn verdict<E: Ec2, S: NodeSink>(
 
 /// What the slot keeps of the pass.
 fn remember<E: Ec2, S: NodeSink>(
-    inner: &Inner<E, S>,
+    inner: &Shared<E, S>,
     name: &str,
     planned: Planned,
     executed: Executed,

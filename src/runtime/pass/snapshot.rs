@@ -5,8 +5,8 @@ use std::time::Instant;
 
 use crate::ec2::Ec2;
 use crate::ipam::NodeMemory;
-use crate::runtime::core::Inner;
 use crate::runtime::nodes::InvalidNode;
+use crate::runtime::shared::Shared;
 use crate::runtime::sink::NodeSink;
 use crate::runtime::stored::StoredNode;
 
@@ -26,7 +26,7 @@ pub(super) struct Snapshot {
 }
 
 /// The node's slot, or the end of the pass if it is gone.
-pub(super) fn take<E: Ec2, S: NodeSink>(inner: &Inner<E, S>, name: &str) -> Step<Snapshot> {
+pub(super) fn take<E: Ec2, S: NodeSink>(inner: &Shared<E, S>, name: &str) -> Step<Snapshot> {
     let slots = inner.slots.lock().expect("slots");
     let slot = slots.get(name).ok_or(DONE)?;
     Ok(Snapshot {

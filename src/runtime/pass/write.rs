@@ -6,8 +6,8 @@ use tracing::warn;
 use crate::crd::CiliumNode;
 use crate::ec2::Ec2;
 use crate::ipam::{self, NodeMemory};
-use crate::runtime::core::Inner;
 use crate::runtime::queue::{Outcome, Priority};
+use crate::runtime::shared::Shared;
 use crate::runtime::sink::{NodeRef, NodeSink, SinkError};
 
 use super::execute::Executed;
@@ -23,7 +23,7 @@ pub(super) struct Written {
 }
 
 pub(super) async fn write<E: Ec2, S: NodeSink>(
-    inner: &Inner<E, S>,
+    inner: &Shared<E, S>,
     name: &str,
     node: &CiliumNode,
     planned: &Planned,
