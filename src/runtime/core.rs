@@ -4,7 +4,7 @@
 //!
 //! Who owns what: the loop alone owns the queue, the running tasks and the refresh schedule;
 //! node slots ([`super::nodes`]) are changed by the loop on input and by a node's pass
-//! ([`super::pass`]: snapshot -> lifecycle -> plan -> execute -> write -> report); the EC2
+//! (`pass`: snapshot -> lifecycle -> plan -> execute -> write -> report); the EC2
 //! cache is written by the executor and the refresher. Errors become `operator-status` + a
 //! Warning Event ([`super::events`]); the node backs off.
 

@@ -1,9 +1,11 @@
 //! The running operator: leader election, caches, deficit queue, reconciler, finalizer, GC.
 //!
-//! Pure parts ([`queue`], [`cache`], the GC's decision in [`gc`]) are separate from I/O
-//! ([`refresher`], [`executor`], [`sink`], [`source`], [`leader`]'s lease locks). The
-//! allocation [`core`] takes its input through a channel and writes through a
-//! [`sink::NodeSink`], so it runs without Kubernetes (tests, benchmark).
+//! Pure parts ([`queue`], [`cache`], [`nodes`], [`schedule`], the GC's decision in [`gc`]) are
+//! separate from I/O ([`refresher`], [`executor`], [`sink`], [`source`], [`leader`]'s lease
+//! locks). The allocation [`core`] takes its input through a channel and writes through a
+//! [`sink::NodeSink`], so it runs without Kubernetes (tests, benchmark). Its event loop runs
+//! one pass per node as named steps (`pass`: snapshot, lifecycle, plan, execute, write,
+//! report); every Event goes out through [`events`].
 
 pub mod cache;
 pub mod clock;
