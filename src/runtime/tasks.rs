@@ -36,20 +36,21 @@ impl Tasks {
         self.set.is_empty()
     }
 
-    /// The next task to end (cancel-safe). `None`: none runs (or an untracked one failed).
+    /// The next task to end (cancel-safe). `None`: none runs.
     pub async fn join(&mut self) -> Option<Done> {
-        match self.set.join_next_with_id().await? {
-            Ok((id, done)) => {
-                self.on_panic.remove(&id);
-                Some(done)
-            }
-            Err(e) => {
-                warn!(error = %e, "a runtime task failed; finishing it as failed");
-                let done = self.on_panic.remove(&e.id());
-                if done.is_none() {
-                    warn!(error = %e, "an untracked runtime task failed");
+        loop {
+            match self.set.join_next_with_id().await? {
+                Ok((id, done)) => {
+                    self.on_panic.remove(&id);
+                    return Some(done);
                 }
-                done
+                Err(e) => {
+                    warn!(error = %e, "a runtime task failed; finishing it as failed");
+                    match self.on_panic.remove(&e.id()) {
+                        Some(done) => return Some(done),
+                        None => warn!(error = %e, "an untracked runtime task failed"),
+                    }
+                }
             }
         }
     }
