@@ -11,7 +11,6 @@
 //! token with the deleted ENI, so the node was stuck for good.
 
 use std::sync::{Arc, RwLock};
-use std::time::Instant;
 
 use tracing::{info, warn};
 
@@ -22,6 +21,7 @@ use crate::ec2::{
 use crate::ipam::{Action, Assign, CreateEni, Release};
 
 use super::cache::{Ec2Cache, next_free_index};
+use super::clock::now;
 use super::metrics::{self, RuntimeMetrics};
 
 /// Device-index conflicts are retried this many times in all.
@@ -104,10 +104,6 @@ pub struct Executor<E> {
     ec2: Arc<E>,
     cache: Arc<RwLock<Ec2Cache>>,
     metrics: RuntimeMetrics,
-}
-
-fn now() -> Instant {
-    tokio::time::Instant::now().into_std()
 }
 
 impl<E: Ec2> Executor<E> {

@@ -116,7 +116,14 @@ impl RuntimeMetrics {
     /// prefix). prometheus-client appends `_total` to counters.
     pub fn register(registry: &mut Registry) -> Self {
         let m = Self::default();
-        let r = registry;
+        m.register_node_figures(registry);
+        m.register_ec2_figures(registry);
+        m
+    }
+
+    /// Leadership, queue, and the address figures of nodes and subnets.
+    fn register_node_figures(&self, r: &mut Registry) {
+        let m = self;
         r.register("leader", "1 while this replica leads", m.leader.clone());
         r.register(
             "queue_depth",
@@ -155,6 +162,11 @@ impl RuntimeMetrics {
             "Free addresses in the subnet (EC2's AvailableIpAddressCount)",
             m.subnet_available.clone(),
         );
+    }
+
+    /// ENIs, EC2 operations, GC, latency, errors and passes.
+    fn register_ec2_figures(&self, r: &mut Registry) {
+        let m = self;
         r.register(
             "enis_managed",
             "ENIs of managed instances",
@@ -208,7 +220,6 @@ impl RuntimeMetrics {
         );
         r.register("errors", "Node errors by reason", m.errors.clone());
         r.register("passes", "Maintenance passes", m.passes.clone());
-        m
     }
 
     pub fn error(&self, reason: &str) {

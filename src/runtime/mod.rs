@@ -1,20 +1,30 @@
 //! The running operator: leader election, caches, deficit queue, reconciler, finalizer, GC.
 //!
-//! Pure parts ([`queue`], [`cache`], the GC's decision in [`gc`]) are separate from I/O
-//! ([`refresher`], [`executor`], [`sink`], [`source`], [`leader`]'s lease locks). The
-//! allocation [`core`] takes its input through a channel and writes through a
-//! [`sink::NodeSink`], so it runs without Kubernetes (tests, benchmark).
+//! Pure parts ([`queue`], [`cache`], [`nodes`], [`schedule`], the GC's decision in [`gc`]) are
+//! separate from I/O ([`refresher`], [`executor`], [`sink`], [`source`], [`leader`]'s lease
+//! locks). The allocation [`core`] takes its input through a channel and writes through a
+//! [`sink::NodeSink`], so it runs without Kubernetes (tests, benchmark). Its event loop runs
+//! one pass per node as named steps (`pass`: snapshot, lifecycle, plan, execute, write,
+//! report); every Event goes out through [`events`].
 
 pub mod cache;
+pub mod clock;
 pub mod core;
+pub mod events;
 pub mod executor;
 pub mod finalizer;
 pub mod gc;
 pub mod leader;
 pub mod metrics;
+pub mod nodes;
+mod pass;
 pub mod prune;
 pub mod queue;
 pub mod refresher;
+pub mod schedule;
+pub mod settings;
+mod shared;
 pub mod sink;
 pub mod source;
 pub mod stored;
+mod tasks;

@@ -15,6 +15,7 @@ use crate::ec2::{
 };
 
 use super::cache::{Ec2Cache, FullSnapshot};
+use super::clock::now;
 
 /// At most this many instance IDs in one `attachment.instance-id` filter (AWS allows 200
 /// values per filter).
@@ -72,10 +73,6 @@ pub struct Refresher<E> {
     scope: Scope,
     min_spacing: Duration,
     last_instance_refresh: Mutex<HashMap<String, Instant>>,
-}
-
-fn now() -> Instant {
-    tokio::time::Instant::now().into_std()
 }
 
 impl<E: Ec2> Refresher<E> {

@@ -1,0 +1,149 @@
+//! Ends of a node's life, and CiliumNodes that do not parse: the finalizer (give back the
+//! ENIs of a node whose Kubernetes Node is gone, then remove our finalizer and forget the
+//! node) and the error report on an unparsable object.
+
+use serde_json::json;
+use tracing::warn;
+
+use crate::crd::FINALIZER;
+use crate::ec2::Ec2;
+use crate::ipam::{ChangeSet, ProblemReason, Subresource, Write};
+use crate::runtime::events::{self, EventReason};
+use crate::runtime::finalizer::release_instance_enis;
+use crate::runtime::metrics;
+use crate::runtime::nodes::InvalidNode;
+use crate::runtime::shared::Shared;
+use crate::runtime::sink::{NodeRef, NodeSink, SinkError};
+
+use super::snapshot::Snapshot;
+use super::{DONE, FAILED, Step, Verdict};
+
+/// The CiliumNode is being deleted. With its Node gone, give back our ENIs first; with the
+/// Node still there (deleted by hand), touch nothing.
+pub(super) async fn finalize<E: Ec2, S: NodeSink>(
+    inner: &Shared<E, S>,
+    name: &str,
+    r: &NodeRef,
+    instance: &str,
+) -> Verdict {
+    let run = async {
+        if r.finalizers.iter().any(|f| f == FINALIZER) {
+            if !node_exists(inner, name).await? && !instance.is_empty() {
+                release(inner, r, instance).await?;
+            }
+            match inner.sink.set_finalizer(r, false).await {
+                Ok(_) | Err(SinkError::NotFound) => {}
+                Err(SinkError::Conflict(fresh)) => return Err(inner.conflict(name, fresh)),
+                Err(e) => {
+                    warn!(node = name, error = %e, "could not remove the finalizer");
+                    return Err(FAILED);
+                }
+            }
+        }
+        inner.slots.lock().expect("slots").remove(name);
+        inner.forget_instance(instance);
+        Ok(DONE)
+    };
+    run.await.unwrap_or_else(|end| end)
+}
+
+async fn node_exists<E: Ec2, S: NodeSink>(inner: &Shared<E, S>, name: &str) -> Step<bool> {
+    inner.sink.node_exists(name).await.map_err(|e| {
+        warn!(node = name, error = %e, "cannot tell whether the Node exists");
+        FAILED
+    })
+}
+
+/// Detach and delete the instance's ENIs of ours.
+async fn release<E: Ec2, S: NodeSink>(
+    inner: &Shared<E, S>,
+    r: &NodeRef,
+    instance: &str,
+) -> Step<()> {
+    let (sink, m) = (&*inner.sink, &inner.metrics);
+    match release_instance_enis(&*inner.ec2, &inner.config.ipam.cluster_name, instance).await {
+        Ok(n) => {
+            m.eni_deleted(metrics::DELETED_NODE_GONE, n as u64);
+            if n > 0 {
+                let message = format!("detached and deleted {n} ENIs of {instance}");
+                events::publish(sink, m, r, EventReason::EnisReleased, message).await;
+            }
+            Ok(())
+        }
+        Err(e) => {
+            events::count_ec2_error(m, &e);
+            events::publish(sink, m, r, EventReason::EC2_ERROR, e.to_string()).await;
+            Err(FAILED)
+        }
+    }
+}
+
+/// A CiliumNode that does not parse. Its deletion works from metadata alone (with the Node
+/// gone, delete it; once deleted, release and drop our finalizer), so it never hangs in
+/// Terminating; otherwise the error goes on the object.
+pub(super) async fn invalid<E: Ec2, S: NodeSink>(
+    inner: &Shared<E, S>,
+    name: &str,
+    mut invalid: InvalidNode,
+    snap: &Snapshot,
+    last_instance: Option<String>,
+) -> Verdict {
+    if snap.k8s_node == Some(false) && !invalid.deleting {
+        match inner.sink.delete(name).await {
+            Ok(()) | Err(SinkError::NotFound) => {}
+            Err(e) => {
+                warn!(node = name, error = %e, "could not delete the CiliumNode");
+                return FAILED;
+            }
+        }
+        invalid.deleting = true;
+        inner.with_slot(name, |s| {
+            if let Some(i) = s.invalid.as_mut() {
+                i.deleting = true;
+            }
+        });
+    }
+    if invalid.deleting {
+        // The instance from the object itself, else from its last version that parsed.
+        let instance = if invalid.instance_id.is_empty() {
+            last_instance.unwrap_or_default()
+        } else {
+            invalid.instance_id
+        };
+        return finalize(inner, name, &invalid.node, &instance).await;
+    }
+    let reported = snap.invalid_reported.as_deref();
+    report_invalid(inner, name, &invalid.node, &invalid.error, reported).await
+}
+
+/// A CiliumNode that does not parse: say so on that object (once per message).
+async fn report_invalid<E: Ec2, S: NodeSink>(
+    inner: &Shared<E, S>,
+    name: &str,
+    node: &NodeRef,
+    error: &str,
+    reported: Option<&str>,
+) -> Verdict {
+    if reported == Some(error) {
+        return DONE;
+    }
+    let reason = ProblemReason::InvalidSpec;
+    let message = format!("{}: {error}", reason.as_str());
+    let changes = ChangeSet {
+        writes: vec![Write {
+            subresource: Subresource::Status,
+            patch: json!({"status": {"ipam": {"operator-status": {"error": message}}}}),
+            needs_resource_version: false,
+        }],
+    };
+    let result = inner.sink.apply(node, &changes).await;
+    let reason = EventReason::Problem(reason);
+    events::publish(&*inner.sink, &inner.metrics, node, reason, message).await;
+    match result {
+        Ok(_) | Err(SinkError::NotFound) => {
+            inner.with_slot(name, |s| s.invalid_reported = Some(error.to_string()));
+            DONE
+        }
+        Err(_) => FAILED,
+    }
+}

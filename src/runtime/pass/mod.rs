@@ -1,0 +1,76 @@
+//! One pass over one node, as named steps in the order they run:
+//! [`snapshot`] (the node's slot, copied) -> [`lifecycle`] (ignore, scope, deletion and
+//! finalizer, the Cilium ignore annotation; may end the pass) -> [`plan`] (health, hold,
+//! limits, the engine's plan, the multi-pool re-read) -> [`execute`] (the one EC2 action) ->
+//! [`write`] (desired state, change set, sink) -> [`report`] (Events, next priority, what the
+//! slot keeps). A step that ends the pass returns its [`Verdict`] as the error.
+//!
+//! State: a pass owns its node's slot from snapshot to report (the queue never runs two passes
+//! of a node at once); the EC2 cache is shared, written only by the executor and refresher.
+
+mod execute;
+mod finalize;
+mod lifecycle;
+mod plan;
+mod report;
+mod snapshot;
+mod write;
+
+use std::time::Duration;
+
+use crate::crd::CiliumNode;
+use crate::ec2::Ec2;
+
+use super::nodes::Slot;
+use super::queue::{Outcome, Priority};
+use super::shared::Shared;
+use super::sink::NodeSink;
+use super::stored::StoredNode;
+
+/// How a pass ends: the queue's outcome, and the priority to queue the node again at (`None`:
+/// not at once).
+pub(super) type Verdict = (Outcome, Option<Priority>);
+
+/// A step's result: go on with `T`, or end the pass.
+type Step<T> = Result<T, Verdict>;
+
+const DONE: Verdict = (Outcome::Done, None);
+const FAILED: Verdict = (Outcome::Failed, None);
+
+/// One pass over one node. Never runs twice at once for a node (the queue sees to it).
+pub(super) async fn pass<E: Ec2, S: NodeSink>(inner: &Shared<E, S>, name: &str) -> Verdict {
+    inner.metrics.passes.inc();
+    steps(inner, name).await.unwrap_or_else(|end| end)
+}
+
+async fn steps<E: Ec2, S: NodeSink>(inner: &Shared<E, S>, name: &str) -> Step<Verdict> {
+    let mut snap = snapshot::take(inner, name)?;
+    let mut memory = std::mem::take(&mut snap.memory);
+    let node = lifecycle::admit(inner, name, &snap).await?;
+    let planned = plan::plan(inner, name, &node, &mut memory, &snap).await?;
+    let executed = execute::execute(inner, &planned, &mut memory).await;
+    let written = write::write(inner, name, &node, &planned, &executed, &memory).await?;
+    Ok(report::report(inner, name, &node, planned, executed, written, memory).await)
+}
+
+impl<E: Ec2, S: NodeSink> Shared<E, S> {
+    pub(super) fn with_slot<T>(&self, name: &str, f: impl FnOnce(&mut Slot) -> T) -> Option<T> {
+        let mut slots = self.slots.lock().expect("slots");
+        slots.get_mut(name).map(f)
+    }
+
+    /// Keep this version of the node (one we wrote, or a fresher one a conflict returned).
+    fn store(&self, name: &str, node: &CiliumNode) {
+        // Serialised before the slots lock is taken.
+        let stored = StoredNode::new(node);
+        self.with_slot(name, |s| s.node = Some(stored));
+    }
+
+    /// A write met a newer version: keep it and try again shortly.
+    fn conflict(&self, name: &str, fresh: Option<Box<CiliumNode>>) -> Verdict {
+        if let Some(f) = fresh {
+            self.store(name, &f);
+        }
+        (Outcome::RetryAfter(Duration::from_millis(500)), None)
+    }
+}

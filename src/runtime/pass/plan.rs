@@ -1,0 +1,153 @@
+//! Step 3: decide the node's one action. Waits out an unhealthy EC2 view and a not-running
+//! hold, makes sure the instance type's limits are known, asks the engine, and re-reads the
+//! CiliumNode right before a multi-pool release (§7.4).
+
+use std::time::{Duration, Instant};
+
+use tracing::{debug, info, warn};
+
+use crate::crd::CiliumNode;
+use crate::ec2::Ec2;
+use crate::ipam::release::{allocated_cidrs, readopted};
+use crate::ipam::{self, Action, Generation, NodeMemory, NodePlan, Release};
+use crate::runtime::clock::now;
+use crate::runtime::queue::Outcome;
+use crate::runtime::shared::Shared;
+use crate::runtime::sink::NodeSink;
+
+use super::snapshot::Snapshot;
+use super::{DONE, FAILED, Step};
+
+/// The engine's plan and the action to carry out (the plan's, or its checked release).
+pub(super) struct Planned {
+    /// Its `action` is taken out (see `action`).
+    pub plan: NodePlan,
+    pub action: Action,
+    pub instance_id: String,
+    pub instance_type: String,
+    /// When the pass planned (the demand latency counts from here).
+    pub at: Instant,
+}
+
+pub(super) async fn plan<E: Ec2, S: NodeSink>(
+    inner: &Shared<E, S>,
+    name: &str,
+    node: &CiliumNode,
+    memory: &mut NodeMemory,
+    snap: &Snapshot,
+) -> Step<Planned> {
+    let t = now();
+    if !inner.cache.read().expect("cache").healthy {
+        // Never act on an EC2 view we could not refresh (§1.2).
+        return Err((Outcome::RetryAfter(inner.config.unhealthy_retry), None));
+    }
+    if let Some(until) = snap.hold
+        && until > t
+    {
+        return Err((Outcome::RetryAfter(until - t), None));
+    }
+    let instance_id = node.spec.instance_id.clone();
+    let instance_type = node.spec.eni.instance_type.clone();
+    ensure_limits(inner, &instance_type).await;
+    if !instance_id.is_empty()
+        && let Some(e) = inner.executor.retry_pending(&instance_id).await
+    {
+        debug!(node = name, error = %e, "delete-on-termination retry failed");
+    }
+    let mut plan = {
+        let cache = inner.cache.read().expect("cache");
+        let view = cache.view(&instance_id, &instance_type);
+        // Real (not tokio) time: planning is synchronous, so this is its CPU cost.
+        let started = std::time::Instant::now();
+        let plan = ipam::plan_node(
+            node,
+            &view,
+            &inner.config.ipam,
+            memory,
+            t,
+            snap.pending_pods,
+        );
+        inner.metrics.plans.inc();
+        let nanos = started.elapsed().as_nanos() as u64;
+        inner.metrics.plan_nanos.inc_by(nanos);
+        plan
+    };
+    // The action moves out of the plan (the rest of the pass needs its demand and problem).
+    let action = match std::mem::replace(&mut plan.action, Action::None) {
+        Action::Release(r) if plan.demand.generation == Generation::MultiPool => {
+            match check_multi_pool_release(inner, name, &r).await? {
+                Some(release) => Action::Release(release),
+                None => {
+                    // Taken back: no EC2 call; the re-adoption's update re-plans the node.
+                    let memory = std::mem::take(memory);
+                    inner.with_slot(name, |s| s.memory = memory);
+                    return Err(DONE);
+                }
+            }
+        }
+        action => action,
+    };
+    Ok(Planned {
+        plan,
+        action,
+        instance_id,
+        instance_type,
+        at: t,
+    })
+}
+
+/// Describe a type we have no limits for (just that type, at most once a minute).
+async fn ensure_limits<E: Ec2, S: NodeSink>(inner: &Shared<E, S>, instance_type: &str) {
+    let known = |t: &str| inner.cache.read().expect("cache").limits.contains_key(t);
+    if instance_type.is_empty() || known(instance_type) {
+        return;
+    }
+    let t = now();
+    {
+        let mut lookups = inner.type_lookups.lock().expect("lookups");
+        if lookups
+            .get(instance_type)
+            .is_some_and(|at| t.duration_since(*at) < Duration::from_secs(60))
+        {
+            return;
+        }
+        lookups.insert(instance_type.to_string(), t);
+    }
+    let types = [instance_type.to_string()];
+    if let Err(e) = inner.refresher.instance_types(&types).await {
+        debug!(instance_type, error = %e, "instance type lookup failed");
+    }
+}
+
+/// §7.4 step 3, the last check before a multi-pool unassign: read the CiliumNode afresh and
+/// release nothing the agent lists in `pools.allocated` again. The plan's copy can be seconds
+/// old (a lagging watch; awaits that last 20 s under throttling), and the agent re-adopts a
+/// dropped CIDR that is still attached when its demand grows (Cilium #46674). One unassign call
+/// per pass (prefixes first, single addresses on the next pass), so the check always directly
+/// precedes the call. `Ok(None)`: skip this pass.
+async fn check_multi_pool_release<E: Ec2, S: NodeSink>(
+    inner: &Shared<E, S>,
+    name: &str,
+    planned: &Release,
+) -> Step<Option<Release>> {
+    let mut release = planned.clone();
+    if !release.prefixes.is_empty() {
+        release.ips.clear();
+    }
+    let fresh = match inner.sink.fetch(name).await {
+        Ok(Some(fresh)) => fresh,
+        // Gone: the watch's delete follows.
+        Ok(None) => return Err(DONE),
+        Err(e) => {
+            warn!(node = name, error = %e, "cannot re-read the CiliumNode before a release");
+            return Err(FAILED);
+        }
+    };
+    if readopted(&release, &allocated_cidrs(&fresh)) {
+        // The slot keeps the watched copy: the watch delivers this update (or a newer one)
+        // and re-plans; storing our read could overwrite a newer watched version.
+        info!(node = name, eni = %release.eni_id, "the agent took back CIDRs planned for release; not releasing");
+        return Ok(None);
+    }
+    Ok(Some(release))
+}

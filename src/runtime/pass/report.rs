@@ -1,0 +1,197 @@
+//! Step 6: Events for what the pass did ([`select_events`], pure), how it ends (the queue's
+//! outcome and the next priority), and what the node's slot keeps (memory, problem, demand,
+//! the written version, the demand latency).
+
+use tracing::info;
+
+use crate::crd::CiliumNode;
+use crate::ec2::Ec2;
+use crate::ipam::{NodeMemory, Problem, ProblemReason};
+use crate::runtime::clock::now;
+use crate::runtime::events::{self, EventReason};
+use crate::runtime::executor::{ExecOutcome, Success};
+use crate::runtime::queue::{Outcome, Priority};
+use crate::runtime::shared::Shared;
+use crate::runtime::sink::{NodeRef, NodeSink};
+use crate::runtime::stored::StoredNode;
+
+use super::Verdict;
+use super::execute::Executed;
+use super::plan::Planned;
+use super::write::Written;
+
+pub(super) async fn report<E: Ec2, S: NodeSink>(
+    inner: &Shared<E, S>,
+    name: &str,
+    node: &CiliumNode,
+    planned: Planned,
+    executed: Executed,
+    written: Written,
+    memory: NodeMemory,
+) -> Verdict {
+    let node_ref = NodeRef::of(written.node.as_ref().unwrap_or(node));
+    let previous = inner.with_slot(name, |s| s.last_problem.clone()).flatten();
+    let problem = executed.problem.as_ref();
+    for (reason, message) in select_events(&executed.exec, problem, previous.as_deref()) {
+        events::publish(&*inner.sink, &inner.metrics, &node_ref, reason, message).await;
+    }
+    let verdict = verdict(inner, name, &planned, &executed.exec, &written);
+    remember(inner, name, planned, executed, written, memory);
+    verdict
+}
+
+/// The Events of a pass: its success, a /28 fallback, and its problem when that changed from
+/// `previous` (the last problem's message).
+pub(super) fn select_events(
+    exec: &ExecOutcome,
+    problem: Option<&Problem>,
+    previous: Option<&str>,
+) -> Vec<(EventReason, String)> {
+    let mut events = Vec::new();
+    if let Some(s) = &exec.success {
+        events.push(match s {
+            Success::EniCreated { eni_id, addresses } => (
+                EventReason::EniCreated,
+                format!("created and attached {eni_id} with {addresses} addresses"),
+            ),
+            Success::EniAttached { eni_id, addresses } => (
+                EventReason::EniAttached,
+                format!("attached {eni_id} (left unattached earlier) with {addresses} addresses"),
+            ),
+            Success::IpsAllocated { eni_id, addresses } => (
+                EventReason::IpsAllocated,
+                format!("allocated {addresses} addresses on {eni_id}"),
+            ),
+            Success::IpsReleased { eni_id, addresses } => (
+                EventReason::IpsReleased,
+                format!("released {addresses} addresses from {eni_id}"),
+            ),
+        });
+    }
+    if let Some(w) = &exec.warning {
+        events.push((EventReason::PrefixesNotGranted, w.clone()));
+    }
+    if let Some(p) = problem
+        && Some(p.message.as_str()) != previous
+    {
+        events.push((EventReason::Problem(p.reason), p.message.clone()));
+    }
+    events
+}
+
+/// How the pass ends: held while the instance is not running, failed on an EC2 error, looked
+/// at again at once after a change (one action may not give all that is needed).
+fn verdict<E: Ec2, S: NodeSink>(
+    inner: &Shared<E, S>,
+    name: &str,
+    planned: &Planned,
+    exec: &ExecOutcome,
+    written: &Written,
+) -> Verdict {
+    let (mut outcome, mut again) = (written.outcome, written.again);
+    if exec.not_running {
+        outcome = Outcome::RetryAfter(inner.config.not_running_hold);
+    } else if exec.error.is_some() {
+        outcome = Outcome::Failed;
+    } else if exec.changed {
+        let d = &planned.plan.demand;
+        again = Some(Priority::from_demand(
+            d.available,
+            d.used,
+            d.needed,
+            d.excess,
+        ));
+        info!(node = name, "EC2 changed for the node");
+    }
+    (outcome, again)
+}
+
+/// What the slot keeps of the pass.
+fn remember<E: Ec2, S: NodeSink>(
+    inner: &Shared<E, S>,
+    name: &str,
+    planned: Planned,
+    executed: Executed,
+    written: Written,
+    memory: NodeMemory,
+) {
+    let t_end = now();
+    let hold = executed
+        .exec
+        .not_running
+        .then(|| t_end + inner.config.not_running_hold);
+    let problem = executed.problem;
+    let demand = planned.plan.demand;
+    // Serialised before the slots lock is taken.
+    let stored = written.node.as_ref().map(StoredNode::new);
+    let met = demand.needed <= 0 && !executed.exec.changed;
+    inner.with_slot(name, |s| {
+        if hold.is_some() {
+            s.not_running_until = hold;
+        }
+        s.memory = memory;
+        s.errored = problem.is_some();
+        s.at_capacity = problem
+            .as_ref()
+            .is_some_and(|p| p.reason == ProblemReason::AtCapacity);
+        s.last_problem = problem.map(|p| p.message);
+        if stored.is_some() {
+            s.node = stored;
+        }
+        match (s.demand_seen, met) {
+            (None, false) => s.demand_seen = Some(planned.at),
+            (Some(seen), true) => {
+                let latency = t_end.duration_since(seen).as_secs_f64();
+                inner.metrics.demand_latency.observe(latency);
+                s.demand_seen = None;
+            }
+            _ => {}
+        }
+        s.demand = demand;
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn problem(reason: ProblemReason, message: &str) -> Problem {
+        Problem {
+            reason,
+            message: message.into(),
+        }
+    }
+
+    #[test]
+    fn a_success_and_a_prefix_fallback_each_make_an_event() {
+        let exec = ExecOutcome {
+            success: Some(Success::IpsAllocated {
+                eni_id: "eni-1".into(),
+                addresses: 16,
+            }),
+            warning: Some("no /28 left".into()),
+            ..ExecOutcome::default()
+        };
+        let events = select_events(&exec, None, None);
+        let reasons: Vec<_> = events.iter().map(|e| e.0.as_str()).collect();
+        assert_eq!(reasons, ["IpsAllocated", "PrefixesNotGranted"]);
+        assert_eq!(events[0].1, "allocated 16 addresses on eni-1");
+    }
+
+    #[test]
+    fn a_problem_is_reported_once_per_message() {
+        let exec = ExecOutcome::default();
+        let full = problem(ProblemReason::AtCapacity, "no slot free");
+        let events = select_events(&exec, Some(&full), None);
+        assert_eq!(
+            events,
+            [(
+                EventReason::Problem(ProblemReason::AtCapacity),
+                "no slot free".into()
+            )]
+        );
+        assert!(select_events(&exec, Some(&full), Some("no slot free")).is_empty());
+        assert_eq!(select_events(&exec, Some(&full), Some("other")).len(), 1);
+        assert!(select_events(&exec, None, Some("no slot free")).is_empty());
+    }
+}

@@ -1,0 +1,62 @@
+//! Step 5: what the CiliumNode should say after the action (against the updated cache), and
+//! the change set that gets it there; nothing is written when nothing changed.
+
+use tracing::warn;
+
+use crate::crd::CiliumNode;
+use crate::ec2::Ec2;
+use crate::ipam::{self, NodeMemory};
+use crate::runtime::queue::{Outcome, Priority};
+use crate::runtime::shared::Shared;
+use crate::runtime::sink::{NodeRef, NodeSink, SinkError};
+
+use super::execute::Executed;
+use super::plan::Planned;
+use super::{DONE, Step};
+
+pub(super) struct Written {
+    pub outcome: Outcome,
+    /// Look again at once (the write met a newer version).
+    pub again: Option<Priority>,
+    /// The node as written (or the newer version a conflict returned).
+    pub node: Option<CiliumNode>,
+}
+
+pub(super) async fn write<E: Ec2, S: NodeSink>(
+    inner: &Shared<E, S>,
+    name: &str,
+    node: &CiliumNode,
+    planned: &Planned,
+    executed: &Executed,
+    memory: &NodeMemory,
+) -> Step<Written> {
+    let desired = {
+        let cache = inner.cache.read().expect("cache");
+        let view = cache.view(&planned.instance_id, &planned.instance_type);
+        let problem = executed.problem.as_ref();
+        ipam::desired_state(node, &view, &inner.config.ipam, memory, problem)
+    };
+    let changes = ipam::changes(node, &desired);
+    let mut written = Written {
+        outcome: Outcome::Done,
+        again: None,
+        node: None,
+    };
+    if changes.is_empty() {
+        return Ok(written);
+    }
+    match inner.sink.apply(&NodeRef::of(node), &changes).await {
+        Ok(n) => written.node = n,
+        Err(SinkError::NotFound) => return Err(DONE),
+        Err(SinkError::Conflict(fresh)) => {
+            // Recompute against the fresh object next pass.
+            written.node = fresh.map(|f| *f);
+            written.again = Some(Priority::Routine);
+        }
+        Err(e) => {
+            warn!(node = name, error = %e, "CiliumNode write failed");
+            written.outcome = Outcome::Failed;
+        }
+    }
+    Ok(written)
+}

@@ -1,0 +1,47 @@
+//! Settings of the allocation core ([`CoreConfig`]); `main` fills them from the command line.
+
+use std::time::Duration;
+
+use crate::ipam::IpamConfig;
+
+use super::refresher::Scope;
+
+/// Settings of the core.
+#[derive(Clone, Debug)]
+pub struct CoreConfig {
+    /// `--parallel-alloc-workers`.
+    pub workers: usize,
+    /// Full EC2 refresh followed by a rescan of every node.
+    pub resync_interval: Duration,
+    /// Rescan of every node on the cached EC2 view (`--node-resync-interval`).
+    pub node_rescan_interval: Duration,
+    /// Minimum spacing of per-instance refreshes after our own changes.
+    pub instance_refresh_spacing: Duration,
+    /// How long a node whose instance is "not running" is left alone.
+    pub not_running_hold: Duration,
+    /// Retry spacing while the EC2 view is unhealthy.
+    pub unhealthy_retry: Duration,
+    /// Load every instance type's limits at start (else only types seen on nodes).
+    pub preload_instance_types: bool,
+    pub ipam: IpamConfig,
+    pub scope: Scope,
+    /// `--annotate-cilium-ignore`: keep `ipam.cilium.io/ignore: "true"` on the nodes we serve.
+    pub annotate_cilium_ignore: bool,
+}
+
+impl Default for CoreConfig {
+    fn default() -> Self {
+        Self {
+            workers: 50,
+            resync_interval: Duration::from_secs(60),
+            node_rescan_interval: Duration::from_secs(60),
+            instance_refresh_spacing: Duration::from_secs(15),
+            not_running_hold: Duration::from_secs(60),
+            unhealthy_retry: Duration::from_secs(60),
+            preload_instance_types: true,
+            ipam: IpamConfig::default(),
+            scope: Scope::default(),
+            annotate_cilium_ignore: false,
+        }
+    }
+}

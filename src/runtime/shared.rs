@@ -1,0 +1,140 @@
+//! What the event loop and the passes share ([`Shared`]): the clients, the EC2 cache, the node
+//! slots, the metrics. The slots are changed by the loop on input ([`super::nodes::accept`])
+//! and by a node's own pass; the cache by the executor and the refresher.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Instant;
+
+use tracing::{debug, warn};
+
+use crate::ec2::Ec2;
+
+use super::cache::Ec2Cache;
+use super::events;
+use super::executor::Executor;
+use super::metrics::RuntimeMetrics;
+use super::nodes::{self, Slots};
+use super::queue::{DeficitQueue, Priority};
+use super::refresher::Refresher;
+use super::settings::CoreConfig;
+
+pub struct Shared<E, S> {
+    pub ec2: Arc<E>,
+    pub sink: Arc<S>,
+    pub cache: Arc<RwLock<Ec2Cache>>,
+    pub refresher: Refresher<E>,
+    pub executor: Executor<E>,
+    pub config: CoreConfig,
+    pub slots: Mutex<Slots>,
+    /// When each instance type's limits were last looked up.
+    pub type_lookups: Mutex<HashMap<String, Instant>>,
+    pub metrics: RuntimeMetrics,
+    /// True while `run` has warm caches (after the first full EC2 refresh).
+    pub warm: tokio::sync::watch::Sender<bool>,
+}
+
+impl<E: Ec2, S> Shared<E, S> {
+    pub fn new(ec2: Arc<E>, sink: Arc<S>, config: CoreConfig, metrics: RuntimeMetrics) -> Self {
+        let cache = Arc::new(RwLock::new(Ec2Cache::for_cluster(
+            config.ipam.cluster_name.clone(),
+        )));
+        let refresher = Refresher::new(
+            ec2.clone(),
+            cache.clone(),
+            config.scope.clone(),
+            config.instance_refresh_spacing,
+        );
+        let executor = Executor::new(ec2.clone(), cache.clone()).with_metrics(metrics.clone());
+        Self {
+            ec2,
+            sink,
+            cache,
+            refresher,
+            executor,
+            config,
+            slots: Mutex::new(HashMap::new()),
+            type_lookups: Mutex::new(HashMap::new()),
+            metrics,
+            warm: tokio::sync::watch::Sender::new(false),
+        }
+    }
+
+    /// The node is gone from our state: its instance too (cache and refresh spacing).
+    pub fn forget_instance(&self, instance: &str) {
+        if !instance.is_empty() {
+            self.cache.write().expect("cache").drop_instance(instance);
+            self.refresher.forget(instance);
+        }
+    }
+
+    /// Describe the instances nodes wait for, then the ones we changed (a confirmation). A
+    /// failure is logged; the nodes go on with what the cache holds.
+    pub async fn refresh_instances(&self, new: &[String], confirm: &[String]) {
+        if !new.is_empty()
+            && let Err(e) = self.refresher.instances(new, false).await
+        {
+            warn!(error = %e, "per-instance refresh failed");
+        }
+        if !confirm.is_empty()
+            && let Err(e) = self.refresher.instances(confirm, true).await
+        {
+            debug!(error = %e, "confirmation refresh failed");
+        }
+    }
+
+    /// List everything again. On failure the cache is unhealthy, which blocks mutations.
+    pub async fn refresh_full(&self) {
+        if let Err(e) = self.refresher.full().await {
+            warn!(error = %e, "full EC2 refresh failed; mutations blocked");
+            events::count_ec2_error(&self.metrics, &e);
+        }
+    }
+
+    /// Queue every known node at its current severity.
+    pub fn requeue_all(&self, queue: &mut DeficitQueue<String>) {
+        let slots = self.slots.lock().expect("slots");
+        for (name, slot) in slots.iter() {
+            queue.push(name.clone(), nodes::priority_of(slot));
+        }
+    }
+
+    pub fn instance_of(&self, name: &str) -> Option<String> {
+        let slots = self.slots.lock().expect("slots");
+        let id = slots.get(name)?.node.as_ref()?.instance_id();
+        (!id.is_empty()).then(|| id.to_string())
+    }
+
+    pub fn priority(&self, name: &str) -> Priority {
+        let slots = self.slots.lock().expect("slots");
+        slots
+            .get(name)
+            .map_or(Priority::Routine, nodes::priority_of)
+    }
+
+    /// Cluster-wide gauges: address totals, nodes per state, per-node and per-subnet series.
+    pub fn publish_totals(&self) {
+        let t = nodes::totals(&self.slots.lock().expect("slots"));
+        let m = &self.metrics;
+        m.ips_available.set(t.available);
+        m.ips_used.set(t.used);
+        m.ips_needed.set(t.needed);
+        m.publish_nodes(
+            t.per_node
+                .iter()
+                .map(|(n, a, u, d)| (n.as_str(), *a, *u, *d)),
+        );
+        for state in nodes::STATES {
+            let n = t.states.get(state).copied().unwrap_or(0);
+            m.nodes
+                .get_or_create(&vec![("state", state.to_string())])
+                .set(n);
+        }
+        let cache = self.cache.read().expect("cache");
+        m.enis_managed.set(cache.totals().0 as i64);
+        m.publish_subnets(cache.subnets.values().map(|s| {
+            let (id, az) = (s.id.as_str(), s.availability_zone.as_str());
+            (id, az, s.available_addresses)
+        }));
+    }
+}
