@@ -271,6 +271,32 @@ mod tests {
         assert_eq!(a.trace_hash, b.trace_hash);
     }
 
+    /// `make test`'s share: 20 seeds plus every seed that ever failed (dst/regressions.txt),
+    /// on two threads. The seeds in dst/known-failing.txt are run by `make dst` only.
+    #[test]
+    fn twenty_seeds_and_the_regressions_hold_every_invariant() {
+        let mut seeds: Vec<u64> = (1..=20).collect();
+        seeds.extend(seed_list(include_str!("../regressions.txt")));
+        let opts = Options::default();
+        let (a, b): (Vec<u64>, Vec<u64>) = seeds.iter().partition(|s| *s % 2 == 0);
+        let failed: Vec<String> = std::thread::scope(|s| {
+            let run = |list: Vec<u64>| {
+                s.spawn(move || {
+                    list.into_iter()
+                        .map(|seed| run_seed(seed, &opts))
+                        .filter(|o| o.violation.is_some())
+                        .map(|o| o.report(25))
+                        .collect::<Vec<_>>()
+                })
+            };
+            let (x, y) = (run(a), run(b));
+            let mut f = x.join().expect("seeds a");
+            f.extend(y.join().expect("seeds b"));
+            f
+        });
+        assert!(failed.is_empty(), "{}", failed.join("\n"));
+    }
+
     #[test]
     fn seed_lists_skip_comments() {
         assert_eq!(seed_list("# found by x\n7\n 12 # y\n\n"), vec![7, 12]);

@@ -17,6 +17,12 @@ fn main() {
             .and_then(|i| args.get(i + 1))
             .cloned()
     };
+    if args.iter().any(|a| a == "--list-mutants") {
+        for m in eni_operator::mutants::ALL {
+            println!("{m}");
+        }
+        return;
+    }
     let mut seeds: Vec<u64> = Vec::new();
     let single = value("--seed").map(|s| s.parse::<u64>().expect("--seed takes a number"));
     if let Some(s) = single {
@@ -42,6 +48,13 @@ fn main() {
             .without_time()
             .init();
     }
+    if std::env::var_os("ENI_DST_MUTANT").is_some() && !eni_operator::mutants::COMPILED {
+        eprintln!("ENI_DST_MUTANT is set but this build has no planted defects (make dst-mutants)");
+        std::process::exit(2);
+    }
+    // A mutant run stops at its first violation: one is all it takes to catch it.
+    let stop_at_first = args.iter().any(|a| a == "--stop-at-first");
+    let stop = std::sync::atomic::AtomicBool::new(false);
     let jobs: usize = value("--jobs").map_or(2, |s| s.parse().expect("--jobs takes a number"));
     let opts = Options::default();
     let next = AtomicUsize::new(0);
@@ -52,9 +65,15 @@ fn main() {
                 loop {
                     let i = next.fetch_add(1, Ordering::Relaxed);
                     let Some(&seed) = seeds.get(i) else { break };
+                    if stop.load(Ordering::Relaxed) {
+                        break;
+                    }
                     let out = run_seed(seed, &opts);
                     if out.violation.is_some() {
                         eprintln!("{}", out.report(25));
+                        if stop_at_first {
+                            stop.store(true, Ordering::Relaxed);
+                        }
                     }
                     results.lock().expect("results").push(out);
                 }

@@ -35,6 +35,7 @@ pub const GC_INTERVAL: Duration = Duration::from_secs(120);
 /// Types whose limits the simulator knows (Nitro, so prefix mode works on all).
 const TYPES: [&str; 5] = ["m5.large", "m5.xlarge", "c5.large", "t3.large", "t3.medium"];
 const PRE_ALLOCATE: i64 = 2;
+const MAX_PODS: usize = 55;
 
 /// Tags of another tool's ENIs on our instances.
 fn other_tool_tags() -> Tags {
@@ -330,7 +331,9 @@ impl World {
         }
         let per_eni = (limits.ipv4_per_eni - 1) as usize * if self.prefix { 16 } else { 1 };
         let enis = (limits.max_enis - fii - foreign) as usize;
-        let capacity = (enis * per_eni).saturating_sub(PRE_ALLOCATE as usize) / 2;
+        // Half of what the instance holds, and at most Kubernetes' default 110 pods per node
+        // halved (prefix mode would allow hundreds; they cost run time and find nothing more).
+        let capacity = ((enis * per_eni).saturating_sub(PRE_ALLOCATE as usize) / 2).min(MAX_PODS);
         let mut n = CiliumNode::new(&name, Default::default());
         n.spec.instance_id = inst.id.clone();
         n.spec.eni.instance_type = ty.into();
