@@ -16,4 +16,5 @@ pub mod http;
 pub mod ipam;
 pub mod kube_limit;
 pub mod metrics;
+pub mod mutants;
 pub mod runtime;
