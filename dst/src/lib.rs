@@ -123,7 +123,7 @@ async fn simulate(seed: u64, opts: &Options) -> Outcome {
             });
             break;
         }
-        if t % 60 == 0 {
+        if t.is_multiple_of(60) {
             w.observe(t);
         }
     }
@@ -278,7 +278,7 @@ mod tests {
         let mut seeds: Vec<u64> = (1..=20).collect();
         seeds.extend(seed_list(include_str!("../regressions.txt")));
         let opts = Options::default();
-        let (a, b): (Vec<u64>, Vec<u64>) = seeds.iter().partition(|s| *s % 2 == 0);
+        let (a, b): (Vec<u64>, Vec<u64>) = seeds.iter().partition(|s| s.is_multiple_of(2));
         let failed: Vec<String> = std::thread::scope(|s| {
             let run = |list: Vec<u64>| {
                 s.spawn(move || {
