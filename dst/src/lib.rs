@@ -10,6 +10,8 @@ pub mod world;
 
 use std::collections::BTreeMap;
 use std::hash::{Hash, Hasher};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use eni_operator::ec2::Operation;
@@ -86,7 +88,51 @@ pub fn run_seed(seed: u64, opts: &Options) -> Outcome {
         .start_paused(true)
         .build()
         .expect("a current-thread runtime");
-    rt.block_on(simulate(seed, opts))
+    let watch = Arc::new(Watch::default());
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let dog = {
+        let (watch, done) = (watch.clone(), done.clone());
+        std::thread::spawn(move || watchdog(seed, &watch, &done))
+    };
+    let out = rt.block_on(simulate(seed, opts, &watch));
+    done.store(true, Ordering::Relaxed);
+    let _ = dog.join();
+    out
+}
+
+/// What the watchdog sees of a running seed.
+#[derive(Default)]
+struct Watch {
+    sink: std::sync::OnceLock<Arc<eni_operator::runtime::sink::MemorySink>>,
+    seconds: AtomicU64,
+}
+
+/// CiliumNode writes allowed per simulated second (plus a start allowance) before a run counts
+/// as a write storm.
+const STORM_WRITES_PER_SECOND: u64 = 50;
+
+/// A write storm (the operator writing in a loop without awaiting anything that takes time)
+/// never lets the paused clock advance, so no simulated check would ever run again. This thread
+/// looks from outside: it compares the writes so far with the simulated seconds (both
+/// deterministic; the wall clock only sets how often it looks) and ends the process with the
+/// report.
+fn watchdog(seed: u64, watch: &Watch, done: &std::sync::atomic::AtomicBool) {
+    while !done.load(Ordering::Relaxed) {
+        std::thread::sleep(Duration::from_millis(200));
+        let Some(sink) = watch.sink.get() else {
+            continue;
+        };
+        let writes = u64::from(sink.total_writes().total());
+        let seconds = watch.seconds.load(Ordering::Relaxed);
+        if writes > 10_000 + STORM_WRITES_PER_SECOND * seconds {
+            eprintln!(
+                "seed {seed} violated `no write storm` at t={seconds}s: {writes} CiliumNode writes \
+                 while simulated time stands still\n  replay: make dst SEED={seed}"
+            );
+            println!("dst: 1 seeds, 1 violations");
+            std::process::exit(1);
+        }
+    }
 }
 
 /// Events drawn each simulated second (per mille), while the faults last.
@@ -97,9 +143,10 @@ const P_TERMINATE: u32 = 2;
 const P_CRASH: u32 = 3;
 const P_EC2_FAULT: u32 = 30;
 
-async fn simulate(seed: u64, opts: &Options) -> Outcome {
+async fn simulate(seed: u64, opts: &Options, watch: &Watch) -> Outcome {
     let mut rng = StdRng::seed_from_u64(seed);
     let mut w = World::new(seed, &mut rng).await;
+    let _ = watch.sink.set(w.sink.clone());
     let nodes = rng.random_range(3..=6);
     for _ in 0..nodes {
         w.join(&mut rng).await;
@@ -115,6 +162,7 @@ async fn simulate(seed: u64, opts: &Options) -> Outcome {
         w.tick(&mut rng, t).await;
         tokio::time::sleep(Duration::from_secs(1)).await;
         t += 1;
+        watch.seconds.store(t, Ordering::Relaxed);
         if let Err((invariant, detail)) = check::always(&w) {
             violation = Some(Violation {
                 invariant,
