@@ -4,7 +4,7 @@
 //! `ENI_DST_MUTANT=<name>` selects the defect of a run.
 
 /// Every planted defect, by name.
-pub const ALL: [&str; 3] = ["release-used", "write-every-pass", "touch-foreign-eni"];
+pub const ALL: [&str; 1] = ["release-used"];
 
 /// Whether the defects are compiled into this build.
 pub const COMPILED: bool = cfg!(feature = "dst-mutants");

@@ -26,9 +26,6 @@ pub fn ownership_tags(cluster: &str, instance_id: &str) -> Tags {
 
 /// Whether the ENI was created by eni-operator for this cluster.
 pub fn is_owned_by(eni: &NetworkInterface, cluster: &str) -> bool {
-    if crate::mutants::active("touch-foreign-eni") {
-        return true;
-    }
     eni.tags.get(CLUSTER_TAG).map(String::as_str) == Some(cluster)
         && eni.tags.get(INSTANCE_TAG).is_some_and(|v| !v.is_empty())
 }
