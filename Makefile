@@ -20,7 +20,7 @@ export MOTO_VERSION
 # Every shell script, for shellcheck.
 SHELL_SCRIPTS := $(wildcard e2e/*.sh scripts/*.sh) .ci/run
 
-.PHONY: help build test lint fmt crds image run e2e e2e-local check-install bench venv
+.PHONY: help build test lint fmt crds image run e2e e2e-local check-install bench venv dst dst-mutants
 
 help: ## List the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | expand -t 16
@@ -65,6 +65,28 @@ check-install: ## Dry-run the install (kubectl apply --dry-run=server -f manifes
 BENCH_SCENARIO ?= all
 bench: ## Scale benchmark; rewrites the results in docs/benchmarks.md (smoke run: ARGS=--quick)
 	cargo run --locked --example bench -- --scenario $(BENCH_SCENARIO) --out docs/benchmarks.md --plot docs/burst.png --shared-plot docs/shared-account.png $(ARGS)
+
+# Deterministic simulation (docs/testing.md). Debug profile for the same reason as the bench:
+# tokio's paused clock (test-util) is in every debug test build already.
+SEEDS ?= 100
+SEED ?=
+DST_BIN = $${CARGO_TARGET_DIR:-target}/debug/dst
+DST_MUTANT_SEEDS ?= 200
+dst: ## Deterministic simulation: SEEDS=n seeds (default 100) + regressions + known-failing; SEED=n replays one
+	cargo build --locked --workspace --all-targets
+	if [ -n "$(SEED)" ]; then $(DST_BIN) --seed $(SEED); \
+	else $(DST_BIN) --seeds $(SEEDS) --also dst/regressions.txt --also dst/known-failing.txt; fi
+
+dst-mutants: ## Build with the planted defects and check the simulation catches each within DST_MUTANT_SEEDS seeds
+	cargo build --locked --workspace --all-targets --features dst/mutants
+	planted=0; caught=0; \
+	for m in $$($(DST_BIN) --list-mutants); do \
+		planted=$$((planted + 1)); rc=0; \
+		ENI_DST_MUTANT=$$m $(DST_BIN) --seeds $(DST_MUTANT_SEEDS) --stop-at-first > /dev/null 2> "$${TMPDIR:-/tmp}/dst-mutant-$$m.log" || rc=$$?; \
+		if [ "$$rc" = 1 ]; then caught=$$((caught + 1)); echo "mutant $$m: caught ($$(grep -m1 violated "$${TMPDIR:-/tmp}/dst-mutant-$$m.log" | cut -c1-160))"; \
+		else echo "mutant $$m: NOT caught (exit $$rc)"; fi; \
+	done; \
+	echo "mutants: $$planted planted, $$caught caught"; [ "$$planted" = "$$caught" ]
 
 venv: $(MOTO_STAMP) ## Python venv with the pinned moto server (EC2 emulator)
 

@@ -21,4 +21,5 @@ pub mod http;
 pub mod ipam;
 pub mod kube_limit;
 pub mod metrics;
+pub mod mutants;
 pub mod runtime;

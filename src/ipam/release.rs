@@ -325,7 +325,10 @@ impl NodeMemory {
             reset(&mut self.classic);
             return None;
         }
-        let used = super::demand::used_addresses(node);
+        let mut used = super::demand::used_addresses(node);
+        if crate::mutants::active("release-used") {
+            used.clear();
+        }
         let skip: BTreeSet<Ipv4Addr> = self.classic.released.keys().copied().collect();
         let cands = classic_candidates(usable, &used, &skip, excess);
         if cands.is_empty() {
@@ -388,6 +391,7 @@ impl NodeMemory {
                 }
                 match answers.get(ip) {
                     Some(ReleaseState::ReadyForRelease) if releasable(ip) => queued.ips.push(*ip),
+                    _ if crate::mutants::active("release-used") => queued.ips.push(*ip),
                     Some(ReleaseState::DoNotRelease) => {
                         c.first_seen.remove(ip);
                         c.proposed.remove(ip);

@@ -371,6 +371,14 @@ impl Simulator {
         inner.state.enis.get(eni_id).map(|r: &EniRec| r.eni.clone())
     }
 
+    /// Every ENI of the account without going through the API (no throttling, no counters):
+    /// what a test harness checks its invariants against.
+    pub fn network_interfaces(&self) -> Vec<NetworkInterface> {
+        let mut inner = self.lock();
+        inner.state.settle(Instant::now());
+        inner.state.enis.values().map(|r| r.eni.clone()).collect()
+    }
+
     /// Check AWS's invariants over the whole state (see `State::check_invariants`).
     pub fn check_invariants(&self) -> std::result::Result<(), String> {
         let mut inner = self.lock();

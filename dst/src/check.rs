@@ -1,0 +1,181 @@
+//! The invariants. `always` holds after every simulated second, faults or not; the others hold
+//! once the faults have stopped and the settle bound has passed.
+
+use std::collections::BTreeMap;
+use std::net::Ipv4Addr;
+
+use eni_operator::ec2::{EniState, NetworkInterface};
+use eni_operator::ipam::ownership::{CLUSTER_TAG, INSTANCE_TAG};
+
+use crate::world::{CLUSTER, World};
+
+pub type Broken = (&'static str, String);
+
+/// Whether EC2 has `ip` on `eni` (primary, secondary or inside a delegated prefix).
+fn holds(eni: &NetworkInterface, ip: Ipv4Addr) -> bool {
+    eni.primary_ip == ip
+        || eni.secondary_ips.contains(&ip)
+        || eni.prefixes.iter().any(|p| p.contains(&ip))
+}
+
+/// Ownership read from the tags here, not through the operator's `is_owned_by` (a planted
+/// defect there must not blind the check).
+fn ours(e: &NetworkInterface) -> bool {
+    e.tags.get(CLUSTER_TAG).map(String::as_str) == Some(CLUSTER)
+        && e.tags.get(INSTANCE_TAG).is_some_and(|v| !v.is_empty())
+}
+
+pub fn always(w: &World) -> Result<(), Broken> {
+    w.sim
+        .check_invariants()
+        .map_err(|e| ("aws-rules: one owner per address, limits per ENI", e))?;
+    let enis: BTreeMap<String, NetworkInterface> = w
+        .sim
+        .network_interfaces()
+        .into_iter()
+        .map(|e| (e.id.clone(), e))
+        .collect();
+    // Never more ENIs than the instance's limit, never two at one device index.
+    let mut slots: BTreeMap<(&str, u32), &str> = BTreeMap::new();
+    let mut per_instance: BTreeMap<&str, u32> = BTreeMap::new();
+    for e in enis.values() {
+        if let Some(a) = &e.attachment {
+            if let Some(other) = slots.insert((&a.instance_id, a.device_index), &e.id) {
+                return Err((
+                    "one ENI per device index",
+                    format!(
+                        "{other} and {} at {} of {}",
+                        e.id, a.device_index, a.instance_id
+                    ),
+                ));
+            }
+            *per_instance.entry(&a.instance_id).or_default() += 1;
+        }
+    }
+    for n in w.nodes.values() {
+        let count = per_instance
+            .get(n.instance_id.as_str())
+            .copied()
+            .unwrap_or(0);
+        if count > n.limits.max_enis {
+            return Err((
+                "ENIs within the instance's limit",
+                format!(
+                    "{} has {count} ENIs, limit {}",
+                    n.instance_id, n.limits.max_enis
+                ),
+            ));
+        }
+    }
+    // Other owners' ENIs: never detached, deleted or modified.
+    for (id, snap) in &w.foreign {
+        let Some(snap) = snap else { continue };
+        match enis.get(id) {
+            Some(now) if now == snap => {}
+            Some(now) => {
+                return Err((
+                    "never touch an ENI we do not own",
+                    format!("{id} changed: was {snap:?}, now {now:?}"),
+                ));
+            }
+            None => {
+                return Err(("never touch an ENI we do not own", format!("{id} deleted")));
+            }
+        }
+    }
+    let mut pooled: BTreeMap<String, &str> = BTreeMap::new();
+    for (name, n) in &w.nodes {
+        if !n.running() {
+            continue;
+        }
+        let Some(obj) = w.sink.get(name) else {
+            continue;
+        };
+        // No address an agent uses ever unassigned (or moved off the node's instance).
+        if let Some(status) = &obj.status {
+            for (ip, a) in &status.ipam.used {
+                let addr: Ipv4Addr = ip.parse().map_err(|_| ("parsable used", ip.clone()))?;
+                let ok = enis.get(&a.resource).is_some_and(|e| {
+                    holds(e, addr)
+                        && e.attachment
+                            .as_ref()
+                            .is_some_and(|at| at.instance_id == n.instance_id)
+                });
+                if !ok {
+                    return Err((
+                        "no address in use unassigned",
+                        format!(
+                            "{name}: {ip} used on {} but EC2 has {:?}; release-ips {:?}",
+                            a.resource,
+                            enis.get(&a.resource),
+                            status.ipam.release_ips
+                        ),
+                    ));
+                }
+            }
+        }
+        // C2: every pool address is listed on its ENI in status.
+        let listed = |ip: &String, res: &String| {
+            obj.status.as_ref().is_some_and(|s| {
+                s.eni
+                    .enis
+                    .get(res)
+                    .is_some_and(|e| e.addresses.iter().any(|x| x == ip))
+            })
+        };
+        for (ip, a) in &obj.spec.ipam.pool {
+            if !listed(ip, &a.resource) {
+                return Err((
+                    "pool within status (C2)",
+                    format!("{name}: {ip} on {} not in status", a.resource),
+                ));
+            }
+            // No address on two nodes.
+            if let Some(other) = pooled.insert(ip.clone(), name) {
+                return Err((
+                    "no address on two nodes",
+                    format!("{ip} in the pools of {other} and {name}"),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Every running node's pods run (its demand is met) and its pool is within status.
+pub fn demand_met(w: &World) -> Result<(), Broken> {
+    for (name, n) in &w.nodes {
+        if n.phase != crate::world::Phase::Live {
+            continue;
+        }
+        if n.agent.pods.len() < n.agent.target {
+            let pool = w.sink.get(name).map(|o| o.spec.ipam.pool.len());
+            return Err((
+                "demand met within the settle bound",
+                format!(
+                    "{name}: {} of {} pods (pool {pool:?}, capacity {})",
+                    n.agent.pods.len(),
+                    n.agent.target,
+                    n.capacity
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// No ENI of ours left `available` (two GC intervals have passed within the settle bound).
+pub fn no_available_owned(w: &World) -> Result<(), Broken> {
+    let left: Vec<String> = w
+        .sim
+        .network_interfaces()
+        .into_iter()
+        .filter(|e| ours(e) && e.attachment.is_none() && e.state == EniState::Available)
+        .map(|e| e.id)
+        .collect();
+    if left.is_empty() {
+        Ok(())
+    } else {
+        Err(("no owned ENI left available", format!("{left:?}")))
+    }
+}

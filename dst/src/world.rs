@@ -1,0 +1,547 @@
+//! The simulated world: an EC2 account (the simulator), an API server (MemorySink with
+//! Cilium's CRD and the Node model), classic agents, and the operator (core + ENI GC) that can
+//! crash and restart with empty memory on the same EC2 and API state.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use eni_operator::crd::CiliumNode;
+use eni_operator::ec2::gate::{Gate, GateConfig};
+use eni_operator::ec2::sim::{Simulator, default_instance_types};
+use eni_operator::ec2::{
+    AddressRequest, CreateEniRequest, Ec2, InstanceTypeLimits, NetworkInterface, Operation, Tags,
+};
+use eni_operator::ipam::IpamConfig;
+use eni_operator::runtime::core::{Core, CoreConfig, NodeInput};
+use eni_operator::runtime::gc;
+use eni_operator::runtime::metrics::RuntimeMetrics;
+use eni_operator::runtime::sink::MemorySink;
+use eni_operator::runtime::source::node_input;
+use rand::Rng;
+use rand::rngs::StdRng;
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+use tokio_util::task::AbortOnDropHandle;
+
+use crate::QuietCounters;
+use crate::agent::Agent;
+
+pub const CLUSTER: &str = "dst";
+/// Karpenter's Node finalizer: a deleted Node stays, draining, until Karpenter is done.
+pub const KARPENTER: &str = "karpenter.sh/termination";
+/// The ENI GC's interval in the simulation.
+pub const GC_INTERVAL: Duration = Duration::from_secs(120);
+/// Types whose limits the simulator knows (Nitro, so prefix mode works on all).
+const TYPES: [&str; 5] = ["m5.large", "m5.xlarge", "c5.large", "t3.large", "t3.medium"];
+const PRE_ALLOCATE: i64 = 2;
+const MAX_PODS: usize = 55;
+
+/// Tags of another tool's ENIs on our instances.
+fn other_tool_tags() -> Tags {
+    Tags::from([("owner".to_string(), "another-tool".to_string())])
+}
+
+type SimCore = Core<Gate<Simulator>, MemorySink>;
+
+/// Where a node is in its life.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Phase {
+    Live,
+    /// The Node has its `deletionTimestamp`; Karpenter terminates the instance and removes its
+    /// finalizer at `until`.
+    Draining {
+        until: u64,
+    },
+    /// The instance is terminated but the Node is still there; the cloud controller deletes it
+    /// at `node_gone_at`.
+    Terminated {
+        node_gone_at: u64,
+    },
+    /// Node and instance are gone; the CiliumNode goes through deletion.
+    Gone,
+}
+
+#[derive(Debug)]
+pub struct SimNode {
+    pub instance_id: String,
+    pub limits: InstanceTypeLimits,
+    pub first_interface_index: u32,
+    /// Pods the node can hold at most (what the demand is drawn under).
+    pub capacity: usize,
+    pub phase: Phase,
+    pub agent: Agent,
+}
+
+impl SimNode {
+    /// The instance runs and its agent with it.
+    pub fn running(&self) -> bool {
+        matches!(self.phase, Phase::Live | Phase::Draining { .. })
+    }
+}
+
+/// The operator process: dropped on a crash (its tasks abort), built anew on restart.
+struct Operator {
+    core: SimCore,
+    tx: mpsc::Sender<NodeInput>,
+    _task: AbortOnDropHandle<eni_operator::ec2::Result<()>>,
+    _gc: AbortOnDropHandle<()>,
+}
+
+pub struct World {
+    pub sim: Simulator,
+    pub sink: Arc<MemorySink>,
+    pub nodes: BTreeMap<String, SimNode>,
+    /// ENIs of other owners (another tool, Cilium's operator): id -> how they must stay. `None`
+    /// once their instance terminated (EC2 may then detach or delete them).
+    pub foreign: BTreeMap<String, Option<NetworkInterface>>,
+    pub trace: Vec<String>,
+    pub start: Instant,
+    pub prefix: bool,
+    cfg: CoreConfig,
+    subnets: Vec<(String, &'static str)>,
+    vpc: String,
+    sg: String,
+    operator: Option<Operator>,
+    next_node: u32,
+    restarts: u32,
+}
+
+impl World {
+    pub async fn new(seed: u64, rng: &mut StdRng) -> Self {
+        let sim = Simulator::new();
+        sim.set_seed(seed);
+        for op in Operation::ALL {
+            let ms = if op.is_mutating() {
+                rng.random_range(50..400)
+            } else {
+                rng.random_range(20..200)
+            };
+            sim.set_latency(op, Duration::from_millis(ms));
+        }
+        let vpc = sim.add_vpc("10.0.0.0/16".parse().expect("cidr"), &[]);
+        let subnets = vec![
+            (
+                sim.add_subnet(
+                    &vpc,
+                    "zone-a",
+                    "10.0.0.0/18".parse().expect("cidr"),
+                    Tags::new(),
+                ),
+                "zone-a",
+            ),
+            (
+                sim.add_subnet(
+                    &vpc,
+                    "zone-b",
+                    "10.0.64.0/18".parse().expect("cidr"),
+                    Tags::new(),
+                ),
+                "zone-b",
+            ),
+        ];
+        let sg = sim.add_security_group(&vpc, Tags::new());
+        sim.add_route_table(&vpc, true, &[]);
+        let prefix = rng.random_bool(0.3);
+        let cfg = CoreConfig {
+            workers: 4,
+            ipam: IpamConfig {
+                cluster_name: CLUSTER.into(),
+                prefix_delegation: prefix,
+                release_excess_ips: true,
+                release_delay: Duration::from_secs(rng.random_range(5..60)),
+                ..IpamConfig::default()
+            },
+            ..CoreConfig::default()
+        };
+        let mut w = Self {
+            sim,
+            sink: Arc::new(MemorySink::with_ciliums_crd()),
+            nodes: BTreeMap::new(),
+            foreign: BTreeMap::new(),
+            trace: Vec::new(),
+            start: Instant::now(),
+            prefix,
+            cfg,
+            subnets,
+            vpc,
+            sg,
+            operator: None,
+            next_node: 0,
+            restarts: 0,
+        };
+        w.log(
+            0,
+            format!(
+                "world: prefix={prefix} release-delay={:?}",
+                w.cfg.ipam.release_delay
+            ),
+        );
+        // Cilium's operator's leftover ENIs in our subnets: never ours to collect.
+        for i in 0..rng.random_range(0..=2) {
+            let subnet = w.subnets[i % 2].0.clone();
+            let tags = Tags::from([
+                ("io.cilium/cilium-managed".to_string(), "true".to_string()),
+                ("io.cilium/cluster-name".to_string(), CLUSTER.to_string()),
+            ]);
+            let eni = w.foreign_eni(&subnet, tags, &format!("cilium-{i}")).await;
+            w.log(0, format!("foreign available ENI {}", eni.id));
+            w.foreign.insert(eni.id.clone(), Some(eni));
+        }
+        w.start_operator(0);
+        w
+    }
+
+    /// Another tool creates an ENI, through the same account (its calls take tokens from the
+    /// shared throttling buckets and meet the injected faults, so it retries like any client).
+    async fn foreign_eni(&self, subnet: &str, tags: Tags, token: &str) -> NetworkInterface {
+        let req = CreateEniRequest {
+            subnet_id: subnet.to_string(),
+            security_groups: vec![self.sg.clone()],
+            description: "not ours".into(),
+            tags,
+            addresses: AddressRequest::Ips(1),
+            client_token: token.to_string(),
+        };
+        loop {
+            match self.sim.create_network_interface(&req).await {
+                Ok(e) => return e,
+                Err(_) => tokio::time::sleep(Duration::from_millis(500)).await,
+            }
+        }
+    }
+
+    /// The other tool attaches its ENI, retrying until EC2 shows it attached.
+    async fn foreign_attach(&self, eni: &str, instance: &str, at: u32) -> NetworkInterface {
+        loop {
+            let _ = self.sim.attach_network_interface(eni, instance, at).await;
+            let now = self.sim.network_interface(eni).expect("exists");
+            if now.attachment.is_some() {
+                return now;
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
+
+    pub fn log(&mut self, t: u64, line: String) {
+        self.trace.push(format!("t={t}s {line}"));
+    }
+
+    /// Start (or restart) the operator with empty memory.
+    fn start_operator(&mut self, t: u64) {
+        let gate = Arc::new(Gate::new(self.sim.clone(), GateConfig::aws_defaults()));
+        let metrics = RuntimeMetrics::default();
+        let core = Core::new(
+            gate.clone(),
+            self.sink.clone(),
+            self.cfg.clone(),
+            metrics.clone(),
+        );
+        let (tx, rx) = mpsc::channel(1 << 14);
+        let task =
+            AbortOnDropHandle::new(tokio::spawn(core.clone().run(rx, std::future::pending())));
+        let gc = AbortOnDropHandle::new(tokio::spawn(gc::run_loop(
+            gate,
+            CLUSTER.to_string(),
+            self.subnets.iter().map(|(s, _)| s.clone()).collect(),
+            GC_INTERVAL,
+            50,
+            metrics,
+        )));
+        self.operator = Some(Operator {
+            core,
+            tx,
+            _task: task,
+            _gc: gc,
+        });
+        // What the watches list at start: every Node, then every CiliumNode.
+        let names: Vec<String> = self.nodes.keys().cloned().collect();
+        for name in &names {
+            let present = !matches!(self.nodes[name].phase, Phase::Gone);
+            self.send(NodeInput::NodePresent {
+                name: name.clone(),
+                present,
+            });
+        }
+        for name in &names {
+            if let Some(n) = self.sink.get(name) {
+                self.send(NodeInput::Upsert(Box::new(n)));
+            }
+        }
+        if t > 0 {
+            self.log(t, format!("operator restarted ({})", self.restarts));
+        }
+    }
+
+    fn send(&self, input: NodeInput) {
+        if let Some(op) = &self.operator {
+            op.tx
+                .try_send(input)
+                .expect("the core keeps up with its input channel");
+        }
+    }
+
+    pub fn core(&self) -> &SimCore {
+        &self.operator.as_ref().expect("running").core
+    }
+
+    /// The operator crashes (every task stops wherever it awaits) and restarts with empty
+    /// memory on the same EC2 and API state.
+    pub fn crash_and_restart(&mut self, t: u64) {
+        self.operator = None;
+        self.restarts += 1;
+        self.log(t, "operator crashed".into());
+        self.start_operator(t);
+    }
+
+    pub fn live_nodes(&self) -> usize {
+        self.nodes
+            .values()
+            .filter(|n| n.phase == Phase::Live)
+            .count()
+    }
+
+    /// A node joins: an instance of a random type in a random zone, maybe another tool's ENI
+    /// attached at device index 1, the Node (with Karpenter's finalizer) and the agent's
+    /// CiliumNode.
+    pub async fn join(&mut self, rng: &mut StdRng) {
+        let name = format!("node-{}", self.next_node);
+        self.next_node += 1;
+        let ty = TYPES[rng.random_range(0..TYPES.len())];
+        let limits = default_instance_types()
+            .into_iter()
+            .find(|l| l.instance_type == ty)
+            .expect("known type");
+        let (subnet, zone) = self.subnets[rng.random_range(0..self.subnets.len())].clone();
+        let inst = self
+            .sim
+            .run_instance(ty, &subnet, std::slice::from_ref(&self.sg));
+        let fii: u32 = rng.random_range(0..=1);
+        let t = self.now();
+        let mut foreign = 0;
+        if limits.max_enis > 2 && rng.random_bool(0.3) {
+            let eni = self
+                .foreign_eni(&subnet, other_tool_tags(), &format!("tool-{name}"))
+                .await;
+            let at = 1;
+            let eni = self.foreign_attach(&eni.id, &inst.id, at).await;
+            self.log(t, format!("foreign ENI {} on {name} at {at}", eni.id));
+            self.foreign.insert(eni.id.clone(), Some(eni));
+            foreign = 1;
+        }
+        let per_eni = (limits.ipv4_per_eni - 1) as usize * if self.prefix { 16 } else { 1 };
+        let enis = (limits.max_enis - fii - foreign) as usize;
+        // Half of what the instance holds, and at most Kubernetes' default 110 pods per node
+        // halved (prefix mode would allow hundreds; they cost run time and find nothing more).
+        let capacity = ((enis * per_eni).saturating_sub(PRE_ALLOCATE as usize) / 2).min(MAX_PODS);
+        let mut n = CiliumNode::new(&name, Default::default());
+        n.spec.instance_id = inst.id.clone();
+        n.spec.eni.instance_type = ty.into();
+        n.spec.eni.vpc_id = self.vpc.clone();
+        n.spec.eni.availability_zone = zone.into();
+        n.spec.eni.node_subnet_id = subnet.clone();
+        n.spec.eni.first_interface_index = Some(i64::from(fii));
+        n.spec.ipam.pre_allocate = PRE_ALLOCATE;
+        // The user excludes the other tool's ENIs (a Multus interface, say): never used, counted
+        // or modified. Without the exclusion the operator allocates on any attached ENI the
+        // spec allows, as Cilium does (docs/migrating-from-cilium.md).
+        n.spec.eni.exclude_interface_tags = other_tool_tags();
+        let node = self.sink.put_node(&name, &[KARPENTER]);
+        if let Some(i) = node_input(kube::runtime::watcher::Event::Apply(node)) {
+            self.send(i);
+        }
+        let stored = self.sink.put(&n);
+        self.send(NodeInput::Upsert(Box::new(stored)));
+        let target = rng.random_range(0..=capacity);
+        self.log(
+            t,
+            format!(
+                "join {name} {ty} {zone} {} fii={fii} capacity={capacity} target={target}",
+                inst.id
+            ),
+        );
+        self.nodes.insert(
+            name,
+            SimNode {
+                instance_id: inst.id,
+                limits,
+                first_interface_index: fii,
+                capacity,
+                phase: Phase::Live,
+                agent: Agent {
+                    target,
+                    ..Agent::default()
+                },
+            },
+        );
+    }
+
+    fn now(&self) -> u64 {
+        Instant::now().duration_since(self.start).as_secs()
+    }
+
+    fn pick(&self, rng: &mut StdRng, phase: Phase) -> Option<String> {
+        let names: Vec<&String> = self
+            .nodes
+            .iter()
+            .filter(|(_, n)| n.phase == phase)
+            .map(|(k, _)| k)
+            .collect();
+        (!names.is_empty()).then(|| names[rng.random_range(0..names.len())].clone())
+    }
+
+    /// Pods come or go on one live node.
+    pub fn change_demand(&mut self, rng: &mut StdRng, t: u64) {
+        let Some(name) = self.pick(rng, Phase::Live) else {
+            return;
+        };
+        let n = self.nodes.get_mut(&name).expect("picked");
+        let target = rng.random_range(0..=n.capacity);
+        n.agent.target = target;
+        self.log(t, format!("demand {name} -> {target}"));
+    }
+
+    /// Karpenter deletes a Node: it drains (deletionTimestamp, still present, pods still
+    /// running), then terminates the instance and removes its finalizer.
+    pub fn drain(&mut self, rng: &mut StdRng, t: u64) {
+        let Some(name) = self.pick(rng, Phase::Live) else {
+            return;
+        };
+        let until = t + rng.random_range(30..300);
+        if let Some(ev) = self.sink.delete_node(&name)
+            && let Some(i) = node_input(ev)
+        {
+            self.send(i);
+        }
+        self.nodes.get_mut(&name).expect("picked").phase = Phase::Draining { until };
+        self.log(t, format!("drain {name} until t={until}s"));
+    }
+
+    /// The instance terminates without a Node delete (spot reclaim, a human in the console).
+    pub fn terminate(&mut self, rng: &mut StdRng, t: u64) {
+        let Some(name) = self.pick(rng, Phase::Live) else {
+            return;
+        };
+        let node_gone_at = t + rng.random_range(20..180);
+        self.terminate_instance(&name, t);
+        self.nodes.get_mut(&name).expect("picked").phase = Phase::Terminated { node_gone_at };
+        self.log(
+            t,
+            format!("terminate {name}'s instance; Node goes at t={node_gone_at}s"),
+        );
+    }
+
+    fn terminate_instance(&mut self, name: &str, t: u64) {
+        let id = self.nodes[name].instance_id.clone();
+        self.sim.terminate_instance(&id);
+        // EC2 detaches (or deletes) what was attached: other owners' ENIs change legitimately.
+        for (eni, snap) in self.foreign.iter_mut() {
+            if snap
+                .as_ref()
+                .and_then(|s| s.attachment.as_ref())
+                .is_some_and(|a| a.instance_id == id)
+            {
+                *snap = None;
+                self.trace
+                    .push(format!("t={t}s foreign ENI {eni} released by termination"));
+            }
+        }
+        let n = self.nodes.get_mut(name).expect("known");
+        n.agent.pods.clear();
+        n.agent.target = 0;
+    }
+
+    /// The Node is gone: Kubernetes' garbage collector deletes the CiliumNode it owns.
+    fn node_gone(&mut self, name: &str, t: u64) {
+        let ev = match self.sink.remove_node_finalizer(name, KARPENTER) {
+            Some(kube::runtime::watcher::Event::Delete(n)) => {
+                Some(kube::runtime::watcher::Event::Delete(n))
+            }
+            _ => self.sink.delete_node(name),
+        };
+        if let Some(i) = ev.and_then(node_input) {
+            self.send(i);
+        }
+        match self.sink.begin_delete(name) {
+            Some(marked) => self.send(NodeInput::Upsert(Box::new(marked))),
+            None => self.send(NodeInput::Deleted(name.to_string())),
+        }
+        self.nodes.get_mut(name).expect("known").phase = Phase::Gone;
+        self.log(t, format!("{name}: Node gone, CiliumNode deleted"));
+    }
+
+    /// One simulated second of the world: scheduled transitions, then every running agent.
+    pub async fn tick(&mut self, rng: &mut StdRng, t: u64) {
+        let due: Vec<(String, Phase)> = self
+            .nodes
+            .iter()
+            .filter(|(_, n)| match n.phase {
+                Phase::Draining { until } => until <= t,
+                Phase::Terminated { node_gone_at } => node_gone_at <= t,
+                _ => false,
+            })
+            .map(|(k, n)| (k.clone(), n.phase))
+            .collect();
+        for (name, phase) in due {
+            if matches!(phase, Phase::Draining { .. }) {
+                self.terminate_instance(&name, t);
+            }
+            self.node_gone(&name, t);
+        }
+        let names: Vec<String> = self
+            .nodes
+            .iter()
+            .filter(|(_, n)| n.running())
+            .map(|(k, _)| k.clone())
+            .collect();
+        for name in names {
+            let Some(obj) = self.sink.get(&name) else {
+                continue;
+            };
+            let agent = &mut self.nodes.get_mut(&name).expect("known").agent;
+            if let Some(edited) = agent.step(&obj, rng) {
+                let stored = self.sink.put(&edited);
+                self.send(NodeInput::Upsert(Box::new(stored)));
+            }
+        }
+    }
+
+    /// A line per node in the trace (pool, pods): what the run looked like each minute.
+    pub fn observe(&mut self, t: u64) {
+        let lines: Vec<String> = self
+            .nodes
+            .iter()
+            .filter(|(_, n)| n.running())
+            .map(|(name, n)| {
+                let pool = self
+                    .sink
+                    .get(name)
+                    .map(|o| o.spec.ipam.pool.len())
+                    .unwrap_or(0);
+                format!(
+                    "observe {name} pool={pool} pods={}/{}",
+                    n.agent.pods.len(),
+                    n.agent.target
+                )
+            })
+            .collect();
+        for l in lines {
+            self.log(t, l);
+        }
+    }
+
+    /// CiliumNode writes, mutating EC2 calls in total and by name.
+    pub fn quiet_counters(&self) -> QuietCounters {
+        let stats = self.sim.stats();
+        let by: BTreeMap<&'static str, u64> = Operation::ALL
+            .iter()
+            .filter(|op| op.is_mutating())
+            .map(|op| (op.name(), stats.get(*op).calls))
+            .collect();
+        (
+            u64::from(self.sink.total_writes().total()),
+            by.values().sum(),
+            by,
+        )
+    }
+}
