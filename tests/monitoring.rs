@@ -7,7 +7,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use eni_operator::crd::{AllocationIp, CiliumNode, ReleaseState};
+use eni_operator::bench::agent::classic_agent_answers;
+use eni_operator::crd::{AllocationIp, CiliumNode};
 use eni_operator::ec2::gate::{Gate, GateConfig};
 use eni_operator::ec2::sim::Simulator;
 use eni_operator::ec2::{Operation, Tags};
@@ -54,37 +55,6 @@ async fn wait_until(mut cond: impl FnMut() -> bool, limit: Duration) -> bool {
         waited += step;
     }
     cond()
-}
-
-/// A classic agent's answer to release proposals (pkg/ipam/crd.go; the same model as in
-/// tests/runtime_core.rs).
-fn classic_agent_answers(n: &mut CiliumNode) {
-    let pool = n.spec.ipam.pool.clone();
-    let status = n.status.get_or_insert_with(Default::default);
-    let used = status.ipam.used.clone();
-    let mut answers = BTreeMap::new();
-    for (ip, state) in &status.ipam.release_ips {
-        match ReleaseState::parse(state) {
-            Some(ReleaseState::MarkedForRelease) => {
-                let answer = if pool.contains_key(ip) && !used.contains_key(ip) {
-                    ReleaseState::ReadyForRelease
-                } else {
-                    ReleaseState::DoNotRelease
-                };
-                answers.insert(ip.clone(), Some(answer.as_str().to_string()));
-            }
-            Some(ReleaseState::Released) if !pool.contains_key(ip) => {
-                answers.insert(ip.clone(), None);
-            }
-            _ => {}
-        }
-    }
-    for (ip, a) in answers {
-        match a {
-            Some(s) => status.ipam.release_ips.insert(ip, s),
-            None => status.ipam.release_ips.remove(&ip),
-        };
-    }
 }
 
 /// The scrape after: two nodes served (new ENIs; one create throttled once, one refused

@@ -6,6 +6,7 @@ use std::net::Ipv4Addr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use eni_operator::bench::agent::classic_agent_answers;
 use eni_operator::crd::{
     AllocationIp, CiliumNode, FINALIZER, IpamPoolAllocation, IpamPoolDemand, IpamPoolRequest,
     ReleaseState,
@@ -718,36 +719,6 @@ async fn the_finalizer_deletes_only_our_enis_and_only_when_the_node_is_gone() {
     tx.send(NodeInput::Upsert(Box::new(marked))).await.unwrap();
     assert!(wait_until(|| sink.get("kept").is_none(), Duration::from_secs(60)).await);
     assert_eq!(ours(&attached_enis(&w.sim, &kept.id).await, &kept.id), 1);
-}
-
-/// A classic agent's answer to the operator's release proposals (pkg/ipam/crd.go).
-fn classic_agent_answers(n: &mut CiliumNode) {
-    let pool = n.spec.ipam.pool.clone();
-    let status = n.status.get_or_insert_with(Default::default);
-    let used = status.ipam.used.clone();
-    let mut answers = BTreeMap::new();
-    for (ip, state) in &status.ipam.release_ips {
-        match ReleaseState::parse(state) {
-            Some(ReleaseState::MarkedForRelease) => {
-                let answer = if pool.contains_key(ip) && !used.contains_key(ip) {
-                    ReleaseState::ReadyForRelease
-                } else {
-                    ReleaseState::DoNotRelease
-                };
-                answers.insert(ip.clone(), Some(answer.as_str().to_string()));
-            }
-            Some(ReleaseState::Released) if !pool.contains_key(ip) => {
-                answers.insert(ip.clone(), None);
-            }
-            _ => {}
-        }
-    }
-    for (ip, a) in answers {
-        match a {
-            Some(s) => status.ipam.release_ips.insert(ip, s),
-            None => status.ipam.release_ips.remove(&ip),
-        };
-    }
 }
 
 #[tokio::test(start_paused = true)]

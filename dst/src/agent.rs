@@ -3,9 +3,10 @@
 //! pods running at that moment. The same model as the benchmark's agent
 //! (src/bench/scenario.rs), kept pure: it reads a CiliumNode and returns the edited one.
 
-use std::collections::{BTreeMap, BTreeSet};
+use eni_operator::bench::agent::answer_release_proposals;
+use std::collections::BTreeSet;
 
-use eni_operator::crd::{AllocationIp, CiliumNode, ReleaseState};
+use eni_operator::crd::{AllocationIp, CiliumNode};
 use rand::Rng;
 use rand::rngs::StdRng;
 
@@ -24,30 +25,9 @@ impl Agent {
         let mut node = node.clone();
         let before = node.status.clone();
         let pool = node.spec.ipam.pool.clone();
+        let pods = &self.pods;
+        answer_release_proposals(&mut node, |ip| pods.contains(ip));
         let status = node.status.get_or_insert_with(Default::default);
-        let mut answers = BTreeMap::new();
-        for (ip, state) in &status.ipam.release_ips {
-            match ReleaseState::parse(state) {
-                Some(ReleaseState::MarkedForRelease) => {
-                    let answer = if pool.contains_key(ip) && !self.pods.contains(ip) {
-                        ReleaseState::ReadyForRelease
-                    } else {
-                        ReleaseState::DoNotRelease
-                    };
-                    answers.insert(ip.clone(), Some(answer.as_str().to_string()));
-                }
-                Some(ReleaseState::Released) if !pool.contains_key(ip) => {
-                    answers.insert(ip.clone(), None);
-                }
-                _ => {}
-            }
-        }
-        for (ip, a) in answers {
-            match a {
-                Some(s) => status.ipam.release_ips.insert(ip, s),
-                None => status.ipam.release_ips.remove(&ip),
-            };
-        }
         // A pod whose address left the pool cannot exist in a correct run (the invariant checks
         // catch the unassignment); the agent forgets it so the run goes on.
         self.pods.retain(|ip| pool.contains_key(ip));

@@ -2,6 +2,7 @@
 //! allocation core against the simulator under paused tokio time ([`scenario`]), the pure
 //! figures derived from them (lower bound, table rows; here) and a tiny PNG plotter ([`plot`]).
 
+pub mod agent;
 pub mod heap;
 pub mod plot;
 pub mod scenario;

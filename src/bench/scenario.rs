@@ -4,6 +4,7 @@
 //! time, so under a paused runtime the rate limits and latencies hold in simulated time while
 //! the run takes only the CPU it needs.
 
+use super::agent::answer_release_proposals;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
@@ -693,31 +694,10 @@ impl Agent {
         };
         let before = node.status.clone();
         let pool = node.spec.ipam.pool.clone();
-        let status = node.status.get_or_insert_with(Default::default);
         // Answer release proposals against the pods as they are now.
-        let mut answers = BTreeMap::new();
-        for (ip, state) in &status.ipam.release_ips {
-            match ReleaseState::parse(state) {
-                Some(ReleaseState::MarkedForRelease) => {
-                    let answer = if pool.contains_key(ip) && !self.pods.contains(ip) {
-                        ReleaseState::ReadyForRelease
-                    } else {
-                        ReleaseState::DoNotRelease
-                    };
-                    answers.insert(ip.clone(), Some(answer.as_str().to_string()));
-                }
-                Some(ReleaseState::Released) if !pool.contains_key(ip) => {
-                    answers.insert(ip.clone(), None);
-                }
-                _ => {}
-            }
-        }
-        for (ip, a) in answers {
-            match a {
-                Some(s) => status.ipam.release_ips.insert(ip, s),
-                None => status.ipam.release_ips.remove(&ip),
-            };
-        }
+        let pods = &self.pods;
+        answer_release_proposals(&mut node, |ip| pods.contains(ip));
+        let status = node.status.get_or_insert_with(Default::default);
         // Pods: stop extra ones, start missing ones on free addresses not being released.
         self.pods.retain(|ip| pool.contains_key(ip));
         while self.pods.len() > self.target {
