@@ -7,19 +7,20 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use eni_operator::bench::agent::classic_agent_answers;
 use eni_operator::crd::{AllocationIp, CiliumNode};
 use eni_operator::ec2::gate::{Gate, GateConfig};
-use eni_operator::ec2::sim::Simulator;
 use eni_operator::ec2::{Operation, Tags};
 use eni_operator::ipam::IpamConfig;
 use eni_operator::metrics::MetricsRegistry;
 use eni_operator::runtime::core::{Core, CoreConfig, NodeInput};
 use eni_operator::runtime::gc::EniGc;
 use eni_operator::runtime::metrics::RuntimeMetrics;
-use eni_operator::runtime::sink::MemorySink;
 use serde::Deserialize;
 use serde_json::Value;
+use testkit::agent::classic_agent_answers;
+use testkit::sim::Simulator;
+use testkit::sink::MemorySink;
+use testkit::wait_until;
 
 const CLUSTER: &str = "test-cluster";
 
@@ -42,19 +43,6 @@ fn agent_node(vpc: &str, subnet: &str, name: &str, instance: &str, min: i64) -> 
 
 fn pool_size(sink: &MemorySink, name: &str) -> usize {
     sink.get(name).map_or(0, |n| n.spec.ipam.pool.len())
-}
-
-async fn wait_until(mut cond: impl FnMut() -> bool, limit: Duration) -> bool {
-    let step = Duration::from_millis(250);
-    let mut waited = Duration::ZERO;
-    while waited < limit {
-        if cond() {
-            return true;
-        }
-        tokio::time::sleep(step).await;
-        waited += step;
-    }
-    cond()
 }
 
 /// The scrape after: two nodes served (new ENIs; one create throttled once, one refused

@@ -6,13 +6,11 @@ use std::net::Ipv4Addr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use eni_operator::bench::agent::classic_agent_answers;
 use eni_operator::crd::{
     AllocationIp, CiliumNode, FINALIZER, IpamPoolAllocation, IpamPoolDemand, IpamPoolRequest,
     ReleaseState,
 };
 use eni_operator::ec2::gate::{Gate, GateConfig};
-use eni_operator::ec2::sim::Simulator;
 use eni_operator::ec2::{
     AddressRequest, Assigned, CreateEniRequest, Ec2, EniFilter, EniState, InstanceFilter,
     InstanceTypeLimits, NetworkInterface, Operation, Page, ResourceFilter, Result, RouteTable,
@@ -22,16 +20,18 @@ use eni_operator::ipam::IpamConfig;
 use eni_operator::ipam::ownership::ownership_tags;
 use eni_operator::runtime::core::{Core, CoreConfig, NodeInput};
 use eni_operator::runtime::gc::EniGc;
-use eni_operator::runtime::leader::{
-    Elector, LeaderConfig, LeadershipLost, MemoryLease, MemoryLeaseClient,
-};
+use eni_operator::runtime::leader::{Elector, LeaderConfig, LeadershipLost};
 use eni_operator::runtime::metrics::RuntimeMetrics;
-use eni_operator::runtime::prune::StructuralSchema;
-use eni_operator::runtime::sink::MemorySink;
 use eni_operator::runtime::source::{node_input, parse_node, to_input};
 use ipnet::Ipv4Net;
 use kube::api::DynamicObject;
 use kube::runtime::watcher::Event;
+use testkit::agent::classic_agent_answers;
+use testkit::lease::{MemoryLease, MemoryLeaseClient};
+use testkit::prune::StructuralSchema;
+use testkit::sim::Simulator;
+use testkit::sink::MemorySink;
+use testkit::{served, wait_until};
 use tokio::sync::mpsc;
 
 const CLUSTER: &str = "test-cluster";
@@ -94,36 +94,6 @@ fn start<E: Ec2>(
     let (tx, rx) = mpsc::channel(4096);
     let task = tokio::spawn(core.clone().run(rx, std::future::pending()));
     (core, tx, task)
-}
-
-/// C2 + demand: every pool address is listed on its ENI in status, and the pool is big enough.
-fn served(sink: &MemorySink, name: &str, want: usize) -> bool {
-    let Some(n) = sink.get(name) else {
-        return false;
-    };
-    let enis = n
-        .status
-        .as_ref()
-        .map(|s| s.eni.enis.clone())
-        .unwrap_or_default();
-    n.spec.ipam.pool.len() >= want
-        && n.spec.ipam.pool.iter().all(|(ip, a)| {
-            enis.get(&a.resource)
-                .is_some_and(|e| e.addresses.iter().any(|x| x == ip))
-        })
-}
-
-async fn wait_until(mut cond: impl FnMut() -> bool, limit: Duration) -> bool {
-    let step = Duration::from_millis(250);
-    let mut waited = Duration::ZERO;
-    while waited < limit {
-        if cond() {
-            return true;
-        }
-        tokio::time::sleep(step).await;
-        waited += step;
-    }
-    cond()
 }
 
 fn operator_error(sink: &MemorySink, name: &str) -> Option<String> {
@@ -1064,8 +1034,8 @@ async fn our_attached(sim: &Simulator, instance: &str) -> Vec<NetworkInterface> 
         .collect()
 }
 
-fn throttled() -> eni_operator::ec2::sim::Fault {
-    eni_operator::ec2::sim::Fault::new("RequestLimitExceeded", "Request limit exceeded.", 503)
+fn throttled() -> testkit::sim::Fault {
+    testkit::sim::Fault::new("RequestLimitExceeded", "Request limit exceeded.", 503)
 }
 
 #[tokio::test(start_paused = true)]
@@ -1139,7 +1109,7 @@ async fn a_token_burned_before_a_restart_does_not_block_the_node() {
     w.sim.set_fault_rate(
         Operation::AttachNetworkInterface,
         1.0,
-        eni_operator::ec2::sim::Fault::new("InvalidParameterValue", "refused (injected)", 400),
+        testkit::sim::Fault::new("InvalidParameterValue", "refused (injected)", 400),
     );
     let sink = Arc::new(MemorySink::new());
     let (_core, tx, task) = start(w.sim.clone(), &sink, config(4));
@@ -1912,4 +1882,146 @@ async fn nodes_whose_instances_lack_the_instance_tags_are_left_alone() {
     let writes = sink.writes("ours");
     tokio::time::sleep(Duration::from_secs(130)).await;
     assert_eq!(sink.writes("ours"), writes);
+}
+
+/// The elector against an in-memory Lease (moved from `src/runtime/leader.rs`: the Lease double
+/// lives in testkit).
+mod leader {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use eni_operator::runtime::leader::{Elector, LeaderConfig};
+    use testkit::lease::{MemoryLease, MemoryLeaseClient};
+    use tokio::time::Instant;
+
+    fn elector(lease: &Arc<MemoryLease>, id: &str) -> Elector<MemoryLeaseClient> {
+        Elector::new(
+            MemoryLeaseClient {
+                lease: lease.clone(),
+                identity: id.into(),
+            },
+            LeaderConfig::new(id),
+        )
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_standby_waits_for_expiry_and_the_old_leader_stops_first() {
+        let lease = Arc::new(MemoryLease::new());
+        let mut a = elector(&lease, "a");
+        let mut b = elector(&lease, "b");
+        assert!(a.try_acquire_or_renew().await.unwrap());
+        assert!(!b.try_acquire_or_renew().await.unwrap());
+        let start = Instant::now();
+        lease.partition("a", true);
+        let lost = tokio::spawn(async move {
+            a.hold().await;
+            Instant::now()
+        });
+        b.acquire().await;
+        let taken = Instant::now();
+        let a_stopped = lost.await.unwrap();
+        assert!(
+            a_stopped < taken,
+            "old leader must stop before the takeover"
+        );
+        assert!(a_stopped - start <= Duration::from_secs(10) + Duration::from_secs(2));
+        assert!(taken - start >= Duration::from_secs(15));
+        assert_eq!(lease.holder().as_deref(), Some("b"));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_released_lease_is_taken_at_once() {
+        let lease = Arc::new(MemoryLease::new());
+        let mut a = elector(&lease, "a");
+        let mut b = elector(&lease, "b");
+        assert_eq!(a.run(async { 7 }).await, Ok(7));
+        assert_eq!(lease.holder(), None);
+        assert!(b.try_acquire_or_renew().await.unwrap());
+    }
+}
+
+/// The refresher against the simulator (moved from `src/runtime/refresher.rs`).
+mod refresher {
+    use std::collections::BTreeSet;
+    use std::sync::{Arc, RwLock};
+    use std::time::Duration;
+
+    use eni_operator::ec2::Tags;
+    use eni_operator::runtime::cache::Ec2Cache;
+    use eni_operator::runtime::refresher::{Refresher, Scope};
+    use testkit::sim::Simulator;
+
+    #[tokio::test(start_paused = true)]
+    async fn without_a_vpc_id_the_filtered_subnets_name_the_vpc_to_list() {
+        let sim = Simulator::new();
+        let vpc = sim.add_vpc("10.0.0.0/16".parse().unwrap(), &[]);
+        let nodes = sim.add_subnet(&vpc, "zone-a", "10.0.0.0/18".parse().unwrap(), Tags::new());
+        let pods = sim.add_subnet(&vpc, "zone-a", "10.0.64.0/18".parse().unwrap(), Tags::new());
+        let sg = sim.add_security_group(&vpc, Tags::new());
+        let ours = sim.run_instance("m5.large", &nodes, std::slice::from_ref(&sg));
+        let other_vpc = sim.add_vpc("10.1.0.0/16".parse().unwrap(), &[]);
+        let far = sim.add_subnet(
+            &other_vpc,
+            "zone-a",
+            "10.1.0.0/18".parse().unwrap(),
+            Tags::new(),
+        );
+        let far_sg = sim.add_security_group(&other_vpc, Tags::new());
+        let elsewhere = sim.run_instance("m5.large", &far, std::slice::from_ref(&far_sg));
+        let cache = Arc::new(RwLock::new(Ec2Cache::new()));
+        let scope = Scope {
+            subnet_ids: vec![pods.clone()],
+            ..Default::default()
+        };
+        let r = Refresher::new(Arc::new(sim), cache.clone(), scope, Duration::from_secs(15));
+        r.full().await.unwrap();
+        let c = cache.read().unwrap();
+        assert!(c.instance(&ours.id).is_some(), "the VPC's instances listed");
+        assert!(c.instance(&elsewhere.id).is_none(), "other VPCs not listed");
+        // Every subnet of the VPC is known (the node subnet too); only the filtered one takes
+        // new ENIs.
+        assert_eq!(
+            c.subnets.keys().cloned().collect::<BTreeSet<_>>(),
+            BTreeSet::from([nodes, pods.clone()])
+        );
+        assert_eq!(c.pod_subnets, Some(BTreeSet::from([pods])));
+    }
+}
+
+/// Event publishing into MemorySink (moved from `src/runtime/events.rs`).
+mod events {
+    use eni_operator::ipam::ProblemReason;
+    use eni_operator::runtime::events::{EventReason, publish};
+    use eni_operator::runtime::metrics::RuntimeMetrics;
+    use eni_operator::runtime::sink::{NodeEvent, NodeRef};
+    use testkit::sink::MemorySink;
+
+    fn errors(m: &RuntimeMetrics, label: &str) -> u64 {
+        m.errors
+            .get_or_create(&vec![("reason", label.to_string())])
+            .get()
+    }
+
+    #[tokio::test]
+    async fn a_problem_is_a_warning_and_an_error_under_its_reason() {
+        let (sink, m) = (MemorySink::new(), RuntimeMetrics::default());
+        let r = NodeRef {
+            name: "n1".into(),
+            ..NodeRef::default()
+        };
+        let reason = EventReason::Problem(ProblemReason::AtCapacity);
+        publish(&sink, &m, &r, reason, "full").await;
+        publish(&sink, &m, &r, EventReason::IpsAllocated, "2").await;
+        publish(&sink, &m, &r, EventReason::EC2_ERROR, "throttled").await;
+        assert_eq!(
+            sink.events("n1"),
+            [
+                NodeEvent::warning("AtCapacity", "full"),
+                NodeEvent::normal("IpsAllocated", "2"),
+                NodeEvent::warning("Ec2Error", "throttled"),
+            ]
+        );
+        assert_eq!(errors(&m, "AtCapacity"), 1);
+        assert_eq!(errors(&m, "Ec2Error"), 0, "counted under its code instead");
+    }
 }

@@ -1,5 +1,5 @@
 //! Structural-schema pruning as the Kubernetes API server does it for custom resources, so the
-//! in-memory API server ([`super::sink::MemorySink`]) stores what a real one would.
+//! in-memory API server ([`crate::sink::MemorySink`]) stores what a real one would.
 //!
 //! The rules follow the Kubernetes documentation of CustomResourceDefinitions, "Specifying a
 //! structural schema" and "Field pruning"
