@@ -6,6 +6,7 @@
 //!   the structural pruning of [`prune`];
 //! * [`lease`]: an in-memory Lease for the leader-election tests;
 //! * [`world`]: the EC2 world the contract suite seeds in the simulator and in moto;
+//! * [`cluster`]: the simulated cluster of the runtime tests (a VPC, a subnet, m5.large nodes);
 //! * [`agent`]: one pure model of each Cilium agent generation (classic, multi-pool);
 //! * [`wait_until`], [`served`]: the waits and checks the runtime tests share.
 //!
@@ -13,6 +14,7 @@
 //! tools only.
 
 pub mod agent;
+pub mod cluster;
 pub mod lease;
 pub mod prune;
 pub mod sim;
