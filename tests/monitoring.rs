@@ -8,8 +8,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use eni_operator::crd::AllocationIp;
-use eni_operator::ec2::gate::{Gate, GateConfig};
 use eni_operator::ec2::Operation;
+use eni_operator::ec2::gate::{Gate, GateConfig};
 use eni_operator::ipam::IpamConfig;
 use eni_operator::metrics::MetricsRegistry;
 use eni_operator::runtime::core::{Core, CoreConfig, NodeInput};
