@@ -7,11 +7,15 @@ WORKDIR /src
 # 1. Dependencies only, cached until a Cargo.toml or Cargo.lock changes: build the binary once
 #    against placeholder sources for every workspace member (cargo needs them all to load the
 #    workspace), including any target path a member's manifest names explicitly.
+#    Every member listed in the root Cargo.toml's `members` needs its manifest here.
 COPY Cargo.toml Cargo.lock ./
+COPY bench/Cargo.toml bench/Cargo.toml
 COPY crd-gen/Cargo.toml crd-gen/Cargo.toml
+COPY dst/Cargo.toml dst/Cargo.toml
 COPY e2e/Cargo.toml e2e/Cargo.toml
+COPY testkit/Cargo.toml testkit/Cargo.toml
 RUN set -eu; \
-    for member in . crd-gen e2e; do \
+    for member in . bench crd-gen dst e2e testkit; do \
         mkdir -p "$member/src"; \
         echo 'fn main() {}' > "$member/src/main.rs"; \
         : > "$member/src/lib.rs"; \
@@ -21,7 +25,7 @@ RUN set -eu; \
         done; \
     done; \
     cargo build --locked --release -p eni-operator --bin eni-operator; \
-    rm -rf src crd-gen/src e2e/src \
+    rm -rf src bench/src crd-gen/src dst/src e2e/src testkit/src \
         target/release/eni-operator* \
         target/release/.fingerprint/eni-operator-* \
         target/release/deps/eni_operator-* \

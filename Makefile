@@ -58,13 +58,14 @@ e2e-local: venv ## End-to-end suite against the current KUBECONFIG and EC2_ENDPO
 check-install: ## Dry-run the install (kubectl apply --dry-run=server -f manifests/) on the current KUBECONFIG; no CRD touched
 	bash scripts/check-install.sh
 
-# Debug profile on purpose: the paused tokio clock needs tokio's test-util feature, which the
-# debug test builds already compile; a release build would rebuild every dependency with it
-# (~13 min on 2 cores) for a run that takes about a minute in debug. See docs/benchmarks.md.
+# The benchmark is the `bench` crate (bench/). Debug profile on purpose: the paused tokio clock
+# needs tokio's test-util feature, which the debug test builds already compile; a release build
+# would rebuild every dependency with it (~13 min on 2 cores) for a run that takes about a
+# minute in debug. See docs/benchmarks.md.
 # BENCH_SCENARIO=burst|churn|scale-down|shared-account runs one scenario.
 BENCH_SCENARIO ?= all
 bench: ## Scale benchmark; rewrites the results in docs/benchmarks.md (smoke run: ARGS=--quick)
-	cargo run --locked --example bench -- --scenario $(BENCH_SCENARIO) --out docs/benchmarks.md --plot docs/burst.png --shared-plot docs/shared-account.png $(ARGS)
+	cargo run --locked -p bench -- --scenario $(BENCH_SCENARIO) --out docs/benchmarks.md --plot docs/burst.png --shared-plot docs/shared-account.png $(ARGS)
 
 # Deterministic simulation (docs/testing.md). Debug profile for the same reason as the bench:
 # tokio's paused clock (test-util) is in every debug test build already.

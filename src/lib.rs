@@ -2,18 +2,24 @@
 //!
 //! Layout (pure logic apart from I/O):
 //! * [`crd`]: the CiliumNode wire types.
-//! * [`ec2`]: the EC2 trait, the SDK client, the in-memory simulator and the rate-limit gate.
+//! * [`ec2`]: the EC2 trait, the SDK client and the rate-limit gate.
 //! * [`ipam`]: the pure engine (demand, capacity, planning, release, write-back).
 //! * [`runtime`]: leader election, caches, deficit queue, reconciler, finalizer, GC.
 //! * [`config`], [`metrics`], [`http`]: settings, Prometheus registry, health/metrics server.
 //! * [`kube_limit`]: the client-side rate limit of Kubernetes API requests.
+//!
+//! The test doubles (EC2 simulator, in-memory API server and Lease, agent models) are in the
+//! `testkit` crate, the scale benchmark in `bench`: neither ships in this library.
 //!
 //! References: `§N` in a comment is section N of `docs/rules.md`, `C1`-`C10` are the rules at
 //! its top; `docs/ciliumnode.md` lists the CiliumNode fields we read and write, and
 //! `docs/architecture.md` shows where each step of the work lives. A test (`tests/docs.rs`)
 //! checks that every such reference resolves.
 
-pub mod bench;
+// The shipped library has no unsafe code (the benchmark's counting allocator lives in bench/).
+// Only config's tests use it, to set process environment variables (`std::env::set_var`).
+#![cfg_attr(not(test), forbid(unsafe_code))]
+
 pub mod config;
 pub mod crd;
 pub mod ec2;

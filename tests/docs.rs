@@ -15,7 +15,8 @@ const SCANNED: &[&str] = &[
     "docs",
     "scripts",
     "manifests",
-    "examples",
+    "testkit",
+    "bench",
 ];
 const SCANNED_FILES: &[&str] = &["README.md", "Makefile", "Cargo.toml"];
 
@@ -55,6 +56,11 @@ fn scanned_files() -> Vec<(String, String)> {
             Some((rel, text))
         })
         .collect();
+    assert!(
+        files.iter().any(|(p, _)| p == "testkit/src/lib.rs")
+            && files.iter().any(|(p, _)| p == "bench/src/lib.rs"),
+        "the scan misses the testkit or bench crate"
+    );
     assert!(
         files.iter().any(|(p, _)| p == "src/lib.rs"),
         "the scan found no source"

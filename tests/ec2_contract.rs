@@ -6,10 +6,10 @@ mod contract;
 mod support;
 
 use eni_operator::ec2::Tags;
-use eni_operator::ec2::sim::Simulator;
-use support::world::{SeededInstance, SeededSubnet, World};
+use testkit::sim::Simulator;
+use testkit::world::{SeededInstance, SeededSubnet, World};
 
-/// The seeded world of `support::world`, in a fresh simulator with a describe page size of 2
+/// The seeded world of `testkit::world`, in a fresh simulator with a describe page size of 2
 /// so every describe in the suite walks several pages.
 fn simulator_world() -> (Simulator, World) {
     let sim = Simulator::new();

@@ -14,7 +14,7 @@ use eni_operator::ec2::aws::{AwsClientConfig, AwsEc2};
 use eni_operator::ec2::gate::{Gate, GateConfig};
 use eni_operator::ec2::*;
 use support::moto::{self, MotoServer, POD_TAG};
-use support::world::World;
+use testkit::world::World;
 
 type Client = Gate<AwsEc2>;
 

@@ -774,3 +774,38 @@ fn iam_policy_grants_the_ec2_actions_with_tag_conditions() {
         }
     }
 }
+
+/// The image's dependency stage loads the whole workspace, so it needs every member's manifest
+/// (and a placeholder source for it): a member missing there breaks `cargo build` in the image.
+#[test]
+fn the_image_build_copies_every_workspace_member() {
+    let cargo = std::fs::read_to_string(root_dir().join("Cargo.toml")).unwrap();
+    let line = cargo
+        .lines()
+        .find(|l| l.trim_start().starts_with("members"))
+        .expect("a workspace members list");
+    let members: Vec<&str> = line
+        .split('"')
+        .skip(1)
+        .step_by(2)
+        .filter(|m| *m != ".")
+        .collect();
+    assert!(members.contains(&"testkit"), "parsed {members:?}");
+    let dockerfile = std::fs::read_to_string(root_dir().join("Dockerfile")).unwrap();
+    let placeholders = dockerfile
+        .lines()
+        .find(|l| l.trim_start().starts_with("for member in"))
+        .expect("the placeholder loop");
+    for m in members {
+        assert!(
+            dockerfile.contains(&format!("COPY {m}/Cargo.toml {m}/Cargo.toml")),
+            "Dockerfile does not copy {m}/Cargo.toml"
+        );
+        assert!(
+            placeholders
+                .split_whitespace()
+                .any(|w| w.trim_end_matches(';') == m),
+            "Dockerfile gives {m} no placeholder sources: {placeholders}"
+        );
+    }
+}

@@ -7,19 +7,20 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use eni_operator::bench::agent::classic_agent_answers;
-use eni_operator::crd::{AllocationIp, CiliumNode};
+use eni_operator::crd::AllocationIp;
+use eni_operator::ec2::Operation;
 use eni_operator::ec2::gate::{Gate, GateConfig};
-use eni_operator::ec2::sim::Simulator;
-use eni_operator::ec2::{Operation, Tags};
 use eni_operator::ipam::IpamConfig;
 use eni_operator::metrics::MetricsRegistry;
 use eni_operator::runtime::core::{Core, CoreConfig, NodeInput};
 use eni_operator::runtime::gc::EniGc;
 use eni_operator::runtime::metrics::RuntimeMetrics;
-use eni_operator::runtime::sink::MemorySink;
 use serde::Deserialize;
 use serde_json::Value;
+use testkit::agent::classic_agent_answers;
+use testkit::cluster::{Cluster, agent_node};
+use testkit::sink::MemorySink;
+use testkit::wait_until;
 
 const CLUSTER: &str = "test-cluster";
 
@@ -27,34 +28,8 @@ fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
-/// A CiliumNode as a classic agent writes it at start (no pool yet).
-fn agent_node(vpc: &str, subnet: &str, name: &str, instance: &str, min: i64) -> CiliumNode {
-    let mut n = CiliumNode::new(name, Default::default());
-    n.spec.instance_id = instance.into();
-    n.spec.eni.instance_type = "m5.large".into();
-    n.spec.eni.vpc_id = vpc.into();
-    n.spec.eni.availability_zone = "zone-a".into();
-    n.spec.eni.node_subnet_id = subnet.into();
-    n.spec.eni.first_interface_index = Some(1);
-    n.spec.ipam.min_allocate = min;
-    n
-}
-
 fn pool_size(sink: &MemorySink, name: &str) -> usize {
     sink.get(name).map_or(0, |n| n.spec.ipam.pool.len())
-}
-
-async fn wait_until(mut cond: impl FnMut() -> bool, limit: Duration) -> bool {
-    let step = Duration::from_millis(250);
-    let mut waited = Duration::ZERO;
-    while waited < limit {
-        if cond() {
-            return true;
-        }
-        tokio::time::sleep(step).await;
-        waited += step;
-    }
-    cond()
 }
 
 /// The scrape after: two nodes served (new ENIs; one create throttled once, one refused
@@ -62,11 +37,8 @@ async fn wait_until(mut cond: impl FnMut() -> bool, limit: Duration) -> bool {
 /// ENIs released), two GC runs. Families without a series are not exported at all, hence the
 /// faults: every family the monitoring files use gets a series.
 async fn scrape_after_a_small_run() -> (String, String) {
-    let sim = Simulator::new();
-    let vpc = sim.add_vpc("10.0.0.0/16".parse().unwrap(), &[]);
-    let subnet = sim.add_subnet(&vpc, "zone-a", "10.0.0.0/18".parse().unwrap(), Tags::new());
-    let sg = sim.add_security_group(&vpc, Tags::new());
-    sim.add_route_table(&vpc, true, &[]);
+    let c = Cluster::new();
+    let sim = c.sim.clone();
     sim.inject_error(Operation::CreateNetworkInterface, "RequestLimitExceeded", 1);
     sim.inject_error(
         Operation::CreateNetworkInterface,
@@ -96,8 +68,8 @@ async fn scrape_after_a_small_run() -> (String, String) {
     let _task = tokio::spawn(core.clone().run(rx, std::future::pending()));
 
     for name in ["a", "b"] {
-        let inst = sim.run_instance("m5.large", &subnet, std::slice::from_ref(&sg));
-        let n = sink.put(&agent_node(&vpc, &subnet, name, &inst.id, 16));
+        let inst = c.instance();
+        let n = sink.put(&agent_node(&c, name, &inst.id, 16));
         tx.send(NodeInput::Upsert(Box::new(n))).await.unwrap();
         tx.send(NodeInput::NodePresent {
             name: name.into(),
@@ -168,7 +140,7 @@ async fn scrape_after_a_small_run() -> (String, String) {
     gc.run_once(&*gate, &[]).await.unwrap();
     // Past a full refresh, which publishes the per-node and per-subnet gauges.
     tokio::time::sleep(Duration::from_secs(12)).await;
-    (registry.encode(), subnet)
+    (registry.encode(), c.subnet.clone())
 }
 
 /// Samples of an OpenMetrics text: name -> label sets (as `k="v"` strings).

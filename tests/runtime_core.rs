@@ -6,13 +6,11 @@ use std::net::Ipv4Addr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use eni_operator::bench::agent::classic_agent_answers;
 use eni_operator::crd::{
     AllocationIp, CiliumNode, FINALIZER, IpamPoolAllocation, IpamPoolDemand, IpamPoolRequest,
     ReleaseState,
 };
 use eni_operator::ec2::gate::{Gate, GateConfig};
-use eni_operator::ec2::sim::Simulator;
 use eni_operator::ec2::{
     AddressRequest, Assigned, CreateEniRequest, Ec2, EniFilter, EniState, InstanceFilter,
     InstanceTypeLimits, NetworkInterface, Operation, Page, ResourceFilter, Result, RouteTable,
@@ -22,40 +20,22 @@ use eni_operator::ipam::IpamConfig;
 use eni_operator::ipam::ownership::ownership_tags;
 use eni_operator::runtime::core::{Core, CoreConfig, NodeInput};
 use eni_operator::runtime::gc::EniGc;
-use eni_operator::runtime::leader::{
-    Elector, LeaderConfig, LeadershipLost, MemoryLease, MemoryLeaseClient,
-};
+use eni_operator::runtime::leader::{Elector, LeaderConfig, LeadershipLost};
 use eni_operator::runtime::metrics::RuntimeMetrics;
-use eni_operator::runtime::prune::StructuralSchema;
-use eni_operator::runtime::sink::MemorySink;
 use eni_operator::runtime::source::{node_input, parse_node, to_input};
 use ipnet::Ipv4Net;
 use kube::api::DynamicObject;
 use kube::runtime::watcher::Event;
+use testkit::agent::classic_agent_answers;
+use testkit::cluster::{Cluster, agent_node};
+use testkit::lease::{MemoryLease, MemoryLeaseClient};
+use testkit::prune::StructuralSchema;
+use testkit::sim::Simulator;
+use testkit::sink::MemorySink;
+use testkit::{served, wait_until};
 use tokio::sync::mpsc;
 
 const CLUSTER: &str = "test-cluster";
-
-struct World {
-    sim: Simulator,
-    vpc: String,
-    subnet: String,
-    sg: String,
-}
-
-fn world() -> World {
-    let sim = Simulator::new();
-    let vpc = sim.add_vpc("10.0.0.0/16".parse().unwrap(), &[]);
-    let subnet = sim.add_subnet(&vpc, "zone-a", "10.0.0.0/18".parse().unwrap(), Tags::new());
-    let sg = sim.add_security_group(&vpc, Tags::new());
-    sim.add_route_table(&vpc, true, &[]);
-    World {
-        sim,
-        vpc,
-        subnet,
-        sg,
-    }
-}
 
 fn config(workers: usize) -> CoreConfig {
     CoreConfig {
@@ -68,17 +48,19 @@ fn config(workers: usize) -> CoreConfig {
     }
 }
 
-/// A CiliumNode as a classic agent writes it at start (no pool yet).
-fn agent_node(w: &World, name: &str, instance: &str, min_allocate: i64) -> CiliumNode {
-    let mut n = CiliumNode::new(name, Default::default());
-    n.spec.instance_id = instance.into();
-    n.spec.eni.instance_type = "m5.large".into();
-    n.spec.eni.vpc_id = w.vpc.clone();
-    n.spec.eni.availability_zone = "zone-a".into();
-    n.spec.eni.node_subnet_id = w.subnet.clone();
-    n.spec.eni.first_interface_index = Some(1);
-    n.spec.ipam.min_allocate = min_allocate;
-    n
+/// A classic node joins: an m5.large starts, its agent writes the CiliumNode, the core hears
+/// of it.
+async fn join(
+    w: &Cluster,
+    sink: &MemorySink,
+    tx: &mpsc::Sender<NodeInput>,
+    name: &str,
+    min_allocate: i64,
+) -> eni_operator::ec2::Instance {
+    let inst = w.instance();
+    let n = sink.put(&agent_node(w, name, &inst.id, min_allocate));
+    tx.send(NodeInput::Upsert(Box::new(n))).await.unwrap();
+    inst
 }
 
 fn start<E: Ec2>(
@@ -96,36 +78,6 @@ fn start<E: Ec2>(
     (core, tx, task)
 }
 
-/// C2 + demand: every pool address is listed on its ENI in status, and the pool is big enough.
-fn served(sink: &MemorySink, name: &str, want: usize) -> bool {
-    let Some(n) = sink.get(name) else {
-        return false;
-    };
-    let enis = n
-        .status
-        .as_ref()
-        .map(|s| s.eni.enis.clone())
-        .unwrap_or_default();
-    n.spec.ipam.pool.len() >= want
-        && n.spec.ipam.pool.iter().all(|(ip, a)| {
-            enis.get(&a.resource)
-                .is_some_and(|e| e.addresses.iter().any(|x| x == ip))
-        })
-}
-
-async fn wait_until(mut cond: impl FnMut() -> bool, limit: Duration) -> bool {
-    let step = Duration::from_millis(250);
-    let mut waited = Duration::ZERO;
-    while waited < limit {
-        if cond() {
-            return true;
-        }
-        tokio::time::sleep(step).await;
-        waited += step;
-    }
-    cond()
-}
-
 fn operator_error(sink: &MemorySink, name: &str) -> Option<String> {
     sink.get(name)?.status?.ipam.operator_status.error
 }
@@ -134,16 +86,14 @@ fn operator_error(sink: &MemorySink, name: &str) -> Option<String> {
 async fn a_burst_of_nodes_all_reach_their_demand() {
     const NODES: usize = 50;
     const WANT: i64 = 16; // more than one ENI of an m5.large holds: every node gets a new ENI
-    let w = world();
+    let w = Cluster::new();
     // Cilium's CRD, as on real clusters: the steady-state count below is under its pruning.
     let sink = Arc::new(MemorySink::with_ciliums_crd());
     let gate = Gate::new(w.sim.clone(), GateConfig::aws_defaults());
     let (core, tx, _task) = start(gate, &sink, config(50));
     let mut names = Vec::new();
     for i in 0..NODES {
-        let inst = w
-            .sim
-            .run_instance("m5.large", &w.subnet, std::slice::from_ref(&w.sg));
+        let inst = w.instance();
         let name = format!("node-{i}");
         let stored = sink.put(&agent_node(&w, &name, &inst.id, WANT));
         tx.send(NodeInput::Upsert(Box::new(stored))).await.unwrap();
@@ -243,7 +193,7 @@ async fn steady_state_writes_nothing_under_ciliums_crd_or_ours() {
         ("Cilium's", StructuralSchema::cilium()),
         ("ours", StructuralSchema::ours()),
     ] {
-        let w = world();
+        let w = Cluster::new();
         let sink = Arc::new(MemorySink::pruning(schema));
         let gate = Gate::new(w.sim.clone(), GateConfig::aws_defaults());
         let cfg = config(4);
@@ -251,9 +201,7 @@ async fn steady_state_writes_nothing_under_ciliums_crd_or_ours() {
         let (_core, tx, task) = start(gate, &sink, cfg);
         let mut names = Vec::new();
         for i in 0..NODES {
-            let inst = w
-                .sim
-                .run_instance("m5.large", &w.subnet, std::slice::from_ref(&w.sg));
+            let inst = w.instance();
             let name = format!("node-{i}");
             let stored = sink.put(&agent_node(&w, &name, &inst.id, WANT));
             tx.send(NodeInput::Upsert(Box::new(stored))).await.unwrap();
@@ -295,13 +243,11 @@ async fn steady_state_writes_nothing_under_ciliums_crd_or_ours() {
 
 #[tokio::test(start_paused = true)]
 async fn a_node_with_a_bad_spec_gets_an_error_and_the_rest_proceed() {
-    let w = world();
+    let w = Cluster::new();
     let sink = Arc::new(MemorySink::new());
     let (_core, tx, _task) = start(w.sim.clone(), &sink, config(4));
     // Malformed: a string where a number belongs. The source reports it per object.
-    let inst = w
-        .sim
-        .run_instance("m5.large", &w.subnet, std::slice::from_ref(&w.sg));
+    let inst = w.instance();
     let bad = sink.put(&agent_node(&w, "bad", &inst.id, 4));
     let mut raw = serde_json::to_value(&bad).unwrap();
     raw["spec"]["ipam"]["pre-allocate"] = serde_json::json!("lots");
@@ -314,9 +260,7 @@ async fn a_node_with_a_bad_spec_gets_an_error_and_the_rest_proceed() {
     tx.send(NodeInput::Upsert(Box::new(noid))).await.unwrap();
     let mut good = Vec::new();
     for i in 0..5 {
-        let inst = w
-            .sim
-            .run_instance("m5.large", &w.subnet, std::slice::from_ref(&w.sg));
+        let inst = w.instance();
         let name = format!("good-{i}");
         let n = sink.put(&agent_node(&w, &name, &inst.id, 12));
         tx.send(NodeInput::Upsert(Box::new(n))).await.unwrap();
@@ -357,16 +301,12 @@ async fn our_available_enis(sim: &Simulator) -> Vec<NetworkInterface> {
 
 #[tokio::test(start_paused = true)]
 async fn a_crash_between_create_and_attach_leaves_an_eni_that_gc_removes() {
-    let w = world();
+    let w = Cluster::new();
     w.sim
         .set_latency(Operation::AttachNetworkInterface, Duration::from_secs(30));
     let sink = Arc::new(MemorySink::new());
     let (_core, tx, task) = start(w.sim.clone(), &sink, config(4));
-    let inst = w
-        .sim
-        .run_instance("m5.large", &w.subnet, std::slice::from_ref(&w.sg));
-    let n = sink.put(&agent_node(&w, "n", &inst.id, 16));
-    tx.send(NodeInput::Upsert(Box::new(n))).await.unwrap();
+    join(&w, &sink, &tx, "n", 16).await;
     let sim = w.sim.clone();
     assert!(
         wait_until(
@@ -511,7 +451,7 @@ impl<E: Ec2> Ec2 for Guarded<E> {
 
 #[tokio::test(start_paused = true)]
 async fn two_cores_racing_for_one_lease_never_both_mutate() {
-    let w = world();
+    let w = Cluster::new();
     let sink = Arc::new(MemorySink::new());
     let lease = Arc::new(MemoryLease::new());
     let log = Arc::new(Mutex::new(Vec::new()));
@@ -547,9 +487,7 @@ async fn two_cores_racing_for_one_lease_never_both_mutate() {
     }
     let mut names = Vec::new();
     for i in 0..10 {
-        let inst = w
-            .sim
-            .run_instance("m5.large", &w.subnet, std::slice::from_ref(&w.sg));
+        let inst = w.instance();
         let name = format!("n{i}");
         let n = sink.put(&agent_node(&w, &name, &inst.id, 8));
         for tx in &senders {
@@ -634,16 +572,12 @@ async fn attached_enis(sim: &Simulator, instance: &str) -> Vec<NetworkInterface>
 
 #[tokio::test(start_paused = true)]
 async fn the_finalizer_deletes_only_our_enis_and_only_when_the_node_is_gone() {
-    let w = world();
+    let w = Cluster::new();
     w.sim.set_detach_delay(Duration::from_secs(3));
     let sink = Arc::new(MemorySink::new());
     let (_core, tx, _task) = start(w.sim.clone(), &sink, config(4));
-    let gone = w
-        .sim
-        .run_instance("m5.large", &w.subnet, std::slice::from_ref(&w.sg));
-    let kept = w
-        .sim
-        .run_instance("m5.large", &w.subnet, std::slice::from_ref(&w.sg));
+    let gone = w.instance();
+    let kept = w.instance();
     // Someone else's ENI on the instance whose node goes away: never ours to delete.
     let foreign = w
         .sim
@@ -723,18 +657,14 @@ async fn the_finalizer_deletes_only_our_enis_and_only_when_the_node_is_gone() {
 
 #[tokio::test(start_paused = true)]
 async fn release_handshake_with_a_classic_agent() {
-    let w = world();
+    let w = Cluster::new();
     let sink = Arc::new(MemorySink::new());
     let mut cfg = config(4);
     cfg.ipam.release_excess_ips = true;
     cfg.ipam.release_delay = Duration::from_secs(10);
     cfg.resync_interval = Duration::from_secs(5);
     let (_core, tx, _task) = start(w.sim.clone(), &sink, cfg);
-    let inst = w
-        .sim
-        .run_instance("m5.large", &w.subnet, std::slice::from_ref(&w.sg));
-    let n = sink.put(&agent_node(&w, "n", &inst.id, 16));
-    tx.send(NodeInput::Upsert(Box::new(n))).await.unwrap();
+    let inst = join(&w, &sink, &tx, "n", 16).await;
     assert!(wait_until(|| served(&sink, "n", 16), Duration::from_secs(60)).await);
 
     // Three addresses in use; demand drops back to the default pre-allocation.
@@ -810,14 +740,10 @@ async fn release_handshake_with_a_classic_agent() {
 
 #[tokio::test(start_paused = true)]
 async fn an_unhealthy_ec2_view_blocks_mutations_until_a_full_refresh_succeeds() {
-    let w = world();
+    let w = Cluster::new();
     let sink = Arc::new(MemorySink::new());
     let (_core, tx, _task) = start(w.sim.clone(), &sink, config(4));
-    let inst = w
-        .sim
-        .run_instance("m5.large", &w.subnet, std::slice::from_ref(&w.sg));
-    let n = sink.put(&agent_node(&w, "n", &inst.id, 4));
-    tx.send(NodeInput::Upsert(Box::new(n))).await.unwrap();
+    join(&w, &sink, &tx, "n", 4).await;
     assert!(wait_until(|| served(&sink, "n", 4), Duration::from_secs(30)).await);
 
     // The next full refresh fails: the view is unhealthy.
@@ -847,14 +773,10 @@ async fn an_unhealthy_ec2_view_blocks_mutations_until_a_full_refresh_succeeds() 
 
 #[tokio::test(start_paused = true)]
 async fn an_ignored_node_is_let_go_with_its_finalizer() {
-    let w = world();
+    let w = Cluster::new();
     let sink = Arc::new(MemorySink::new());
     let (_core, tx, _task) = start(w.sim.clone(), &sink, config(4));
-    let inst = w
-        .sim
-        .run_instance("m5.large", &w.subnet, std::slice::from_ref(&w.sg));
-    let n = sink.put(&agent_node(&w, "n", &inst.id, 4));
-    tx.send(NodeInput::Upsert(Box::new(n))).await.unwrap();
+    join(&w, &sink, &tx, "n", 4).await;
     assert!(wait_until(|| served(&sink, "n", 4), Duration::from_secs(30)).await);
     let n = sink
         .update("n", |n| {
@@ -884,12 +806,10 @@ async fn an_ignored_node_is_let_go_with_its_finalizer() {
 #[tokio::test(start_paused = true)]
 async fn a_node_cilium_is_told_to_ignore_is_served_by_us() {
     // `ipam.cilium.io/ignore` hands the node over from Cilium's operator (C10): we serve it.
-    let w = world();
+    let w = Cluster::new();
     let sink = Arc::new(MemorySink::new());
     let (_core, tx, _task) = start(w.sim.clone(), &sink, config(4));
-    let inst = w
-        .sim
-        .run_instance("m5.large", &w.subnet, std::slice::from_ref(&w.sg));
+    let inst = w.instance();
     let mut node = agent_node(&w, "handed-over", &inst.id, 12);
     node.metadata.annotations = Some(
         [(
@@ -910,14 +830,12 @@ fn annotation(sink: &MemorySink, name: &str, key: &str) -> Option<String> {
 #[tokio::test(start_paused = true)]
 async fn annotate_cilium_ignore_marks_served_nodes_once_and_keeps_other_annotations() {
     use eni_operator::crd::CILIUM_IGNORE_ANNOTATION;
-    let w = world();
+    let w = Cluster::new();
     let sink = Arc::new(MemorySink::new());
     let mut cfg = config(4);
     cfg.annotate_cilium_ignore = true;
     let (_core, tx, _task) = start(w.sim.clone(), &sink, cfg);
-    let inst = w
-        .sim
-        .run_instance("m5.large", &w.subnet, std::slice::from_ref(&w.sg));
+    let inst = w.instance();
     let mut node = agent_node(&w, "n", &inst.id, 8);
     node.metadata.annotations = Some([("team".to_string(), "net".to_string())].into());
     let n = sink.put(&node);
@@ -963,14 +881,12 @@ async fn annotate_cilium_ignore_marks_served_nodes_once_and_keeps_other_annotati
 #[tokio::test(start_paused = true)]
 async fn opting_a_node_out_removes_the_cilium_ignore_annotation() {
     use eni_operator::crd::{CILIUM_IGNORE_ANNOTATION, IGNORE_ANNOTATION};
-    let w = world();
+    let w = Cluster::new();
     let sink = Arc::new(MemorySink::new());
     let mut cfg = config(4);
     cfg.annotate_cilium_ignore = true;
     let (_core, tx, _task) = start(w.sim.clone(), &sink, cfg);
-    let inst = w
-        .sim
-        .run_instance("m5.large", &w.subnet, std::slice::from_ref(&w.sg));
+    let inst = w.instance();
     let mut node = agent_node(&w, "n", &inst.id, 4);
     node.metadata.annotations = Some([("team".to_string(), "net".to_string())].into());
     let n = sink.put(&node);
@@ -1014,14 +930,10 @@ async fn opting_a_node_out_removes_the_cilium_ignore_annotation() {
 #[tokio::test(start_paused = true)]
 async fn without_annotate_cilium_ignore_the_annotation_is_never_written() {
     use eni_operator::crd::CILIUM_IGNORE_ANNOTATION;
-    let w = world();
+    let w = Cluster::new();
     let sink = Arc::new(MemorySink::new());
     let (_core, tx, _task) = start(w.sim.clone(), &sink, config(4));
-    let inst = w
-        .sim
-        .run_instance("m5.large", &w.subnet, std::slice::from_ref(&w.sg));
-    let n = sink.put(&agent_node(&w, "n", &inst.id, 4));
-    tx.send(NodeInput::Upsert(Box::new(n))).await.unwrap();
+    join(&w, &sink, &tx, "n", 4).await;
     assert!(wait_until(|| served(&sink, "n", 4), Duration::from_secs(30)).await);
     assert_eq!(annotation(&sink, "n", CILIUM_IGNORE_ANNOTATION), None);
     assert_eq!(sink.writes("n").metadata, 1, "the finalizer only");
@@ -1029,7 +941,7 @@ async fn without_annotate_cilium_ignore_the_annotation_is_never_written() {
 
 #[tokio::test(start_paused = true)]
 async fn a_core_is_warm_once_its_first_full_refresh_succeeded() {
-    let w = world();
+    let w = Cluster::new();
     w.sim
         .set_latency(Operation::DescribeSubnets, Duration::from_secs(3));
     let sink = Arc::new(MemorySink::new());
@@ -1064,13 +976,13 @@ async fn our_attached(sim: &Simulator, instance: &str) -> Vec<NetworkInterface> 
         .collect()
 }
 
-fn throttled() -> eni_operator::ec2::sim::Fault {
-    eni_operator::ec2::sim::Fault::new("RequestLimitExceeded", "Request limit exceeded.", 503)
+fn throttled() -> testkit::sim::Fault {
+    testkit::sim::Fault::new("RequestLimitExceeded", "Request limit exceeded.", 503)
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_throttled_attach_keeps_the_eni_and_the_next_pass_attaches_it() {
-    let w = world();
+    let w = Cluster::new();
     // Every attempt the gate makes for the first attach is throttled (the account's bucket is
     // drained by other tools): the gate gives up after its 5 attempts.
     w.sim.inject_error(
@@ -1081,11 +993,7 @@ async fn a_throttled_attach_keeps_the_eni_and_the_next_pass_attaches_it() {
     let sink = Arc::new(MemorySink::new());
     let gate = Gate::new(w.sim.clone(), GateConfig::aws_defaults());
     let (_core, tx, _task) = start(gate, &sink, config(4));
-    let inst = w
-        .sim
-        .run_instance("m5.large", &w.subnet, std::slice::from_ref(&w.sg));
-    let n = sink.put(&agent_node(&w, "n", &inst.id, 8));
-    tx.send(NodeInput::Upsert(Box::new(n))).await.unwrap();
+    let inst = join(&w, &sink, &tx, "n", 8).await;
     assert!(
         wait_until(|| served(&sink, "n", 8), Duration::from_secs(120)).await,
         "served: {:?}",
@@ -1108,7 +1016,7 @@ async fn a_throttled_attach_keeps_the_eni_and_the_next_pass_attaches_it() {
 
 #[tokio::test(start_paused = true)]
 async fn a_refused_attach_does_not_leave_the_node_stuck_on_its_token() {
-    let w = world();
+    let w = Cluster::new();
     // EC2 refuses the first attach for good: the ENI is deleted, so its token now answers
     // with an ENI that does not exist.
     w.sim.inject_error(
@@ -1118,11 +1026,7 @@ async fn a_refused_attach_does_not_leave_the_node_stuck_on_its_token() {
     );
     let sink = Arc::new(MemorySink::new());
     let (_core, tx, _task) = start(w.sim.clone(), &sink, config(4));
-    let inst = w
-        .sim
-        .run_instance("m5.large", &w.subnet, std::slice::from_ref(&w.sg));
-    let n = sink.put(&agent_node(&w, "n", &inst.id, 8));
-    tx.send(NodeInput::Upsert(Box::new(n))).await.unwrap();
+    let inst = join(&w, &sink, &tx, "n", 8).await;
     assert!(
         wait_until(|| served(&sink, "n", 8), Duration::from_secs(120)).await,
         "served: {:?}",
@@ -1135,19 +1039,15 @@ async fn a_refused_attach_does_not_leave_the_node_stuck_on_its_token() {
 
 #[tokio::test(start_paused = true)]
 async fn a_token_burned_before_a_restart_does_not_block_the_node() {
-    let w = world();
+    let w = Cluster::new();
     w.sim.set_fault_rate(
         Operation::AttachNetworkInterface,
         1.0,
-        eni_operator::ec2::sim::Fault::new("InvalidParameterValue", "refused (injected)", 400),
+        testkit::sim::Fault::new("InvalidParameterValue", "refused (injected)", 400),
     );
     let sink = Arc::new(MemorySink::new());
     let (_core, tx, task) = start(w.sim.clone(), &sink, config(4));
-    let inst = w
-        .sim
-        .run_instance("m5.large", &w.subnet, std::slice::from_ref(&w.sg));
-    let n = sink.put(&agent_node(&w, "n", &inst.id, 8));
-    tx.send(NodeInput::Upsert(Box::new(n))).await.unwrap();
+    let inst = join(&w, &sink, &tx, "n", 8).await;
     let sim = w.sim.clone();
     assert!(
         wait_until(
@@ -1176,14 +1076,10 @@ async fn a_token_burned_before_a_restart_does_not_block_the_node() {
 
 #[tokio::test(start_paused = true)]
 async fn a_new_eni_at_a_reused_device_index_gets_a_fresh_token() {
-    let w = world();
+    let w = Cluster::new();
     let sink = Arc::new(MemorySink::new());
     let (_core, tx, _task) = start(w.sim.clone(), &sink, config(4));
-    let inst = w
-        .sim
-        .run_instance("m5.large", &w.subnet, std::slice::from_ref(&w.sg));
-    let n = sink.put(&agent_node(&w, "n", &inst.id, 8));
-    tx.send(NodeInput::Upsert(Box::new(n))).await.unwrap();
+    let inst = join(&w, &sink, &tx, "n", 8).await;
     assert!(wait_until(|| served(&sink, "n", 8), Duration::from_secs(60)).await);
     // The ENI at device index 1 goes away (detached and deleted by someone); the node needs a
     // new one at the same index, with the same attached set as the first time.
@@ -1217,7 +1113,7 @@ async fn a_new_eni_at_a_reused_device_index_gets_a_fresh_token() {
 /// Start a core, let it create an ENI for a node and kill it while the attach is in flight.
 /// Returns the ENI left `available`.
 async fn crash_between_create_and_attach(
-    w: &World,
+    w: &Cluster,
     sink: &Arc<MemorySink>,
     node: &CiliumNode,
 ) -> NetworkInterface {
@@ -1246,11 +1142,9 @@ async fn crash_between_create_and_attach(
 
 #[tokio::test(start_paused = true)]
 async fn an_eni_left_by_a_crash_between_create_and_attach_is_attached_instead_of_a_new_create() {
-    let w = world();
+    let w = Cluster::new();
     let sink = Arc::new(MemorySink::new());
-    let inst = w
-        .sim
-        .run_instance("m5.large", &w.subnet, std::slice::from_ref(&w.sg));
+    let inst = w.instance();
     let n = sink.put(&agent_node(&w, "n", &inst.id, 16));
     let left = crash_between_create_and_attach(&w, &sink, &n).await;
     // Demand moves before the new leader acts: the same token would now be a mismatch.
@@ -1272,12 +1166,10 @@ async fn an_eni_left_by_a_crash_between_create_and_attach_is_attached_instead_of
 
 #[tokio::test(start_paused = true)]
 async fn idempotent_parameter_mismatch_moves_to_a_fresh_token() {
-    let w = world();
+    let w = Cluster::new();
     let sg2 = w.sim.add_security_group(&w.vpc, Tags::new());
     let sink = Arc::new(MemorySink::new());
-    let inst = w
-        .sim
-        .run_instance("m5.large", &w.subnet, std::slice::from_ref(&w.sg));
+    let inst = w.instance();
     let mut node = agent_node(&w, "n", &inst.id, 8);
     node.spec.eni.security_groups = vec![w.sg.clone()];
     let n = sink.put(&node);
@@ -1306,17 +1198,13 @@ async fn idempotent_parameter_mismatch_moves_to_a_fresh_token() {
 
 #[tokio::test(start_paused = true)]
 async fn the_gc_removing_a_kept_eni_does_not_block_the_node() {
-    let w = world();
+    let w = Cluster::new();
     w.sim
         .set_fault_rate(Operation::AttachNetworkInterface, 1.0, throttled());
     let sink = Arc::new(MemorySink::new());
     let gate = Gate::new(w.sim.clone(), GateConfig::aws_defaults());
     let (_core, tx, _task) = start(gate, &sink, config(4));
-    let inst = w
-        .sim
-        .run_instance("m5.large", &w.subnet, std::slice::from_ref(&w.sg));
-    let n = sink.put(&agent_node(&w, "n", &inst.id, 8));
-    tx.send(NodeInput::Upsert(Box::new(n))).await.unwrap();
+    let inst = join(&w, &sink, &tx, "n", 8).await;
     let sim = w.sim.clone();
     assert!(
         wait_until(
@@ -1343,7 +1231,7 @@ async fn the_gc_removing_a_kept_eni_does_not_block_the_node() {
 
 #[tokio::test(start_paused = true)]
 async fn a_lost_answer_to_an_assign_does_not_double_the_addresses() {
-    let w = world();
+    let w = Cluster::new();
     let sink = Arc::new(MemorySink::new());
     let gate = Gate::new(w.sim.clone(), GateConfig::aws_defaults());
     let (_core, tx, _task) = start(gate, &sink, config(4));
@@ -1389,7 +1277,7 @@ async fn twenty_nodes_under_a_tenth_of_the_aws_rates_all_get_their_enis() {
     // (refills rounded up to 1/s), while the gate believes it has 80 %. Throttled attaches
     // must not strand a node behind a burned token.
     const NODES: usize = 20;
-    let w = world();
+    let w = Cluster::new();
     for b in eni_operator::ec2::Bucket::ALL {
         let (burst, rate) = b.aws_default();
         w.sim.set_bucket(b, (burst / 10).max(1), (rate / 10).max(1));
@@ -1399,9 +1287,7 @@ async fn twenty_nodes_under_a_tenth_of_the_aws_rates_all_get_their_enis() {
     let (_core, tx, _task) = start(gate, &sink, config(20));
     let mut names = Vec::new();
     for i in 0..NODES {
-        let inst = w
-            .sim
-            .run_instance("m5.large", &w.subnet, std::slice::from_ref(&w.sg));
+        let inst = w.instance();
         let name = format!("node-{i}");
         let n = sink.put(&agent_node(&w, &name, &inst.id, 8));
         tx.send(NodeInput::Upsert(Box::new(n))).await.unwrap();
@@ -1433,7 +1319,7 @@ async fn twenty_nodes_under_a_tenth_of_the_aws_rates_all_get_their_enis() {
 
 #[tokio::test(start_paused = true)]
 async fn a_lost_answer_to_an_attach_is_found_attached() {
-    let w = world();
+    let w = Cluster::new();
     // The attach is carried out but its answer never arrives: the operator must look, not
     // repeat it (refused "in use") and then try to delete an attached ENI.
     w.sim
@@ -1441,11 +1327,7 @@ async fn a_lost_answer_to_an_attach_is_found_attached() {
     let sink = Arc::new(MemorySink::new());
     let gate = Gate::new(w.sim.clone(), GateConfig::aws_defaults());
     let (_core, tx, _task) = start(gate, &sink, config(4));
-    let inst = w
-        .sim
-        .run_instance("m5.large", &w.subnet, std::slice::from_ref(&w.sg));
-    let n = sink.put(&agent_node(&w, "n", &inst.id, 8));
-    tx.send(NodeInput::Upsert(Box::new(n))).await.unwrap();
+    let inst = join(&w, &sink, &tx, "n", 8).await;
     assert!(
         wait_until(|| served(&sink, "n", 8), Duration::from_secs(60)).await,
         "served: {:?}",
@@ -1489,14 +1371,10 @@ const KARPENTER: &str = "karpenter.sh/termination";
 
 #[tokio::test(start_paused = true)]
 async fn a_draining_node_keeps_its_enis_until_it_is_gone() {
-    let w = world();
+    let w = Cluster::new();
     let sink = Arc::new(MemorySink::new());
     let (_core, tx, _task) = start(w.sim.clone(), &sink, config(4));
-    let inst = w
-        .sim
-        .run_instance("m5.large", &w.subnet, std::slice::from_ref(&w.sg));
-    let n = sink.put(&agent_node(&w, "d", &inst.id, 8));
-    tx.send(NodeInput::Upsert(Box::new(n))).await.unwrap();
+    let inst = join(&w, &sink, &tx, "d", 8).await;
     let node = sink.put_node("d", &[KARPENTER]);
     tx.send(node_input(Event::Apply(node)).unwrap())
         .await
@@ -1534,14 +1412,10 @@ async fn a_draining_node_keeps_its_enis_until_it_is_gone() {
 
 #[tokio::test(start_paused = true)]
 async fn an_unparsable_node_is_deleted_with_its_enis_once_its_node_is_gone() {
-    let w = world();
+    let w = Cluster::new();
     let sink = Arc::new(MemorySink::new());
     let (_core, tx, _task) = start(w.sim.clone(), &sink, config(4));
-    let inst = w
-        .sim
-        .run_instance("m5.large", &w.subnet, std::slice::from_ref(&w.sg));
-    let n = sink.put(&agent_node(&w, "bad", &inst.id, 8));
-    tx.send(NodeInput::Upsert(Box::new(n))).await.unwrap();
+    let inst = join(&w, &sink, &tx, "bad", 8).await;
     let node = sink.put_node("bad", &[]);
     tx.send(node_input(Event::Apply(node)).unwrap())
         .await
@@ -1592,7 +1466,7 @@ async fn an_unparsable_node_is_deleted_with_its_enis_once_its_node_is_gone() {
 }
 
 /// A multi-pool agent's CiliumNode: its demand in `pools.requested`.
-fn multi_pool_node(w: &World, name: &str, instance: &str, requested: i64) -> CiliumNode {
+fn multi_pool_node(w: &Cluster, name: &str, instance: &str, requested: i64) -> CiliumNode {
     let mut n = agent_node(w, name, instance, 0);
     set_requested(&mut n, requested);
     n
@@ -1632,16 +1506,14 @@ fn set_allocated(n: &mut CiliumNode, cidrs: &[String]) {
 
 #[tokio::test(start_paused = true)]
 async fn a_cidr_the_agent_takes_back_before_the_unassign_is_not_released() {
-    let w = world();
+    let w = Cluster::new();
     let sink = Arc::new(MemorySink::new());
     let mut cfg = config(4);
     cfg.ipam.release_excess_ips = true;
     cfg.ipam.release_delay = Duration::from_secs(10);
     cfg.node_rescan_interval = Duration::from_secs(5);
     let (_core, tx, _task) = start(w.sim.clone(), &sink, cfg);
-    let inst = w
-        .sim
-        .run_instance("m5.large", &w.subnet, std::slice::from_ref(&w.sg));
+    let inst = w.instance();
     // 16 requested with the default pre-allocation of 8: 8 in use, 16 wanted.
     let n = sink.put(&multi_pool_node(&w, "mp", &inst.id, 16));
     tx.send(NodeInput::Upsert(Box::new(n))).await.unwrap();
@@ -1727,7 +1599,7 @@ async fn a_subnet_filter_never_hides_a_nodes_primary_eni() {
     // The node subnet is outside --subnet-ids-filter (custom networking: pods in the pod
     // subnet). The primary ENI must still be published (C5) from the first pass on, and after
     // every full refresh; new ENIs go only to the pod subnet.
-    let w = world();
+    let w = Cluster::new();
     let pod_subnet = w.sim.add_subnet(
         &w.vpc,
         "zone-a",
@@ -1739,9 +1611,7 @@ async fn a_subnet_filter_never_hides_a_nodes_primary_eni() {
     cfg.scope.subnet_ids = vec![pod_subnet.clone()];
     let (_core, tx, _task) = start(w.sim.clone(), &sink, cfg);
     tokio::time::sleep(Duration::from_secs(1)).await;
-    let inst = w
-        .sim
-        .run_instance("m5.large", &w.subnet, std::slice::from_ref(&w.sg));
+    let inst = w.instance();
     let primary = w.sim.primary_eni_id(&inst.id).unwrap();
     let n = sink.put(&agent_node(&w, "n", &inst.id, 8));
     tx.send(NodeInput::Upsert(Box::new(n))).await.unwrap();
@@ -1771,7 +1641,7 @@ async fn the_ec2_cache_holds_only_the_managed_nodes_vpc_and_forgets_the_rest() {
     // No --vpc-id: the listing is scoped to the managed nodes' VPC once it is known (Cilium
     // #41392 lists the whole Region), and an instance that is neither managed nor listed any
     // more is forgotten.
-    let w = world();
+    let w = Cluster::new();
     let other_vpc = w.sim.add_vpc("10.1.0.0/16".parse().unwrap(), &[]);
     let other_subnet = w.sim.add_subnet(
         &other_vpc,
@@ -1783,12 +1653,8 @@ async fn the_ec2_cache_holds_only_the_managed_nodes_vpc_and_forgets_the_rest() {
     let elsewhere = w
         .sim
         .run_instance("m5.large", &other_subnet, std::slice::from_ref(&other_sg));
-    let bystander = w
-        .sim
-        .run_instance("m5.large", &w.subnet, std::slice::from_ref(&w.sg));
-    let inst = w
-        .sim
-        .run_instance("m5.large", &w.subnet, std::slice::from_ref(&w.sg));
+    let bystander = w.instance();
+    let inst = w.instance();
     let sink = Arc::new(MemorySink::new());
     let (core, tx, _task) = start(w.sim.clone(), &sink, config(4));
     let n = sink.put(&agent_node(&w, "n", &inst.id, 4));
@@ -1814,14 +1680,10 @@ async fn the_ec2_cache_holds_only_the_managed_nodes_vpc_and_forgets_the_rest() {
 
 #[tokio::test(start_paused = true)]
 async fn late_node_events_for_unknown_nodes_leave_no_state() {
-    let w = world();
+    let w = Cluster::new();
     let sink = Arc::new(MemorySink::new());
     let (core, tx, _task) = start(w.sim.clone(), &sink, config(4));
-    let inst = w
-        .sim
-        .run_instance("m5.large", &w.subnet, std::slice::from_ref(&w.sg));
-    let n = sink.put(&agent_node(&w, "n", &inst.id, 4));
-    tx.send(NodeInput::Upsert(Box::new(n))).await.unwrap();
+    let inst = join(&w, &sink, &tx, "n", 4).await;
     assert!(wait_until(|| served(&sink, "n", 4), Duration::from_secs(30)).await);
     tx.send(NodeInput::Deleted("n".into())).await.unwrap();
     // Events that arrive after the CiliumNode is gone, or for Nodes without one.
@@ -1874,20 +1736,16 @@ async fn nodes_whose_instances_lack_the_instance_tags_are_left_alone() {
     // --instance-tags-filter (Cilium: only instances with these tags are managed): a node on
     // an untagged instance gets no write and no EC2 change; one whose instance loses the tags
     // is let go with our finalizer, as an ignored node.
-    let w = world();
+    let w = Cluster::new();
     let tags: Tags = [("team".to_string(), "blue".to_string())].into();
     let sink = Arc::new(MemorySink::new());
     let mut cfg = config(4);
     cfg.scope.instance_tags = tags.clone();
     let (_core, tx, _task) = start(w.sim.clone(), &sink, cfg);
     tokio::time::sleep(Duration::from_secs(1)).await;
-    let ours = w
-        .sim
-        .run_instance("m5.large", &w.subnet, std::slice::from_ref(&w.sg));
+    let ours = w.instance();
     w.sim.set_instance_tags(&ours.id, tags.clone());
-    let theirs = w
-        .sim
-        .run_instance("m5.large", &w.subnet, std::slice::from_ref(&w.sg));
+    let theirs = w.instance();
     for (name, inst) in [("ours", &ours.id), ("theirs", &theirs.id)] {
         let n = sink.put(&agent_node(&w, name, inst, 12));
         tx.send(NodeInput::Upsert(Box::new(n))).await.unwrap();
@@ -1912,4 +1770,146 @@ async fn nodes_whose_instances_lack_the_instance_tags_are_left_alone() {
     let writes = sink.writes("ours");
     tokio::time::sleep(Duration::from_secs(130)).await;
     assert_eq!(sink.writes("ours"), writes);
+}
+
+/// The elector against an in-memory Lease (moved from `src/runtime/leader.rs`: the Lease double
+/// lives in testkit).
+mod leader {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use eni_operator::runtime::leader::{Elector, LeaderConfig};
+    use testkit::lease::{MemoryLease, MemoryLeaseClient};
+    use tokio::time::Instant;
+
+    fn elector(lease: &Arc<MemoryLease>, id: &str) -> Elector<MemoryLeaseClient> {
+        Elector::new(
+            MemoryLeaseClient {
+                lease: lease.clone(),
+                identity: id.into(),
+            },
+            LeaderConfig::new(id),
+        )
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_standby_waits_for_expiry_and_the_old_leader_stops_first() {
+        let lease = Arc::new(MemoryLease::new());
+        let mut a = elector(&lease, "a");
+        let mut b = elector(&lease, "b");
+        assert!(a.try_acquire_or_renew().await.unwrap());
+        assert!(!b.try_acquire_or_renew().await.unwrap());
+        let start = Instant::now();
+        lease.partition("a", true);
+        let lost = tokio::spawn(async move {
+            a.hold().await;
+            Instant::now()
+        });
+        b.acquire().await;
+        let taken = Instant::now();
+        let a_stopped = lost.await.unwrap();
+        assert!(
+            a_stopped < taken,
+            "old leader must stop before the takeover"
+        );
+        assert!(a_stopped - start <= Duration::from_secs(10) + Duration::from_secs(2));
+        assert!(taken - start >= Duration::from_secs(15));
+        assert_eq!(lease.holder().as_deref(), Some("b"));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_released_lease_is_taken_at_once() {
+        let lease = Arc::new(MemoryLease::new());
+        let mut a = elector(&lease, "a");
+        let mut b = elector(&lease, "b");
+        assert_eq!(a.run(async { 7 }).await, Ok(7));
+        assert_eq!(lease.holder(), None);
+        assert!(b.try_acquire_or_renew().await.unwrap());
+    }
+}
+
+/// The refresher against the simulator (moved from `src/runtime/refresher.rs`).
+mod refresher {
+    use std::collections::BTreeSet;
+    use std::sync::{Arc, RwLock};
+    use std::time::Duration;
+
+    use eni_operator::ec2::Tags;
+    use eni_operator::runtime::cache::Ec2Cache;
+    use eni_operator::runtime::refresher::{Refresher, Scope};
+    use testkit::sim::Simulator;
+
+    #[tokio::test(start_paused = true)]
+    async fn without_a_vpc_id_the_filtered_subnets_name_the_vpc_to_list() {
+        let sim = Simulator::new();
+        let vpc = sim.add_vpc("10.0.0.0/16".parse().unwrap(), &[]);
+        let nodes = sim.add_subnet(&vpc, "zone-a", "10.0.0.0/18".parse().unwrap(), Tags::new());
+        let pods = sim.add_subnet(&vpc, "zone-a", "10.0.64.0/18".parse().unwrap(), Tags::new());
+        let sg = sim.add_security_group(&vpc, Tags::new());
+        let ours = sim.run_instance("m5.large", &nodes, std::slice::from_ref(&sg));
+        let other_vpc = sim.add_vpc("10.1.0.0/16".parse().unwrap(), &[]);
+        let far = sim.add_subnet(
+            &other_vpc,
+            "zone-a",
+            "10.1.0.0/18".parse().unwrap(),
+            Tags::new(),
+        );
+        let far_sg = sim.add_security_group(&other_vpc, Tags::new());
+        let elsewhere = sim.run_instance("m5.large", &far, std::slice::from_ref(&far_sg));
+        let cache = Arc::new(RwLock::new(Ec2Cache::new()));
+        let scope = Scope {
+            subnet_ids: vec![pods.clone()],
+            ..Default::default()
+        };
+        let r = Refresher::new(Arc::new(sim), cache.clone(), scope, Duration::from_secs(15));
+        r.full().await.unwrap();
+        let c = cache.read().unwrap();
+        assert!(c.instance(&ours.id).is_some(), "the VPC's instances listed");
+        assert!(c.instance(&elsewhere.id).is_none(), "other VPCs not listed");
+        // Every subnet of the VPC is known (the node subnet too); only the filtered one takes
+        // new ENIs.
+        assert_eq!(
+            c.subnets.keys().cloned().collect::<BTreeSet<_>>(),
+            BTreeSet::from([nodes, pods.clone()])
+        );
+        assert_eq!(c.pod_subnets, Some(BTreeSet::from([pods])));
+    }
+}
+
+/// Event publishing into MemorySink (moved from `src/runtime/events.rs`).
+mod events {
+    use eni_operator::ipam::ProblemReason;
+    use eni_operator::runtime::events::{EventReason, publish};
+    use eni_operator::runtime::metrics::RuntimeMetrics;
+    use eni_operator::runtime::sink::{NodeEvent, NodeRef};
+    use testkit::sink::MemorySink;
+
+    fn errors(m: &RuntimeMetrics, label: &str) -> u64 {
+        m.errors
+            .get_or_create(&vec![("reason", label.to_string())])
+            .get()
+    }
+
+    #[tokio::test]
+    async fn a_problem_is_a_warning_and_an_error_under_its_reason() {
+        let (sink, m) = (MemorySink::new(), RuntimeMetrics::default());
+        let r = NodeRef {
+            name: "n1".into(),
+            ..NodeRef::default()
+        };
+        let reason = EventReason::Problem(ProblemReason::AtCapacity);
+        publish(&sink, &m, &r, reason, "full").await;
+        publish(&sink, &m, &r, EventReason::IpsAllocated, "2").await;
+        publish(&sink, &m, &r, EventReason::EC2_ERROR, "throttled").await;
+        assert_eq!(
+            sink.events("n1"),
+            [
+                NodeEvent::warning("AtCapacity", "full"),
+                NodeEvent::normal("IpsAllocated", "2"),
+                NodeEvent::warning("Ec2Error", "throttled"),
+            ]
+        );
+        assert_eq!(errors(&m, "AtCapacity"), 1);
+        assert_eq!(errors(&m, "Ec2Error"), 0, "counted under its code instead");
+    }
 }

@@ -17,9 +17,10 @@ use eni_operator::ipam::IpamConfig;
 use eni_operator::ipam::ownership::ownership_tags;
 use eni_operator::runtime::core::{Core, CoreConfig, NodeInput};
 use eni_operator::runtime::metrics::RuntimeMetrics;
-use eni_operator::runtime::sink::MemorySink;
 use support::moto::{MotoServer, aws_ec2, seed};
-use support::world::{SeededInstance, World};
+use testkit::sink::MemorySink;
+use testkit::wait_until;
+use testkit::world::{SeededInstance, World};
 
 const CLUSTER: &str = "moto-test";
 
@@ -54,17 +55,6 @@ fn served(sink: &MemorySink, name: &str, want: usize) -> bool {
             enis.get(&a.resource)
                 .is_some_and(|e| e.addresses.iter().any(|x| x == ip))
         })
-}
-
-async fn wait_until(mut cond: impl FnMut() -> bool, limit: Duration) -> bool {
-    let deadline = tokio::time::Instant::now() + limit;
-    while tokio::time::Instant::now() < deadline {
-        if cond() {
-            return true;
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    cond()
 }
 
 async fn start(

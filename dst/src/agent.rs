@@ -1,10 +1,10 @@
 //! A classic Cilium agent (`ipam: eni`, pkg/ipam/crd.go): pods hold pool addresses, reported in
 //! `status.ipam.used`; release proposals (`status.ipam.release-ips`) are answered against the
 //! pods running at that moment. The same model as the benchmark's agent
-//! (src/bench/scenario.rs), kept pure: it reads a CiliumNode and returns the edited one.
+//! (bench/src/scenario.rs), kept pure: it reads a CiliumNode and returns the edited one.
 
-use eni_operator::bench::agent::answer_release_proposals;
 use std::collections::BTreeSet;
+use testkit::agent::answer_release_proposals;
 
 use eni_operator::crd::{AllocationIp, CiliumNode};
 use rand::Rng;

@@ -103,7 +103,7 @@ pub fn run_seed(seed: u64, opts: &Options) -> Outcome {
 /// What the watchdog sees of a running seed.
 #[derive(Default)]
 struct Watch {
-    sink: std::sync::OnceLock<Arc<eni_operator::runtime::sink::MemorySink>>,
+    sink: std::sync::OnceLock<Arc<testkit::sink::MemorySink>>,
     seconds: AtomicU64,
 }
 

@@ -8,7 +8,6 @@ use std::time::Duration;
 
 use eni_operator::crd::CiliumNode;
 use eni_operator::ec2::gate::{Gate, GateConfig};
-use eni_operator::ec2::sim::{Simulator, default_instance_types};
 use eni_operator::ec2::{
     AddressRequest, CreateEniRequest, Ec2, InstanceTypeLimits, NetworkInterface, Operation, Tags,
 };
@@ -16,10 +15,11 @@ use eni_operator::ipam::IpamConfig;
 use eni_operator::runtime::core::{Core, CoreConfig, NodeInput};
 use eni_operator::runtime::gc;
 use eni_operator::runtime::metrics::RuntimeMetrics;
-use eni_operator::runtime::sink::MemorySink;
 use eni_operator::runtime::source::node_input;
 use rand::Rng;
 use rand::rngs::StdRng;
+use testkit::sim::{Simulator, default_instance_types};
+use testkit::sink::MemorySink;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::task::AbortOnDropHandle;

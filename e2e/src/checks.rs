@@ -8,8 +8,8 @@ use k8s_openapi::api::core::v1::{Node, NodeSpec, Taint};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::ObjectMeta;
 
-use crate::agent::{Generation, MULTI_POOL_PRE_ALLOCATE, derive_cidrs, endpoints};
 use crate::ec2seed::{EniView, Instance, OWNER_INSTANCE_TAG, POD_TAG, World};
+use testkit::agent::{Generation, MULTI_POOL_PRE_ALLOCATE, derive_cidrs, endpoints};
 
 /// Label on every Kubernetes object the suite creates (value: the run id), for clean-up.
 pub const RUN_LABEL: &str = "eni-operator-e2e/run";
@@ -279,7 +279,7 @@ pub const FORBIDDEN_ACCESS: &[Access] = &[
 /// Whether a CiliumNode CRD (as read from the cluster) prunes `status.eni-operator`, our
 /// summary: true for Cilium's own CRD, false for ours (which preserves unknown fields).
 pub fn crd_prunes_summary(crd: &serde_json::Value) -> Result<bool, String> {
-    let schema = eni_operator::runtime::prune::StructuralSchema::from_crd(crd, "v2")?;
+    let schema = testkit::prune::StructuralSchema::from_crd(crd, "v2")?;
     let mut probe = serde_json::json!({"status": {"eni-operator": {"enis": 1}}});
     schema.prune_object(&mut probe);
     Ok(probe.pointer("/status/eni-operator").is_none())
@@ -574,7 +574,7 @@ mod tests {
     }
     #[test]
     fn ciliums_crd_prunes_the_summary_and_ours_keeps_it() {
-        use eni_operator::runtime::prune::{CILIUM_CRD_YAML, OUR_CRD_YAML};
+        use testkit::prune::{CILIUM_CRD_YAML, OUR_CRD_YAML};
         let as_json = |yaml: &str| -> serde_json::Value {
             serde_yaml::Deserializer::from_str(yaml)
                 .map(|d| serde::Deserialize::deserialize(d).unwrap())

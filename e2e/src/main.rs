@@ -7,10 +7,10 @@
 //! * `filter-manifests --kinds A,B FILE...`: prints the YAML documents of the given kinds (the
 //!   local mode applies only the Namespace, ServiceAccount and RBAC from `manifests/`).
 
-mod agent;
 mod checks;
 mod ec2seed;
 mod faultproxy;
+mod kube_agent;
 mod operator;
 mod scenarios;
 
@@ -22,9 +22,10 @@ use clap::{Parser, Subcommand};
 use eni_operator::crd::CiliumNode;
 use kube::api::{Api, ListParams};
 
-use crate::agent::{Generation, PodsScript, spawn_agent};
+use crate::kube_agent::{PodsScript, spawn_agent};
 use crate::operator::{Mode, OperatorSettings, Operators};
 use crate::scenarios::{Suite, SuiteConfig};
+use testkit::agent::Generation;
 
 #[derive(Parser)]
 #[command(

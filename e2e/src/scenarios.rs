@@ -14,13 +14,14 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 
-use crate::agent::{AgentHandle, Generation, endpoints, spawn_agent};
 use crate::checks::{
     self, FORBIDDEN_ACCESS, NodeVariant, REQUIRED_ACCESS, RUN_LABEL, available, served,
 };
 use crate::ec2seed::{self, EniView, Instance, OWNER_INSTANCE_TAG, World};
 use crate::faultproxy::{Fault, FaultProxy};
+use crate::kube_agent::{AgentHandle, spawn_agent};
 use crate::operator::{OperatorOptions, Operators};
+use testkit::agent::{Generation, endpoints};
 
 /// Every scenario, in the order they run.
 pub const ALL: &[&str] = &[
@@ -380,7 +381,7 @@ impl Suite {
     /// ENIs a node needs at least for `pods` (ENIs are filled before new ones are made).
     fn enis_needed(&self, idx: usize, pods: usize) -> usize {
         let per = checks::ips_per_eni(&self.nodes[idx].instance.instance_type).unwrap_or(1);
-        (endpoints(pods) + crate::agent::MULTI_POOL_PRE_ALLOCATE).div_ceil(per)
+        (endpoints(pods) + testkit::agent::MULTI_POOL_PRE_ALLOCATE).div_ceil(per)
     }
 
     async fn assert_eni_count_at_most(&self, idx: usize, pods: usize) -> Result<()> {
@@ -985,7 +986,7 @@ impl Suite {
             before.insert(i, ids);
             self.set_pods(i, 2);
         }
-        let target = endpoints(2) + crate::agent::MULTI_POOL_PRE_ALLOCATE;
+        let target = endpoints(2) + testkit::agent::MULTI_POOL_PRE_ALLOCATE;
         eventually(self.cfg.timeout, "excess to be released", async || {
             let mut notes = Vec::new();
             for i in [a, b] {

@@ -2,7 +2,8 @@
 //!
 //! * [`Ec2`] speaks our own domain types ([`model`]) and errors ([`Ec2Error`]).
 //! * `aws` implements it on aws-sdk-ec2 (real AWS, LocalStack, moto).
-//! * `sim` implements it in memory, faithful to AWS's rules, for tests and benchmarks.
+//! * `testkit::sim` (a crate of its own) implements it in memory, faithful to AWS's rules, for
+//!   tests and the benchmark.
 //! * `gate` wraps any implementation: per-action token buckets and the one retry policy. The
 //!   operator only ever holds a gated client.
 //!
@@ -13,7 +14,6 @@ pub mod aws;
 pub mod error;
 pub mod gate;
 pub mod model;
-pub mod sim;
 
 use std::future::Future;
 use std::net::Ipv4Addr;

@@ -428,6 +428,14 @@ pub fn apply(node: &CiliumNode, set: &ChangeSet) -> CiliumNode {
     serde_json::from_value(value).unwrap_or_else(|_| node.clone())
 }
 
+/// The API server's structural pruning, for the tests below: testkit's model (the one MemorySink
+/// uses), compiled in by path. It is pure and holds none of this crate's types; a dev-dependency
+/// on testkit would bring a second copy of them into the lib's unit tests.
+#[cfg(test)]
+#[allow(dead_code)]
+#[path = "../../testkit/src/prune.rs"]
+mod prune;
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -878,7 +886,7 @@ mod tests {
     /// The object as the API server stores it under Cilium's own CRD.
     fn stored_under_ciliums_crd(n: &CiliumNode) -> CiliumNode {
         let mut v = serde_json::to_value(n).unwrap();
-        crate::runtime::prune::StructuralSchema::cilium().prune_object(&mut v);
+        super::prune::StructuralSchema::cilium().prune_object(&mut v);
         serde_json::from_value(v).unwrap()
     }
 
@@ -957,7 +965,7 @@ mod tests {
             .insert("10.0.99.1".into(), Some("marked-for-release".into()));
         let written = apply(&node(), &changes(&node(), &d));
         let stored = stored_under_ciliums_crd(&written);
-        let dropped = crate::runtime::prune::dropped_paths(
+        let dropped = super::prune::dropped_paths(
             &serde_json::to_value(&written).unwrap(),
             &serde_json::to_value(&stored).unwrap(),
         );

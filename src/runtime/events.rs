@@ -82,38 +82,3 @@ pub async fn publish<S: NodeSink>(
 pub fn count_ec2_error(metrics: &RuntimeMetrics, e: &Ec2Error) {
     metrics.error(&e.code);
 }
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::runtime::sink::MemorySink;
-
-    fn errors(m: &RuntimeMetrics, label: &str) -> u64 {
-        m.errors
-            .get_or_create(&vec![("reason", label.to_string())])
-            .get()
-    }
-
-    #[tokio::test]
-    async fn a_problem_is_a_warning_and_an_error_under_its_reason() {
-        let (sink, m) = (MemorySink::new(), RuntimeMetrics::default());
-        let r = NodeRef {
-            name: "n1".into(),
-            ..NodeRef::default()
-        };
-        let reason = EventReason::Problem(ProblemReason::AtCapacity);
-        publish(&sink, &m, &r, reason, "full").await;
-        publish(&sink, &m, &r, EventReason::IpsAllocated, "2").await;
-        publish(&sink, &m, &r, EventReason::EC2_ERROR, "throttled").await;
-        assert_eq!(
-            sink.events("n1"),
-            [
-                NodeEvent::warning("AtCapacity", "full"),
-                NodeEvent::normal("IpsAllocated", "2"),
-                NodeEvent::warning("Ec2Error", "throttled"),
-            ]
-        );
-        assert_eq!(errors(&m, "AtCapacity"), 1);
-        assert_eq!(errors(&m, "Ec2Error"), 0, "counted under its code instead");
-    }
-}

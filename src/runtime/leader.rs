@@ -8,10 +8,10 @@
 //!   once: [`Elector::run`] drops the work future, which aborts every mutating task, before
 //!   any other replica can consider the lease expired.
 //!
-//! The Lease itself is behind [`LeaseLock`], so tests race electors on [`MemoryLease`].
+//! The Lease itself is behind [`LeaseLock`], so tests race electors on an in-memory Lease
+//! (`testkit::lease::MemoryLease`).
 
 use std::future::Future;
-use std::sync::Mutex;
 use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
@@ -197,89 +197,6 @@ impl<L: LeaseLock> Elector<L> {
 
 // ---------------------------------------------------------------------------------------------
 
-/// A Lease in memory, shared by electors in tests. `partition(id)` makes calls from that
-/// identity fail (as if its API server connection broke).
-#[derive(Debug, Default)]
-pub struct MemoryLease {
-    state: Mutex<MemoryLeaseState>,
-}
-
-#[derive(Debug, Default)]
-struct MemoryLeaseState {
-    record: Option<LeaseRecord>,
-    version: u64,
-    partitioned: Vec<String>,
-}
-
-impl MemoryLease {
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    pub fn holder(&self) -> Option<String> {
-        self.state
-            .lock()
-            .expect("lease")
-            .record
-            .as_ref()
-            .and_then(|r| r.holder.clone())
-    }
-
-    pub fn partition(&self, identity: &str, cut: bool) {
-        let mut s = self.state.lock().expect("lease");
-        s.partitioned.retain(|i| i != identity);
-        if cut {
-            s.partitioned.push(identity.to_string());
-        }
-    }
-}
-
-/// One identity's handle on a [`MemoryLease`].
-#[derive(Clone, Debug)]
-pub struct MemoryLeaseClient {
-    pub lease: std::sync::Arc<MemoryLease>,
-    pub identity: String,
-}
-
-impl MemoryLeaseClient {
-    fn check(&self) -> Result<std::sync::MutexGuard<'_, MemoryLeaseState>, LeaseError> {
-        let s = self.lease.state.lock().expect("lease");
-        if s.partitioned.contains(&self.identity) {
-            return Err(LeaseError::Other("partitioned".into()));
-        }
-        Ok(s)
-    }
-}
-
-impl LeaseLock for MemoryLeaseClient {
-    async fn get(&self) -> Result<Option<(LeaseRecord, String)>, LeaseError> {
-        let s = self.check()?;
-        Ok(s.record.clone().map(|r| (r, s.version.to_string())))
-    }
-
-    async fn create(&self, record: &LeaseRecord) -> Result<(), LeaseError> {
-        let mut s = self.check()?;
-        if s.record.is_some() {
-            return Err(LeaseError::Conflict);
-        }
-        s.record = Some(record.clone());
-        s.version += 1;
-        Ok(())
-    }
-
-    async fn update(&self, record: &LeaseRecord, version: &str) -> Result<(), LeaseError> {
-        let mut s = self.check()?;
-        if s.version.to_string() != version {
-            return Err(LeaseError::Conflict);
-        }
-        s.record = Some(record.clone());
-        s.version += 1;
-        Ok(())
-    }
-}
-
-// ---------------------------------------------------------------------------------------------
-
 /// The Lease on the API server.
 #[derive(Clone)]
 pub struct KubeLease {
@@ -359,56 +276,5 @@ impl LeaseLock for KubeLease {
             .await
             .map(|_| ())
             .map_err(kube_err)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use std::sync::Arc;
-
-    fn elector(lease: &Arc<MemoryLease>, id: &str) -> Elector<MemoryLeaseClient> {
-        Elector::new(
-            MemoryLeaseClient {
-                lease: lease.clone(),
-                identity: id.into(),
-            },
-            LeaderConfig::new(id),
-        )
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_standby_waits_for_expiry_and_the_old_leader_stops_first() {
-        let lease = Arc::new(MemoryLease::new());
-        let mut a = elector(&lease, "a");
-        let mut b = elector(&lease, "b");
-        assert!(a.try_acquire_or_renew().await.unwrap());
-        assert!(!b.try_acquire_or_renew().await.unwrap());
-        let start = Instant::now();
-        lease.partition("a", true);
-        let lost = tokio::spawn(async move {
-            a.hold().await;
-            Instant::now()
-        });
-        b.acquire().await;
-        let taken = Instant::now();
-        let a_stopped = lost.await.unwrap();
-        assert!(
-            a_stopped < taken,
-            "old leader must stop before the takeover"
-        );
-        assert!(a_stopped - start <= Duration::from_secs(10) + Duration::from_secs(2));
-        assert!(taken - start >= Duration::from_secs(15));
-        assert_eq!(lease.holder().as_deref(), Some("b"));
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_released_lease_is_taken_at_once() {
-        let lease = Arc::new(MemoryLease::new());
-        let mut a = elector(&lease, "a");
-        let mut b = elector(&lease, "b");
-        assert_eq!(a.run(async { 7 }).await, Ok(7));
-        assert_eq!(lease.holder(), None);
-        assert!(b.try_acquire_or_renew().await.unwrap());
     }
 }

@@ -18,7 +18,6 @@ pub mod leader;
 pub mod metrics;
 pub mod nodes;
 mod pass;
-pub mod prune;
 pub mod queue;
 pub mod refresher;
 pub mod schedule;

@@ -5,7 +5,7 @@ use std::net::Ipv4Addr;
 use eni_operator::ec2::{AddressRequest, Ec2, ErrorKind, Resource};
 
 use super::{all_ips, create_request, eni, expect_err, net, subnet};
-use crate::support::world::World;
+use testkit::world::World;
 
 /// AWS's limits and capacity rules, which moto does not enforce.
 pub async fn limits_and_exhaustion<E: Ec2>(ec2: &E, world: &World) {

@@ -19,7 +19,7 @@ use eni_operator::ec2::{
 };
 use ipnet::Ipv4Net;
 
-use crate::support::world::World;
+use testkit::world::World;
 
 mod limits;
 pub use limits::limits_and_exhaustion;

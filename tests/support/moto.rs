@@ -16,7 +16,7 @@ use aws_sdk_ec2::config::{BehaviorVersion, Credentials, Region};
 use aws_sdk_ec2::types::{InstanceType, Tag};
 use eni_operator::ec2::aws::{AwsClientConfig, AwsEc2};
 
-use super::world::{SeededInstance, SeededSubnet, World};
+use testkit::world::{SeededInstance, SeededSubnet, World};
 
 pub const REGION: &str = "us-east-1";
 /// The tag that marks the pod subnet and security group of the world.

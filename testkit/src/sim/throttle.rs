@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 
 use tokio::time::Instant;
 
-use crate::ec2::model::Bucket;
+use eni_operator::ec2::model::Bucket;
 
 #[derive(Clone, Debug)]
 struct TokenBucket {

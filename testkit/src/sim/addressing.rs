@@ -7,7 +7,7 @@ use std::net::Ipv4Addr;
 
 use ipnet::Ipv4Net;
 
-use crate::ec2::model::PREFIX_SIZE;
+use eni_operator::ec2::model::PREFIX_SIZE;
 
 /// Addresses AWS reserves at the start of every subnet (network, router, DNS, future use).
 const RESERVED_AT_START: u32 = 4;
@@ -121,7 +121,7 @@ impl AddressPool {
     }
 
     pub(crate) fn release_prefix(&mut self, prefix: Ipv4Net) {
-        for ip in crate::ec2::model::prefix_addresses(prefix) {
+        for ip in eni_operator::ec2::model::prefix_addresses(prefix) {
             self.release_ip(ip);
         }
     }

@@ -11,9 +11,9 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::addressing::AddressPool;
-use crate::ec2::Result;
-use crate::ec2::error::Ec2Error;
-use crate::ec2::model::*;
+use eni_operator::ec2::Result;
+use eni_operator::ec2::error::Ec2Error;
+use eni_operator::ec2::model::*;
 
 /// Build an EC2 client error (HTTP 400) so classification is shared with the SDK backend.
 pub(crate) fn aws_err(op: Operation, code: &str, message: impl AsRef<str>) -> Ec2Error {

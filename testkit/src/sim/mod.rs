@@ -27,8 +27,8 @@ use self::addressing::AddressPool;
 use self::faults::Faults;
 use self::state::{EniRec, State, SubnetRec};
 use self::throttle::Throttle;
-use super::model::*;
-use super::{Ec2, Ec2Error, Result};
+use eni_operator::ec2::model::*;
+use eni_operator::ec2::{Ec2, Ec2Error, Result};
 
 /// Describe page size when none is configured (EC2's usual maximum).
 pub const DEFAULT_PAGE_SIZE: usize = 1000;

@@ -1,8 +1,8 @@
 //! The describes: filters as EC2 applies them, and opaque-token pagination.
 
 use super::{EniRec, State, aws_err, require_ids, resource_match, tags_match};
-use crate::ec2::Result;
-use crate::ec2::model::*;
+use eni_operator::ec2::Result;
+use eni_operator::ec2::model::*;
 
 /// One page of `items` (sorted by `key`) after the opaque `token`.
 fn paginate<T>(

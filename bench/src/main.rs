@@ -1,17 +1,17 @@
-//! `make bench`: the scale benchmark (see docs/benchmarks.md). An example, not a binary, because
-//! it needs tokio's paused clock (`test-util`, a dev-dependency only). Runs every scenario on a paused
-//! current-thread tokio runtime: simulated time jumps ahead whenever every task waits, so rate
-//! limits and latencies hold in simulated time and the run costs only CPU.
+//! `make bench`: the scale benchmark (see docs/benchmarks.md). Runs every scenario on a paused
+//! current-thread tokio runtime (tokio's `test-util`, an ordinary dependency of this crate):
+//! simulated time jumps ahead whenever every task waits, so rate limits and latencies hold in
+//! simulated time and the run costs only CPU.
 
 use std::time::Duration;
 
-use clap::{Parser, ValueEnum};
-use eni_operator::bench::heap::{self, CountingAllocator};
-use eni_operator::bench::plot::{Series, plot};
-use eni_operator::bench::scenario::{
+use bench::heap::{self, CountingAllocator};
+use bench::plot::{Series, plot};
+use bench::scenario::{
     GateMode, Outcome, Settings, burst, churn, peak_rss_mib, scale_down, shared_account,
 };
-use eni_operator::bench::{Row, SharedRow, shared_table, table};
+use bench::{Row, SharedRow, shared_table, table};
+use clap::{Parser, ValueEnum};
 
 // Counts heap bytes so each scenario can report the operator's share of the process.
 #[global_allocator]

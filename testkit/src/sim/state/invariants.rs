@@ -4,7 +4,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::net::Ipv4Addr;
 
 use super::{State, slots_used};
-use crate::ec2::model::*;
+use eni_operator::ec2::model::*;
 
 impl State {
     /// AWS's invariants: no address on two ENIs, subnet counts consistent with the ENIs, no

@@ -4,7 +4,6 @@
 //! time, so under a paused runtime the rate limits and latencies hold in simulated time while
 //! the run takes only the CPU it needs.
 
-use super::agent::answer_release_proposals;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
@@ -15,17 +14,19 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::task::AbortOnDropHandle;
 
+use eni_operator::crd::{AllocationIp, CiliumNode, ReleaseState};
+use eni_operator::ec2::gate::{Gate, GateConfig};
+use eni_operator::ec2::{Operation, Tags};
+use eni_operator::ipam::IpamConfig;
+use eni_operator::runtime::core::{Core, CoreConfig, NodeInput};
+use eni_operator::runtime::metrics::RuntimeMetrics;
+use eni_operator::runtime::refresher::{Refresher, Scope};
+use testkit::agent::answer_release_proposals;
+use testkit::sim::{SimStats, Simulator, default_instance_types};
+use testkit::sink::{MemorySink, WriteCounts};
+
 use super::heap::{self, HeapShares};
 use super::{Row, SharedRow, enis_needed, lower_bound, per_bucket};
-use crate::crd::{AllocationIp, CiliumNode, ReleaseState};
-use crate::ec2::gate::{Gate, GateConfig};
-use crate::ec2::sim::{SimStats, Simulator, default_instance_types};
-use crate::ec2::{Operation, Tags};
-use crate::ipam::IpamConfig;
-use crate::runtime::core::{Core, CoreConfig, NodeInput};
-use crate::runtime::metrics::RuntimeMetrics;
-use crate::runtime::refresher::{Refresher, Scope};
-use crate::runtime::sink::{MemorySink, WriteCounts};
 
 const CLUSTER: &str = "bench";
 
@@ -130,7 +131,7 @@ struct World {
     core: BenchCore,
     tx: mpsc::Sender<NodeInput>,
     /// The core's run task, stopped when the scenario's world goes.
-    task: AbortOnDropHandle<crate::ec2::Result<()>>,
+    task: AbortOnDropHandle<eni_operator::ec2::Result<()>>,
     subnet: String,
     vpc: String,
     sg: String,
@@ -315,7 +316,7 @@ struct Window {
 }
 
 fn window(a: &Snapshot, b: &Snapshot) -> Window {
-    let diff = |f: fn(&crate::ec2::sim::OpStats) -> u64| -> BTreeMap<Operation, u64> {
+    let diff = |f: fn(&testkit::sim::OpStats) -> u64| -> BTreeMap<Operation, u64> {
         Operation::ALL
             .iter()
             .map(|op| (*op, f(&b.sim.get(*op)) - f(&a.sim.get(*op))))
@@ -467,7 +468,7 @@ async fn quiet_window(w: &World) -> Quiet {
     }
 }
 
-fn limits_of(s: &Settings) -> crate::ec2::InstanceTypeLimits {
+fn limits_of(s: &Settings) -> eni_operator::ec2::InstanceTypeLimits {
     default_instance_types()
         .into_iter()
         .find(|t| t.instance_type == s.instance_type)

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use super::*;
-use crate::ec2::error::ErrorKind;
+use eni_operator::ec2::error::ErrorKind;
 
 fn net(s: &str) -> Ipv4Net {
     s.parse().unwrap()

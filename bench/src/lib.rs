@@ -1,8 +1,7 @@
-//! The scale benchmark (`make bench`, `src/bin/bench.rs`): scenarios that drive the real
+//! The scale benchmark (`make bench`, `src/main.rs`): scenarios that drive the real
 //! allocation core against the simulator under paused tokio time ([`scenario`]), the pure
 //! figures derived from them (lower bound, table rows; here) and a tiny PNG plotter ([`plot`]).
 
-pub mod agent;
 pub mod heap;
 pub mod plot;
 pub mod scenario;
@@ -10,7 +9,7 @@ pub mod scenario;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use crate::ec2::{Bucket, Operation};
+use eni_operator::ec2::{Bucket, Operation};
 
 /// The rate-limit lower bound of a run: for each bucket, the calls beyond its burst divided by
 /// its refill rate; the largest of these plus one chain of call latencies (the one sequence of

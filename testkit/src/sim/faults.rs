@@ -7,8 +7,8 @@ use std::time::Duration;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use crate::ec2::error::Ec2Error;
-use crate::ec2::model::Operation;
+use eni_operator::ec2::error::Ec2Error;
+use eni_operator::ec2::model::Operation;
 
 /// Counters of one operation.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -162,7 +162,7 @@ impl Faults {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ec2::error::ErrorKind;
+    use eni_operator::ec2::error::ErrorKind;
 
     #[test]
     fn queued_faults_answer_exactly_n_calls() {

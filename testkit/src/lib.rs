@@ -1,0 +1,59 @@
+//! Test doubles of eni-operator's world, shared by the operator's tests, the benchmark (`bench/`),
+//! the deterministic simulation (`dst/`) and the end-to-end suite (`e2e/`). Each models the real
+//! system and says where that knowledge comes from:
+//! * [`sim`]: an in-memory EC2 following AWS's documented rules (docs/emulators.md);
+//! * [`sink`]: an in-memory API server for CiliumNodes and Nodes ([`sink::MemorySink`]), with
+//!   the structural pruning of [`prune`];
+//! * [`lease`]: an in-memory Lease for the leader-election tests;
+//! * [`world`]: the EC2 world the contract suite seeds in the simulator and in moto;
+//! * [`cluster`]: the simulated cluster of the runtime tests (a VPC, a subnet, m5.large nodes);
+//! * [`agent`]: one pure model of each Cilium agent generation (classic, multi-pool);
+//! * [`wait_until`], [`served`]: the waits and checks the runtime tests share.
+//!
+//! Not part of the operator's library: a dev-dependency of its tests and a dependency of the
+//! tools only.
+
+pub mod agent;
+pub mod cluster;
+pub mod lease;
+pub mod prune;
+pub mod sim;
+pub mod sink;
+pub mod world;
+
+use std::time::Duration;
+
+use sink::MemorySink;
+
+/// Polls `cond` on tokio time (paused or real) until it holds or `limit` has passed; the last
+/// answer of `cond` is the result.
+pub async fn wait_until(mut cond: impl FnMut() -> bool, limit: Duration) -> bool {
+    let step = Duration::from_millis(250);
+    let mut waited = Duration::ZERO;
+    while waited < limit {
+        if cond() {
+            return true;
+        }
+        tokio::time::sleep(step).await;
+        waited += step;
+    }
+    cond()
+}
+
+/// C2 + demand: every pool address is listed on its ENI in status, and the pool holds at least
+/// `want` addresses.
+pub fn served(sink: &MemorySink, name: &str, want: usize) -> bool {
+    let Some(n) = sink.get(name) else {
+        return false;
+    };
+    let enis = n
+        .status
+        .as_ref()
+        .map(|s| s.eni.enis.clone())
+        .unwrap_or_default();
+    n.spec.ipam.pool.len() >= want
+        && n.spec.ipam.pool.iter().all(|(ip, a)| {
+            enis.get(&a.resource)
+                .is_some_and(|e| e.addresses.iter().any(|x| x == ip))
+        })
+}

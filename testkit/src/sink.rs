@@ -1,0 +1,556 @@
+//! An in-memory API server for CiliumNodes and Nodes, the [`NodeSink`] of the runtime tests,
+//! the benchmark and the simulation: it keeps objects in memory and counts writes. Given a CRD
+//! schema ([`MemorySink::pruning`]), it prunes what it stores as the API server does (real
+//! clusters run Cilium's CRD, which drops every field it does not list; see [`crate::prune`]).
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+
+use eni_operator::crd::CiliumNode;
+use eni_operator::ipam::{ChangeSet, Subresource};
+use eni_operator::runtime::sink::{
+    NodeEvent, NodeRef, NodeSink, SinkError, SinkResult, annotation_patch, finalizer_patch,
+    with_version,
+};
+use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+use kube::runtime::watcher;
+use serde_json::{Value, json};
+
+use crate::prune::StructuralSchema;
+
+/// Counts of writes to one node.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct WriteCounts {
+    pub spec: u32,
+    pub status: u32,
+    pub metadata: u32,
+}
+
+impl WriteCounts {
+    pub fn total(&self) -> u32 {
+        self.spec + self.status + self.metadata
+    }
+}
+
+#[derive(Debug, Default)]
+struct MemoryState {
+    objects: BTreeMap<String, Value>,
+    writes: BTreeMap<String, WriteCounts>,
+    events: Vec<(String, NodeEvent)>,
+    next_version: u64,
+    /// Kubernetes Nodes known to be gone (every other Node exists).
+    gone_nodes: std::collections::BTreeSet<String>,
+    /// Kubernetes Nodes put by a test, as the API server holds them (metadata only).
+    nodes: BTreeMap<String, Node>,
+}
+
+/// An in-memory API server for CiliumNodes: applies patches like Kubernetes (spec and status
+/// through separate endpoints, resourceVersion checks, finalizers hold deletion, and with a
+/// schema, structural pruning of every create, update and patch).
+#[derive(Debug, Default)]
+pub struct MemorySink {
+    state: Mutex<MemoryState>,
+    schema: Option<StructuralSchema>,
+}
+
+impl MemorySink {
+    /// Stores every field (like our CRD, which preserves unknown fields).
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Prunes every stored object by `schema`, as the API server does with the CRD installed.
+    pub fn pruning(schema: StructuralSchema) -> Self {
+        Self {
+            state: Mutex::default(),
+            schema: Some(schema),
+        }
+    }
+
+    /// Pruning by Cilium's own CiliumNode CRD: what real clusters run.
+    pub fn with_ciliums_crd() -> Self {
+        Self::pruning(StructuralSchema::cilium())
+    }
+
+    fn prune(&self, object: &mut Value) {
+        if let Some(s) = &self.schema {
+            s.prune_object(object);
+        }
+    }
+
+    /// Create or replace an object as an agent would; returns the stored copy.
+    pub fn put(&self, node: &CiliumNode) -> CiliumNode {
+        let mut s = self.state.lock().expect("sink lock");
+        s.next_version += 1;
+        let mut v = serde_json::to_value(node).expect("serialise");
+        let name = node.metadata.name.clone().unwrap_or_default();
+        if let Some(old) = s.objects.get(&name) {
+            // Keep what the server owns: uid, finalizers, deletion mark.
+            for key in ["uid", "finalizers", "deletionTimestamp"] {
+                if let Some(x) = old.pointer(&format!("/metadata/{key}")) {
+                    v["metadata"][key] = x.clone();
+                }
+            }
+        } else {
+            v["metadata"]["uid"] = json!(format!("uid-{name}"));
+        }
+        v["metadata"]["resourceVersion"] = json!(s.next_version.to_string());
+        self.prune(&mut v);
+        s.objects.insert(name, v.clone());
+        serde_json::from_value(v).expect("parse")
+    }
+
+    /// Edit a stored object as an agent would (bumps the resourceVersion).
+    pub fn update(&self, name: &str, edit: impl FnOnce(&mut CiliumNode)) -> Option<CiliumNode> {
+        let mut node = self.get(name)?;
+        edit(&mut node);
+        Some(self.put(&node))
+    }
+
+    /// The stored object, if it exists and parses.
+    pub fn get(&self, name: &str) -> Option<CiliumNode> {
+        let s = self.state.lock().expect("sink lock");
+        s.objects
+            .get(name)
+            .and_then(|v| serde_json::from_value(v.clone()).ok())
+    }
+
+    /// Edit a stored object's JSON (e.g. into something our types reject); bumps the
+    /// resourceVersion. Returns the stored JSON, as a watch would deliver it.
+    pub fn edit_raw(&self, name: &str, edit: impl FnOnce(&mut Value)) -> Option<Value> {
+        let mut s = self.state.lock().expect("sink lock");
+        s.next_version += 1;
+        let version = s.next_version.to_string();
+        let v = s.objects.get_mut(name)?;
+        edit(v);
+        v["metadata"]["resourceVersion"] = json!(version);
+        Some(v.clone())
+    }
+
+    pub fn raw(&self, name: &str) -> Option<Value> {
+        self.state
+            .lock()
+            .expect("sink lock")
+            .objects
+            .get(name)
+            .cloned()
+    }
+
+    pub fn writes(&self, name: &str) -> WriteCounts {
+        let s = self.state.lock().expect("sink lock");
+        s.writes.get(name).copied().unwrap_or_default()
+    }
+
+    pub fn total_writes(&self) -> WriteCounts {
+        let s = self.state.lock().expect("sink lock");
+        s.writes
+            .values()
+            .fold(WriteCounts::default(), |a, w| WriteCounts {
+                spec: a.spec + w.spec,
+                status: a.status + w.status,
+                metadata: a.metadata + w.metadata,
+            })
+    }
+
+    pub fn events(&self, name: &str) -> Vec<NodeEvent> {
+        let s = self.state.lock().expect("sink lock");
+        s.events
+            .iter()
+            .filter(|(n, _)| n == name)
+            .map(|(_, e)| e.clone())
+            .collect()
+    }
+
+    /// Record whether the Kubernetes Node of this name exists.
+    pub fn set_node_exists(&self, name: &str, exists: bool) {
+        let mut s = self.state.lock().expect("sink lock");
+        if exists {
+            s.gone_nodes.remove(name);
+        } else {
+            s.gone_nodes.insert(name.to_string());
+            s.nodes.remove(name);
+        }
+    }
+
+    /// Create a Kubernetes Node with these finalizers (Karpenter's `karpenter.sh/termination`,
+    /// for one); returns it as a watch would deliver it.
+    pub fn put_node(&self, name: &str, finalizers: &[&str]) -> Node {
+        let mut s = self.state.lock().expect("sink lock");
+        let node = Node {
+            metadata: ObjectMeta {
+                name: Some(name.to_string()),
+                uid: Some(format!("node-uid-{name}")),
+                finalizers: Some(finalizers.iter().map(|f| f.to_string()).collect()),
+                ..ObjectMeta::default()
+            },
+            ..Node::default()
+        };
+        s.gone_nodes.remove(name);
+        s.nodes.insert(name.to_string(), node.clone());
+        node
+    }
+
+    /// `kubectl delete node`, as the API server does it: a Node with finalizers only gets a
+    /// `deletionTimestamp` and stays (draining, its instance still running) until the last
+    /// finalizer goes; one without is removed at once. Returns what a Node watch then sees.
+    pub fn delete_node(&self, name: &str) -> Option<watcher::Event<Node>> {
+        let mut s = self.state.lock().expect("sink lock");
+        let node = s.nodes.get_mut(name)?;
+        if node
+            .metadata
+            .finalizers
+            .as_ref()
+            .is_some_and(|f| !f.is_empty())
+        {
+            node.metadata.deletion_timestamp = Some(Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH));
+            return Some(watcher::Event::Apply(node.clone()));
+        }
+        let node = s.nodes.remove(name)?;
+        s.gone_nodes.insert(name.to_string());
+        Some(watcher::Event::Delete(node))
+    }
+
+    /// Another controller removes its finalizer from a Node; the Node goes once it is being
+    /// deleted and no finalizer is left. Same answer as [`Self::delete_node`].
+    pub fn remove_node_finalizer(
+        &self,
+        name: &str,
+        finalizer: &str,
+    ) -> Option<watcher::Event<Node>> {
+        let mut s = self.state.lock().expect("sink lock");
+        let node = s.nodes.get_mut(name)?;
+        if let Some(f) = node.metadata.finalizers.as_mut() {
+            f.retain(|x| x != finalizer);
+        }
+        let deleting = node.metadata.deletion_timestamp.is_some();
+        if !(deleting
+            && node
+                .metadata
+                .finalizers
+                .as_ref()
+                .is_none_or(|f| f.is_empty()))
+        {
+            return Some(watcher::Event::Apply(node.clone()));
+        }
+        let node = s.nodes.remove(name)?;
+        s.gone_nodes.insert(name.to_string());
+        Some(watcher::Event::Delete(node))
+    }
+
+    /// Start deleting an object: with finalizers it only gets a deletion mark. Returns the
+    /// marked object (if it parses).
+    pub fn begin_delete(&self, name: &str) -> Option<CiliumNode> {
+        let mut s = self.state.lock().expect("sink lock");
+        let v = s.objects.get_mut(name)?;
+        let has_finalizers = v
+            .pointer("/metadata/finalizers")
+            .and_then(Value::as_array)
+            .is_some_and(|a| !a.is_empty());
+        if has_finalizers {
+            v["metadata"]["deletionTimestamp"] = json!("2026-01-01T00:00:00Z");
+            serde_json::from_value(v.clone()).ok()
+        } else {
+            s.objects.remove(name);
+            None
+        }
+    }
+
+    /// Apply a patch; returns the object after it, `None` when that does not parse (the patch
+    /// still took effect, as on the API server).
+    fn patch(
+        &self,
+        name: &str,
+        patch: &Value,
+        sub: Option<Subresource>,
+    ) -> SinkResult<Option<CiliumNode>> {
+        let mut s = self.state.lock().expect("sink lock");
+        s.next_version += 1;
+        let version = s.next_version.to_string();
+        let obj = s.objects.get_mut(name).ok_or(SinkError::NotFound)?;
+        if let Some(want) = patch
+            .pointer("/metadata/resourceVersion")
+            .and_then(Value::as_str)
+            && obj
+                .pointer("/metadata/resourceVersion")
+                .and_then(Value::as_str)
+                != Some(want)
+        {
+            let fresh = serde_json::from_value(obj.clone()).ok().map(Box::new);
+            return Err(SinkError::Conflict(fresh));
+        }
+        let mut p = patch.clone();
+        if let Some(m) = p.get_mut("metadata").and_then(Value::as_object_mut) {
+            m.remove("resourceVersion");
+        }
+        // Like the API server: the main resource ignores status, /status ignores spec.
+        if let Some(o) = p.as_object_mut() {
+            match sub {
+                Some(Subresource::Spec) | None => {
+                    o.remove("status");
+                }
+                Some(Subresource::Status) => {
+                    o.remove("spec");
+                }
+            }
+        }
+        json_patch::merge(obj, &p);
+        if let Some(schema) = &self.schema {
+            schema.prune_object(obj);
+        }
+        obj["metadata"]["resourceVersion"] = json!(version);
+        let finalizers_empty = obj
+            .pointer("/metadata/finalizers")
+            .and_then(Value::as_array)
+            .is_none_or(|a| a.is_empty());
+        let deleting = obj.pointer("/metadata/deletionTimestamp").is_some();
+        let out: Option<CiliumNode> = serde_json::from_value(obj.clone()).ok();
+        let counts = s.writes.entry(name.to_string()).or_default();
+        match sub {
+            Some(Subresource::Spec) => counts.spec += 1,
+            Some(Subresource::Status) => counts.status += 1,
+            None => counts.metadata += 1,
+        }
+        if deleting && finalizers_empty {
+            s.objects.remove(name);
+        }
+        Ok(out)
+    }
+}
+
+impl NodeSink for MemorySink {
+    async fn apply(&self, node: &NodeRef, changes: &ChangeSet) -> SinkResult<Option<CiliumNode>> {
+        let mut version = node.resource_version.clone();
+        let mut last = None;
+        for (i, w) in changes.writes.iter().enumerate() {
+            let patch = with_version(&w.patch, w.needs_resource_version, version.as_deref());
+            // Like KubeSink, whose typed answer fails to parse after the write took effect.
+            let Some(obj) = self.patch(&node.name, &patch, Some(w.subresource))? else {
+                if i + 1 == changes.writes.len() {
+                    return Ok(None);
+                }
+                return Err(SinkError::Other("the CiliumNode does not parse".into()));
+            };
+            version = obj.metadata.resource_version.clone();
+            last = Some(obj);
+        }
+        Ok(last)
+    }
+
+    async fn event(&self, node: &NodeRef, event: NodeEvent) {
+        self.state
+            .lock()
+            .expect("sink lock")
+            .events
+            .push((node.name.clone(), event));
+    }
+
+    async fn set_finalizer(&self, node: &NodeRef, present: bool) -> SinkResult<Option<CiliumNode>> {
+        match finalizer_patch(node, present) {
+            None => Ok(None),
+            Some(p) => self.patch(&node.name, &p, None),
+        }
+    }
+
+    async fn set_annotation(
+        &self,
+        node: &NodeRef,
+        key: &str,
+        value: Option<&str>,
+    ) -> SinkResult<Option<CiliumNode>> {
+        self.patch(&node.name, &annotation_patch(key, value), None)
+    }
+
+    async fn delete(&self, name: &str) -> SinkResult<()> {
+        self.begin_delete(name);
+        Ok(())
+    }
+
+    async fn node_exists(&self, name: &str) -> SinkResult<bool> {
+        // Like the API server: a Node being deleted is still returned by a GET.
+        let s = self.state.lock().expect("sink lock");
+        Ok(!s.gone_nodes.contains(name))
+    }
+
+    async fn fetch(&self, name: &str) -> SinkResult<Option<CiliumNode>> {
+        match self.raw(name) {
+            None => Ok(None),
+            // Like KubeSink's typed GET of an object our types reject.
+            Some(v) => serde_json::from_value(v)
+                .map(Some)
+                .map_err(|e| SinkError::Other(e.to_string())),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use eni_operator::crd::FINALIZER;
+    use eni_operator::ipam::Write;
+
+    fn node(name: &str) -> CiliumNode {
+        let mut n = CiliumNode::new(name, Default::default());
+        n.spec.instance_id = "i-1".into();
+        n
+    }
+
+    #[tokio::test]
+    async fn memory_sink_counts_writes_and_checks_versions() {
+        let sink = MemorySink::new();
+        let stored = sink.put(&node("n1"));
+        let r = NodeRef::of(&stored);
+        let changes = ChangeSet {
+            writes: vec![
+                Write {
+                    subresource: Subresource::Status,
+                    patch: json!({"status": {"ipam": {"operator-status": {"error": "x"}}}, "spec": {"instance-id": "ignored"}}),
+                    needs_resource_version: true,
+                },
+                Write {
+                    subresource: Subresource::Spec,
+                    patch: json!({"spec": {"ipam": {"pool": {"10.0.0.1": {"resource": "eni-1"}}}}}),
+                    needs_resource_version: false,
+                },
+            ],
+        };
+        let out = sink.apply(&r, &changes).await.unwrap().unwrap();
+        assert_eq!(
+            out.spec.instance_id, "i-1",
+            "status write cannot touch spec"
+        );
+        assert_eq!(out.spec.ipam.pool.len(), 1);
+        assert_eq!(
+            out.status.unwrap().ipam.operator_status.error.as_deref(),
+            Some("x")
+        );
+        assert_eq!(
+            sink.writes("n1"),
+            WriteCounts {
+                spec: 1,
+                status: 1,
+                metadata: 0
+            }
+        );
+        // The stale version now conflicts on a versioned write.
+        let err = sink.apply(&r, &changes).await.unwrap_err();
+        assert!(matches!(err, SinkError::Conflict(Some(_))));
+    }
+
+    #[tokio::test]
+    async fn a_draining_node_exists_until_its_last_finalizer_goes() {
+        let sink = MemorySink::new();
+        sink.put_node("n1", &["karpenter.sh/termination"]);
+        match sink.delete_node("n1") {
+            Some(watcher::Event::Apply(n)) => assert!(n.metadata.deletion_timestamp.is_some()),
+            other => panic!("expected the Node still there, got {other:?}"),
+        }
+        assert!(sink.node_exists("n1").await.unwrap(), "draining, not gone");
+        assert!(matches!(
+            sink.remove_node_finalizer("n1", "karpenter.sh/termination"),
+            Some(watcher::Event::Delete(_))
+        ));
+        assert!(!sink.node_exists("n1").await.unwrap());
+        // Without finalizers a Node goes at once.
+        sink.put_node("n2", &[]);
+        assert!(matches!(
+            sink.delete_node("n2"),
+            Some(watcher::Event::Delete(_))
+        ));
+        assert!(!sink.node_exists("n2").await.unwrap());
+    }
+
+    #[tokio::test]
+    async fn a_pruning_sink_stores_what_ciliums_crd_keeps() {
+        let sink = MemorySink::with_ciliums_crd();
+        let mut n = node("n1");
+        n.spec.extra.insert("not-in-the-schema".into(), json!(1));
+        n.spec.extra.insert("bootid".into(), json!("b"));
+        let stored = sink.put(&n);
+        assert!(
+            !stored.spec.extra.contains_key("not-in-the-schema"),
+            "create pruned"
+        );
+        assert_eq!(stored.spec.extra["bootid"], json!("b"));
+        let changes = ChangeSet {
+            writes: vec![Write {
+                subresource: Subresource::Status,
+                patch: json!({"status": {
+                    "eni-operator": {"enis": 1, "available": 0, "used": 0, "needed": 0},
+                    "ipam": {"operator-status": {"error": "x"}}
+                }}),
+                needs_resource_version: false,
+            }],
+        };
+        let out = sink
+            .apply(&NodeRef::of(&stored), &changes)
+            .await
+            .unwrap()
+            .unwrap();
+        let status = out.status.unwrap();
+        assert_eq!(status.eni_operator, None, "patch pruned");
+        assert_eq!(status.ipam.operator_status.error.as_deref(), Some("x"));
+        assert_eq!(sink.writes("n1").status, 1, "the write still counts");
+        assert_eq!(
+            sink.raw("n1").unwrap().pointer("/metadata/uid"),
+            Some(&json!("uid-n1")),
+            "metadata is the server's, not pruned"
+        );
+        // Without a schema everything is kept.
+        let plain = MemorySink::new();
+        assert!(plain.put(&n).spec.extra.contains_key("not-in-the-schema"));
+    }
+
+    #[tokio::test]
+    async fn an_annotation_patch_touches_only_its_key() {
+        let sink = MemorySink::new();
+        let mut n = node("n1");
+        n.metadata.annotations = Some([("other".to_string(), "kept".to_string())].into());
+        let stored = sink.put(&n);
+        let out = sink
+            .set_annotation(&NodeRef::of(&stored), "k", Some("true"))
+            .await
+            .unwrap()
+            .unwrap();
+        let a = out.metadata.annotations.unwrap();
+        assert_eq!(a.get("k").map(String::as_str), Some("true"));
+        assert_eq!(a.get("other").map(String::as_str), Some("kept"));
+        // A stale version does not matter: the patch carries none.
+        let out = sink
+            .set_annotation(&NodeRef::of(&stored), "k", None)
+            .await
+            .unwrap()
+            .unwrap();
+        let a = out.metadata.annotations.unwrap();
+        assert!(!a.contains_key("k"));
+        assert_eq!(a.get("other").map(String::as_str), Some("kept"));
+        assert_eq!(sink.writes("n1").metadata, 2);
+    }
+
+    #[tokio::test]
+    async fn finalizer_holds_deletion_until_removed() {
+        let sink = MemorySink::new();
+        let stored = sink.put(&node("n1"));
+        let with = sink
+            .set_finalizer(&NodeRef::of(&stored), true)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            with.metadata.finalizers.as_deref(),
+            Some(&[FINALIZER.to_string()][..])
+        );
+        assert!(
+            sink.set_finalizer(&NodeRef::of(&with), true)
+                .await
+                .unwrap()
+                .is_none()
+        );
+        let marked = sink.begin_delete("n1").expect("held by the finalizer");
+        assert!(marked.metadata.deletion_timestamp.is_some());
+        sink.set_finalizer(&NodeRef::of(&marked), false)
+            .await
+            .unwrap();
+        assert!(sink.get("n1").is_none());
+    }
+}
