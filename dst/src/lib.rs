@@ -155,13 +155,14 @@ async fn simulate(seed: u64, opts: &Options, watch: &Watch) -> Outcome {
     }
     let fault_end = opts.fault_minutes * 60;
     let settle_end = fault_end + opts.settle.as_secs();
-    let mut refusals = refusals::Refusals::new(seed);
+    refusals::begin(&mut w);
     let mut violation = None;
     let mut t = 0u64;
     while t < settle_end {
         if t < fault_end {
             events(&mut w, &mut rng, t).await;
-            refusals.tick(&mut w, t);
+        } else if t == fault_end {
+            refusals::end(&mut w, t);
         }
         w.tick(&mut rng, t).await;
         tokio::time::sleep(Duration::from_secs(1)).await;

@@ -1,43 +1,45 @@
-//! EC2 refusing an attach: `AttachmentLimitExceeded` for one `AttachNetworkInterface`, as when
-//! another tool's ENI held the instance's last slot for a moment (attached and detached again
-//! between two of our describes). The executor deletes the ENI it could not attach, so the
-//! client token of that create is spent: the next create for the same slot must use a new one,
-//! or EC2 answers with the deleted ENI for hours (EC2's idempotency, docs/rules.md).
+//! EC2 refusing an attach: `AttachmentLimitExceeded` for a share of the
+//! `AttachNetworkInterface` calls while the faults last, as when another tool's ENI held the
+//! instance's last slot for a moment (attached and detached again between two of our
+//! describes). The executor deletes the ENI it could not attach, so the client token of that
+//! create is spent: the next create for the same slot must use a new one, or EC2 answers with
+//! the deleted ENI for hours (EC2's idempotency, docs/rules.md).
 //!
-//! Drawn from its own stream of the seed, so the other events of a seed stay as they were.
+//! A rate rather than queued one-off faults: a queued refusal would wait for the next attach,
+//! however late, and land after the faults stop. The simulator draws each call's fate from its
+//! seeded fault stream.
 
 use eni_operator::ec2::Operation;
-use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
+use eni_operator::ec2::sim::Fault;
 
 use crate::world::World;
 
-/// Per mille per simulated second, while the faults last.
-const P_REFUSE_ATTACH: u32 = 2;
+/// Share of the attaches refused while the faults last.
+const REFUSED: f64 = 0.1;
 
-pub struct Refusals {
-    rng: StdRng,
+fn set(w: &World, rate: f64) {
+    w.sim.set_fault_rate(
+        Operation::AttachNetworkInterface,
+        rate,
+        Fault::new(
+            "AttachmentLimitExceeded",
+            "Interface count exceeds the limit for this instance type (injected).",
+            400,
+        ),
+    );
 }
 
-impl Refusals {
-    pub fn new(seed: u64) -> Self {
-        Self {
-            rng: StdRng::seed_from_u64(seed ^ 0xa77a_c4ed),
-        }
-    }
+/// The faults begin.
+pub fn begin(w: &mut World) {
+    set(w, REFUSED);
+    w.log(
+        0,
+        format!("ec2 refuses {REFUSED} of the attaches (AttachmentLimitExceeded)"),
+    );
+}
 
-    /// The refusals of one second.
-    pub fn tick(&mut self, w: &mut World, t: u64) {
-        if self.rng.random_range(0..1000) < P_REFUSE_ATTACH {
-            w.sim.inject_error(
-                Operation::AttachNetworkInterface,
-                "AttachmentLimitExceeded",
-                1,
-            );
-            w.log(
-                t,
-                "ec2 refuses the next attach (AttachmentLimitExceeded)".into(),
-            );
-        }
-    }
+/// The faults stop.
+pub fn end(w: &mut World, t: u64) {
+    set(w, 0.0);
+    w.log(t, "ec2 refuses no more attaches".into());
 }
