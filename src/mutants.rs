@@ -4,7 +4,13 @@
 //! `ENI_DST_MUTANT=<name>` selects the defect of a run.
 
 /// Every planted defect, by name.
-pub const ALL: [&str; 1] = ["release-used"];
+pub const ALL: [&str; 5] = [
+    "release-used",
+    "drain-is-gone",
+    "reuse-burned-token",
+    "write-every-pass",
+    "touch-foreign-eni",
+];
 
 /// Whether the defects are compiled into this build.
 pub const COMPILED: bool = cfg!(feature = "dst-mutants");

@@ -20,7 +20,7 @@ fn holds(eni: &NetworkInterface, ip: Ipv4Addr) -> bool {
 
 /// Ownership read from the tags here, not through the operator's `is_owned_by` (a planted
 /// defect there must not blind the check).
-fn ours(e: &NetworkInterface) -> bool {
+pub fn ours(e: &NetworkInterface) -> bool {
     e.tags.get(CLUSTER_TAG).map(String::as_str) == Some(CLUSTER)
         && e.tags.get(INSTANCE_TAG).is_some_and(|v| !v.is_empty())
 }
@@ -83,6 +83,7 @@ pub fn always(w: &World) -> Result<(), Broken> {
             }
         }
     }
+    w.guard.check(w)?;
     let mut pooled: BTreeMap<String, &str> = BTreeMap::new();
     for (name, n) in &w.nodes {
         if !n.running() {

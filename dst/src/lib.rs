@@ -6,6 +6,8 @@
 
 pub mod agent;
 pub mod check;
+pub mod guard;
+pub mod refusals;
 pub mod world;
 
 use std::collections::BTreeMap;
@@ -153,11 +155,14 @@ async fn simulate(seed: u64, opts: &Options, watch: &Watch) -> Outcome {
     }
     let fault_end = opts.fault_minutes * 60;
     let settle_end = fault_end + opts.settle.as_secs();
+    refusals::begin(&mut w);
     let mut violation = None;
     let mut t = 0u64;
     while t < settle_end {
         if t < fault_end {
             events(&mut w, &mut rng, t).await;
+        } else if t == fault_end {
+            refusals::end(&mut w, t);
         }
         w.tick(&mut rng, t).await;
         tokio::time::sleep(Duration::from_secs(1)).await;

@@ -92,9 +92,11 @@ pub struct World {
     pub sim: Simulator,
     pub sink: Arc<MemorySink>,
     pub nodes: BTreeMap<String, SimNode>,
-    /// ENIs of other owners (another tool, Cilium's operator): id -> how they must stay. `None`
-    /// once their instance terminated (EC2 may then detach or delete them).
+    /// ENIs of other owners (another tool, Cilium's operator): id -> how they must stay. When
+    /// their instance terminates, as EC2 leaves them (detached, or `None`: deleted with it).
     pub foreign: BTreeMap<String, Option<NetworkInterface>>,
+    /// Invariants about present nodes (crate::guard).
+    pub guard: crate::guard::Guard,
     pub trace: Vec<String>,
     pub start: Instant,
     pub prefix: bool,
@@ -159,6 +161,7 @@ impl World {
             sink: Arc::new(MemorySink::with_ciliums_crd()),
             nodes: BTreeMap::new(),
             foreign: BTreeMap::new(),
+            guard: Default::default(),
             trace: Vec::new(),
             start: Instant::now(),
             prefix,
@@ -434,14 +437,15 @@ impl World {
     fn terminate_instance(&mut self, name: &str, t: u64) {
         let id = self.nodes[name].instance_id.clone();
         self.sim.terminate_instance(&id);
-        // EC2 detaches (or deletes) what was attached: other owners' ENIs change legitimately.
+        // EC2 detaches (or deletes) what was attached: other owners' ENIs change legitimately,
+        // and then stay as EC2 left them (the other tool cleans up its own).
         for (eni, snap) in self.foreign.iter_mut() {
             if snap
                 .as_ref()
                 .and_then(|s| s.attachment.as_ref())
                 .is_some_and(|a| a.instance_id == id)
             {
-                *snap = None;
+                *snap = self.sim.network_interface(eni);
                 self.trace
                     .push(format!("t={t}s foreign ENI {eni} released by termination"));
             }

@@ -507,6 +507,10 @@ impl NodeMemory {
     /// The current token is spent (its ENI was attached or deleted, or EC2 answered it with an
     /// ENI that no longer exists or a parameter mismatch): the next intent gets a fresh one.
     pub fn retire_eni_token(&mut self) {
+        // Planted defect (dst-mutants): a spent token is used again.
+        if crate::mutants::active("reuse-burned-token") {
+            return;
+        }
         self.eni_token_generation = self.eni_token_generation.wrapping_add(1);
     }
 }

@@ -390,10 +390,12 @@ pub fn changes(node: &CiliumNode, desired: &DesiredState) -> ChangeSet {
     }
     // The summary: kept up to date where the CRD keeps it; where it is absent (pruned, or not
     // written yet) it only rides along with a real status change.
-    let summary_stale = match &status.eni_operator {
-        Some(cur) => cur != &desired.summary,
-        None => !status_patch.is_empty(),
-    };
+    // Planted defect (dst-mutants): the summary's "unchanged" check skipped.
+    let summary_stale = crate::mutants::active("write-every-pass")
+        || match &status.eni_operator {
+            Some(cur) => cur != &desired.summary,
+            None => !status_patch.is_empty(),
+        };
     if summary_stale {
         status_patch.insert(
             "eni-operator".into(),

@@ -56,7 +56,8 @@ impl EniGc {
 
     /// Eligible: ours, for this cluster, unattached and `available`.
     pub fn eligible(&self, eni: &NetworkInterface) -> bool {
-        is_owned_by(eni, &self.cluster)
+        // Planted defect (dst-mutants): ownership not checked.
+        (is_owned_by(eni, &self.cluster) || crate::mutants::active("touch-foreign-eni"))
             && eni.attachment.is_none()
             && eni.state == EniState::Available
     }
@@ -102,7 +103,12 @@ impl EniGc {
     async fn run_inner<E: Ec2>(&mut self, ec2: &E, subnet_ids: &[String]) -> Result<GcReport> {
         let filter = EniFilter {
             subnet_ids: subnet_ids.to_vec(),
-            tags: Tags::from([(CLUSTER_TAG.to_string(), self.cluster.clone())]),
+            // Planted defect (dst-mutants): the listing no longer filters on our tag.
+            tags: if crate::mutants::active("touch-foreign-eni") {
+                Tags::new()
+            } else {
+                Tags::from([(CLUSTER_TAG.to_string(), self.cluster.clone())])
+            },
             state: Some(EniState::Available),
             ..Default::default()
         };

@@ -72,7 +72,12 @@ pub fn to_input(obj: &DynamicObject) -> NodeInput {
 /// finalizer) and its instance still runs pods on our addresses.
 pub fn node_input<K: Resource>(event: watcher::Event<K>) -> Option<NodeInput> {
     let (node, present) = match event {
-        Event::Apply(n) | Event::InitApply(n) => (n, true),
+        Event::Apply(n) | Event::InitApply(n) => {
+            // Planted defect (dst-mutants): a draining Node counted as gone.
+            let gone =
+                crate::mutants::active("drain-is-gone") && n.meta().deletion_timestamp.is_some();
+            (n, !gone)
+        }
         Event::Delete(n) => (n, false),
         Event::Init | Event::InitDone => return None,
     };

@@ -28,7 +28,10 @@ pub(super) async fn finalize<E: Ec2, S: NodeSink>(
 ) -> Verdict {
     let run = async {
         if r.finalizers.iter().any(|f| f == FINALIZER) {
-            if !node_exists(inner, name).await? && !instance.is_empty() {
+            // Planted defect (dst-mutants): trust the watch's "gone" instead of asking again.
+            let watch_says_gone = crate::mutants::active("drain-is-gone")
+                && inner.with_slot(name, |s| s.k8s_node) == Some(Some(false));
+            if (watch_says_gone || !node_exists(inner, name).await?) && !instance.is_empty() {
                 release(inner, r, instance).await?;
             }
             match inner.sink.set_finalizer(r, false).await {
