@@ -10,7 +10,7 @@
 //! seeded fault stream.
 
 use eni_operator::ec2::Operation;
-use eni_operator::ec2::sim::Fault;
+use testkit::sim::Fault;
 
 use crate::world::World;
 
