@@ -139,7 +139,7 @@ pub fn always(w: &World) -> Result<(), Broken> {
             }
         }
     }
-    Ok(())
+    crate::multipool::check(w)
 }
 
 /// Every running node's pods run (its demand is met) and its pool is within status.

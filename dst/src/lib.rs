@@ -6,6 +6,7 @@
 
 pub mod agent;
 pub mod check;
+pub mod multipool;
 pub mod world;
 
 use std::collections::BTreeMap;
@@ -217,6 +218,7 @@ async fn events(w: &mut World, rng: &mut StdRng, t: u64) {
     if roll(rng, P_CRASH) {
         w.crash_and_restart(t);
     }
+    w.agent_events(t);
     if roll(rng, P_EC2_FAULT) {
         let op = *[
             Operation::CreateNetworkInterface,

@@ -7,7 +7,6 @@
 //! * `filter-manifests --kinds A,B FILE...`: prints the YAML documents of the given kinds (the
 //!   local mode applies only the Namespace, ServiceAccount and RBAC from `manifests/`).
 
-mod agent;
 mod checks;
 mod ec2seed;
 mod faultproxy;
@@ -22,9 +21,10 @@ use clap::{Parser, Subcommand};
 use eni_operator::crd::CiliumNode;
 use kube::api::{Api, ListParams};
 
-use crate::agent::{Generation, PodsScript, spawn_agent};
 use crate::operator::{Mode, OperatorSettings, Operators};
 use crate::scenarios::{Suite, SuiteConfig};
+use eni_operator_e2e::agent;
+use eni_operator_e2e::agent::{Generation, PodsScript, spawn_agent};
 
 #[derive(Parser)]
 #[command(
