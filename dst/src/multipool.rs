@@ -248,3 +248,97 @@ impl crate::world::World {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use eni_operator::ec2::Ec2;
+
+    use super::*;
+    use crate::world::World;
+
+    /// A world with one multi-pool node running `pods` pods, after two simulated minutes.
+    async fn one_multi_pool_node(seed: u64, pods: usize) -> (World, StdRng) {
+        let mut rng = StdRng::seed_from_u64(seed);
+        let mut w = World::new(seed, &mut rng).await;
+        w.agents.multi_pool_share = 1.0;
+        w.join(&mut rng).await;
+        let n = w.nodes.get_mut("node-0").expect("joined");
+        n.agent.target = pods;
+        n.agent_down_until = 0;
+        for t in 0..120 {
+            w.tick(&mut rng, t).await;
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+        (w, rng)
+    }
+
+    fn paused() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .start_paused(true)
+            .build()
+            .expect("runtime")
+    }
+
+    #[test]
+    fn an_address_a_multi_pool_agent_holds_unassigned_is_caught() {
+        paused().block_on(async {
+            let (w, _) = one_multi_pool_node(7, 3).await;
+            let n = &w.nodes["node-0"];
+            assert_eq!(n.agent.pods.len(), 3, "the agent runs its pods");
+            let node = w.sink.get("node-0").expect("stored");
+            assert!(!node.spec.ipam.pools.requested.is_empty(), "{node:?}");
+            check(&w).expect("holds while nobody releases anything");
+            // Take a pod's address away behind everyone's back.
+            let mp = n.multi_pool.as_ref().expect("multi-pool");
+            let ip = mp.in_use().last().expect("a pod");
+            let eni = w
+                .sim
+                .network_interfaces()
+                .into_iter()
+                .find(|e| holds(e, ip))
+                .expect("assigned");
+            let (ips, prefixes): (Vec<Ipv4Addr>, Vec<_>) =
+                match eni.prefixes.iter().find(|p| p.contains(&ip)) {
+                    Some(p) => (vec![], vec![*p]),
+                    None => (vec![ip], vec![]),
+                };
+            w.sim
+                .unassign_private_ip_addresses(&eni.id, &ips, &prefixes)
+                .await
+                .expect("unassigned");
+            let (invariant, detail) = check(&w).expect_err("caught");
+            assert_eq!(
+                invariant,
+                "no address a multi-pool agent allocated unassigned"
+            );
+            assert!(detail.contains(&ip.to_string()), "{detail}");
+        });
+    }
+
+    #[test]
+    fn a_restarted_multi_pool_agent_keeps_its_pods_and_rewrites_nothing() {
+        paused().block_on(async {
+            let (mut w, _) = one_multi_pool_node(11, 4).await;
+            let node = w.sink.get("node-0").expect("stored");
+            let n = w.nodes.get_mut("node-0").expect("joined");
+            let before: Vec<Ipv4Addr> = n.multi_pool.as_ref().expect("mp").in_use().collect();
+            let pods = n.agent.pods.clone();
+            let mp = n.multi_pool.as_mut().expect("mp");
+            mp.restart();
+            let mut violations = Vec::new();
+            let edited = mp.step(&node, &mut n.agent, &mut violations);
+            assert!(
+                edited.is_none(),
+                "nothing to write: same CIDRs, same demand: {edited:?}"
+            );
+            assert!(violations.is_empty(), "{violations:?}");
+            let after: Vec<Ipv4Addr> = mp.in_use().collect();
+            assert_eq!(before, after);
+            assert_eq!(n.agent.pods, pods);
+            assert_eq!(pods.len(), 4);
+        });
+    }
+}
