@@ -12,9 +12,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::Ipv4Addr;
 
-use eni_operator::crd::CiliumNode;
+use eni_operator::crd::{CiliumNode, ReleaseState};
 use eni_operator::ec2::NetworkInterface;
-use eni_operator_e2e::agent::{INTERNAL_ENDPOINTS, MultiPoolAgent};
+use eni_operator_e2e::agent::{Cidr, INTERNAL_ENDPOINTS, MultiPoolAgent};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::Value;
@@ -142,6 +142,36 @@ fn holds(eni: &NetworkInterface, ip: Ipv4Addr) -> bool {
     eni.primary_ip == ip
         || eni.secondary_ips.contains(&ip)
         || eni.prefixes.iter().any(|p| p.contains(&ip))
+}
+
+/// Whether the node's agent may still put a pod on pool address `ip`. Not once it gave the
+/// address up: a classic agent that acknowledged its release (`ready-for-release`, `released`),
+/// a multi-pool agent that no longer lists it in `allocated`. Such an address may already be
+/// another node's while the operator's unassign is in flight (a lost answer, the gate's retry
+/// seconds later) and the node's CiliumNode still lists it: harmless, as its agent no longer
+/// uses it.
+pub fn agent_may_use(node: &CiliumNode, multi_pool: bool, ip: &str) -> bool {
+    if multi_pool {
+        let Ok(addr) = ip.parse::<Ipv4Addr>() else {
+            return true;
+        };
+        return node
+            .spec
+            .ipam
+            .pools
+            .allocated
+            .iter()
+            .flat_map(|a| &a.cidrs)
+            .filter_map(|c| Cidr::parse(c))
+            .any(|c| c.contains(addr));
+    }
+    let given_up = node
+        .status
+        .as_ref()
+        .and_then(|s| s.ipam.release_ips.get(ip))
+        .and_then(|s| ReleaseState::parse(s))
+        .is_some_and(|s| matches!(s, ReleaseState::ReadyForRelease | ReleaseState::Released));
+    !given_up
 }
 
 /// No address a multi-pool agent's endpoints hold is ever unassigned or moved off the node's
@@ -316,6 +346,40 @@ mod tests {
             );
             assert!(detail.contains(&ip.to_string()), "{detail}");
         });
+    }
+
+    #[test]
+    fn an_address_given_up_to_a_release_is_no_longer_the_agents() {
+        use eni_operator::crd::IpamPoolAllocation;
+        let mut node = CiliumNode::new("n", Default::default());
+        node.spec.ipam.pools.allocated.push(IpamPoolAllocation {
+            pool: "default".into(),
+            cidrs: vec!["10.0.0.16/28".into(), "10.0.0.5/32".into()],
+            ..Default::default()
+        });
+        assert!(agent_may_use(&node, true, "10.0.0.5"));
+        assert!(agent_may_use(&node, true, "10.0.0.20"));
+        assert!(!agent_may_use(&node, true, "10.0.0.6"), "dropped");
+        let status = node.status.get_or_insert_default();
+        for (ip, state) in [
+            ("10.0.0.6", ReleaseState::MarkedForRelease),
+            ("10.0.0.7", ReleaseState::ReadyForRelease),
+            ("10.0.0.8", ReleaseState::Released),
+            ("10.0.0.9", ReleaseState::DoNotRelease),
+        ] {
+            status
+                .ipam
+                .release_ips
+                .insert(ip.into(), state.as_str().into());
+        }
+        assert!(agent_may_use(&node, false, "10.0.0.5"));
+        assert!(
+            agent_may_use(&node, false, "10.0.0.6"),
+            "maybe still in use"
+        );
+        assert!(!agent_may_use(&node, false, "10.0.0.7"));
+        assert!(!agent_may_use(&node, false, "10.0.0.8"));
+        assert!(agent_may_use(&node, false, "10.0.0.9"));
     }
 
     #[test]
