@@ -7,6 +7,7 @@
 pub mod agent;
 pub mod check;
 pub mod guard;
+pub mod multipool;
 pub mod refusals;
 pub mod world;
 
@@ -222,6 +223,7 @@ async fn events(w: &mut World, rng: &mut StdRng, t: u64) {
     if roll(rng, P_CRASH) {
         w.crash_and_restart(t);
     }
+    w.agent_events(t);
     if roll(rng, P_EC2_FAULT) {
         let op = *[
             Operation::CreateNetworkInterface,

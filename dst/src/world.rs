@@ -26,6 +26,7 @@ use tokio_util::task::AbortOnDropHandle;
 
 use crate::QuietCounters;
 use crate::agent::Agent;
+use crate::multipool::{Agents, MultiPool};
 
 pub const CLUSTER: &str = "dst";
 /// Karpenter's Node finalizer: a deleted Node stays, draining, until Karpenter is done.
@@ -70,7 +71,12 @@ pub struct SimNode {
     /// Pods the node can hold at most (what the demand is drawn under).
     pub capacity: usize,
     pub phase: Phase,
+    /// The classic agent; for a multi-pool node it holds the demand and mirrors the pods.
     pub agent: Agent,
+    /// The node runs the multi-pool agent instead of the classic one.
+    pub multi_pool: Option<MultiPool>,
+    /// A restarting agent writes nothing before this second.
+    pub agent_down_until: u64,
 }
 
 impl SimNode {
@@ -100,6 +106,8 @@ pub struct World {
     pub trace: Vec<String>,
     pub start: Instant,
     pub prefix: bool,
+    /// The agents' own draws and observations (dst/src/multipool.rs).
+    pub agents: Agents,
     cfg: CoreConfig,
     subnets: Vec<(String, &'static str)>,
     vpc: String,
@@ -156,15 +164,22 @@ impl World {
             },
             ..CoreConfig::default()
         };
+        let (agents, pruned) = Agents::new(seed);
+        let sink = if pruned {
+            MemorySink::with_ciliums_crd()
+        } else {
+            MemorySink::new()
+        };
         let mut w = Self {
             sim,
-            sink: Arc::new(MemorySink::with_ciliums_crd()),
+            sink: Arc::new(sink),
             nodes: BTreeMap::new(),
             foreign: BTreeMap::new(),
             guard: Default::default(),
             trace: Vec::new(),
             start: Instant::now(),
             prefix,
+            agents,
             cfg,
             subnets,
             vpc,
@@ -180,6 +195,11 @@ impl World {
                 w.cfg.ipam.release_delay
             ),
         );
+        let line = format!(
+            "world: cilium-crd-pruning={pruned} multi-pool-share={} pending-pods={}",
+            w.agents.multi_pool_share, w.agents.pending_pods
+        );
+        w.log(0, line);
         // Cilium's operator's leftover ENIs in our subnets: never ours to collect.
         for i in 0..rng.random_range(0..=2) {
             let subnet = w.subnets[i % 2].0.clone();
@@ -271,12 +291,13 @@ impl World {
                 self.send(NodeInput::Upsert(Box::new(n)));
             }
         }
+        self.report_pending(true);
         if t > 0 {
             self.log(t, format!("operator restarted ({})", self.restarts));
         }
     }
 
-    fn send(&self, input: NodeInput) {
+    pub(crate) fn send(&self, input: NodeInput) {
         if let Some(op) = &self.operator {
             op.tx
                 .try_send(input)
@@ -356,11 +377,17 @@ impl World {
         let stored = self.sink.put(&n);
         self.send(NodeInput::Upsert(Box::new(stored)));
         let target = rng.random_range(0..=capacity);
+        let multi_pool = self.agents.draw_multi_pool();
         self.log(
             t,
             format!(
-                "join {name} {ty} {zone} {} fii={fii} capacity={capacity} target={target}",
-                inst.id
+                "join {name} {ty} {zone} {} fii={fii} capacity={capacity} target={target}{}",
+                inst.id,
+                if multi_pool.is_some() {
+                    " multi-pool"
+                } else {
+                    ""
+                }
             ),
         );
         self.nodes.insert(
@@ -375,6 +402,8 @@ impl World {
                     target,
                     ..Agent::default()
                 },
+                multi_pool,
+                agent_down_until: 0,
             },
         );
     }
@@ -502,12 +531,20 @@ impl World {
             let Some(obj) = self.sink.get(&name) else {
                 continue;
             };
-            let agent = &mut self.nodes.get_mut(&name).expect("known").agent;
-            if let Some(edited) = agent.step(&obj, rng) {
+            let n = self.nodes.get_mut(&name).expect("known");
+            if n.agent_down_until > t {
+                continue;
+            }
+            let edited = match n.multi_pool.as_mut() {
+                Some(mp) => mp.step(&obj, &mut n.agent, &mut self.agents.violations),
+                None => n.agent.step(&obj, rng),
+            };
+            if let Some(edited) = edited {
                 let stored = self.sink.put(&edited);
                 self.send(NodeInput::Upsert(Box::new(stored)));
             }
         }
+        self.report_pending(false);
     }
 
     /// A line per node in the trace (pool, pods): what the run looked like each minute.

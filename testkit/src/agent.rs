@@ -356,6 +356,21 @@ impl MultiPoolAgent {
         self.in_use.keys().map(ToString::to_string).collect()
     }
 
+    /// Address -> endpoint index (0 router, 1 health, then pods).
+    pub fn in_use(&self) -> &BTreeMap<Ipv4Addr, usize> {
+        &self.in_use
+    }
+
+    /// A restarted agent: its endpoints kept running on their addresses (Cilium restores them
+    /// from its endpoint state at start), everything else is rebuilt from the CiliumNode on the
+    /// first step.
+    pub fn restored(in_use: BTreeMap<Ipv4Addr, usize>) -> Self {
+        Self {
+            dropped: None,
+            in_use,
+        }
+    }
+
     pub fn step(&mut self, cn: &CiliumNode, pods: usize) -> Step {
         let mut step = Step::default();
         let attached = derive_cidrs(cn);
