@@ -82,6 +82,54 @@ pub fn node_input<K: Resource>(event: watcher::Event<K>) -> Option<NodeInput> {
     })
 }
 
+/// The names a watch has delivered, so that a relist can tell what went while it was away.
+///
+/// kube's `watcher` relists after a watch ends with an error (a 410 Gone, an API server
+/// restart): `Init`, an `InitApply` per object that exists now, `InitDone`. It sends no
+/// `Delete` for an object deleted while it was away (kube's reflector store drops such objects
+/// by replacing its contents; a bare watcher leaves that to its user). Without this, the core
+/// would hold such a node forever: its slot, its metrics, its memory of a name that may come
+/// back with a new instance.
+#[derive(Debug, Default)]
+pub struct Listed {
+    known: std::collections::BTreeSet<String>,
+    relist: Option<std::collections::BTreeSet<String>>,
+}
+
+impl Listed {
+    /// `Event::Init`: a listing starts.
+    pub fn init(&mut self) {
+        self.relist = Some(Default::default());
+    }
+
+    /// `Apply` or `InitApply` of `name`.
+    pub fn seen(&mut self, name: &str) {
+        if let Some(r) = &mut self.relist {
+            r.insert(name.to_string());
+        }
+        self.known.insert(name.to_string());
+    }
+
+    /// `Delete` of `name`.
+    pub fn deleted(&mut self, name: &str) {
+        if let Some(r) = &mut self.relist {
+            r.remove(name);
+        }
+        self.known.remove(name);
+    }
+
+    /// `InitDone`: the names known before that the listing no longer has (deleted while the
+    /// watch was away), now forgotten.
+    pub fn init_done(&mut self) -> Vec<String> {
+        let Some(listed) = self.relist.take() else {
+            return Vec::new();
+        };
+        let gone: Vec<String> = self.known.difference(&listed).cloned().collect();
+        self.known = listed;
+        gone
+    }
+}
+
 /// The next event of a watch, riding out (and logging) its errors; `None` once it ends.
 async fn next_event<K>(
     stream: &mut (impl futures::Stream<Item = Result<Event<K>, watcher::Error>> + Unpin),
@@ -107,21 +155,39 @@ pub async fn watch_cilium_nodes(
     let mut stream = watcher::watcher(api, watcher::Config::default())
         .default_backoff()
         .boxed();
+    let mut listed = Listed::default();
     loop {
         let Some(event) = next_event(&mut stream, "CiliumNode").await else {
             return;
         };
-        let input = match event {
-            Event::Apply(obj) | Event::InitApply(obj) => to_input(&obj),
-            Event::Delete(obj) => NodeInput::Deleted(obj.metadata.name.unwrap_or_default()),
+        let inputs = match event {
+            Event::Apply(obj) | Event::InitApply(obj) => {
+                listed.seen(obj.metadata.name.as_deref().unwrap_or_default());
+                vec![to_input(&obj)]
+            }
+            Event::Delete(obj) => {
+                let name = obj.metadata.name.unwrap_or_default();
+                listed.deleted(&name);
+                vec![NodeInput::Deleted(name)]
+            }
             Event::InitDone => {
                 on_listed();
+                // Deleted while the watch was away: only the relist's silence tells.
+                listed
+                    .init_done()
+                    .into_iter()
+                    .map(NodeInput::Deleted)
+                    .collect()
+            }
+            Event::Init => {
+                listed.init();
                 continue;
             }
-            Event::Init => continue,
         };
-        if tx.send(input).await.is_err() {
-            return;
+        for input in inputs {
+            if tx.send(input).await.is_err() {
+                return;
+            }
         }
     }
 }
@@ -133,15 +199,41 @@ pub async fn watch_nodes(client: kube::Client, tx: mpsc::Sender<NodeInput>) {
     let mut stream = watcher::watcher(api, watcher::Config::default())
         .default_backoff()
         .boxed();
+    let mut listed = Listed::default();
     loop {
         let Some(event) = next_event(&mut stream, "Node").await else {
             return;
         };
-        let Some(input) = node_input(event) else {
-            continue;
+        let gone = match &event {
+            Event::Init => {
+                listed.init();
+                Vec::new()
+            }
+            // Deleted while the watch was away: only the relist's silence tells.
+            Event::InitDone => listed.init_done(),
+            _ => Vec::new(),
         };
-        if tx.send(input).await.is_err() {
-            return;
+        let mut inputs: Vec<NodeInput> = gone
+            .into_iter()
+            .map(|name| NodeInput::NodePresent {
+                name,
+                present: false,
+            })
+            .collect();
+        if let Some(input) = node_input(event) {
+            if let NodeInput::NodePresent { name, present } = &input {
+                if *present {
+                    listed.seen(name);
+                } else {
+                    listed.deleted(name);
+                }
+            }
+            inputs.push(input);
+        }
+        for input in inputs {
+            if tx.send(input).await.is_err() {
+                return;
+            }
         }
     }
 }
@@ -345,6 +437,29 @@ mod tests {
             "gone once the API server drops it"
         );
         assert!(node_input::<Node>(Event::InitDone).is_none());
+    }
+
+    #[test]
+    fn a_relist_reports_what_was_deleted_while_the_watch_was_away() {
+        let mut l = Listed::default();
+        l.init();
+        l.seen("a");
+        l.seen("b");
+        l.seen("c");
+        assert_eq!(l.init_done(), Vec::<String>::new(), "first listing");
+        l.deleted("c");
+        l.seen("d");
+        // The watch ends; "a" and "d" go while it is away, "e" comes.
+        l.init();
+        l.seen("b");
+        l.seen("e");
+        assert_eq!(l.init_done(), vec!["a".to_string(), "d".to_string()]);
+        // A delete seen during a listing is not reported twice.
+        l.init();
+        l.seen("b");
+        l.deleted("e");
+        assert_eq!(l.init_done(), Vec::<String>::new());
+        assert!(l.init_done().is_empty(), "no listing in progress");
     }
 
     #[test]
