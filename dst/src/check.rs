@@ -4,6 +4,7 @@
 use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
 
+use eni_operator::crd::ReleaseState;
 use eni_operator::ec2::{EniState, NetworkInterface};
 use eni_operator::ipam::ownership::{CLUSTER_TAG, INSTANCE_TAG};
 
@@ -26,6 +27,7 @@ fn ours(e: &NetworkInterface) -> bool {
 }
 
 pub fn always(w: &World) -> Result<(), Broken> {
+    crate::leadership::check(w)?;
     w.sim
         .check_invariants()
         .map_err(|e| ("aws-rules: one owner per address, limits per ENI", e))?;
@@ -130,11 +132,41 @@ pub fn always(w: &World) -> Result<(), Broken> {
                     format!("{name}: {ip} on {} not in status", a.resource),
                 ));
             }
-            // No address on two nodes.
+            // No address on two nodes. One the node's agent answered `ready-for-release` (or
+            // that is `released`) is the operator's to unassign, and the agent no longer
+            // allocates it (Cilium's crd.go skips addresses under release): EC2 may hand it to
+            // another node from the moment of the unassign, before the write that takes it
+            // out of this pool (a write the API server may refuse with a 409 or a 5xx).
+            let given_up = obj.status.as_ref().is_some_and(|s| {
+                s.ipam.release_ips.get(ip).is_some_and(|st| {
+                    matches!(
+                        ReleaseState::parse(st),
+                        Some(ReleaseState::ReadyForRelease | ReleaseState::Released)
+                    )
+                })
+            });
+            if given_up {
+                continue;
+            }
             if let Some(other) = pooled.insert(ip.clone(), name) {
+                let release = |n: &str| {
+                    w.sink
+                        .get(n)
+                        .and_then(|o| o.status)
+                        .and_then(|s| s.ipam.release_ips.get(ip).cloned())
+                };
+                let holder = ip
+                    .parse::<Ipv4Addr>()
+                    .ok()
+                    .and_then(|addr| enis.values().find(|e| holds(e, addr)).map(|e| e.id.clone()));
                 return Err((
                     "no address on two nodes",
-                    format!("{ip} in the pools of {other} and {name}"),
+                    format!(
+                        "{ip} in the pools of {other} (release {:?}) and {name} (release {:?}); \
+                         EC2 has it on {holder:?}",
+                        release(other),
+                        release(name)
+                    ),
                 ));
             }
         }
@@ -178,4 +210,21 @@ pub fn no_available_owned(w: &World) -> Result<(), Broken> {
     } else {
         Err(("no owned ENI left available", format!("{left:?}")))
     }
+}
+
+/// The operator holds no node whose CiliumNode the API server no longer has: a deletion it
+/// missed (a watch that was away) would stay in its memory, queue and metrics for good, and a
+/// node that comes back under that name would inherit it.
+pub fn no_vanished_nodes(w: &World) -> Result<(), Broken> {
+    for core in w.cores() {
+        for name in w.nodes.keys() {
+            if w.sink.raw(name).is_none() && core.demand(name).is_some() {
+                return Err((
+                    "no node held after its CiliumNode is gone",
+                    format!("the operator still holds {name}"),
+                ));
+            }
+        }
+    }
+    Ok(())
 }

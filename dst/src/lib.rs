@@ -5,7 +5,9 @@
 //! are checked after every simulated second. See docs/testing.md for the model and its limits.
 
 pub mod agent;
+pub mod api;
 pub mod check;
+pub mod leadership;
 pub mod world;
 
 use std::collections::BTreeMap;
@@ -217,6 +219,8 @@ async fn events(w: &mut World, rng: &mut StdRng, t: u64) {
     if roll(rng, P_CRASH) {
         w.crash_and_restart(t);
     }
+    api::events(w, t);
+    leadership::events(w, t);
     if roll(rng, P_EC2_FAULT) {
         let op = *[
             Operation::CreateNetworkInterface,
@@ -261,6 +265,7 @@ async fn events(w: &mut World, rng: &mut StdRng, t: u64) {
 async fn finish(w: &mut World, rng: &mut StdRng, t: u64) -> Result<(), (&'static str, String)> {
     check::demand_met(w)?;
     check::no_available_owned(w)?;
+    check::no_vanished_nodes(w)?;
     let before = w.quiet_counters();
     // Two resyncs and a bit: nothing changes in the world, so nothing may be written or mutated.
     let span = 130;
