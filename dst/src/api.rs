@@ -250,3 +250,62 @@ pub fn tick(w: &mut World, t: u64) {
     }
     w.log(t, format!("api watches {due:?} relisted"));
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use eni_operator::crd::CiliumNode;
+
+    fn upsert(name: &str) -> NodeInput {
+        let mut n = CiliumNode::new(name, Default::default());
+        n.spec.instance_id = "i-1".into();
+        NodeInput::Upsert(Box::new(n))
+    }
+
+    fn drain(rx: &mut mpsc::Receiver<NodeInput>) -> Vec<String> {
+        let mut out = Vec::new();
+        while let Ok(i) = rx.try_recv() {
+            out.push(match i {
+                NodeInput::Upsert(n) => format!("upsert {}", n.metadata.name.unwrap_or_default()),
+                NodeInput::Deleted(n) => format!("deleted {n}"),
+                NodeInput::NodePresent { name, present } => format!("node {name} {present}"),
+                other => format!("{other:?}"),
+            });
+        }
+        out
+    }
+
+    #[test]
+    fn a_watch_that_was_away_misses_changes_and_its_relist_tells_what_went() {
+        let mut api = ApiServer::new(1);
+        let (tx, mut rx) = mpsc::channel(64);
+        let listing = Listing {
+            nodes: vec![NodeInput::NodePresent {
+                name: "n1".into(),
+                present: true,
+            }],
+            cilium_nodes: vec![upsert("n1"), upsert("n2")],
+        };
+        api.connect(tx, &listing);
+        assert_eq!(drain(&mut rx), ["node n1 true", "upsert n1", "upsert n2"]);
+        api.down.push((Watch::CiliumNodes, 10));
+        api.deliver(NodeInput::Deleted("n2".into()));
+        api.deliver(upsert("n3"));
+        api.deliver(NodeInput::NodePresent {
+            name: "n3".into(),
+            present: true,
+        });
+        assert_eq!(
+            drain(&mut rx),
+            ["node n3 true"],
+            "only the Node watch is up"
+        );
+        api.down.clear();
+        let now = Listing {
+            nodes: Vec::new(),
+            cilium_nodes: vec![upsert("n1"), upsert("n3")],
+        };
+        api.relist(Watch::CiliumNodes, &now);
+        assert_eq!(drain(&mut rx), ["upsert n1", "upsert n3", "deleted n2"]);
+    }
+}

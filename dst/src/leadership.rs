@@ -559,3 +559,41 @@ pub fn check(w: &World) -> std::result::Result<(), crate::check::Broken> {
         Some(b) => Err(("no two leaders writing at once", b.clone())),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_call_issued_while_the_lease_names_another_holder_is_a_breach() {
+        let lease = Arc::new(MemoryLease::new());
+        let breaches: Arc<Mutex<Vec<String>>> = Arc::default();
+        let observer = |identity: &str| Observer {
+            identity: identity.into(),
+            lease: Some(lease.clone()),
+            breaches: breaches.clone(),
+            start: Instant::now(),
+        };
+        let mut a = Elector::new(
+            MemoryLeaseClient {
+                lease: lease.clone(),
+                identity: "a".into(),
+            },
+            LeaderConfig::new("a"),
+        );
+        assert!(a.try_acquire_or_renew().await.unwrap());
+        observer("a").issued("CreateNetworkInterface");
+        assert!(breaches.lock().unwrap().is_empty(), "the holder may call");
+        observer("b").issued("AttachNetworkInterface");
+        let seen = breaches.lock().unwrap().clone();
+        assert_eq!(seen.len(), 1, "{seen:?}");
+        assert!(
+            seen[0].contains("b issued AttachNetworkInterface"),
+            "{seen:?}"
+        );
+        // Without election nothing is checked.
+        let alone = Observer::alone();
+        alone.issued("DeleteNetworkInterface");
+        assert!(alone.breaches.lock().unwrap().is_empty());
+    }
+}
