@@ -462,6 +462,81 @@ mod tests {
         assert!(l.init_done().is_empty(), "no listing in progress");
     }
 
+    /// A loopback stand-in for the API server's CiliumNode list and watch: the first list has
+    /// n1 and n2, its watch ends with 410 Gone (the resourceVersion is too old, as after an
+    /// etcd compaction), the relist has n1 only (n2 was deleted meanwhile), and that watch
+    /// stays open without events.
+    async fn fake_relisting_api() -> kube::Client {
+        use axum::extract::State;
+        use axum::http::header;
+        use std::sync::Arc;
+        use std::sync::atomic::{AtomicU32, Ordering};
+        let item = |name: &str| {
+            serde_json::json!({"apiVersion": "cilium.io/v2", "kind": "CiliumNode",
+                "metadata": {"name": name, "uid": format!("u-{name}"), "resourceVersion": "5"},
+                "spec": {"instance-id": format!("i-{name}")}})
+        };
+        let lists = Arc::new(AtomicU32::new(0));
+        let app = axum::Router::new()
+            .route(
+                "/apis/cilium.io/v2/ciliumnodes",
+                axum::routing::get(
+                    move |State(lists): State<Arc<AtomicU32>>, uri: axum::http::Uri| async move {
+                        let json = [(header::CONTENT_TYPE, "application/json")];
+                        if uri.query().unwrap_or_default().contains("watch=true") {
+                            if lists.load(Ordering::SeqCst) == 1 {
+                                let gone = serde_json::json!({"type": "ERROR", "object": {
+                                    "kind": "Status", "apiVersion": "v1", "metadata": {},
+                                    "status": "Failure", "reason": "Expired", "code": 410,
+                                    "message": "too old resource version"}});
+                                return (json, axum::body::Body::from(format!("{gone}\n")));
+                            }
+                            let quiet =
+                                futures::stream::pending::<Result<String, std::io::Error>>();
+                            return (json, axum::body::Body::from_stream(quiet));
+                        }
+                        let n = lists.fetch_add(1, Ordering::SeqCst);
+                        let items = if n == 0 {
+                            vec![item("n1"), item("n2")]
+                        } else {
+                            vec![item("n1")]
+                        };
+                        let list = serde_json::json!({"apiVersion": "cilium.io/v2",
+                            "kind": "CiliumNodeList", "metadata": {"resourceVersion": "10"},
+                            "items": items});
+                        (json, axum::body::Body::from(list.to_string()))
+                    },
+                ),
+            )
+            .with_state(lists);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        let config = kube::Config::new(format!("http://{addr}").parse().unwrap());
+        kube::Client::try_from(config).unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_cilium_node_deleted_while_the_watch_was_away_is_reported_deleted() {
+        let (tx, mut rx) = mpsc::channel(16);
+        let client = fake_relisting_api().await;
+        let watch = tokio::spawn(watch_cilium_nodes(client, tx, || {}));
+        let mut seen = Vec::new();
+        while !seen.iter().any(|s: &String| s.starts_with("deleted")) {
+            let next = tokio::time::timeout(std::time::Duration::from_secs(20), rx.recv()).await;
+            match next {
+                Ok(Some(NodeInput::Upsert(n))) => {
+                    seen.push(format!("upsert {}", n.metadata.name.unwrap_or_default()))
+                }
+                Ok(Some(NodeInput::Deleted(name))) => seen.push(format!("deleted {name}")),
+                Ok(other) => panic!("unexpected {other:?} after {seen:?}"),
+                Err(_) => panic!("no deletion of n2 reported after the relist: {seen:?}"),
+            }
+        }
+        watch.abort();
+        assert_eq!(seen, ["upsert n1", "upsert n2", "upsert n1", "deleted n2"]);
+    }
+
     #[test]
     fn pending_pods_are_counted_per_node_and_reported_when_they_change() {
         let mut p = PendingPods::default();
