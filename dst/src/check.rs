@@ -26,6 +26,7 @@ pub fn ours(e: &NetworkInterface) -> bool {
 }
 
 pub fn always(w: &World) -> Result<(), Broken> {
+    crate::leadership::check(w)?;
     w.sim
         .check_invariants()
         .map_err(|e| ("aws-rules: one owner per address, limits per ENI", e))?;
@@ -137,9 +138,24 @@ pub fn always(w: &World) -> Result<(), Broken> {
                 continue;
             }
             if let Some(other) = pooled.insert(ip.clone(), name) {
+                let release = |n: &str| {
+                    w.sink
+                        .get(n)
+                        .and_then(|o| o.status)
+                        .and_then(|s| s.ipam.release_ips.get(ip).cloned())
+                };
+                let holder = ip
+                    .parse::<Ipv4Addr>()
+                    .ok()
+                    .and_then(|addr| enis.values().find(|e| holds(e, addr)).map(|e| e.id.clone()));
                 return Err((
                     "no address on two nodes",
-                    format!("{ip} in the pools of {other} and {name}"),
+                    format!(
+                        "{ip} in the pools of {other} (release {:?}) and {name} (release {:?}); \
+                         EC2 has it on {holder:?}",
+                        release(other),
+                        release(name)
+                    ),
                 ));
             }
         }
@@ -183,4 +199,21 @@ pub fn no_available_owned(w: &World) -> Result<(), Broken> {
     } else {
         Err(("no owned ENI left available", format!("{left:?}")))
     }
+}
+
+/// The operator holds no node whose CiliumNode the API server no longer has: a deletion it
+/// missed (a watch that was away) would stay in its memory, queue and metrics for good, and a
+/// node that comes back under that name would inherit it.
+pub fn no_vanished_nodes(w: &World) -> Result<(), Broken> {
+    for core in w.cores() {
+        for name in w.nodes.keys() {
+            if w.sink.raw(name).is_none() && core.demand(name).is_some() {
+                return Err((
+                    "no node held after its CiliumNode is gone",
+                    format!("the operator still holds {name}"),
+                ));
+            }
+        }
+    }
+    Ok(())
 }

@@ -247,13 +247,15 @@ impl crate::world::World {
             return;
         }
         if all {
-            for (name, count) in &self.agents.pending_sent {
-                if *count > 0 {
-                    self.send(eni_operator::runtime::core::NodeInput::PendingPods {
-                        name: name.clone(),
-                        count: *count,
-                    });
-                }
+            let sent: Vec<(String, u32)> = self
+                .agents
+                .pending_sent
+                .iter()
+                .filter(|(_, count)| **count > 0)
+                .map(|(name, count)| (name.clone(), *count))
+                .collect();
+            for (name, count) in sent {
+                self.send(eni_operator::runtime::core::NodeInput::PendingPods { name, count });
             }
             return;
         }

@@ -7,25 +7,23 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use eni_operator::crd::CiliumNode;
-use eni_operator::ec2::gate::{Gate, GateConfig};
 use eni_operator::ec2::{
     AddressRequest, CreateEniRequest, Ec2, InstanceTypeLimits, NetworkInterface, Operation, Tags,
 };
 use eni_operator::ipam::IpamConfig;
-use eni_operator::runtime::core::{Core, CoreConfig, NodeInput};
-use eni_operator::runtime::gc;
-use eni_operator::runtime::metrics::RuntimeMetrics;
+use eni_operator::runtime::core::{CoreConfig, NodeInput};
 use eni_operator::runtime::source::node_input;
 use rand::Rng;
 use rand::rngs::StdRng;
 use testkit::sim::{Simulator, default_instance_types};
 use testkit::sink::MemorySink;
-use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::task::AbortOnDropHandle;
 
 use crate::QuietCounters;
 use crate::agent::Agent;
+use crate::api::ApiServer;
+use crate::leadership::{Leadership, Observer, SimCore};
 use crate::multipool::{Agents, MultiPool};
 
 pub const CLUSTER: &str = "dst";
@@ -42,8 +40,6 @@ const MAX_PODS: usize = 55;
 fn other_tool_tags() -> Tags {
     Tags::from([("owner".to_string(), "another-tool".to_string())])
 }
-
-type SimCore = Core<Gate<Simulator>, MemorySink>;
 
 /// Where a node is in its life.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -89,9 +85,7 @@ impl SimNode {
 /// The operator process: dropped on a crash (its tasks abort), built anew on restart.
 struct Operator {
     core: SimCore,
-    tx: mpsc::Sender<NodeInput>,
-    _task: AbortOnDropHandle<eni_operator::ec2::Result<()>>,
-    _gc: AbortOnDropHandle<()>,
+    _task: AbortOnDropHandle<()>,
 }
 
 pub struct World {
@@ -115,6 +109,10 @@ pub struct World {
     operator: Option<Operator>,
     next_node: u32,
     restarts: u32,
+    /// Watches and write faults of the API server (dst/src/api.rs).
+    pub api: ApiServer,
+    /// Two replicas electing a leader instead of one operator, in some runs.
+    pub leadership: Option<Leadership>,
 }
 
 impl World {
@@ -187,6 +185,8 @@ impl World {
             operator: None,
             next_node: 0,
             restarts: 0,
+            api: ApiServer::new(seed),
+            leadership: Leadership::draw(seed),
         };
         w.log(
             0,
@@ -211,7 +211,12 @@ impl World {
             w.log(0, format!("foreign available ENI {}", eni.id));
             w.foreign.insert(eni.id.clone(), Some(eni));
         }
-        w.start_operator(0);
+        // With election the replicas start at the first tick (crate::leadership).
+        if w.leadership.is_none() {
+            w.start_operator(0);
+        } else {
+            w.log(0, "two replicas elect a leader".into());
+        }
         w
     }
 
@@ -252,66 +257,58 @@ impl World {
 
     /// Start (or restart) the operator with empty memory.
     fn start_operator(&mut self, t: u64) {
-        let gate = Arc::new(Gate::new(self.sim.clone(), GateConfig::aws_defaults()));
-        let metrics = RuntimeMetrics::default();
-        let core = Core::new(
-            gate.clone(),
-            self.sink.clone(),
-            self.cfg.clone(),
-            metrics.clone(),
+        let parts = crate::leadership::build(
+            &self.sim,
+            &self.sink,
+            &self.cfg,
+            self.subnet_ids(),
+            Observer::alone(),
         );
-        let (tx, rx) = mpsc::channel(1 << 14);
-        let task =
-            AbortOnDropHandle::new(tokio::spawn(core.clone().run(rx, std::future::pending())));
-        let gc = AbortOnDropHandle::new(tokio::spawn(gc::run_loop(
-            gate,
-            CLUSTER.to_string(),
-            self.subnets.iter().map(|(s, _)| s.clone()).collect(),
-            GC_INTERVAL,
-            50,
-            metrics,
-        )));
         self.operator = Some(Operator {
-            core,
-            tx,
-            _task: task,
-            _gc: gc,
+            core: parts.core,
+            _task: AbortOnDropHandle::new(tokio::spawn(parts.run)),
         });
         // What the watches list at start: every Node, then every CiliumNode.
-        let names: Vec<String> = self.nodes.keys().cloned().collect();
-        for name in &names {
-            let present = !matches!(self.nodes[name].phase, Phase::Gone);
-            self.send(NodeInput::NodePresent {
-                name: name.clone(),
-                present,
-            });
-        }
-        for name in &names {
-            if let Some(n) = self.sink.get(name) {
-                self.send(NodeInput::Upsert(Box::new(n)));
-            }
-        }
+        let listing = crate::api::listing(self);
+        self.api.connect(parts.tx, &listing);
         self.report_pending(true);
         if t > 0 {
             self.log(t, format!("operator restarted ({})", self.restarts));
         }
     }
 
-    pub(crate) fn send(&self, input: NodeInput) {
-        if let Some(op) = &self.operator {
-            op.tx
-                .try_send(input)
-                .expect("the core keeps up with its input channel");
-        }
+    /// A change, as the running operator instances' watches deliver it.
+    pub(crate) fn send(&mut self, input: NodeInput) {
+        self.api.deliver(input);
     }
 
     pub fn core(&self) -> &SimCore {
         &self.operator.as_ref().expect("running").core
     }
 
+    /// The cores running now (the operator, or the replicas that lead).
+    pub fn cores(&self) -> Vec<SimCore> {
+        match &self.leadership {
+            Some(l) => l.cores(),
+            None => self.operator.iter().map(|o| o.core.clone()).collect(),
+        }
+    }
+
+    pub(crate) fn subnet_ids(&self) -> Vec<String> {
+        self.subnets.iter().map(|(s, _)| s.clone()).collect()
+    }
+
+    pub(crate) fn core_config(&self) -> CoreConfig {
+        self.cfg.clone()
+    }
+
     /// The operator crashes (every task stops wherever it awaits) and restarts with empty
     /// memory on the same EC2 and API state.
     pub fn crash_and_restart(&mut self, t: u64) {
+        if self.leadership.is_some() {
+            crate::leadership::crash(self, t);
+            return;
+        }
         self.operator = None;
         self.restarts += 1;
         self.log(t, "operator crashed".into());
@@ -505,6 +502,8 @@ impl World {
 
     /// One simulated second of the world: scheduled transitions, then every running agent.
     pub async fn tick(&mut self, rng: &mut StdRng, t: u64) {
+        crate::api::tick(self, t);
+        crate::leadership::tick(self, t);
         let due: Vec<(String, Phase)> = self
             .nodes
             .iter()

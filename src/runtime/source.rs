@@ -87,6 +87,54 @@ pub fn node_input<K: Resource>(event: watcher::Event<K>) -> Option<NodeInput> {
     })
 }
 
+/// The names a watch has delivered, so that a relist can tell what went while it was away.
+///
+/// kube's `watcher` relists after a watch ends with an error (a 410 Gone, an API server
+/// restart): `Init`, an `InitApply` per object that exists now, `InitDone`. It sends no
+/// `Delete` for an object deleted while it was away (kube's reflector store drops such objects
+/// by replacing its contents; a bare watcher leaves that to its user). Without this, the core
+/// would hold such a node forever: its slot, its metrics, its memory of a name that may come
+/// back with a new instance.
+#[derive(Debug, Default)]
+pub struct Listed {
+    known: std::collections::BTreeSet<String>,
+    relist: Option<std::collections::BTreeSet<String>>,
+}
+
+impl Listed {
+    /// `Event::Init`: a listing starts.
+    pub fn init(&mut self) {
+        self.relist = Some(Default::default());
+    }
+
+    /// `Apply` or `InitApply` of `name`.
+    pub fn seen(&mut self, name: &str) {
+        if let Some(r) = &mut self.relist {
+            r.insert(name.to_string());
+        }
+        self.known.insert(name.to_string());
+    }
+
+    /// `Delete` of `name`.
+    pub fn deleted(&mut self, name: &str) {
+        if let Some(r) = &mut self.relist {
+            r.remove(name);
+        }
+        self.known.remove(name);
+    }
+
+    /// `InitDone`: the names known before that the listing no longer has (deleted while the
+    /// watch was away), now forgotten.
+    pub fn init_done(&mut self) -> Vec<String> {
+        let Some(listed) = self.relist.take() else {
+            return Vec::new();
+        };
+        let gone: Vec<String> = self.known.difference(&listed).cloned().collect();
+        self.known = listed;
+        gone
+    }
+}
+
 /// The next event of a watch, riding out (and logging) its errors; `None` once it ends.
 async fn next_event<K>(
     stream: &mut (impl futures::Stream<Item = Result<Event<K>, watcher::Error>> + Unpin),
@@ -112,21 +160,39 @@ pub async fn watch_cilium_nodes(
     let mut stream = watcher::watcher(api, watcher::Config::default())
         .default_backoff()
         .boxed();
+    let mut listed = Listed::default();
     loop {
         let Some(event) = next_event(&mut stream, "CiliumNode").await else {
             return;
         };
-        let input = match event {
-            Event::Apply(obj) | Event::InitApply(obj) => to_input(&obj),
-            Event::Delete(obj) => NodeInput::Deleted(obj.metadata.name.unwrap_or_default()),
+        let inputs = match event {
+            Event::Apply(obj) | Event::InitApply(obj) => {
+                listed.seen(obj.metadata.name.as_deref().unwrap_or_default());
+                vec![to_input(&obj)]
+            }
+            Event::Delete(obj) => {
+                let name = obj.metadata.name.unwrap_or_default();
+                listed.deleted(&name);
+                vec![NodeInput::Deleted(name)]
+            }
             Event::InitDone => {
                 on_listed();
+                // Deleted while the watch was away: only the relist's silence tells.
+                listed
+                    .init_done()
+                    .into_iter()
+                    .map(NodeInput::Deleted)
+                    .collect()
+            }
+            Event::Init => {
+                listed.init();
                 continue;
             }
-            Event::Init => continue,
         };
-        if tx.send(input).await.is_err() {
-            return;
+        for input in inputs {
+            if tx.send(input).await.is_err() {
+                return;
+            }
         }
     }
 }
@@ -138,15 +204,41 @@ pub async fn watch_nodes(client: kube::Client, tx: mpsc::Sender<NodeInput>) {
     let mut stream = watcher::watcher(api, watcher::Config::default())
         .default_backoff()
         .boxed();
+    let mut listed = Listed::default();
     loop {
         let Some(event) = next_event(&mut stream, "Node").await else {
             return;
         };
-        let Some(input) = node_input(event) else {
-            continue;
+        let gone = match &event {
+            Event::Init => {
+                listed.init();
+                Vec::new()
+            }
+            // Deleted while the watch was away: only the relist's silence tells.
+            Event::InitDone => listed.init_done(),
+            _ => Vec::new(),
         };
-        if tx.send(input).await.is_err() {
-            return;
+        let mut inputs: Vec<NodeInput> = gone
+            .into_iter()
+            .map(|name| NodeInput::NodePresent {
+                name,
+                present: false,
+            })
+            .collect();
+        if let Some(input) = node_input(event) {
+            if let NodeInput::NodePresent { name, present } = &input {
+                if *present {
+                    listed.seen(name);
+                } else {
+                    listed.deleted(name);
+                }
+            }
+            inputs.push(input);
+        }
+        for input in inputs {
+            if tx.send(input).await.is_err() {
+                return;
+            }
         }
     }
 }
@@ -350,6 +442,104 @@ mod tests {
             "gone once the API server drops it"
         );
         assert!(node_input::<Node>(Event::InitDone).is_none());
+    }
+
+    #[test]
+    fn a_relist_reports_what_was_deleted_while_the_watch_was_away() {
+        let mut l = Listed::default();
+        l.init();
+        l.seen("a");
+        l.seen("b");
+        l.seen("c");
+        assert_eq!(l.init_done(), Vec::<String>::new(), "first listing");
+        l.deleted("c");
+        l.seen("d");
+        // The watch ends; "a" and "d" go while it is away, "e" comes.
+        l.init();
+        l.seen("b");
+        l.seen("e");
+        assert_eq!(l.init_done(), vec!["a".to_string(), "d".to_string()]);
+        // A delete seen during a listing is not reported twice.
+        l.init();
+        l.seen("b");
+        l.deleted("e");
+        assert_eq!(l.init_done(), Vec::<String>::new());
+        assert!(l.init_done().is_empty(), "no listing in progress");
+    }
+
+    /// A loopback stand-in for the API server's CiliumNode list and watch: the first list has
+    /// n1 and n2, its watch ends with 410 Gone (the resourceVersion is too old, as after an
+    /// etcd compaction), the relist has n1 only (n2 was deleted meanwhile), and that watch
+    /// stays open without events.
+    async fn fake_relisting_api() -> kube::Client {
+        use axum::extract::State;
+        use axum::http::header;
+        use std::sync::Arc;
+        use std::sync::atomic::{AtomicU32, Ordering};
+        let item = |name: &str| {
+            serde_json::json!({"apiVersion": "cilium.io/v2", "kind": "CiliumNode",
+                "metadata": {"name": name, "uid": format!("u-{name}"), "resourceVersion": "5"},
+                "spec": {"instance-id": format!("i-{name}")}})
+        };
+        let lists = Arc::new(AtomicU32::new(0));
+        let app = axum::Router::new()
+            .route(
+                "/apis/cilium.io/v2/ciliumnodes",
+                axum::routing::get(
+                    move |State(lists): State<Arc<AtomicU32>>, uri: axum::http::Uri| async move {
+                        let json = [(header::CONTENT_TYPE, "application/json")];
+                        if uri.query().unwrap_or_default().contains("watch=true") {
+                            if lists.load(Ordering::SeqCst) == 1 {
+                                let gone = serde_json::json!({"type": "ERROR", "object": {
+                                    "kind": "Status", "apiVersion": "v1", "metadata": {},
+                                    "status": "Failure", "reason": "Expired", "code": 410,
+                                    "message": "too old resource version"}});
+                                return (json, axum::body::Body::from(format!("{gone}\n")));
+                            }
+                            let quiet =
+                                futures::stream::pending::<Result<String, std::io::Error>>();
+                            return (json, axum::body::Body::from_stream(quiet));
+                        }
+                        let n = lists.fetch_add(1, Ordering::SeqCst);
+                        let items = if n == 0 {
+                            vec![item("n1"), item("n2")]
+                        } else {
+                            vec![item("n1")]
+                        };
+                        let list = serde_json::json!({"apiVersion": "cilium.io/v2",
+                            "kind": "CiliumNodeList", "metadata": {"resourceVersion": "10"},
+                            "items": items});
+                        (json, axum::body::Body::from(list.to_string()))
+                    },
+                ),
+            )
+            .with_state(lists);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        let config = kube::Config::new(format!("http://{addr}").parse().unwrap());
+        kube::Client::try_from(config).unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_cilium_node_deleted_while_the_watch_was_away_is_reported_deleted() {
+        let (tx, mut rx) = mpsc::channel(16);
+        let client = fake_relisting_api().await;
+        let watch = tokio::spawn(watch_cilium_nodes(client, tx, || {}));
+        let mut seen = Vec::new();
+        while !seen.iter().any(|s: &String| s.starts_with("deleted")) {
+            let next = tokio::time::timeout(std::time::Duration::from_secs(20), rx.recv()).await;
+            match next {
+                Ok(Some(NodeInput::Upsert(n))) => {
+                    seen.push(format!("upsert {}", n.metadata.name.unwrap_or_default()))
+                }
+                Ok(Some(NodeInput::Deleted(name))) => seen.push(format!("deleted {name}")),
+                Ok(other) => panic!("unexpected {other:?} after {seen:?}"),
+                Err(_) => panic!("no deletion of n2 reported after the relist: {seen:?}"),
+            }
+        }
+        watch.abort();
+        assert_eq!(seen, ["upsert n1", "upsert n2", "upsert n1", "deleted n2"]);
     }
 
     #[test]

@@ -45,13 +45,37 @@ struct MemoryState {
     nodes: BTreeMap<String, Node>,
 }
 
+/// A fault the in-memory API server answers one of the operator's writes with (a PATCH or a
+/// DELETE through [`NodeSink`]; the harness's own `put`/`update` never meet one). Modelled on
+/// what kube-apiserver does:
+/// * optimistic concurrency: an update or patch that carries a `metadata.resourceVersion`
+///   other than the stored one gets 409 Conflict; a merge patch without one is applied to
+///   whatever version is current (the server's guaranteed update retries internally);
+/// * 5xx: the server (or its etcd) may fail a request before it is committed (500 "etcdserver:
+///   leader changed", 503 while it restarts, 429/503 from API priority and fairness), or
+///   commit it and still answer an error (504 / 500 "etcdserver: request timed out": the write
+///   happened, the client is told "may still be processing").
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WriteFault {
+    /// Another writer (an agent, another controller) updated the object just before this
+    /// write: its resourceVersion moves on, so a versioned write gets 409 Conflict.
+    Conflict,
+    /// 5xx and nothing written.
+    Unavailable,
+    /// 5xx although the write was committed.
+    CommittedButFailed,
+}
+
 /// An in-memory API server for CiliumNodes: applies patches like Kubernetes (spec and status
 /// through separate endpoints, resourceVersion checks, finalizers hold deletion, and with a
-/// schema, structural pruning of every create, update and patch).
+/// schema, structural pruning of every create, update and patch). Writes succeed unless a
+/// test injects [`WriteFault`]s ([`MemorySink::inject_write_fault`]).
 #[derive(Debug, Default)]
 pub struct MemorySink {
     state: Mutex<MemoryState>,
     schema: Option<StructuralSchema>,
+    /// Faults the next writes meet, one each, in order.
+    faults: Mutex<std::collections::VecDeque<WriteFault>>,
 }
 
 impl MemorySink {
@@ -63,8 +87,55 @@ impl MemorySink {
     /// Prunes every stored object by `schema`, as the API server does with the CRD installed.
     pub fn pruning(schema: StructuralSchema) -> Self {
         Self {
-            state: Mutex::default(),
             schema: Some(schema),
+            ..Self::default()
+        }
+    }
+
+    /// The next `times` writes of the operator (patches and deletes) meet `fault`.
+    pub fn inject_write_fault(&self, fault: WriteFault, times: usize) {
+        let mut f = self.faults.lock().expect("faults");
+        f.extend(std::iter::repeat_n(fault, times));
+    }
+
+    /// Faults injected and not met yet.
+    pub fn pending_write_faults(&self) -> usize {
+        self.faults.lock().expect("faults").len()
+    }
+
+    fn next_fault(&self) -> Option<WriteFault> {
+        self.faults.lock().expect("faults").pop_front()
+    }
+
+    /// Another writer's update, of which only the new resourceVersion matters here.
+    fn bump_version(&self, name: &str) {
+        let mut s = self.state.lock().expect("sink lock");
+        s.next_version += 1;
+        let version = s.next_version.to_string();
+        if let Some(v) = s.objects.get_mut(name) {
+            v["metadata"]["resourceVersion"] = json!(version);
+        }
+    }
+
+    /// A write through [`NodeSink`], meeting the next injected fault if any.
+    fn faulty_write<T>(&self, name: &str, write: impl FnOnce() -> SinkResult<T>) -> SinkResult<T> {
+        match self.next_fault() {
+            None => write(),
+            Some(WriteFault::Conflict) => {
+                self.bump_version(name);
+                write()
+            }
+            Some(WriteFault::Unavailable) => Err(SinkError::Other(
+                "503 Service Unavailable (injected; nothing written)".into(),
+            )),
+            Some(WriteFault::CommittedButFailed) => {
+                write()?;
+                Err(SinkError::Other(
+                    "504 Gateway Timeout: the server may still be processing the request \
+                     (injected; it was written)"
+                        .into(),
+                ))
+            }
         }
     }
 
@@ -318,8 +389,8 @@ impl MemorySink {
     }
 }
 
-impl NodeSink for MemorySink {
-    async fn apply(&self, node: &NodeRef, changes: &ChangeSet) -> SinkResult<Option<CiliumNode>> {
+impl MemorySink {
+    fn apply_now(&self, node: &NodeRef, changes: &ChangeSet) -> SinkResult<Option<CiliumNode>> {
         let mut version = node.resource_version.clone();
         let mut last = None;
         for (i, w) in changes.writes.iter().enumerate() {
@@ -336,6 +407,12 @@ impl NodeSink for MemorySink {
         }
         Ok(last)
     }
+}
+
+impl NodeSink for MemorySink {
+    async fn apply(&self, node: &NodeRef, changes: &ChangeSet) -> SinkResult<Option<CiliumNode>> {
+        self.faulty_write(&node.name, || self.apply_now(node, changes))
+    }
 
     async fn event(&self, node: &NodeRef, event: NodeEvent) {
         self.state
@@ -348,7 +425,7 @@ impl NodeSink for MemorySink {
     async fn set_finalizer(&self, node: &NodeRef, present: bool) -> SinkResult<Option<CiliumNode>> {
         match finalizer_patch(node, present) {
             None => Ok(None),
-            Some(p) => self.patch(&node.name, &p, None),
+            Some(p) => self.faulty_write(&node.name, || self.patch(&node.name, &p, None)),
         }
     }
 
@@ -358,12 +435,15 @@ impl NodeSink for MemorySink {
         key: &str,
         value: Option<&str>,
     ) -> SinkResult<Option<CiliumNode>> {
-        self.patch(&node.name, &annotation_patch(key, value), None)
+        let p = annotation_patch(key, value);
+        self.faulty_write(&node.name, || self.patch(&node.name, &p, None))
     }
 
     async fn delete(&self, name: &str) -> SinkResult<()> {
-        self.begin_delete(name);
-        Ok(())
+        self.faulty_write(name, || {
+            self.begin_delete(name);
+            Ok(())
+        })
     }
 
     async fn node_exists(&self, name: &str) -> SinkResult<bool> {
@@ -435,6 +515,60 @@ mod tests {
         // The stale version now conflicts on a versioned write.
         let err = sink.apply(&r, &changes).await.unwrap_err();
         assert!(matches!(err, SinkError::Conflict(Some(_))));
+    }
+
+    #[tokio::test]
+    async fn injected_write_faults_answer_like_the_api_server() {
+        let sink = MemorySink::new();
+        let stored = sink.put(&node("n1"));
+        let r = NodeRef::of(&stored);
+        let write = |versioned: bool, error: &str| ChangeSet {
+            writes: vec![Write {
+                subresource: Subresource::Status,
+                patch: json!({"status": {"ipam": {"operator-status": {"error": error}}}}),
+                needs_resource_version: versioned,
+            }],
+        };
+        let error = |s: &MemorySink| {
+            s.get("n1")
+                .and_then(|n| n.status)
+                .and_then(|st| st.ipam.operator_status.error)
+        };
+        // Another writer came first: a versioned write conflicts and nothing is written...
+        sink.inject_write_fault(WriteFault::Conflict, 1);
+        let err = sink.apply(&r, &write(true, "a")).await.unwrap_err();
+        assert!(matches!(err, SinkError::Conflict(Some(_))), "{err:?}");
+        assert_eq!(error(&sink), None);
+        // ...while a write without a resourceVersion lands on the newer version.
+        let fresh = NodeRef::of(&sink.get("n1").unwrap());
+        sink.inject_write_fault(WriteFault::Conflict, 1);
+        sink.apply(&fresh, &write(false, "b")).await.unwrap();
+        assert_eq!(error(&sink).as_deref(), Some("b"));
+        // 5xx before the commit: nothing written.
+        sink.inject_write_fault(WriteFault::Unavailable, 1);
+        let fresh = NodeRef::of(&sink.get("n1").unwrap());
+        assert!(matches!(
+            sink.apply(&fresh, &write(false, "c")).await,
+            Err(SinkError::Other(_))
+        ));
+        assert_eq!(error(&sink).as_deref(), Some("b"));
+        // 5xx after the commit: written all the same.
+        sink.inject_write_fault(WriteFault::CommittedButFailed, 1);
+        assert!(matches!(
+            sink.set_finalizer(&fresh, true).await,
+            Err(SinkError::Other(_))
+        ));
+        let after = sink.get("n1").unwrap();
+        assert_eq!(
+            after.metadata.finalizers.as_deref(),
+            Some(&[FINALIZER.to_string()][..])
+        );
+        // Faults are used up one write each; then writes succeed as before.
+        assert_eq!(sink.pending_write_faults(), 0);
+        sink.apply(&NodeRef::of(&after), &write(true, "d"))
+            .await
+            .unwrap();
+        assert_eq!(error(&sink).as_deref(), Some("d"));
     }
 
     #[tokio::test]

@@ -1,0 +1,600 @@
+//! Two operator instances electing a leader through a Lease, as the real binary runs with
+//! `--leader-election` (src/main.rs): each replica runs `Elector::run(work)`, where `work` is
+//! everything a leader does (the core with its watches, the ENI GC). A standby only takes part
+//! in the election: no watches, no writes, no EC2 calls. A leader whose renewals fail (its API
+//! server connection breaks) or stall gives up at the renew deadline by dropping `work`, which
+//! aborts every call it has in flight; its process then exits non-zero and Kubernetes restarts
+//! it (as a standby, with empty memory). The other replica takes the lease once it has seen the
+//! record unchanged for a lease duration, and starts with empty memory on the same EC2 and API
+//! state.
+//!
+//! The invariant observed here: no two leaders writing at once. Every mutating EC2 call and
+//! every API write of an instance is checked, when it is issued, against the Lease: issued while
+//! the Lease names another holder is a violation. client-go's election (and ours,
+//! `runtime::leader`) guarantees this only because the renew deadline (10 s) is shorter than
+//! the lease duration (15 s): the old leader stops issuing calls at its renew deadline, at
+//! least 5 s before anyone may take over. Calls it issued before and that are still in flight
+//! when the lease moves are the stated grace (the 5 s margin covers them: the simulator answers
+//! within 0.4 s); they are not counted.
+
+use std::net::Ipv4Addr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+use eni_operator::crd::CiliumNode;
+use eni_operator::ec2::gate::{Gate, GateConfig};
+use eni_operator::ec2::{
+    AddressRequest, Assigned, CreateEniRequest, Ec2, EniFilter, Instance, InstanceFilter,
+    InstanceTypeLimits, NetworkInterface, Operation, Page, ResourceFilter, Result, RouteTable,
+    SecurityGroup, Subnet, Vpc,
+};
+use eni_operator::ipam::ChangeSet;
+use eni_operator::runtime::core::{Core, CoreConfig, NodeInput};
+use eni_operator::runtime::gc;
+use eni_operator::runtime::leader::{Elector, LeaderConfig, LeaseError, LeaseLock, LeaseRecord};
+use eni_operator::runtime::metrics::RuntimeMetrics;
+use eni_operator::runtime::sink::{NodeEvent, NodeRef, NodeSink, SinkResult};
+use ipnet::Ipv4Net;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use testkit::lease::{MemoryLease, MemoryLeaseClient};
+use testkit::sim::Simulator;
+use testkit::sink::MemorySink;
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+use tokio_util::task::AbortOnDropHandle;
+
+use crate::world::{CLUSTER, GC_INTERVAL, World};
+
+/// The core as the simulation runs it: every EC2 call and API write observed.
+pub type SimCore = Core<Gate<Observed<Simulator>>, ObservedSink>;
+
+/// Per mille per simulated second, while the faults last: the leader's Lease connection breaks.
+const P_LEASE_BREAK: u32 = 3;
+/// Runs with two instances electing a leader (the others run one operator without election).
+const P_TWO_INSTANCES: f64 = 0.5;
+
+/// Watches one instance's calls against the Lease.
+#[derive(Clone)]
+pub struct Observer {
+    identity: String,
+    /// `None`: the instance runs without election (checked by nothing).
+    lease: Option<Arc<MemoryLease>>,
+    breaches: Arc<Mutex<Vec<String>>>,
+    start: Instant,
+}
+
+impl Observer {
+    pub fn alone() -> Self {
+        Self {
+            identity: "operator".into(),
+            lease: None,
+            breaches: Arc::default(),
+            start: Instant::now(),
+        }
+    }
+
+    fn issued(&self, what: &str) {
+        let Some(lease) = &self.lease else { return };
+        let holder = lease.holder();
+        if holder.as_deref() != Some(self.identity.as_str()) {
+            let t = Instant::now().duration_since(self.start).as_secs();
+            self.breaches.lock().expect("breaches").push(format!(
+                "{} issued {what} at t={t}s while the Lease names {holder:?}",
+                self.identity
+            ));
+        }
+    }
+}
+
+/// An EC2 client that tells its [`Observer`] of every mutating call it issues.
+pub struct Observed<E> {
+    inner: E,
+    observer: Observer,
+}
+
+impl<E: Ec2> Ec2 for Observed<E> {
+    async fn describe_instance_types(
+        &self,
+        types: &[String],
+        next_token: Option<String>,
+    ) -> Result<Page<InstanceTypeLimits>> {
+        self.inner.describe_instance_types(types, next_token).await
+    }
+    async fn describe_instances(
+        &self,
+        filter: &InstanceFilter,
+        next_token: Option<String>,
+    ) -> Result<Page<Instance>> {
+        self.inner.describe_instances(filter, next_token).await
+    }
+    async fn describe_network_interfaces(
+        &self,
+        filter: &EniFilter,
+        next_token: Option<String>,
+    ) -> Result<Page<NetworkInterface>> {
+        self.inner
+            .describe_network_interfaces(filter, next_token)
+            .await
+    }
+    async fn describe_subnets(
+        &self,
+        filter: &ResourceFilter,
+        next_token: Option<String>,
+    ) -> Result<Page<Subnet>> {
+        self.inner.describe_subnets(filter, next_token).await
+    }
+    async fn describe_vpcs(
+        &self,
+        filter: &ResourceFilter,
+        next_token: Option<String>,
+    ) -> Result<Page<Vpc>> {
+        self.inner.describe_vpcs(filter, next_token).await
+    }
+    async fn describe_security_groups(
+        &self,
+        filter: &ResourceFilter,
+        next_token: Option<String>,
+    ) -> Result<Page<SecurityGroup>> {
+        self.inner
+            .describe_security_groups(filter, next_token)
+            .await
+    }
+    async fn describe_route_tables(
+        &self,
+        filter: &ResourceFilter,
+        next_token: Option<String>,
+    ) -> Result<Page<RouteTable>> {
+        self.inner.describe_route_tables(filter, next_token).await
+    }
+    async fn create_network_interface(
+        &self,
+        request: &CreateEniRequest,
+    ) -> Result<NetworkInterface> {
+        self.observer
+            .issued(Operation::CreateNetworkInterface.name());
+        self.inner.create_network_interface(request).await
+    }
+    async fn attach_network_interface(
+        &self,
+        eni_id: &str,
+        instance_id: &str,
+        device_index: u32,
+    ) -> Result<String> {
+        self.observer
+            .issued(Operation::AttachNetworkInterface.name());
+        self.inner
+            .attach_network_interface(eni_id, instance_id, device_index)
+            .await
+    }
+    async fn set_delete_on_termination(
+        &self,
+        eni_id: &str,
+        attachment_id: &str,
+        delete_on_termination: bool,
+    ) -> Result<()> {
+        self.observer
+            .issued(Operation::ModifyNetworkInterfaceAttribute.name());
+        self.inner
+            .set_delete_on_termination(eni_id, attachment_id, delete_on_termination)
+            .await
+    }
+    async fn assign_private_ip_addresses(
+        &self,
+        eni_id: &str,
+        request: AddressRequest,
+    ) -> Result<Assigned> {
+        self.observer
+            .issued(Operation::AssignPrivateIpAddresses.name());
+        self.inner
+            .assign_private_ip_addresses(eni_id, request)
+            .await
+    }
+    async fn unassign_private_ip_addresses(
+        &self,
+        eni_id: &str,
+        ips: &[Ipv4Addr],
+        prefixes: &[Ipv4Net],
+    ) -> Result<()> {
+        self.observer
+            .issued(Operation::UnassignPrivateIpAddresses.name());
+        self.inner
+            .unassign_private_ip_addresses(eni_id, ips, prefixes)
+            .await
+    }
+    async fn detach_network_interface(&self, attachment_id: &str, force: bool) -> Result<()> {
+        self.observer
+            .issued(Operation::DetachNetworkInterface.name());
+        self.inner
+            .detach_network_interface(attachment_id, force)
+            .await
+    }
+    async fn delete_network_interface(&self, eni_id: &str) -> Result<()> {
+        self.observer
+            .issued(Operation::DeleteNetworkInterface.name());
+        self.inner.delete_network_interface(eni_id).await
+    }
+}
+
+/// The API server as one instance sees it: every write told to its [`Observer`].
+pub struct ObservedSink {
+    inner: Arc<MemorySink>,
+    observer: Observer,
+}
+
+impl NodeSink for ObservedSink {
+    async fn apply(&self, node: &NodeRef, changes: &ChangeSet) -> SinkResult<Option<CiliumNode>> {
+        self.observer
+            .issued(&format!("a CiliumNode write of {}", node.name));
+        self.inner.apply(node, changes).await
+    }
+    async fn event(&self, node: &NodeRef, event: NodeEvent) {
+        self.observer.issued(&format!("an Event on {}", node.name));
+        self.inner.event(node, event).await
+    }
+    async fn set_finalizer(&self, node: &NodeRef, present: bool) -> SinkResult<Option<CiliumNode>> {
+        self.observer
+            .issued(&format!("a finalizer write of {}", node.name));
+        self.inner.set_finalizer(node, present).await
+    }
+    async fn set_annotation(
+        &self,
+        node: &NodeRef,
+        key: &str,
+        value: Option<&str>,
+    ) -> SinkResult<Option<CiliumNode>> {
+        self.observer
+            .issued(&format!("an annotation write of {}", node.name));
+        self.inner.set_annotation(node, key, value).await
+    }
+    async fn delete(&self, name: &str) -> SinkResult<()> {
+        self.observer
+            .issued(&format!("a CiliumNode delete of {name}"));
+        self.inner.delete(name).await
+    }
+    async fn node_exists(&self, name: &str) -> SinkResult<bool> {
+        self.inner.node_exists(name).await
+    }
+    async fn fetch(&self, name: &str) -> SinkResult<Option<CiliumNode>> {
+        self.inner.fetch(name).await
+    }
+}
+
+/// What one operator process runs: the core and the ENI GC, on a gate of its own (the
+/// throttling buckets that matter are the account's, in the simulator).
+pub struct Parts {
+    pub core: SimCore,
+    pub tx: mpsc::Sender<NodeInput>,
+    pub run: std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>,
+}
+
+pub fn build(
+    sim: &Simulator,
+    sink: &Arc<MemorySink>,
+    cfg: &CoreConfig,
+    subnets: Vec<String>,
+    observer: Observer,
+) -> Parts {
+    let ec2 = Observed {
+        inner: sim.clone(),
+        observer: observer.clone(),
+    };
+    let gate = Arc::new(Gate::new(ec2, GateConfig::aws_defaults()));
+    let metrics = RuntimeMetrics::default();
+    let sink = Arc::new(ObservedSink {
+        inner: sink.clone(),
+        observer,
+    });
+    let core = Core::new(gate.clone(), sink, cfg.clone(), metrics.clone());
+    let (tx, rx) = mpsc::channel(1 << 14);
+    let run = {
+        let core = core.clone();
+        Box::pin(async move {
+            tokio::select! {
+                r = core.run(rx, std::future::pending()) => {
+                    if let Err(e) = r {
+                        tracing::warn!(error = %e, "core ended");
+                    }
+                }
+                () = gc::run_loop(gate, CLUSTER.to_string(), subnets, GC_INTERVAL, 50, metrics) => {}
+            }
+        })
+    };
+    Parts { core, tx, run }
+}
+
+/// A Lease client whose calls can stall (never answer), as when the API server accepts the
+/// connection but does not respond; partitions (calls fail at once) are `MemoryLease`'s own.
+#[derive(Clone)]
+struct Stallable {
+    inner: MemoryLeaseClient,
+    stalled: Arc<AtomicBool>,
+}
+
+impl Stallable {
+    async fn gate(&self) {
+        if self.stalled.load(Ordering::Relaxed) {
+            std::future::pending::<()>().await;
+        }
+    }
+}
+
+impl LeaseLock for Stallable {
+    async fn get(&self) -> std::result::Result<Option<(LeaseRecord, String)>, LeaseError> {
+        self.gate().await;
+        self.inner.get().await
+    }
+    async fn create(&self, record: &LeaseRecord) -> std::result::Result<(), LeaseError> {
+        self.gate().await;
+        self.inner.create(record).await
+    }
+    async fn update(
+        &self,
+        record: &LeaseRecord,
+        version: &str,
+    ) -> std::result::Result<(), LeaseError> {
+        self.gate().await;
+        self.inner.update(record, version).await
+    }
+}
+
+/// What a leading instance publishes for the world: its core (for the checks) and its input
+/// channel (for its watches).
+type Published = Arc<Mutex<Option<(SimCore, mpsc::Sender<NodeInput>)>>>;
+
+/// One replica (a pod): its process, restarted by Kubernetes when it exits.
+struct Replica {
+    name: &'static str,
+    /// Incarnations so far (each process has its own identity).
+    generation: u32,
+    identity: String,
+    process: Option<AbortOnDropHandle<()>>,
+    stalled: Arc<AtomicBool>,
+    published: Published,
+    /// Its watches are connected (the listing was delivered).
+    connected: bool,
+    restart_at: Option<u64>,
+}
+
+pub struct Leadership {
+    rng: StdRng,
+    lease: Arc<MemoryLease>,
+    replicas: Vec<Replica>,
+    breaches: Arc<Mutex<Vec<String>>>,
+    start: Instant,
+}
+
+impl Leadership {
+    /// Whether this seed's run has two electing instances (drawn from a stream of its own).
+    pub fn draw(seed: u64) -> Option<Self> {
+        let mut rng = StdRng::seed_from_u64(seed ^ 0x1ea0_e500_0000_0002);
+        rng.random_bool(P_TWO_INSTANCES).then(|| Self {
+            rng,
+            lease: Arc::new(MemoryLease::new()),
+            replicas: ["op-a", "op-b"]
+                .into_iter()
+                .map(|name| Replica {
+                    name,
+                    generation: 0,
+                    identity: String::new(),
+                    process: None,
+                    stalled: Arc::default(),
+                    published: Arc::default(),
+                    connected: false,
+                    restart_at: Some(0),
+                })
+                .collect(),
+            breaches: Arc::default(),
+            start: Instant::now(),
+        })
+    }
+
+    /// The cores of the instances leading now.
+    pub fn cores(&self) -> Vec<SimCore> {
+        self.replicas
+            .iter()
+            .filter_map(|r| {
+                r.published
+                    .lock()
+                    .expect("published")
+                    .as_ref()
+                    .map(|p| p.0.clone())
+            })
+            .collect()
+    }
+
+    pub fn breaches(&self) -> Vec<String> {
+        self.breaches.lock().expect("breaches").clone()
+    }
+
+    fn leader(&self) -> Option<usize> {
+        let holder = self.lease.holder()?;
+        self.replicas.iter().position(|r| r.identity == holder)
+    }
+}
+
+/// Start one replica's process: elect, and lead until the lease is lost.
+fn start(w: &mut World, i: usize, t: u64) {
+    let subnets = w.subnet_ids();
+    let l = w.leadership.as_mut().expect("leadership");
+    let r = &mut l.replicas[i];
+    r.generation += 1;
+    r.identity = format!("{}#{}", r.name, r.generation);
+    r.stalled = Arc::default();
+    r.published = Arc::default();
+    r.connected = false;
+    r.restart_at = None;
+    l.lease.partition(&r.identity, false);
+    let observer = Observer {
+        identity: r.identity.clone(),
+        lease: Some(l.lease.clone()),
+        breaches: l.breaches.clone(),
+        start: l.start,
+    };
+    let lock = Stallable {
+        inner: MemoryLeaseClient {
+            lease: l.lease.clone(),
+            identity: r.identity.clone(),
+        },
+        stalled: r.stalled.clone(),
+    };
+    let published = r.published.clone();
+    let identity = r.identity.clone();
+    let (sim, sink, cfg) = (w.sim.clone(), w.sink.clone(), w.core_config());
+    let process = async move {
+        let mut elector = Elector::new(lock, LeaderConfig::new(identity));
+        let work = async {
+            let parts = build(&sim, &sink, &cfg, subnets, observer);
+            *published.lock().expect("published") = Some((parts.core, parts.tx));
+            parts.run.await;
+        };
+        // Lost: the work (and every call in it) is dropped; the process exits non-zero.
+        let _ = elector.run(work).await;
+        published.lock().expect("published").take();
+    };
+    let l = w.leadership.as_mut().expect("leadership");
+    l.replicas[i].process = Some(AbortOnDropHandle::new(tokio::spawn(process)));
+    let id = l.replicas[i].identity.clone();
+    w.log(t, format!("replica {id} starts (standby until elected)"));
+}
+
+/// One simulated second: restart exited replicas, connect the watches of a new leader.
+pub fn tick(w: &mut World, t: u64) {
+    let Some(l) = w.leadership.as_mut() else {
+        return;
+    };
+    let mut due = Vec::new();
+    let mut lines = Vec::new();
+    for (i, r) in l.replicas.iter_mut().enumerate() {
+        if r.process.as_ref().is_some_and(|p| p.is_finished()) {
+            r.process = None;
+            // Kubernetes restarts the container after its crash-loop backoff.
+            let at = t + l.rng.random_range(5..=30);
+            r.restart_at = Some(at);
+            lines.push(format!(
+                "replica {} lost the lease and exits; restart at t={at}s",
+                r.identity
+            ));
+        }
+        if r.restart_at.is_some_and(|at| at <= t) {
+            due.push(i);
+        }
+    }
+    let mut connect = Vec::new();
+    for r in &mut l.replicas {
+        if r.connected {
+            continue;
+        }
+        if let Some((_, tx)) = r.published.lock().expect("published").as_ref() {
+            r.connected = true;
+            connect.push((r.identity.clone(), tx.clone()));
+        }
+    }
+    for line in lines {
+        w.log(t, line);
+    }
+    for i in due {
+        start(w, i, t);
+    }
+    if !connect.is_empty() {
+        let listing = crate::api::listing(w);
+        for (id, tx) in connect {
+            w.api.connect(tx, &listing);
+            w.log(t, format!("replica {id} leads; its watches list"));
+        }
+    }
+}
+
+/// The seed's leadership events of one second (faults phase only): the leader's connection to
+/// the Lease breaks (its renewals fail) or stalls (they never answer).
+pub fn events(w: &mut World, t: u64) {
+    let Some(l) = w.leadership.as_mut() else {
+        return;
+    };
+    if l.rng.random_range(0..1000) >= P_LEASE_BREAK {
+        return;
+    }
+    let Some(i) = l.leader() else { return };
+    let stall = l.rng.random_bool(0.5);
+    let r = &l.replicas[i];
+    if r.process.is_none() {
+        return;
+    }
+    if stall {
+        r.stalled.store(true, Ordering::Relaxed);
+    } else {
+        l.lease.partition(&r.identity, true);
+    }
+    let line = format!(
+        "lease renewals of {} {}",
+        r.identity,
+        if stall { "stall" } else { "fail" }
+    );
+    w.log(t, line);
+}
+
+/// The leader's process is killed (no release of the Lease: the other waits it out).
+pub fn crash(w: &mut World, t: u64) {
+    let Some(l) = w.leadership.as_mut() else {
+        return;
+    };
+    let Some(i) = l.leader() else { return };
+    let r = &mut l.replicas[i];
+    if r.process.take().is_none() {
+        return;
+    }
+    r.published.lock().expect("published").take();
+    let at = t + l.rng.random_range(5..=30);
+    r.restart_at = Some(at);
+    let line = format!("replica {} crashed; restart at t={at}s", r.identity);
+    w.log(t, line);
+}
+
+/// No two leaders writing at once.
+pub fn check(w: &World) -> std::result::Result<(), crate::check::Broken> {
+    let Some(l) = &w.leadership else {
+        return Ok(());
+    };
+    match l.breaches().first() {
+        None => Ok(()),
+        Some(b) => Err(("no two leaders writing at once", b.clone())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_call_issued_while_the_lease_names_another_holder_is_a_breach() {
+        let lease = Arc::new(MemoryLease::new());
+        let breaches: Arc<Mutex<Vec<String>>> = Arc::default();
+        let observer = |identity: &str| Observer {
+            identity: identity.into(),
+            lease: Some(lease.clone()),
+            breaches: breaches.clone(),
+            start: Instant::now(),
+        };
+        let mut a = Elector::new(
+            MemoryLeaseClient {
+                lease: lease.clone(),
+                identity: "a".into(),
+            },
+            LeaderConfig::new("a"),
+        );
+        assert!(a.try_acquire_or_renew().await.unwrap());
+        observer("a").issued("CreateNetworkInterface");
+        assert!(breaches.lock().unwrap().is_empty(), "the holder may call");
+        observer("b").issued("AttachNetworkInterface");
+        let seen = breaches.lock().unwrap().clone();
+        assert_eq!(seen.len(), 1, "{seen:?}");
+        assert!(
+            seen[0].contains("b issued AttachNetworkInterface"),
+            "{seen:?}"
+        );
+        // Without election nothing is checked.
+        let alone = Observer::alone();
+        alone.issued("DeleteNetworkInterface");
+        assert!(alone.breaches.lock().unwrap().is_empty());
+    }
+}
