@@ -6,6 +6,8 @@
 
 pub mod agent;
 pub mod check;
+mod replay;
+pub mod view;
 pub mod world;
 
 use std::collections::BTreeMap;
@@ -185,6 +187,10 @@ async fn simulate(seed: u64, opts: &Options, watch: &Watch) -> Outcome {
                 at: t,
             });
     }
+    let end = tokio::time::Instant::now()
+        .duration_since(w.start)
+        .as_secs();
+    w.digest(end);
     let trace = std::mem::take(&mut w.trace);
     let mut h = std::collections::hash_map::DefaultHasher::new();
     trace.hash(&mut h);

@@ -2,6 +2,7 @@
 //! Cilium's CRD and the Node model), classic agents, and the operator (core + ENI GC) that can
 //! crash and restart with empty memory on the same EC2 and API state.
 
+use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -26,6 +27,7 @@ use tokio_util::task::AbortOnDropHandle;
 
 use crate::QuietCounters;
 use crate::agent::Agent;
+use crate::view::View;
 
 pub const CLUSTER: &str = "dst";
 /// Karpenter's Node finalizer: a deleted Node stays, draining, until Karpenter is done.
@@ -98,6 +100,9 @@ pub struct World {
     pub trace: Vec<String>,
     pub start: Instant,
     pub prefix: bool,
+    /// What the checks and agents read, cached by generation (crate::view).
+    pub view: RefCell<View>,
+    seed: u64,
     cfg: CoreConfig,
     subnets: Vec<(String, &'static str)>,
     vpc: String,
@@ -111,6 +116,7 @@ impl World {
     pub async fn new(seed: u64, rng: &mut StdRng) -> Self {
         let sim = Simulator::new();
         sim.set_seed(seed);
+        sim.record_calls();
         for op in Operation::ALL {
             let ms = if op.is_mutating() {
                 rng.random_range(50..400)
@@ -162,6 +168,8 @@ impl World {
             trace: Vec::new(),
             start: Instant::now(),
             prefix,
+            view: RefCell::default(),
+            seed,
             cfg,
             subnets,
             vpc,
@@ -229,12 +237,21 @@ impl World {
 
     /// Start (or restart) the operator with empty memory.
     fn start_operator(&mut self, t: u64) {
-        let gate = Arc::new(Gate::new(self.sim.clone(), GateConfig::aws_defaults()));
+        // Retry jitter from the seed (one stream per operator start): a seed replays exactly.
+        let jitter = self.seed ^ u64::from(self.restarts).rotate_right(16);
+        let gate_config = GateConfig {
+            jitter_seed: Some(jitter),
+            ..GateConfig::aws_defaults()
+        };
+        let gate = Arc::new(Gate::new(self.sim.clone(), gate_config));
         let metrics = RuntimeMetrics::default();
         let core = Core::new(
             gate.clone(),
             self.sink.clone(),
-            self.cfg.clone(),
+            CoreConfig {
+                jitter_seed: Some(!jitter),
+                ..self.cfg.clone()
+            },
             metrics.clone(),
         );
         let (tx, rx) = mpsc::channel(1 << 14);
@@ -495,7 +512,7 @@ impl World {
             .map(|(k, _)| k.clone())
             .collect();
         for name in names {
-            let Some(obj) = self.sink.get(&name) else {
+            let Some(obj) = self.view.get_mut().node(&self.sink, &name) else {
                 continue;
             };
             let agent = &mut self.nodes.get_mut(&name).expect("known").agent;
@@ -528,6 +545,7 @@ impl World {
         for l in lines {
             self.log(t, l);
         }
+        self.digest(t);
     }
 
     /// CiliumNode writes, mutating EC2 calls in total and by name.
