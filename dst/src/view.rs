@@ -4,12 +4,38 @@
 //! seed's CPU time; the checks themselves still run every second over the whole state.
 
 use std::collections::BTreeMap;
+use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::Arc;
 
 use eni_operator::crd::CiliumNode;
 use eni_operator::ec2::NetworkInterface;
 use eni_operator::ec2::sim::Simulator;
 use eni_operator::runtime::sink::MemorySink;
+
+use crate::agent::Agent;
+
+/// What an agent's step read: the CiliumNode's resourceVersion and the agent's own state
+/// (target, pods). A step that changed nothing is a fixed point: run again on the same inputs
+/// it changes nothing again and draws nothing from the seed (it draws only to stop pods, which
+/// changes `status.ipam.used`), so the world skips it until one of these moves.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Quiet {
+    version: Option<String>,
+    target: usize,
+    pods: u64,
+}
+
+impl Quiet {
+    pub fn of(node: &CiliumNode, agent: &Agent) -> Self {
+        let mut h = DefaultHasher::new();
+        agent.pods.hash(&mut h);
+        Self {
+            version: node.metadata.resource_version.clone(),
+            target: agent.target,
+            pods: h.finish(),
+        }
+    }
+}
 
 /// The inputs of [`crate::check::always`], summed up: the simulator's generation, the sink's,
 /// and the world's tables the check reads (which nodes run on which instance, the other

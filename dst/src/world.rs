@@ -27,7 +27,7 @@ use tokio_util::task::AbortOnDropHandle;
 
 use crate::QuietCounters;
 use crate::agent::Agent;
-use crate::view::View;
+use crate::view::{Quiet, View};
 
 pub const CLUSTER: &str = "dst";
 /// Karpenter's Node finalizer: a deleted Node stays, draining, until Karpenter is done.
@@ -73,6 +73,8 @@ pub struct SimNode {
     pub capacity: usize,
     pub phase: Phase,
     pub agent: Agent,
+    /// What the agent's last step saw when it changed nothing (crate::view::Quiet).
+    pub quiet: Option<Quiet>,
 }
 
 impl SimNode {
@@ -389,6 +391,7 @@ impl World {
                     target,
                     ..Agent::default()
                 },
+                quiet: None,
             },
         );
     }
@@ -515,10 +518,18 @@ impl World {
             let Some(obj) = self.view.get_mut().node(&self.sink, &name) else {
                 continue;
             };
-            let agent = &mut self.nodes.get_mut(&name).expect("known").agent;
-            if let Some(edited) = agent.step(&obj, rng) {
-                let stored = self.sink.put(&edited);
-                self.send(NodeInput::Upsert(Box::new(stored)));
+            let n = self.nodes.get_mut(&name).expect("known");
+            let seen = Quiet::of(&obj, &n.agent);
+            if n.quiet.as_ref() == Some(&seen) {
+                continue;
+            }
+            match n.agent.step(&obj, rng) {
+                Some(edited) => {
+                    n.quiet = None;
+                    let stored = self.sink.put(&edited);
+                    self.send(NodeInput::Upsert(Box::new(stored)));
+                }
+                None => n.quiet = Some(seen),
             }
         }
     }
