@@ -48,14 +48,17 @@ pub struct Inputs {
     foreign: Vec<(String, bool)>,
 }
 
+/// A simulator generation, every ENI then, and AWS's rules checked then.
+type Ec2At = (
+    u64,
+    Arc<BTreeMap<String, NetworkInterface>>,
+    Result<(), String>,
+);
+
 #[derive(Default)]
 pub struct View {
     /// The EC2 snapshot and AWS's own rules, as of a simulator generation.
-    ec2: Option<(
-        u64,
-        Arc<BTreeMap<String, NetworkInterface>>,
-        Result<(), String>,
-    )>,
+    ec2: Option<Ec2At>,
     /// Parsed CiliumNodes by name, with the resourceVersion they were parsed at.
     nodes: BTreeMap<String, (String, Option<Arc<CiliumNode>>)>,
     /// The inputs of the last `always` check that passed: the same inputs pass again.
@@ -63,14 +66,7 @@ pub struct View {
 }
 
 impl View {
-    fn ec2_at(
-        &mut self,
-        sim: &Simulator,
-    ) -> &(
-        u64,
-        Arc<BTreeMap<String, NetworkInterface>>,
-        Result<(), String>,
-    ) {
+    fn ec2_at(&mut self, sim: &Simulator) -> &Ec2At {
         let generation = sim.generation();
         if self.ec2.as_ref().is_none_or(|(g, ..)| *g != generation) {
             let enis = sim
