@@ -866,6 +866,26 @@ mod tests {
         assert!(matches!(sink.apply(&r, &report).await, Ok(None)));
     }
 
+    /// A harness caches parsed objects by resourceVersion (dst's view): every change of a
+    /// stored object, the deletion mark included, must be a new resourceVersion, as on the API
+    /// server.
+    #[test]
+    fn a_deletion_mark_is_a_new_resource_version() {
+        let sink = MemorySink::new();
+        let mut n = node("a");
+        n.metadata.finalizers = Some(vec!["example.com/hold".into()]);
+        let stored = sink.put(&n);
+        let before = sink.generation();
+        let marked = sink.begin_delete("a").expect("held by its finalizer");
+        assert!(marked.metadata.deletion_timestamp.is_some());
+        assert_ne!(
+            marked.metadata.resource_version,
+            stored.metadata.resource_version
+        );
+        assert_eq!(sink.resource_version("a"), marked.metadata.resource_version);
+        assert!(sink.generation() > before);
+    }
+
     #[tokio::test]
     async fn a_draining_node_exists_until_its_last_finalizer_goes() {
         let sink = MemorySink::new();
