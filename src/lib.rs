@@ -25,6 +25,7 @@ pub mod crd;
 pub mod ec2;
 pub mod http;
 pub mod ipam;
+pub mod jitter;
 pub mod kube_limit;
 pub mod metrics;
 pub mod mutants;

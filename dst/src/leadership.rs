@@ -274,23 +274,34 @@ pub fn build(
     cfg: &CoreConfig,
     subnets: Vec<String>,
     observer: Observer,
+    jitter: u64,
 ) -> Parts {
     let ec2 = Observed {
         inner: sim.clone(),
         observer: observer.clone(),
     };
-    let gate = Arc::new(Gate::new(ec2, GateConfig::aws_defaults()));
+    let gate_config = GateConfig {
+        jitter_seed: Some(jitter),
+        ..GateConfig::aws_defaults()
+    };
+    let gate = Arc::new(Gate::new(ec2, gate_config));
     let metrics = RuntimeMetrics::default();
     let sink = Arc::new(ObservedSink {
         inner: sink.clone(),
         observer,
     });
-    let core = Core::new(gate.clone(), sink, cfg.clone(), metrics.clone());
+    let cfg = CoreConfig {
+        jitter_seed: Some(!jitter),
+        ..cfg.clone()
+    };
+    let core = Core::new(gate.clone(), sink, cfg, metrics.clone());
     let (tx, rx) = mpsc::channel(1 << 14);
     let run = {
         let core = core.clone();
         Box::pin(async move {
+            // `biased`: tokio picks unbiased branches at random, which a seed cannot replay.
             tokio::select! {
+                biased;
                 r = core.run(rx, std::future::pending()) => {
                     if let Err(e) = r {
                         tracing::warn!(error = %e, "core ended");
@@ -420,6 +431,7 @@ fn start(w: &mut World, i: usize, t: u64) {
     let r = &mut l.replicas[i];
     r.generation += 1;
     r.identity = format!("{}#{}", r.name, r.generation);
+    let generation = r.generation;
     r.stalled = Arc::default();
     r.published = Arc::default();
     r.connected = false;
@@ -441,10 +453,11 @@ fn start(w: &mut World, i: usize, t: u64) {
     let published = r.published.clone();
     let identity = r.identity.clone();
     let (sim, sink, cfg) = (w.sim.clone(), w.sink.clone(), w.core_config());
+    let jitter = w.jitter_seed(((i as u64 + 1) << 32) | u64::from(generation));
     let process = async move {
         let mut elector = Elector::new(lock, LeaderConfig::new(identity));
         let work = async {
-            let parts = build(&sim, &sink, &cfg, subnets, observer);
+            let parts = build(&sim, &sink, &cfg, subnets, observer, jitter);
             *published.lock().expect("published") = Some((parts.core, parts.tx));
             parts.run.await;
         };

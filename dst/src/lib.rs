@@ -11,6 +11,8 @@ pub mod guard;
 pub mod leadership;
 pub mod multipool;
 pub mod refusals;
+mod replay;
+pub mod view;
 pub mod world;
 
 use std::collections::BTreeMap;
@@ -94,13 +96,14 @@ pub fn run_seed(seed: u64, opts: &Options) -> Outcome {
         .build()
         .expect("a current-thread runtime");
     let watch = Arc::new(Watch::default());
-    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    // Dropping `done` wakes the watchdog at once (a seed must not wait out its sleep).
+    let (done, finished) = std::sync::mpsc::channel::<()>();
     let dog = {
-        let (watch, done) = (watch.clone(), done.clone());
-        std::thread::spawn(move || watchdog(seed, &watch, &done))
+        let watch = watch.clone();
+        std::thread::spawn(move || watchdog(seed, &watch, &finished))
     };
     let out = rt.block_on(simulate(seed, opts, &watch));
-    done.store(true, Ordering::Relaxed);
+    drop(done);
     let _ = dog.join();
     out
 }
@@ -121,9 +124,10 @@ const STORM_WRITES_PER_SECOND: u64 = 50;
 /// looks from outside: it compares the writes so far with the simulated seconds (both
 /// deterministic; the wall clock only sets how often it looks) and ends the process with the
 /// report.
-fn watchdog(seed: u64, watch: &Watch, done: &std::sync::atomic::AtomicBool) {
-    while !done.load(Ordering::Relaxed) {
-        std::thread::sleep(Duration::from_millis(200));
+fn watchdog(seed: u64, watch: &Watch, finished: &std::sync::mpsc::Receiver<()>) {
+    while let Err(std::sync::mpsc::RecvTimeoutError::Timeout) =
+        finished.recv_timeout(Duration::from_millis(200))
+    {
         let Some(sink) = watch.sink.get() else {
             continue;
         };
@@ -193,6 +197,10 @@ async fn simulate(seed: u64, opts: &Options, watch: &Watch) -> Outcome {
                 at: t,
             });
     }
+    let end = tokio::time::Instant::now()
+        .duration_since(w.start)
+        .as_secs();
+    w.digest(end);
     let trace = std::mem::take(&mut w.trace);
     let mut h = std::collections::hash_map::DefaultHasher::new();
     trace.hash(&mut h);

@@ -180,13 +180,13 @@ pub fn check(w: &crate::world::World) -> Result<(), crate::check::Broken> {
     if let Some(v) = w.agents.violations.first() {
         return Err(("multi-pool agent sees its addresses and C2 hold", v.clone()));
     }
-    let enis = w.sim.network_interfaces();
+    let enis = w.view.borrow_mut().enis(&w.sim);
     for (name, n) in &w.nodes {
         let Some(mp) = n.multi_pool.as_ref().filter(|_| n.running()) else {
             continue;
         };
         let on_instance: Vec<&NetworkInterface> = enis
-            .iter()
+            .values()
             .filter(|e| {
                 e.attachment
                     .as_ref()

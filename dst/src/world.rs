@@ -2,6 +2,7 @@
 //! Cilium's CRD and the Node model), classic agents, and the operator (core + ENI GC) that can
 //! crash and restart with empty memory on the same EC2 and API state.
 
+use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -25,6 +26,7 @@ use crate::agent::Agent;
 use crate::api::ApiServer;
 use crate::leadership::{Leadership, Observer, SimCore};
 use crate::multipool::{Agents, MultiPool};
+use crate::view::{Quiet, View};
 
 pub const CLUSTER: &str = "dst";
 /// Karpenter's Node finalizer: a deleted Node stays, draining, until Karpenter is done.
@@ -73,6 +75,8 @@ pub struct SimNode {
     pub multi_pool: Option<MultiPool>,
     /// A restarting agent writes nothing before this second.
     pub agent_down_until: u64,
+    /// What the agent's last step saw when it changed nothing (crate::view::Quiet).
+    pub quiet: Option<Quiet>,
 }
 
 impl SimNode {
@@ -102,6 +106,9 @@ pub struct World {
     pub prefix: bool,
     /// The agents' own draws and observations (dst/src/multipool.rs).
     pub agents: Agents,
+    /// What the checks and agents read, cached by generation (crate::view).
+    pub view: RefCell<View>,
+    seed: u64,
     cfg: CoreConfig,
     subnets: Vec<(String, &'static str)>,
     vpc: String,
@@ -119,6 +126,7 @@ impl World {
     pub async fn new(seed: u64, rng: &mut StdRng) -> Self {
         let sim = Simulator::new();
         sim.set_seed(seed);
+        sim.record_calls();
         for op in Operation::ALL {
             let ms = if op.is_mutating() {
                 rng.random_range(50..400)
@@ -178,6 +186,8 @@ impl World {
             start: Instant::now(),
             prefix,
             agents,
+            view: RefCell::default(),
+            seed,
             cfg,
             subnets,
             vpc,
@@ -263,6 +273,8 @@ impl World {
             &self.cfg,
             self.subnet_ids(),
             Observer::alone(),
+            // Retry jitter from the seed (one stream per operator start): a seed replays exactly.
+            self.jitter_seed(u64::from(self.restarts)),
         );
         self.operator = Some(Operator {
             core: parts.core,
@@ -292,6 +304,12 @@ impl World {
             Some(l) => l.cores(),
             None => self.operator.iter().map(|o| o.core.clone()).collect(),
         }
+    }
+
+    /// A seed for one operator process's retry jitter (queue and gate), from the run's seed and
+    /// `salt` (which start this is): every choice comes from the seed, so a seed replays exactly.
+    pub(crate) fn jitter_seed(&self, salt: u64) -> u64 {
+        self.seed ^ salt.rotate_right(16)
     }
 
     pub(crate) fn subnet_ids(&self) -> Vec<String> {
@@ -401,6 +419,7 @@ impl World {
                 },
                 multi_pool,
                 agent_down_until: 0,
+                quiet: None,
             },
         );
     }
@@ -527,20 +546,30 @@ impl World {
             .map(|(k, _)| k.clone())
             .collect();
         for name in names {
-            let Some(obj) = self.sink.get(&name) else {
+            let Some(obj) = self.view.get_mut().node(&self.sink, &name) else {
                 continue;
             };
             let n = self.nodes.get_mut(&name).expect("known");
             if n.agent_down_until > t {
                 continue;
             }
+            // A classic agent's step is a pure function of what Quiet sums up (crate::view);
+            // the multi-pool agent keeps state of its own and steps every second.
+            let seen = Quiet::of(&obj, &n.agent);
+            if n.multi_pool.is_none() && n.quiet.as_ref() == Some(&seen) {
+                continue;
+            }
             let edited = match n.multi_pool.as_mut() {
                 Some(mp) => mp.step(&obj, &mut n.agent, &mut self.agents.violations),
                 None => n.agent.step(&obj, rng),
             };
-            if let Some(edited) = edited {
-                let stored = self.sink.put(&edited);
-                self.send(NodeInput::Upsert(Box::new(stored)));
+            match edited {
+                Some(edited) => {
+                    n.quiet = None;
+                    let stored = self.sink.put(&edited);
+                    self.send(NodeInput::Upsert(Box::new(stored)));
+                }
+                None => n.quiet = Some(seen),
             }
         }
         self.report_pending(false);
@@ -568,6 +597,7 @@ impl World {
         for l in lines {
             self.log(t, l);
         }
+        self.digest(t);
     }
 
     /// CiliumNode writes, mutating EC2 calls in total and by name.

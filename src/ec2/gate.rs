@@ -58,6 +58,7 @@ use self::rate::RateController;
 use super::error::ErrorKind;
 use super::model::*;
 use super::{Ec2, Ec2Error, Result};
+use crate::jitter::Jitter;
 
 /// Rates, bursts and retry policy of the gate.
 #[derive(Clone, Debug, PartialEq)]
@@ -76,6 +77,9 @@ pub struct GateConfig {
     pub throttle_deadline: Duration,
     pub base_delay: Duration,
     pub max_delay: Duration,
+    /// Seed of the retries' jitter; `None` (production): `backon` seeds from the OS. The
+    /// simulation sets it so a seed replays exactly ([`crate::jitter`]).
+    pub jitter_seed: Option<u64>,
 }
 
 impl Default for GateConfig {
@@ -95,6 +99,7 @@ impl GateConfig {
             throttle_deadline: Duration::from_secs(300),
             base_delay: Duration::from_millis(200),
             max_delay: Duration::from_secs(20),
+            jitter_seed: None,
         }
     }
 
@@ -467,6 +472,8 @@ pub struct Gate<E: Ec2> {
     buckets: Vec<BucketState>,
     metrics: GateMetrics,
     counters: Counters,
+    /// Draws one `backon` jitter seed per call when the config has a seed.
+    jitter: Jitter,
 }
 
 impl<E: Ec2> Gate<E> {
@@ -483,6 +490,7 @@ impl<E: Ec2> Gate<E> {
         };
         let gate = Self {
             inner,
+            jitter: Jitter::new(config.jitter_seed),
             config,
             buckets,
             metrics: GateMetrics::default(),
@@ -653,11 +661,14 @@ impl<E: Ec2> Gate<E> {
         F: FnMut() -> Fut,
         Fut: Future<Output = Result<T>>,
     {
-        let backoff = ExponentialBuilder::default()
+        let mut backoff = ExponentialBuilder::default()
             .with_min_delay(self.config.base_delay)
             .with_max_delay(self.config.max_delay)
             .without_max_times()
             .with_jitter();
+        if let Some(seed) = self.jitter.seed() {
+            backoff = backoff.with_jitter_seed(seed);
+        }
         let first = Instant::now();
         let mut failures = 0u32;
         (|| self.attempt(op, tokens, call()))

@@ -11,11 +11,11 @@
 use std::future::Future;
 use std::sync::{Arc, RwLock};
 
-use rand::Rng;
 use tokio::sync::mpsc;
 
 use crate::ec2::{Ec2, Ec2Error};
 use crate::ipam::Demand;
+use crate::jitter::Jitter;
 
 use super::cache::Ec2Cache;
 use super::clock::{self, now};
@@ -45,13 +45,14 @@ impl<E, S> Clone for Core<E, S> {
 }
 
 /// The event loop's own state.
-#[derive(Default)]
 struct Loop {
     queue: DeficitQueue<String>,
     tasks: Tasks,
     schedule: RefreshSchedule,
     /// Passes running.
     workers: usize,
+    /// The backoff jitter of failed passes.
+    jitter: Jitter,
 }
 
 impl<E: Ec2, S: NodeSink> Core<E, S> {
@@ -101,7 +102,13 @@ impl<E: Ec2, S: NodeSink> Core<E, S> {
         inner.metrics.leader.set(1);
         inner.warm.send_replace(true);
 
-        let mut l = Loop::default();
+        let mut l = Loop {
+            queue: DeficitQueue::default(),
+            tasks: Tasks::default(),
+            schedule: RefreshSchedule::default(),
+            workers: 0,
+            jitter: Jitter::new(config.jitter_seed),
+        };
         let mut resync = clock::ticks(config.resync_interval).await;
         let mut rescan = clock::ticks(config.node_rescan_interval).await;
         let mut confirm_tick = clock::ticks(config.instance_refresh_spacing).await;
@@ -118,17 +125,22 @@ impl<E: Ec2, S: NodeSink> Core<E, S> {
             // forever (a busy loop; under a paused clock, a livelock).
             let free = l.workers < config.workers.max(1);
             let next_due = if free { l.queue.next_due() } else { None };
+            // `biased`: branches are polled in this order, not tokio's random one, so a
+            // seeded simulation replays exactly. The bounded sources (finished tasks, at most
+            // one per worker or refresh; ticks) come before the inputs, so a stream of watch
+            // events cannot starve them.
             tokio::select! {
+                biased;
                 () = &mut shutdown => break,
-                input = inputs.recv(), if inputs_open => match input {
-                    None => inputs_open = false,
-                    Some(input) => self.accept(input, &mut l),
-                },
                 Some(done) = l.tasks.join(), if !l.tasks.is_empty() => self.on_done(done, &mut l),
                 _ = resync.tick() => self.start_full(&mut l),
                 // Re-plan every node on the cached view, between full EC2 refreshes.
                 _ = rescan.tick() => self.inner.requeue_all(&mut l.queue),
                 _ = confirm_tick.tick() => l.schedule.confirm_tick(),
+                input = inputs.recv(), if inputs_open => match input {
+                    None => inputs_open = false,
+                    Some(input) => self.accept(input, &mut l),
+                },
                 () = clock::sleep_until(next_due) => {}
             }
         }
@@ -187,8 +199,7 @@ impl<E: Ec2, S: NodeSink> Core<E, S> {
         match done {
             Done::Pass(name, outcome, again) => {
                 l.workers -= 1;
-                l.queue
-                    .finish(&name, outcome, now(), rand::rng().random::<f64>());
+                l.queue.finish(&name, outcome, now(), l.jitter.unit());
                 if outcome == Outcome::Done
                     && again.is_some()
                     && let Some(i) = self.inner.instance_of(&name)

@@ -184,7 +184,9 @@ impl<L: LeaseLock> Elector<L> {
     /// (aborting everything it owns) and returns `Err(LeadershipLost)`.
     pub async fn run<T>(&mut self, work: impl Future<Output = T>) -> Result<T, LeadershipLost> {
         self.acquire().await;
+        // `biased`: a lost lease wins a tie (and a simulation replays the same choice).
         let out = tokio::select! {
+            biased;
             lost = self.hold() => Err(lost),
             out = work => Ok(out),
         };

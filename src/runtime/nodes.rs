@@ -5,7 +5,7 @@
 //! the start (a snapshot) and writes back what the pass learned at the end. The queue never
 //! runs two passes of one node at once, so a slot has one writer per node at a time.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::{Mutex, RwLock};
 use std::time::Instant;
 
@@ -65,7 +65,9 @@ pub struct Slot {
     pub ignored: bool,
 }
 
-pub type Slots = HashMap<String, Slot>;
+/// By name, ordered: the resync requeues nodes in this order, and a seeded simulation must
+/// see the same order in every process (std's `HashMap` order is randomly seeded).
+pub type Slots = BTreeMap<String, Slot>;
 
 /// How urgently a node's next pass is due.
 pub fn priority_of(slot: &Slot) -> Priority {

@@ -27,6 +27,9 @@ pub struct CoreConfig {
     pub scope: Scope,
     /// `--annotate-cilium-ignore`: keep `ipam.cilium.io/ignore: "true"` on the nodes we serve.
     pub annotate_cilium_ignore: bool,
+    /// Seed of the work queue's backoff jitter; `None` (production): the OS's randomness.
+    /// The simulation sets it so a seed replays exactly ([`crate::jitter`]).
+    pub jitter_seed: Option<u64>,
 }
 
 impl Default for CoreConfig {
@@ -42,6 +45,7 @@ impl Default for CoreConfig {
             ipam: IpamConfig::default(),
             scope: Scope::default(),
             annotate_cilium_ignore: false,
+            jitter_seed: None,
         }
     }
 }

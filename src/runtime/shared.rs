@@ -53,7 +53,7 @@ impl<E: Ec2, S> Shared<E, S> {
             refresher,
             executor,
             config,
-            slots: Mutex::new(HashMap::new()),
+            slots: Mutex::new(Slots::new()),
             type_lookups: Mutex::new(HashMap::new()),
             metrics,
             warm: tokio::sync::watch::Sender::new(false),

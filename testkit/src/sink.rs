@@ -33,6 +33,11 @@ impl WriteCounts {
     }
 }
 
+/// A stored object as our types read it, if they do (from the JSON in place: no copy of it).
+fn parse(v: &Value) -> Option<CiliumNode> {
+    serde::Deserialize::deserialize(v).ok()
+}
+
 #[derive(Debug, Default)]
 struct MemoryState {
     objects: BTreeMap<String, Value>,
@@ -182,9 +187,7 @@ impl MemorySink {
     /// The stored object, if it exists and parses.
     pub fn get(&self, name: &str) -> Option<CiliumNode> {
         let s = self.state.lock().expect("sink lock");
-        s.objects
-            .get(name)
-            .and_then(|v| serde_json::from_value(v.clone()).ok())
+        s.objects.get(name).and_then(parse)
     }
 
     /// Edit a stored object's JSON (e.g. into something our types reject); bumps the
@@ -197,6 +200,22 @@ impl MemorySink {
         edit(v);
         v["metadata"]["resourceVersion"] = json!(version);
         Some(v.clone())
+    }
+
+    /// The stored object's resourceVersion, without parsing it (a harness's cache key).
+    pub fn resource_version(&self, name: &str) -> Option<String> {
+        let s = self.state.lock().expect("sink lock");
+        s.objects
+            .get(name)?
+            .pointer("/metadata/resourceVersion")
+            .and_then(Value::as_str)
+            .map(str::to_string)
+    }
+
+    /// The last resourceVersion handed out: it changes whenever a stored CiliumNode changes
+    /// (or a write is refused), so equal numbers mean nothing changed since.
+    pub fn generation(&self) -> u64 {
+        self.state.lock().expect("sink lock").next_version
     }
 
     pub fn raw(&self, name: &str) -> Option<Value> {
@@ -313,6 +332,9 @@ impl MemorySink {
     /// marked object (if it parses).
     pub fn begin_delete(&self, name: &str) -> Option<CiliumNode> {
         let mut s = self.state.lock().expect("sink lock");
+        // Like the API server, the deletion mark (or the removal) is a new resourceVersion.
+        s.next_version += 1;
+        let version = s.next_version.to_string();
         let v = s.objects.get_mut(name)?;
         let has_finalizers = v
             .pointer("/metadata/finalizers")
@@ -320,7 +342,8 @@ impl MemorySink {
             .is_some_and(|a| !a.is_empty());
         if has_finalizers {
             v["metadata"]["deletionTimestamp"] = json!("2026-01-01T00:00:00Z");
-            serde_json::from_value(v.clone()).ok()
+            v["metadata"]["resourceVersion"] = json!(version);
+            parse(v)
         } else {
             s.objects.remove(name);
             None
@@ -347,7 +370,7 @@ impl MemorySink {
                 .and_then(Value::as_str)
                 != Some(want)
         {
-            let fresh = serde_json::from_value(obj.clone()).ok().map(Box::new);
+            let fresh = parse(obj).map(Box::new);
             return Err(SinkError::Conflict(fresh));
         }
         let mut p = patch.clone();
@@ -375,7 +398,7 @@ impl MemorySink {
             .and_then(Value::as_array)
             .is_none_or(|a| a.is_empty());
         let deleting = obj.pointer("/metadata/deletionTimestamp").is_some();
-        let out: Option<CiliumNode> = serde_json::from_value(obj.clone()).ok();
+        let out = parse(obj);
         let counts = s.writes.entry(name.to_string()).or_default();
         match sub {
             Some(Subresource::Spec) => counts.spec += 1,
@@ -569,6 +592,26 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(error(&sink).as_deref(), Some("d"));
+    }
+
+    /// A harness caches parsed objects by resourceVersion (dst's view): every change of a
+    /// stored object, the deletion mark included, must be a new resourceVersion, as on the API
+    /// server.
+    #[test]
+    fn a_deletion_mark_is_a_new_resource_version() {
+        let sink = MemorySink::new();
+        let mut n = node("a");
+        n.metadata.finalizers = Some(vec!["example.com/hold".into()]);
+        let stored = sink.put(&n);
+        let before = sink.generation();
+        let marked = sink.begin_delete("a").expect("held by its finalizer");
+        assert!(marked.metadata.deletion_timestamp.is_some());
+        assert_ne!(
+            marked.metadata.resource_version,
+            stored.metadata.resource_version
+        );
+        assert_eq!(sink.resource_version("a"), marked.metadata.resource_version);
+        assert!(sink.generation() > before);
     }
 
     #[tokio::test]

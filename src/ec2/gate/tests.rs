@@ -362,6 +362,28 @@ async fn transient_failures_are_retried() {
     assert_eq!(g.stats().total_throttled(), 0);
 }
 
+/// The retry delays of a seeded gate (the simulation's) are the same in every run; with
+/// `backon`'s own OS-seeded jitter they differ from run to run.
+#[tokio::test(start_paused = true)]
+async fn a_seeded_gate_retries_after_the_same_delays() {
+    async fn delays(seed: u64) -> Vec<Duration> {
+        let fake = Fake::default();
+        fake.fail(Operation::DeleteNetworkInterface, "InternalError", 4);
+        let config = GateConfig {
+            jitter_seed: Some(seed),
+            ..GateConfig::aws_defaults()
+        };
+        let g = gate(fake, config);
+        g.delete_network_interface("eni-1").await.unwrap();
+        let times = g.inner().times(None);
+        times.windows(2).map(|w| w[1] - w[0]).collect()
+    }
+    let a = delays(11).await;
+    assert_eq!(a.len(), 4, "four retries");
+    assert_eq!(a, delays(11).await);
+    assert_ne!(a, delays(12).await, "the seed chooses the jitter");
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_lost_answer_of_a_call_without_a_token_is_not_repeated() {
     // A 5xx or timeout may hide an assign or attach that took effect: repeating it would

@@ -128,7 +128,7 @@ impl AddressPool {
 
     /// Addresses currently held (for invariant checks).
     pub(crate) fn held(&self) -> u32 {
-        (0..self.size()).filter(|&o| self.used[o as usize]).count() as u32
+        self.used.iter().filter(|&&u| u).count() as u32
     }
 }
 

@@ -8,6 +8,7 @@
 //! across an await. All time is tokio time, so tests can run under `tokio::time::pause()`.
 
 mod addressing;
+mod calls;
 mod faults;
 mod state;
 #[cfg(test)]
@@ -21,9 +22,11 @@ use std::time::Duration;
 use ipnet::Ipv4Net;
 use tokio::time::Instant;
 
+pub use calls::Call;
 pub use faults::{Fault, OpStats, SimStats};
 
 use self::addressing::AddressPool;
+use self::calls::CallLog;
 use self::faults::Faults;
 use self::state::{EniRec, State, SubnetRec};
 use self::throttle::Throttle;
@@ -60,6 +63,9 @@ struct Inner {
     state: State,
     throttle: Throttle,
     faults: Faults,
+    calls: CallLog,
+    /// Bumped by every lock that may change the state (see [`Simulator::generation`]).
+    generation: u64,
 }
 
 /// The simulated EC2 account and Region. Clones share the same state.
@@ -93,13 +99,42 @@ impl Simulator {
                 state,
                 throttle: Throttle::aws_default(Instant::now()),
                 faults: Faults::new(0),
+                calls: CallLog::default(),
+                generation: 0,
             })),
         }
     }
 
+    /// The state, for a change: counts as one (new knobs and seeding functions are safe by
+    /// default). Paths known to read only use [`Self::peek`].
     fn lock(&self) -> MutexGuard<'_, Inner> {
+        let mut inner = self.peek();
+        inner.generation += 1;
+        inner
+    }
+
+    fn peek(&self) -> MutexGuard<'_, Inner> {
         // A panic elsewhere cannot leave the state half-updated in a way tests rely on.
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A number that changes whenever the account's state may have changed (a mutating call,
+    /// a harness change, a detach completing); equal numbers mean an unchanged state, so a
+    /// harness can skip re-checking it.
+    pub fn generation(&self) -> u64 {
+        let mut inner = self.peek();
+        inner.state.settle(Instant::now());
+        inner.generation + inner.state.transitions
+    }
+
+    /// Record every call answered from now on ([`Self::take_calls`]).
+    pub fn record_calls(&self) {
+        self.peek().calls.on = true;
+    }
+
+    /// The calls answered since the last take, oldest first.
+    pub fn take_calls(&self) -> Vec<Call> {
+        std::mem::take(&mut self.peek().calls.calls)
     }
 
     // ---- knobs ----
@@ -182,7 +217,7 @@ impl Simulator {
 
     /// Per-operation counters so far.
     pub fn stats(&self) -> SimStats {
-        self.lock().faults.stats.clone()
+        self.peek().faults.stats.clone()
     }
 
     // ---- seeding ----
@@ -366,7 +401,7 @@ impl Simulator {
 
     /// A snapshot of an ENI without going through the API (no throttling, no counters).
     pub fn network_interface(&self, eni_id: &str) -> Option<NetworkInterface> {
-        let mut inner = self.lock();
+        let mut inner = self.peek();
         inner.state.settle(Instant::now());
         inner.state.enis.get(eni_id).map(|r: &EniRec| r.eni.clone())
     }
@@ -374,14 +409,14 @@ impl Simulator {
     /// Every ENI of the account without going through the API (no throttling, no counters):
     /// what a test harness checks its invariants against.
     pub fn network_interfaces(&self) -> Vec<NetworkInterface> {
-        let mut inner = self.lock();
+        let mut inner = self.peek();
         inner.state.settle(Instant::now());
         inner.state.enis.values().map(|r| r.eni.clone()).collect()
     }
 
     /// Check AWS's invariants over the whole state (see `State::check_invariants`).
     pub fn check_invariants(&self) -> std::result::Result<(), String> {
-        let mut inner = self.lock();
+        let mut inner = self.peek();
         inner.state.settle(Instant::now());
         inner.state.check_invariants()
     }
@@ -395,12 +430,30 @@ impl Simulator {
         op: Operation,
         f: impl FnOnce(&mut State, Instant) -> Result<T>,
     ) -> Result<T> {
-        let latency = self.lock().faults.latency(op);
+        let latency = self.peek().faults.latency(op);
         if !latency.is_zero() {
             tokio::time::sleep(latency).await;
         }
-        let mut inner = self.lock();
+        let mut inner = self.peek();
         let now = Instant::now();
+        if op.is_mutating() {
+            inner.generation += 1;
+        }
+        let result = inner.answer(op, now, f);
+        inner.calls.record(now, op, &result);
+        result
+    }
+}
+
+impl Inner {
+    /// Counters, throttling, injected faults and finally the operation itself.
+    fn answer<T>(
+        &mut self,
+        op: Operation,
+        now: Instant,
+        f: impl FnOnce(&mut State, Instant) -> Result<T>,
+    ) -> Result<T> {
+        let inner = self;
         inner.faults.count(op).calls += 1;
         if !inner.throttle.try_take(op.bucket(), now) {
             inner.faults.count(op).throttled += 1;

@@ -504,3 +504,40 @@ mod invariants {
         }
     }
 }
+
+/// A harness skips re-checking an unchanged account by its generation (dst's view), and a
+/// replay compares the call log: reads leave the generation alone, every change moves it, and
+/// every answered call is logged with its instant and answer.
+#[tokio::test(start_paused = true)]
+async fn the_generation_moves_with_every_change_and_the_log_holds_every_answer() {
+    let (sim, subnet, sg, inst) = small_world();
+    sim.record_calls();
+    let g0 = sim.generation();
+    sim.describe_network_interfaces(&EniFilter::default(), None)
+        .await
+        .unwrap();
+    let _ = sim.network_interfaces();
+    sim.check_invariants().unwrap();
+    assert_eq!(sim.generation(), g0, "reads change nothing");
+    let eni = sim
+        .create_network_interface(&create_req(&subnet, &sg, AddressRequest::Ips(1), "t"))
+        .await
+        .unwrap();
+    let g1 = sim.generation();
+    assert!(g1 > g0, "a mutating call");
+    sim.inject_error(Operation::DeleteNetworkInterface, "InternalError", 1);
+    assert!(sim.delete_network_interface(&eni.id).await.is_err());
+    assert!(sim.terminate_instance(&inst.id));
+    assert!(sim.generation() > g1, "a harness change");
+    let log = sim.take_calls();
+    let answers: Vec<(Operation, &str)> = log.iter().map(|c| (c.op, c.answer.as_str())).collect();
+    assert_eq!(
+        answers,
+        vec![
+            (Operation::DescribeNetworkInterfaces, "ok"),
+            (Operation::CreateNetworkInterface, "ok"),
+            (Operation::DeleteNetworkInterface, "InternalError"),
+        ]
+    );
+    assert!(sim.take_calls().is_empty(), "taken");
+}

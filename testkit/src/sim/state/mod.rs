@@ -56,6 +56,8 @@ pub(crate) struct State {
     next_id: u64,
     /// Upper bound on the ENIs in `detaching` (exact after each `settle`).
     detaching: usize,
+    /// Detaches completed by [`Self::settle`] (state changes no call made).
+    pub(crate) transitions: u64,
     pub(crate) page_size: usize,
     pub(crate) detach_delay: Duration,
 }
@@ -133,6 +135,7 @@ impl State {
                     rec.detach_at = None;
                     rec.eni.attachment = None;
                     rec.eni.state = EniState::Available;
+                    self.transitions += 1;
                 }
                 Some(_) => still += 1,
                 None => {}
