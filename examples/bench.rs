@@ -2,11 +2,14 @@
 //! it needs tokio's paused clock (`test-util`, a dev-dependency only). Runs every scenario on a paused
 //! current-thread tokio runtime: simulated time jumps ahead whenever every task waits, so rate
 //! limits and latencies hold in simulated time and the run costs only CPU.
+//!
+//! The heap counting allocator lives here, in the benchmark's binary, so the operator's library
+//! has no unsafe code.
 
 use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
-use eni_operator::bench::heap::{self, CountingAllocator};
+use eni_operator::bench::heap;
 use eni_operator::bench::plot::{Series, plot};
 use eni_operator::bench::scenario::{
     GateMode, Outcome, Settings, burst, churn, peak_rss_mib, scale_down, shared_account,
@@ -15,7 +18,84 @@ use eni_operator::bench::{Row, SharedRow, shared_table, table};
 
 // Counts heap bytes so each scenario can report the operator's share of the process.
 #[global_allocator]
-static ALLOCATOR: CountingAllocator = CountingAllocator;
+static ALLOCATOR: counting::CountingAllocator = counting::CountingAllocator;
+
+/// The system allocator, counting live and peak bytes. Hand-written: the counting-allocator
+/// crates checked either cannot reset the peak (`cap`, `stats_alloc` has no peak at all) or
+/// turn every `realloc` into allocate + copy + free (`peak_alloc` 0.3), which would count a
+/// growing buffer twice and change the heap figures.
+mod counting {
+    use std::alloc::{GlobalAlloc, Layout, System};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use eni_operator::bench::heap::HeapMeter;
+
+    static LIVE: AtomicUsize = AtomicUsize::new(0);
+    static PEAK: AtomicUsize = AtomicUsize::new(0);
+
+    pub struct CountingAllocator;
+
+    fn grew(bytes: usize) {
+        let live = LIVE.fetch_add(bytes, Ordering::Relaxed) + bytes;
+        PEAK.fetch_max(live, Ordering::Relaxed);
+    }
+
+    // SAFETY: every call is forwarded unchanged to `System`; only counters are added.
+    unsafe impl GlobalAlloc for CountingAllocator {
+        unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+            // SAFETY: same contract as the caller's.
+            let p = unsafe { System.alloc(layout) };
+            if !p.is_null() {
+                grew(layout.size());
+            }
+            p
+        }
+
+        unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+            // SAFETY: same contract as the caller's.
+            let p = unsafe { System.alloc_zeroed(layout) };
+            if !p.is_null() {
+                grew(layout.size());
+            }
+            p
+        }
+
+        unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+            // SAFETY: same contract as the caller's.
+            unsafe { System.dealloc(ptr, layout) };
+            LIVE.fetch_sub(layout.size(), Ordering::Relaxed);
+        }
+
+        unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+            // SAFETY: same contract as the caller's.
+            let p = unsafe { System.realloc(ptr, layout, new_size) };
+            if !p.is_null() {
+                LIVE.fetch_sub(layout.size(), Ordering::Relaxed);
+                grew(new_size);
+            }
+            p
+        }
+    }
+
+    fn live_bytes() -> usize {
+        LIVE.load(Ordering::Relaxed)
+    }
+
+    fn peak_bytes() -> usize {
+        PEAK.load(Ordering::Relaxed)
+    }
+
+    fn reset_peak() {
+        PEAK.store(live_bytes(), Ordering::Relaxed);
+    }
+
+    /// The counters, for the scenarios.
+    pub const METER: HeapMeter = HeapMeter {
+        live_bytes,
+        peak_bytes,
+        reset_peak,
+    };
+}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 enum Scenario {
@@ -118,6 +198,7 @@ fn main() -> anyhow::Result<()> {
         ips_per_node: args.ips_per_node,
         mutating_latency: Duration::from_millis(args.mutating_latency_ms),
         describe_latency: Duration::from_millis(args.describe_latency_ms),
+        heap: Some(counting::METER),
         ..Settings::default()
     };
     let rt = tokio::runtime::Builder::new_current_thread()

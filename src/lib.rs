@@ -13,6 +13,8 @@
 //! `docs/architecture.md` shows where each step of the work lives. A test (`tests/docs.rs`)
 //! checks that every such reference resolves.
 
+#![forbid(unsafe_code)]
+
 pub mod bench;
 pub mod config;
 pub mod crd;

@@ -236,6 +236,7 @@ impl World {
             self.sink.clone(),
             self.cfg.clone(),
             metrics.clone(),
+            self.cfg.ec2_cache(),
         );
         let (tx, rx) = mpsc::channel(1 << 14);
         let task =

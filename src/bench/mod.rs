@@ -1,6 +1,7 @@
-//! The scale benchmark (`make bench`, `src/bin/bench.rs`): scenarios that drive the real
+//! The scale benchmark (`make bench`, `examples/bench.rs`): scenarios that drive the real
 //! allocation core against the simulator under paused tokio time ([`scenario`]), the pure
-//! figures derived from them (lower bound, table rows; here) and a tiny PNG plotter ([`plot`]).
+//! figures derived from them (lower bound, table rows; here), the heap figures' types
+//! ([`heap`]) and a tiny PNG plotter ([`plot`]). The binary counts the heap.
 
 pub mod agent;
 pub mod heap;
