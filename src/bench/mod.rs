@@ -1,11 +1,10 @@
 //! The scale benchmark (`make bench`, `examples/bench.rs`): scenarios that drive the real
 //! allocation core against the simulator under paused tokio time ([`scenario`]), the pure
-//! figures derived from them (lower bound, table rows; here), the heap figures' types
-//! ([`heap`]) and a tiny PNG plotter ([`plot`]). The binary counts the heap.
+//! figures derived from them (lower bound, table rows; here) and the heap figures' types
+//! ([`heap`]). The binary counts the heap and draws the plots.
 
 pub mod agent;
 pub mod heap;
-pub mod plot;
 pub mod scenario;
 
 use std::collections::BTreeMap;
