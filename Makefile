@@ -65,7 +65,7 @@ check-install: ## Dry-run the install (kubectl apply --dry-run=server -f manifes
 # BENCH_SCENARIO=burst|churn|scale-down|shared-account runs one scenario.
 BENCH_SCENARIO ?= all
 bench: ## Scale benchmark; rewrites the results in docs/benchmarks.md (smoke run: ARGS=--quick)
-	cargo run --locked -p bench -- --scenario $(BENCH_SCENARIO) --out docs/benchmarks.md --plot docs/burst.png --shared-plot docs/shared-account.png $(ARGS)
+	cargo run --locked -p bench -- --scenario $(BENCH_SCENARIO) --out docs/benchmarks.md --plot docs/burst.svg --shared-plot docs/shared-account.svg $(ARGS)
 
 # Deterministic simulation (docs/testing.md). Debug profile for the same reason as the bench:
 # tokio's paused clock (test-util) is in every debug test build already.

@@ -264,12 +264,25 @@ impl Settings {
         I: IntoIterator<Item = T>,
         T: Into<std::ffi::OsString> + Clone,
     {
-        let mut settings = Self::try_parse_from(args)?;
+        use clap::CommandFactory;
+        Self::load_with(Self::command(), args)
+    }
+
+    /// [`Settings::load_from`] with the command line `cmd` defines (the unit tests' has no
+    /// environment variables, so they never write the process's environment).
+    fn load_with<I, T>(mut cmd: clap::Command, args: I) -> Result<Self, clap::Error>
+    where
+        I: IntoIterator<Item = T>,
+        T: Into<std::ffi::OsString> + Clone,
+    {
+        use clap::FromArgMatches;
+        let mut matches = cmd.try_get_matches_from_mut(args)?;
+        let mut settings =
+            Self::from_arg_matches_mut(&mut matches).map_err(|e| e.format(&mut cmd))?;
         settings.apply_fallbacks(|name| std::env::var(name).ok());
-        settings.validate().map_err(|e| {
-            use clap::CommandFactory;
-            Self::command().error(clap::error::ErrorKind::ValueValidation, e.0)
-        })?;
+        settings
+            .validate()
+            .map_err(|e| cmd.error(clap::error::ErrorKind::ValueValidation, e.0))?;
         Ok(settings)
     }
 
@@ -654,38 +667,29 @@ impl FromStr for BucketOverride {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use clap::CommandFactory;
-    use std::sync::{Mutex, MutexGuard};
+    use clap::{CommandFactory, FromArgMatches};
 
-    /// Serialises tests that read or write the process environment.
-    static ENV_LOCK: Mutex<()> = Mutex::new(());
-
-    /// Every environment variable a setting reads.
-    pub(crate) fn setting_env_names() -> Vec<String> {
-        Settings::command()
-            .get_arguments()
-            .filter_map(|a| a.get_env())
-            .map(|e| e.to_string_lossy().into_owned())
-            .collect()
+    /// The settings' command line without their environment variables, so a developer's shell
+    /// cannot change what a test parses. How the environment overrides defaults and yields to
+    /// flags is tested in `tests/config_env.rs` (writing the environment is unsafe).
+    fn command() -> clap::Command {
+        Settings::command().mut_args(|a| a.env(None))
     }
 
-    /// Takes the lock and clears every setting's variable (a developer's shell may set some).
-    fn clean_env() -> MutexGuard<'static, ()> {
-        let guard = ENV_LOCK.lock().unwrap_or_else(|e| e.into_inner());
-        for name in setting_env_names() {
-            // SAFETY: the environment is only touched under ENV_LOCK, by these tests.
-            unsafe { std::env::remove_var(name) };
-        }
-        guard
+    fn try_parse(args: &[&str]) -> Result<Settings, clap::Error> {
+        let args = std::iter::once("eni-operator").chain(args.iter().copied());
+        Settings::from_arg_matches_mut(&mut command().try_get_matches_from(args)?)
     }
 
     fn parse(args: &[&str]) -> Result<Settings, clap::Error> {
-        Settings::load_from(std::iter::once("eni-operator").chain(args.iter().copied()))
+        Settings::load_with(
+            command(),
+            std::iter::once("eni-operator").chain(args.iter().copied()),
+        )
     }
 
     #[test]
     fn defaults() {
-        let _g = clean_env();
         let s = parse(&["--namespace", "ns", "--identity", "me"]).unwrap();
         assert_eq!(s.server.metrics_addr, "0.0.0.0:9751".parse().unwrap());
         assert_eq!(s.server.health_addr, "0.0.0.0:9752".parse().unwrap());
@@ -733,51 +737,8 @@ pub(crate) mod tests {
     }
 
     #[test]
-    fn env_overrides_default_and_flag_overrides_env() {
-        let _g = clean_env();
-        // SAFETY: under ENV_LOCK (see clean_env).
-        unsafe {
-            std::env::set_var("ENI_OPERATOR_CLUSTER_NAME", "prod");
-            std::env::set_var("ENI_OPERATOR_AWS_RELEASE_EXCESS_IPS", "true");
-            std::env::set_var("ENI_OPERATOR_ENI_GC_INTERVAL", "0");
-            std::env::set_var("ENI_OPERATOR_ENI_TAGS", "team=net,env=prod");
-            std::env::set_var("ENI_OPERATOR_LEADER_ELECTION", "false");
-            std::env::set_var(
-                "ENI_OPERATOR_EC2_BUCKET",
-                "describe=10/2,delete-network-interface=4/1",
-            );
-        }
-        let s = parse(&["--cluster-name", "flag-wins"]).unwrap();
-        clean_env_inner();
-        assert_eq!(s.ipam.cluster_name, "flag-wins");
-        assert!(s.ipam.aws_release_excess_ips);
-        assert_eq!(s.runtime.eni_gc_interval(), None);
-        assert!(!s.kube.leader_election);
-        assert_eq!(
-            s.ipam.eni_tags(),
-            BTreeMap::from([("team".into(), "net".into()), ("env".into(), "prod".into())])
-        );
-        assert_eq!(s.gate.bucket_limits(Bucket::Describe), (10, 2.0));
-        assert_eq!(
-            s.gate.bucket_limits(Bucket::DeleteNetworkInterface),
-            (4, 1.0)
-        );
-        // Not overridden: AWS default scaled by the fraction.
-        assert_eq!(s.gate.bucket_limits(Bucket::GeneralMutating), (40, 4.0));
-    }
-
-    /// Clears the variables without taking the lock (the caller holds it).
-    fn clean_env_inner() {
-        for name in setting_env_names() {
-            // SAFETY: called only while ENV_LOCK is held.
-            unsafe { std::env::remove_var(name) };
-        }
-    }
-
-    #[test]
     fn downward_api_fallbacks() {
-        let _g = clean_env();
-        let mut s = Settings::try_parse_from(["eni-operator"]).unwrap();
+        let mut s = try_parse(&[]).unwrap();
         s.apply_fallbacks(|n| match n {
             "POD_NAMESPACE" => Some("kube-system".into()),
             "POD_NAME" => Some("eni-operator-abc".into()),
@@ -786,7 +747,7 @@ pub(crate) mod tests {
         assert_eq!(s.kube.namespace(), "kube-system");
         assert_eq!(s.kube.identity(), "eni-operator-abc");
 
-        let mut s = Settings::try_parse_from(["eni-operator"]).unwrap();
+        let mut s = try_parse(&[]).unwrap();
         s.apply_fallbacks(|n| (n == "HOSTNAME").then(|| "laptop".to_string()));
         assert_eq!(s.kube.namespace(), DEFAULT_NAMESPACE);
         let id = s.kube.identity();
@@ -796,14 +757,13 @@ pub(crate) mod tests {
         );
 
         // An explicit flag beats the downward API.
-        let mut s = Settings::try_parse_from(["eni-operator", "--namespace", "mine"]).unwrap();
+        let mut s = try_parse(&["--namespace", "mine"]).unwrap();
         s.apply_fallbacks(|_| Some("other".into()));
         assert_eq!(s.kube.namespace(), "mine");
     }
 
     #[test]
     fn bool_flags_take_optional_values() {
-        let _g = clean_env();
         let s = parse(&["--aws-enable-prefix-delegation", "--leader-election=false"]).unwrap();
         assert!(s.ipam.aws_enable_prefix_delegation);
         assert!(!s.kube.leader_election);
@@ -855,7 +815,6 @@ pub(crate) mod tests {
 
     #[test]
     fn endpoint_gets_a_scheme() {
-        let _g = clean_env();
         let s = parse(&["--ec2-api-endpoint", "ec2.eu-west-1.amazonaws.com"]).unwrap();
         assert_eq!(
             s.ec2.endpoint_url().as_deref(),
@@ -870,7 +829,6 @@ pub(crate) mod tests {
 
     #[test]
     fn validation_errors() {
-        let _g = clean_env();
         let cases: &[(&[&str], &str)] = &[
             (
                 &["--leader-election-renew-deadline", "15s"],
@@ -951,7 +909,6 @@ pub(crate) mod tests {
     }
     #[test]
     fn ipam_flags_reach_the_ipam_config() {
-        let _g = clean_env();
         let s = parse(&[
             "--aws-enable-prefix-delegation",
             "--aws-release-excess-ips",
@@ -970,7 +927,6 @@ pub(crate) mod tests {
 
     #[test]
     fn runtime_and_ipam_flags_reach_the_core_config() {
-        let _g = clean_env();
         let s = parse(&[
             "--parallel-alloc-workers=7",
             "--ec2-resync-interval=2m",
@@ -993,7 +949,6 @@ pub(crate) mod tests {
 
     #[test]
     fn election_flags_reach_the_leader_config() {
-        let _g = clean_env();
         let s = parse(&[
             "--identity=replica-1",
             "--leader-election-lease-duration=20s",
@@ -1010,7 +965,6 @@ pub(crate) mod tests {
 
     #[test]
     fn ec2_flags_reach_the_aws_client_config() {
-        let _g = clean_env();
         let s = parse(&[
             "--aws-region=eu-west-1",
             "--ec2-api-endpoint=localhost:5000",
@@ -1029,7 +983,6 @@ pub(crate) mod tests {
 
     #[test]
     fn gate_flags_reach_the_gate_config() {
-        let _g = clean_env();
         let s = parse(&[
             "--ec2-rate-fraction=0.5",
             "--ec2-bucket=describe=7/3",

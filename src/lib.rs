@@ -16,9 +16,7 @@
 //! `docs/architecture.md` shows where each step of the work lives. A test (`tests/docs.rs`)
 //! checks that every such reference resolves.
 
-// The shipped library has no unsafe code (the benchmark's counting allocator lives in bench/).
-// Only config's tests use it, to set process environment variables (`std::env::set_var`).
-#![cfg_attr(not(test), forbid(unsafe_code))]
+#![forbid(unsafe_code)]
 
 pub mod config;
 pub mod crd;

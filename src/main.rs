@@ -127,7 +127,8 @@ async fn run_operator(
         async move {
             readiness.set_leading(true);
             let (tx, rx) = tokio::sync::mpsc::channel(4096);
-            let core = Core::new(ec2.clone(), sink, core_config, metrics.clone());
+            let cache = core_config.ec2_cache();
+            let core = Core::new(ec2.clone(), sink, core_config, metrics.clone(), cache);
             let mut warm = core.warm();
             let caches_warm = async {
                 if warm.wait_for(|w| *w).await.is_ok() {

@@ -63,7 +63,8 @@ async fn scrape_after_a_small_run() -> (String, String) {
         },
         ..CoreConfig::default()
     };
-    let core = Core::new(gate.clone(), sink.clone(), cfg, metrics.clone());
+    let cache = cfg.ec2_cache();
+    let core = Core::new(gate.clone(), sink.clone(), cfg, metrics.clone(), cache);
     let (tx, rx) = tokio::sync::mpsc::channel(1024);
     let _task = tokio::spawn(core.clone().run(rx, std::future::pending()));
 

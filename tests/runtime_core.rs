@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use eni_operator::crd::{
@@ -18,6 +18,7 @@ use eni_operator::ec2::{
 };
 use eni_operator::ipam::IpamConfig;
 use eni_operator::ipam::ownership::ownership_tags;
+use eni_operator::runtime::cache::Ec2Cache;
 use eni_operator::runtime::core::{Core, CoreConfig, NodeInput};
 use eni_operator::runtime::gc::EniGc;
 use eni_operator::runtime::leader::{Elector, LeaderConfig, LeadershipLost};
@@ -63,19 +64,34 @@ async fn join(
     inst
 }
 
-fn start<E: Ec2>(
-    ec2: E,
-    sink: &Arc<MemorySink>,
-    cfg: CoreConfig,
-) -> (
+/// A running core: the handle, its input and its task.
+type Running<E> = (
     Core<E, MemorySink>,
     mpsc::Sender<NodeInput>,
     tokio::task::JoinHandle<Result<()>>,
-) {
-    let core = Core::new(Arc::new(ec2), sink.clone(), cfg, RuntimeMetrics::default());
+);
+
+fn start<E: Ec2>(ec2: E, sink: &Arc<MemorySink>, cfg: CoreConfig) -> Running<E> {
+    start_with_cache(ec2, sink, cfg).0
+}
+
+/// As [`start`], also handing back the core's EC2 view to look into.
+fn start_with_cache<E: Ec2>(
+    ec2: E,
+    sink: &Arc<MemorySink>,
+    cfg: CoreConfig,
+) -> (Running<E>, Arc<RwLock<Ec2Cache>>) {
+    let cache = cfg.ec2_cache();
+    let core = Core::new(
+        Arc::new(ec2),
+        sink.clone(),
+        cfg,
+        RuntimeMetrics::default(),
+        cache.clone(),
+    );
     let (tx, rx) = mpsc::channel(4096);
     let task = tokio::spawn(core.clone().run(rx, std::future::pending()));
-    (core, tx, task)
+    ((core, tx, task), cache)
 }
 
 fn operator_error(sink: &MemorySink, name: &str) -> Option<String> {
@@ -464,11 +480,14 @@ async fn two_cores_racing_for_one_lease_never_both_mutate() {
             identity: id.into(),
             log: log.clone(),
         };
+        let cfg = config(8);
+        let cache = cfg.ec2_cache();
         let core = Core::new(
             Arc::new(ec2),
             sink.clone(),
-            config(8),
+            cfg,
             RuntimeMetrics::default(),
+            cache,
         );
         let (tx, rx) = mpsc::channel(4096);
         senders.push(tx);
@@ -945,11 +964,14 @@ async fn a_core_is_warm_once_its_first_full_refresh_succeeded() {
     w.sim
         .set_latency(Operation::DescribeSubnets, Duration::from_secs(3));
     let sink = Arc::new(MemorySink::new());
+    let cfg = config(4);
+    let cache = cfg.ec2_cache();
     let core = Core::new(
         Arc::new(w.sim.clone()),
         sink.clone(),
-        config(4),
+        cfg,
         RuntimeMetrics::default(),
+        cache,
     );
     let warm = core.warm();
     assert!(!*warm.borrow());
@@ -1609,7 +1631,7 @@ async fn a_subnet_filter_never_hides_a_nodes_primary_eni() {
     let sink = Arc::new(MemorySink::new());
     let mut cfg = config(4);
     cfg.scope.subnet_ids = vec![pod_subnet.clone()];
-    let (_core, tx, _task) = start(w.sim.clone(), &sink, cfg);
+    let ((_core, tx, _task), cache) = start_with_cache(w.sim.clone(), &sink, cfg);
     tokio::time::sleep(Duration::from_secs(1)).await;
     let inst = w.instance();
     let primary = w.sim.primary_eni_id(&inst.id).unwrap();
@@ -1631,7 +1653,7 @@ async fn a_subnet_filter_never_hides_a_nodes_primary_eni() {
     let after = status_enis(&sink, "n");
     assert_eq!(after, enis, "status unchanged by the full refreshes");
     assert_eq!(operator_error(&sink, "n"), None);
-    let cache = _core.cache().read().unwrap();
+    let cache = cache.read().unwrap();
     let cached = &cache.instance(&inst.id).unwrap().enis;
     assert!(cached.iter().any(|e| e.id == primary), "{cached:?}");
 }
@@ -1656,13 +1678,13 @@ async fn the_ec2_cache_holds_only_the_managed_nodes_vpc_and_forgets_the_rest() {
     let bystander = w.instance();
     let inst = w.instance();
     let sink = Arc::new(MemorySink::new());
-    let (core, tx, _task) = start(w.sim.clone(), &sink, config(4));
+    let ((_core, tx, _task), cache) = start_with_cache(w.sim.clone(), &sink, config(4));
     let n = sink.put(&agent_node(&w, "n", &inst.id, 4));
     tx.send(NodeInput::Upsert(Box::new(n))).await.unwrap();
     assert!(wait_until(|| served(&sink, "n", 4), Duration::from_secs(30)).await);
     w.sim.terminate_instance(&bystander.id);
     tokio::time::sleep(Duration::from_secs(130)).await;
-    let cache = core.cache().read().unwrap();
+    let cache = cache.read().unwrap();
     assert!(cache.instance(&inst.id).is_some(), "the managed node stays");
     assert!(
         cache.instance(&elsewhere.id).is_none(),
@@ -1682,7 +1704,7 @@ async fn the_ec2_cache_holds_only_the_managed_nodes_vpc_and_forgets_the_rest() {
 async fn late_node_events_for_unknown_nodes_leave_no_state() {
     let w = Cluster::new();
     let sink = Arc::new(MemorySink::new());
-    let (core, tx, _task) = start(w.sim.clone(), &sink, config(4));
+    let ((core, tx, _task), cache) = start_with_cache(w.sim.clone(), &sink, config(4));
     let inst = join(&w, &sink, &tx, "n", 4).await;
     assert!(wait_until(|| served(&sink, "n", 4), Duration::from_secs(30)).await);
     tx.send(NodeInput::Deleted("n".into())).await.unwrap();
@@ -1726,7 +1748,7 @@ async fn late_node_events_for_unknown_nodes_leave_no_state() {
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert!(core.demand("pending-1").is_none(), "and goes at zero");
     assert!(
-        core.cache().read().unwrap().instance(&inst.id).is_none(),
+        cache.read().unwrap().instance(&inst.id).is_none(),
         "the deleted node's instance is forgotten"
     );
 }

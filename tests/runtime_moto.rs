@@ -82,11 +82,13 @@ async fn start(
         },
         ..CoreConfig::default()
     };
+    let cache = config.ec2_cache();
     let core = Core::new(
         gate.clone(),
         sink.clone(),
         config,
         RuntimeMetrics::default(),
+        cache,
     );
     let (tx, rx) = tokio::sync::mpsc::channel(64);
     tokio::spawn(core.run(rx, std::future::pending()));

@@ -1,9 +1,9 @@
 //! The scale benchmark (`make bench`, `src/main.rs`): scenarios that drive the real
 //! allocation core against the simulator under paused tokio time ([`scenario`]), the pure
-//! figures derived from them (lower bound, table rows; here) and a tiny PNG plotter ([`plot`]).
+//! figures derived from them (lower bound, table rows; here) and the heap figures' types
+//! ([`heap`]). The binary counts the heap and draws the plots.
 
 pub mod heap;
-pub mod plot;
 pub mod scenario;
 
 use std::collections::BTreeMap;

@@ -2,11 +2,13 @@
 //! current-thread tokio runtime (tokio's `test-util`, an ordinary dependency of this crate):
 //! simulated time jumps ahead whenever every task waits, so rate limits and latencies hold in
 //! simulated time and the run costs only CPU.
+//!
+//! The heap counting allocator and the SVG plots live here, in the benchmark's binary, so the
+//! operator's library has no unsafe code and no plotting.
 
 use std::time::Duration;
 
-use bench::heap::{self, CountingAllocator};
-use bench::plot::{Series, plot};
+use bench::heap;
 use bench::scenario::{
     GateMode, Outcome, Settings, burst, churn, peak_rss_mib, scale_down, shared_account,
 };
@@ -15,7 +17,84 @@ use clap::{Parser, ValueEnum};
 
 // Counts heap bytes so each scenario can report the operator's share of the process.
 #[global_allocator]
-static ALLOCATOR: CountingAllocator = CountingAllocator;
+static ALLOCATOR: counting::CountingAllocator = counting::CountingAllocator;
+
+/// The system allocator, counting live and peak bytes. Hand-written: the counting-allocator
+/// crates checked either cannot reset the peak (`cap`, `stats_alloc` has no peak at all) or
+/// turn every `realloc` into allocate + copy + free (`peak_alloc` 0.3), which would count a
+/// growing buffer twice and change the heap figures.
+mod counting {
+    use std::alloc::{GlobalAlloc, Layout, System};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use bench::heap::HeapMeter;
+
+    static LIVE: AtomicUsize = AtomicUsize::new(0);
+    static PEAK: AtomicUsize = AtomicUsize::new(0);
+
+    pub struct CountingAllocator;
+
+    fn grew(bytes: usize) {
+        let live = LIVE.fetch_add(bytes, Ordering::Relaxed) + bytes;
+        PEAK.fetch_max(live, Ordering::Relaxed);
+    }
+
+    // SAFETY: every call is forwarded unchanged to `System`; only counters are added.
+    unsafe impl GlobalAlloc for CountingAllocator {
+        unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+            // SAFETY: same contract as the caller's.
+            let p = unsafe { System.alloc(layout) };
+            if !p.is_null() {
+                grew(layout.size());
+            }
+            p
+        }
+
+        unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+            // SAFETY: same contract as the caller's.
+            let p = unsafe { System.alloc_zeroed(layout) };
+            if !p.is_null() {
+                grew(layout.size());
+            }
+            p
+        }
+
+        unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+            // SAFETY: same contract as the caller's.
+            unsafe { System.dealloc(ptr, layout) };
+            LIVE.fetch_sub(layout.size(), Ordering::Relaxed);
+        }
+
+        unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+            // SAFETY: same contract as the caller's.
+            let p = unsafe { System.realloc(ptr, layout, new_size) };
+            if !p.is_null() {
+                LIVE.fetch_sub(layout.size(), Ordering::Relaxed);
+                grew(new_size);
+            }
+            p
+        }
+    }
+
+    fn live_bytes() -> usize {
+        LIVE.load(Ordering::Relaxed)
+    }
+
+    fn peak_bytes() -> usize {
+        PEAK.load(Ordering::Relaxed)
+    }
+
+    fn reset_peak() {
+        PEAK.store(live_bytes(), Ordering::Relaxed);
+    }
+
+    /// The counters, for the scenarios.
+    pub const METER: HeapMeter = HeapMeter {
+        live_bytes,
+        peak_bytes,
+        reset_peak,
+    };
+}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 enum Scenario {
@@ -67,10 +146,10 @@ struct Args {
     /// Write the results table (Markdown) here.
     #[arg(long)]
     out: Option<std::path::PathBuf>,
-    /// Write the burst plot (PNG) here.
+    /// Write the burst plot (SVG) here.
     #[arg(long)]
     plot: Option<std::path::PathBuf>,
-    /// Write the shared-account plot (PNG) here.
+    /// Write the shared-account plot (SVG) here.
     #[arg(long)]
     shared_plot: Option<std::path::PathBuf>,
 }
@@ -118,6 +197,7 @@ fn main() -> anyhow::Result<()> {
         ips_per_node: args.ips_per_node,
         mutating_latency: Duration::from_millis(args.mutating_latency_ms),
         describe_latency: Duration::from_millis(args.describe_latency_ms),
+        heap: Some(counting::METER),
         ..Settings::default()
     };
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -262,7 +342,7 @@ fn main() -> anyhow::Result<()> {
             )?;
         }
         if let Some(path) = &args.shared_plot {
-            write_plot(path, &shared_curves, &legend)?;
+            write_plot(path, &shared_curves, args.shared_nodes, &legend)?;
         }
     }
     if rows.is_empty() {
@@ -300,7 +380,7 @@ fn main() -> anyhow::Result<()> {
         )?;
     }
     if let Some(path) = &args.plot {
-        write_plot(path, &curves, &legend)?;
+        write_plot(path, &curves, plot_size, &legend)?;
     }
     Ok(())
 }
@@ -327,19 +407,145 @@ fn plot_caption(curves: &Curves, nodes: usize, legend: &[String]) -> String {
     )
 }
 
-fn write_plot(path: &std::path::Path, curves: &Curves, legend: &[String]) -> anyhow::Result<()> {
-    let series: Vec<Series> = curves
+fn write_plot(
+    path: &std::path::Path,
+    curves: &Curves,
+    nodes: usize,
+    legend: &[String],
+) -> anyhow::Result<()> {
+    let series: Vec<plot::Series> = curves
         .iter()
         .zip(COLORS.iter().cycle())
-        .map(|((_, pts), c)| Series {
+        .map(|((name, points), c)| plot::Series {
+            name,
             color: *c,
-            points: pts.clone(),
+            points,
         })
         .collect();
-    std::fs::write(path, plot(900, 450, &series).to_png())?;
+    let y_desc = format!("nodes still waiting (of {nodes})");
+    std::fs::write(
+        path,
+        plot::svg((900, 450), "simulated seconds", &y_desc, &series)?,
+    )?;
     eprintln!("plot written to {}", path.display());
     for l in legend {
         eprintln!("{l}");
     }
     Ok(())
+}
+
+/// The plots as SVG (plotters' SVG backend only): nodes still waiting over simulated time, one
+/// line per run, in the colours the caption in docs/benchmarks.md lists.
+mod plot {
+    use plotters::prelude::*;
+
+    /// One line: its legend, colour and (x, y) points in data units.
+    pub struct Series<'a> {
+        pub name: &'a str,
+        pub color: [u8; 3],
+        pub points: &'a [(f64, f64)],
+    }
+
+    /// A line plot of `series` on white, axes from 0 to the largest x and y, as an SVG document.
+    pub fn svg(
+        size: (u32, u32),
+        x_desc: &str,
+        y_desc: &str,
+        series: &[Series],
+    ) -> anyhow::Result<String> {
+        let max = |f: fn(&(f64, f64)) -> f64| {
+            series
+                .iter()
+                .flat_map(|s| s.points.iter().map(f))
+                .fold(0.0, f64::max)
+                .max(1e-9)
+        };
+        let (max_x, max_y) = (max(|p| p.0), max(|p| p.1));
+        let mut out = String::new();
+        {
+            let err = |e: DrawingAreaErrorKind<_>| anyhow::anyhow!("plot: {e}");
+            let root = SVGBackend::with_string(&mut out, size).into_drawing_area();
+            root.fill(&WHITE).map_err(err)?;
+            let mut chart = ChartBuilder::on(&root)
+                .margin(20)
+                .x_label_area_size(40)
+                .y_label_area_size(50)
+                .build_cartesian_2d(0.0..max_x, 0.0..max_y)
+                .map_err(err)?;
+            // Grid lines every tenth, as the caption says.
+            chart
+                .configure_mesh()
+                .x_labels(11)
+                .y_labels(11)
+                .max_light_lines(0)
+                .x_desc(x_desc)
+                .y_desc(y_desc)
+                .draw()
+                .map_err(err)?;
+            for s in series {
+                let [r, g, b] = s.color;
+                let style = RGBColor(r, g, b).stroke_width(2);
+                chart
+                    .draw_series(LineSeries::new(s.points.iter().copied(), style))
+                    .map_err(err)?
+                    .label(s.name)
+                    .legend(move |(x, y)| PathElement::new([(x, y), (x + 20, y)], style));
+            }
+            chart
+                .configure_series_labels()
+                .position(SeriesLabelPosition::UpperRight)
+                .background_style(WHITE.mix(0.8))
+                .border_style(BLACK)
+                .draw()
+                .map_err(err)?;
+            root.present().map_err(err)?;
+        }
+        Ok(out)
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        #[test]
+        fn each_series_is_a_line_in_its_colour_with_its_legend() {
+            let falling = [(0.0, 10.0), (5.0, 4.0), (10.0, 0.0)];
+            let flat = [(0.0, 2.0), (10.0, 2.0)];
+            let svg = svg(
+                (200, 100),
+                "seconds",
+                "waiting",
+                &[
+                    Series {
+                        name: "falling",
+                        color: [255, 0, 0],
+                        points: &falling,
+                    },
+                    Series {
+                        name: "flat",
+                        color: [0, 0, 255],
+                        points: &flat,
+                    },
+                ],
+            )
+            .unwrap();
+            assert!(svg.starts_with("<svg"), "{svg}");
+            assert!(svg.trim_end().ends_with("</svg>"));
+            let lines = |colour: &str| {
+                svg.lines()
+                    .filter(|l| l.starts_with("<polyline") && l.contains(colour))
+                    .map(|l| {
+                        let points = l.split("points=\"").nth(1).unwrap();
+                        points.split('"').next().unwrap().split_whitespace().count()
+                    })
+                    .collect::<Vec<_>>()
+            };
+            // The data line (one vertex per point) and the legend's sample (two).
+            assert_eq!(lines("#FF0000"), vec![3, 2], "{svg}");
+            assert_eq!(lines("#0000FF"), vec![2, 2], "{svg}");
+            for text in ["falling", "flat", "seconds", "waiting"] {
+                assert!(svg.contains(&format!("\n{text}\n")), "{text} in {svg}");
+            }
+        }
+    }
 }

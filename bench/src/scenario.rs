@@ -5,7 +5,7 @@
 //! the run takes only the CPU it needs.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use rand::rngs::StdRng;
@@ -18,6 +18,7 @@ use eni_operator::crd::{AllocationIp, CiliumNode, ReleaseState};
 use eni_operator::ec2::gate::{Gate, GateConfig};
 use eni_operator::ec2::{Operation, Tags};
 use eni_operator::ipam::IpamConfig;
+use eni_operator::runtime::cache::Ec2Cache;
 use eni_operator::runtime::core::{Core, CoreConfig, NodeInput};
 use eni_operator::runtime::metrics::RuntimeMetrics;
 use eni_operator::runtime::refresher::{Refresher, Scope};
@@ -25,7 +26,7 @@ use testkit::agent::answer_release_proposals;
 use testkit::sim::{SimStats, Simulator, default_instance_types};
 use testkit::sink::{MemorySink, WriteCounts};
 
-use super::heap::{self, HeapShares};
+use super::heap::{self, HeapMeter, HeapShares};
 use super::{Row, SharedRow, enis_needed, lower_bound, per_bucket};
 
 const CLUSTER: &str = "bench";
@@ -76,6 +77,8 @@ pub struct Settings {
     /// Simulated time after which a scenario gives up waiting.
     pub limit: Duration,
     pub seed: u64,
+    /// The process's heap counters (the benchmark binary's allocator); `None`: not measured.
+    pub heap: Option<HeapMeter>,
 }
 
 impl Default for Settings {
@@ -92,6 +95,16 @@ impl Default for Settings {
             release_delay: IpamConfig::default().release_delay,
             limit: Duration::from_secs(6 * 3600),
             seed: 7,
+            heap: None,
+        }
+    }
+}
+
+impl Settings {
+    /// Start a new heap peak (a scenario's own), where the heap is measured.
+    fn reset_heap_peak(&self) {
+        if let Some(h) = self.heap {
+            (h.reset_peak)();
         }
     }
 }
@@ -106,7 +119,7 @@ pub struct Outcome {
     pub enis_created: u64,
     /// Free-form figures for the report.
     pub notes: Vec<String>,
-    /// The heap at the end, by part (with the counting allocator installed).
+    /// The heap at the end, by part (where the heap is measured).
     pub heap: Option<HeapShares>,
     /// A quiet window after the demand was met (where measured).
     pub quiet: Option<Quiet>,
@@ -129,6 +142,11 @@ struct World {
     gate: Arc<Gate<Simulator>>,
     sink: Arc<MemorySink>,
     core: BenchCore,
+    /// The core's metrics and EC2 view: the benchmark reads them as an operator's exporter
+    /// and refresher do.
+    metrics: RuntimeMetrics,
+    cache: Arc<RwLock<Ec2Cache>>,
+    heap: Option<HeapMeter>,
     tx: mpsc::Sender<NodeInput>,
     /// The core's run task, stopped when the scenario's world goes.
     task: AbortOnDropHandle<eni_operator::ec2::Result<()>>,
@@ -181,7 +199,15 @@ fn world_shared(
         },
         ..CoreConfig::default()
     };
-    let core = Core::new(gate.clone(), sink.clone(), cfg, RuntimeMetrics::default());
+    let metrics = RuntimeMetrics::default();
+    let cache = cfg.ec2_cache();
+    let core = Core::new(
+        gate.clone(),
+        sink.clone(),
+        cfg,
+        metrics.clone(),
+        cache.clone(),
+    );
     let (tx, rx) = mpsc::channel(1 << 16);
     let task = AbortOnDropHandle::new(tokio::spawn(core.clone().run(rx, std::future::pending())));
     World {
@@ -189,6 +215,9 @@ fn world_shared(
         gate,
         sink,
         core,
+        metrics,
+        cache,
+        heap: s.heap,
         tx,
         task,
         subnet,
@@ -227,8 +256,8 @@ impl World {
         Snapshot {
             sim: self.sim.stats(),
             writes: self.sink_writes(),
-            plans: self.core.metrics().plans.get(),
-            plan_nanos: self.core.metrics().plan_nanos.get(),
+            plans: self.metrics.plans.get(),
+            plan_nanos: self.metrics.plan_nanos.get(),
             at: Instant::now(),
         }
     }
@@ -237,52 +266,59 @@ impl World {
         self.sink.total_writes()
     }
 
-    /// Stop the core and count what dropping each part frees: the operator (core, gate, input
-    /// channel) first, then the in-memory API server, then the simulator. `None` unless the
-    /// counting allocator is installed (the benchmark binary).
+    /// Stop the core and count what dropping each part frees: the operator (core, its EC2
+    /// view, gate, input channel) first, then the in-memory API server, then the simulator.
+    /// `None` where the heap is not measured (only the benchmark binary counts it).
     async fn heap_shares(self) -> Option<HeapShares> {
-        if !heap::installed() {
-            return None;
-        }
         let World {
             sim,
             gate,
             sink,
             core,
+            metrics,
+            cache,
+            heap: Some(h),
             tx,
             mut task,
             ..
-        } = self;
+        } = self
+        else {
+            return None;
+        };
         task.abort();
         let _ = (&mut task).await;
-        // Aborted workers drop their handles when the runtime next polls them.
-        for _ in 0..1000 {
-            if core.handles() <= 1 {
-                break;
-            }
-            tokio::task::yield_now().await;
-        }
+        // Aborted workers drop their handles to the core when the runtime next polls them:
+        // once the paused clock moves, every ready task has run.
+        tokio::time::sleep(Duration::from_millis(1)).await;
         // The operator's largest transient: a full EC2 listing, fetched and merged into the
         // cache while the old view is still held. Measured on the final state with the core
         // stopped, so nothing else allocates or frees meanwhile.
         let refresher = Refresher::new(
             gate.clone(),
-            core.cache().clone(),
+            cache.clone(),
             Scope::default(),
             Duration::ZERO,
         );
-        let before = heap::live_bytes();
-        heap::reset_peak();
+        let before = (h.live_bytes)();
+        (h.reset_peak)();
         refresher.full().await.expect("the simulator lists");
-        let refresh_transient = heap::peak_bytes().saturating_sub(before);
+        let refresh_transient = (h.peak_bytes)().saturating_sub(before);
         drop(refresher);
         let share = |f: &mut dyn FnMut()| {
-            let before = heap::live_bytes();
+            let before = (h.live_bytes)();
             f();
-            before.saturating_sub(heap::live_bytes())
+            before.saturating_sub((h.live_bytes)())
         };
-        let mut parts = (Some((core, tx, gate, task)), Some(sink), Some(sim));
-        let operator = share(&mut || drop(parts.0.take()));
+        let mut parts = (Some((core, metrics, tx, gate, task)), Some(sink), Some(sim));
+        let mut cache = Some(cache);
+        let operator = share(&mut || {
+            drop(parts.0.take());
+            // Ours is the last handle to the EC2 view unless a worker still holds the core
+            // (then the figure would miss the core's share).
+            let cache = cache.take().expect("once");
+            assert_eq!(Arc::strong_count(&cache), 1, "the core is not dropped yet");
+            drop(cache);
+        });
         let api_server = share(&mut || drop(parts.1.take()));
         let simulator = share(&mut || drop(parts.2.take()));
         Some(HeapShares {
@@ -347,7 +383,7 @@ impl Window {
         self.calls.get(&op).copied().unwrap_or(0)
     }
 
-    fn row(&self, scenario: String, nodes: usize, time: Duration) -> Row {
+    fn row(&self, heap: Option<HeapMeter>, scenario: String, nodes: usize, time: Duration) -> Row {
         let n = nodes.max(1) as f64;
         let created = self
             .ok
@@ -371,7 +407,7 @@ impl Window {
             rejected: self.rejected,
             throttled: self.throttled,
             writes_per_node: self.writes as f64 / n,
-            process_heap_peak_mib: heap::installed().then(|| heap::mib(heap::peak_bytes())),
+            process_heap_peak_mib: heap.map(|h| heap::mib((h.peak_bytes)())),
             operator_heap_mib: None,
             plan_us: if self.plans == 0 {
                 0.0
@@ -483,7 +519,7 @@ fn per_new_eni(s: &Settings, prefix: bool) -> u32 {
 
 /// Burst: `nodes` nodes join at once, each needing `ips_per_node` addresses.
 pub async fn burst(s: &Settings, nodes: usize, prefix: bool, mode: GateMode) -> Outcome {
-    heap::reset_peak();
+    s.reset_heap_peak();
     let w = world(s, mode, prefix, false);
     let before = w.snapshot();
     let names: Vec<String> = (0..nodes).map(|i| format!("node-{i}")).collect();
@@ -503,7 +539,12 @@ pub async fn burst(s: &Settings, nodes: usize, prefix: bool, mode: GateMode) -> 
     let after = w.snapshot();
     let win = window(&before, &after);
     let mode_name = if prefix { "prefix" } else { "secondary IPs" };
-    let mut row = win.row(format!("burst, {mode_name}, {}", mode.label()), nodes, took);
+    let mut row = win.row(
+        s.heap,
+        format!("burst, {mode_name}, {}", mode.label()),
+        nodes,
+        took,
+    );
 
     // The strictly necessary calls: per node, create + attach + modify of each new ENI,
     // carrying the addresses (no separate assign). Describes fit in their burst.
@@ -751,7 +792,7 @@ fn tick_agents(w: &World, agents: &mut BTreeMap<String, Agent>) -> BTreeSet<Stri
 /// Churn: pods come and go 10 % per minute for `minutes` simulated minutes on `nodes` nodes,
 /// with release-excess on. Counts only the churn window (after every node reached its pods).
 pub async fn churn(s: &Settings, nodes: usize, minutes: u32) -> Outcome {
-    heap::reset_peak();
+    s.reset_heap_peak();
     let w = world(s, GateMode::AwsFull, false, true);
     let mut rng = StdRng::seed_from_u64(s.seed);
     let names: Vec<String> = (0..nodes).map(|i| format!("node-{i}")).collect();
@@ -843,7 +884,12 @@ pub async fn churn(s: &Settings, nodes: usize, minutes: u32) -> Outcome {
     };
     drop(core);
     let win = window(&before, &churned);
-    let row = win.row(format!("churn 10 %/min x {minutes} min"), nodes, took);
+    let row = win.row(
+        s.heap,
+        format!("churn 10 %/min x {minutes} min"),
+        nodes,
+        took,
+    );
     let per_min = |n: u64| n as f64 / (win.elapsed.as_secs_f64() / 60.0);
     let notes = vec![
         format!(
@@ -889,7 +935,7 @@ pub fn release_calls_needed(fills: &[u32], excess: u32) -> u32 {
 
 /// Scale-down: every node's demand halves; the excess goes through the release handshake.
 pub async fn scale_down(s: &Settings, nodes: usize) -> Outcome {
-    heap::reset_peak();
+    s.reset_heap_peak();
     let w = world(s, GateMode::AwsFull, false, true);
     let names: Vec<String> = (0..nodes).map(|i| format!("node-{i}")).collect();
     let mut agents: BTreeMap<String, Agent> = BTreeMap::new();
@@ -954,7 +1000,7 @@ pub async fn scale_down(s: &Settings, nodes: usize) -> Outcome {
     };
     let after = w.snapshot();
     let win = window(&before, &after);
-    let mut row = win.row("scale-down (demand halves)".into(), nodes, took);
+    let mut row = win.row(s.heap, "scale-down (demand halves)".into(), nodes, took);
     let aws = GateMode::AwsFull.config();
     let calls = per_bucket([(Operation::UnassignPrivateIpAddresses, necessary)]);
     // The release delay is part of the protocol: no address may go before it has passed.

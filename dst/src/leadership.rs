@@ -294,7 +294,8 @@ pub fn build(
         jitter_seed: Some(!jitter),
         ..cfg.clone()
     };
-    let core = Core::new(gate.clone(), sink, cfg, metrics.clone());
+    let cache = cfg.ec2_cache();
+    let core = Core::new(gate.clone(), sink, cfg, metrics.clone(), cache);
     let (tx, rx) = mpsc::channel(1 << 14);
     let run = {
         let core = core.clone();

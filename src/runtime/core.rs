@@ -56,28 +56,22 @@ struct Loop {
 }
 
 impl<E: Ec2, S: NodeSink> Core<E, S> {
-    pub fn new(ec2: Arc<E>, sink: Arc<S>, config: CoreConfig, metrics: RuntimeMetrics) -> Self {
-        let inner = Arc::new(Shared::new(ec2, sink, config, metrics));
+    /// A core writing `metrics` and keeping its EC2 view in `cache` (from
+    /// [`CoreConfig::ec2_cache`]); the caller keeps clones of both to export or read them.
+    pub fn new(
+        ec2: Arc<E>,
+        sink: Arc<S>,
+        config: CoreConfig,
+        metrics: RuntimeMetrics,
+        cache: Arc<RwLock<Ec2Cache>>,
+    ) -> Self {
+        let inner = Arc::new(Shared::new(ec2, sink, config, metrics, cache));
         Self { inner }
-    }
-
-    pub fn cache(&self) -> &Arc<RwLock<Ec2Cache>> {
-        &self.inner.cache
-    }
-
-    pub fn metrics(&self) -> &RuntimeMetrics {
-        &self.inner.metrics
     }
 
     /// Becomes true once [`Core::run`] has rebuilt its EC2 view and starts serving nodes.
     pub fn warm(&self) -> tokio::sync::watch::Receiver<bool> {
         self.inner.warm.subscribe()
-    }
-
-    /// Handles to this core still alive (the benchmark waits for 1 before it measures what
-    /// dropping the core frees).
-    pub fn handles(&self) -> usize {
-        Arc::strong_count(&self.inner)
     }
 
     /// The last demand figures of a node.

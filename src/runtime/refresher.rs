@@ -91,10 +91,6 @@ impl<E: Ec2> Refresher<E> {
         }
     }
 
-    pub fn cache(&self) -> &Arc<RwLock<Ec2Cache>> {
-        &self.cache
-    }
-
     /// One full refresh. On failure the cache is marked unhealthy (mutations blocked).
     pub async fn full(&self) -> Result<()> {
         match self.list_all().await {

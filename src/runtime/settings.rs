@@ -1,9 +1,11 @@
 //! Settings of the allocation core ([`CoreConfig`]); `main` fills them from the command line.
 
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use crate::ipam::IpamConfig;
 
+use super::cache::Ec2Cache;
 use super::refresher::Scope;
 
 /// Settings of the core.
@@ -30,6 +32,15 @@ pub struct CoreConfig {
     /// Seed of the work queue's backoff jitter; `None` (production): the OS's randomness.
     /// The simulation sets it so a seed replays exactly ([`crate::jitter`]).
     pub jitter_seed: Option<u64>,
+}
+
+impl CoreConfig {
+    /// An empty EC2 view for the core: it keeps this cluster's unattached ENIs as leftovers.
+    pub fn ec2_cache(&self) -> Arc<RwLock<Ec2Cache>> {
+        Arc::new(RwLock::new(Ec2Cache::for_cluster(
+            self.ipam.cluster_name.clone(),
+        )))
+    }
 }
 
 impl Default for CoreConfig {

@@ -35,10 +35,19 @@ pub struct Shared<E, S> {
 }
 
 impl<E: Ec2, S> Shared<E, S> {
-    pub fn new(ec2: Arc<E>, sink: Arc<S>, config: CoreConfig, metrics: RuntimeMetrics) -> Self {
-        let cache = Arc::new(RwLock::new(Ec2Cache::for_cluster(
-            config.ipam.cluster_name.clone(),
-        )));
+    pub fn new(
+        ec2: Arc<E>,
+        sink: Arc<S>,
+        config: CoreConfig,
+        metrics: RuntimeMetrics,
+        cache: Arc<RwLock<Ec2Cache>>,
+    ) -> Self {
+        // The cache decides which unattached ENIs are ours by the cluster name.
+        debug_assert_eq!(
+            cache.read().expect("cache").cluster,
+            config.ipam.cluster_name,
+            "the EC2 cache comes from CoreConfig::ec2_cache"
+        );
         let refresher = Refresher::new(
             ec2.clone(),
             cache.clone(),
