@@ -3,6 +3,7 @@
 
 mod describe;
 mod invariants;
+mod lag;
 mod mutate;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -58,6 +59,8 @@ pub(crate) struct State {
     detaching: usize,
     pub(crate) page_size: usize,
     pub(crate) detach_delay: Duration,
+    /// Eventual consistency of describes (off unless `set_lag`).
+    lag: lag::Lag,
 }
 
 fn tags_match(have: &Tags, want: &Tags) -> bool {
