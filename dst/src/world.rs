@@ -25,6 +25,7 @@ use tokio::time::Instant;
 use tokio_util::task::AbortOnDropHandle;
 
 use crate::QuietCounters;
+use crate::account::Account;
 use crate::agent::Agent;
 
 pub const CLUSTER: &str = "dst";
@@ -98,6 +99,8 @@ pub struct World {
     pub trace: Vec<String>,
     pub start: Instant,
     pub prefix: bool,
+    /// The account's behaviour drawn for this run (lag, tenant, small subnets).
+    pub account: Account,
     cfg: CoreConfig,
     subnets: Vec<(String, &'static str)>,
     vpc: String,
@@ -142,6 +145,8 @@ impl World {
         ];
         let sg = sim.add_security_group(&vpc, Tags::new());
         sim.add_route_table(&vpc, true, &[]);
+        let mut account = Account::draw(seed);
+        account.apply(&sim, &vpc, seed);
         let prefix = rng.random_bool(0.3);
         let cfg = CoreConfig {
             workers: 4,
@@ -162,6 +167,7 @@ impl World {
             trace: Vec::new(),
             start: Instant::now(),
             prefix,
+            account,
             cfg,
             subnets,
             vpc,
@@ -177,6 +183,7 @@ impl World {
                 w.cfg.ipam.release_delay
             ),
         );
+        w.log(0, w.account.describe());
         // Cilium's operator's leftover ENIs in our subnets: never ours to collect.
         for i in 0..rng.random_range(0..=2) {
             let subnet = w.subnets[i % 2].0.clone();
@@ -243,7 +250,11 @@ impl World {
         let gc = AbortOnDropHandle::new(tokio::spawn(gc::run_loop(
             gate,
             CLUSTER.to_string(),
-            self.subnets.iter().map(|(s, _)| s.clone()).collect(),
+            self.subnets
+                .iter()
+                .map(|(s, _)| s.clone())
+                .chain(self.account.extra_subnets())
+                .collect(),
             GC_INTERVAL,
             50,
             metrics,
@@ -346,6 +357,7 @@ impl World {
         // or modified. Without the exclusion the operator allocates on any attached ENI the
         // spec allows, as Cilium does (docs/migrating-from-cilium.md).
         n.spec.eni.exclude_interface_tags = other_tool_tags();
+        n.spec.eni.subnet_tags = self.account.subnet_tags();
         let node = self.sink.put_node(&name, &[KARPENTER]);
         if let Some(i) = node_input(kube::runtime::watcher::Event::Apply(node)) {
             self.send(i);
