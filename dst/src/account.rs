@@ -92,18 +92,15 @@ impl Account {
     }
 
     /// Why a live node's demand may stay unmet after the settle bound: its pod subnets are full
-    /// (no subnet of its zone has room for the missing addresses and a new ENI's primary) and
-    /// its `operator-status` says why. `Err` names what is wrong.
-    pub fn excuse(
-        &self,
-        zone: &str,
-        missing: usize,
-        operator_error: Option<&str>,
-        enis: &[NetworkInterface],
-    ) -> Result<(), String> {
+    /// (no subnet of its zone has room for the missing addresses and a new ENI's primary), or
+    /// they have no /28 left and single addresses filled every slot of the node's ENIs (prefix
+    /// mode in a fragmented subnet: the instance holds fewer addresses than its prefix
+    /// capacity); and its `operator-status` says why. `Err` names what is wrong.
+    pub fn excuse(&self, node: &NodeFacts<'_>, enis: &[NetworkInterface]) -> Result<(), String> {
         if self.pod_subnets.is_empty() {
             return Err("the subnets have room".into());
         }
+        let zone = node.zone;
         let free = free_addresses(&self.pod_subnets, enis);
         let room: BTreeMap<&str, u32> = self
             .pod_subnets
@@ -111,16 +108,54 @@ impl Account {
             .filter(|(_, z, _)| *z == zone)
             .map(|(id, ..)| (id.as_str(), free.get(id.as_str()).copied().unwrap_or(0)))
             .collect();
-        if room.values().any(|&f| f as usize > missing) {
-            return Err(format!("a pod subnet of {zone} has room: free {room:?}"));
+        if room.values().any(|&f| f as usize > node.missing) && !slots_full(node, enis) {
+            return Err(format!(
+                "a pod subnet of {zone} has room: free {room:?}, operator-status {:?}",
+                node.operator_error
+            ));
         }
-        match operator_error {
+        match node.operator_error {
             Some(e) if !e.is_empty() => Ok(()),
             _ => Err(format!(
                 "the pod subnets of {zone} are full (free {room:?}) but operator-status says nothing"
             )),
         }
     }
+}
+
+/// What [`Account::excuse`] looks at of one node.
+pub struct NodeFacts<'a> {
+    pub zone: &'a str,
+    pub instance_id: &'a str,
+    pub first_interface_index: u32,
+    pub max_enis: u32,
+    pub ipv4_per_eni: u32,
+    /// Pods the agent could not start.
+    pub missing: usize,
+    pub operator_error: Option<&'a str>,
+    /// Other owners' ENIs (never used for pods).
+    pub foreign: &'a [String],
+}
+
+/// Every ENI slot the node may use holds an address or a /28: as many ENIs as the type allows,
+/// and each one the operator may use (device index at or above the first interface index, not
+/// another owner's) full.
+fn slots_full(node: &NodeFacts<'_>, enis: &[NetworkInterface]) -> bool {
+    let attached: Vec<&NetworkInterface> = enis
+        .iter()
+        .filter(|e| e.instance_id() == Some(node.instance_id))
+        .collect();
+    attached.len() as u32 >= node.max_enis
+        && attached
+            .iter()
+            .filter(|e| {
+                e.device_index()
+                    .is_some_and(|i| i >= node.first_interface_index)
+            })
+            .filter(|e| !node.foreign.contains(&e.id))
+            .all(|e| {
+                1 + e.secondary_ips.len() as u32 + e.prefixes.len() as u32 >= node.ipv4_per_eni
+            })
 }
 
 fn pod_subnet_tags() -> Tags {

@@ -151,17 +151,22 @@ pub fn demand_met(w: &World) -> Result<(), Broken> {
         if n.agent.pods.len() < n.agent.target {
             let obj = w.sink.get(name);
             // Pod subnets that ran out excuse it if the node's status says why.
+            let foreign: Vec<String> = w.foreign.keys().cloned().collect();
             let excuse = obj.as_ref().map(|o| {
-                let error = o
-                    .status
-                    .as_ref()
-                    .and_then(|s| s.ipam.operator_status.error.as_deref());
-                w.account.excuse(
-                    &o.spec.eni.availability_zone,
-                    n.agent.target - n.agent.pods.len(),
-                    error,
-                    &w.sim.network_interfaces(),
-                )
+                let facts = crate::account::NodeFacts {
+                    zone: &o.spec.eni.availability_zone,
+                    instance_id: &n.instance_id,
+                    first_interface_index: n.first_interface_index,
+                    max_enis: n.limits.max_enis,
+                    ipv4_per_eni: n.limits.ipv4_per_eni,
+                    missing: n.agent.target - n.agent.pods.len(),
+                    operator_error: o
+                        .status
+                        .as_ref()
+                        .and_then(|s| s.ipam.operator_status.error.as_deref()),
+                    foreign: &foreign,
+                };
+                w.account.excuse(&facts, &w.sim.network_interfaces())
             });
             if let Some(Ok(())) = excuse {
                 continue;
