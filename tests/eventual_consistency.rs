@@ -83,3 +83,78 @@ async fn an_eni_ec2_does_not_show_yet_after_its_create_is_attached_not_created_a
         .collect();
     assert!(available.is_empty(), "left available: {available:?}");
 }
+
+/// A new operator (restart after a crash, or a new leader) starts while describes still show an
+/// address the previous one unassigned a moment ago: with `start_delay` it lists EC2 once they
+/// have caught up, and the address never goes back into the pool.
+#[tokio::test(start_paused = true)]
+async fn a_restarted_operator_does_not_pool_an_address_unassigned_just_before() {
+    let sim = Simulator::new();
+    let vpc = sim.add_vpc("10.0.0.0/16".parse().unwrap(), &[]);
+    let subnet = sim.add_subnet(&vpc, "zone-a", "10.0.0.0/18".parse().unwrap(), Tags::new());
+    let sg = sim.add_security_group(&vpc, Tags::new());
+    sim.add_route_table(&vpc, true, &[]);
+    let inst = sim.run_instance("m5.large", &subnet, std::slice::from_ref(&sg));
+    let primary = sim.primary_eni_id(&inst.id).unwrap();
+    let assigned = sim
+        .assign_private_ip_addresses(&primary, eni_operator::ec2::AddressRequest::Ips(4))
+        .await
+        .unwrap();
+    // The previous operator's last call: one address unassigned, its pool written without it.
+    sim.set_eventual_consistency(Duration::from_secs(6), false, 4);
+    let gone = assigned.ips[0];
+    sim.unassign_private_ip_addresses(&primary, &[gone], &[])
+        .await
+        .unwrap();
+    let f = EniFilter::default();
+    let shown = collect_pages(|t| sim.describe_network_interfaces(&f, t))
+        .await
+        .unwrap();
+    assert!(
+        shown
+            .iter()
+            .any(|e| e.id == primary && e.secondary_ips.contains(&gone)),
+        "describes still show the unassigned address"
+    );
+
+    let sink = Arc::new(MemorySink::new());
+    let cfg = CoreConfig {
+        workers: 2,
+        ipam: IpamConfig {
+            cluster_name: CLUSTER.into(),
+            ..IpamConfig::default()
+        },
+        start_delay: eni_operator::runtime::cache::DESCRIBE_LAG,
+        ..CoreConfig::default()
+    };
+    let core = Core::new(
+        Arc::new(sim.clone()),
+        sink.clone(),
+        cfg,
+        RuntimeMetrics::default(),
+    );
+    let (tx, rx) = mpsc::channel(64);
+    let _task = tokio::spawn(core.clone().run(rx, std::future::pending()));
+    let mut n = CiliumNode::new("n", Default::default());
+    n.spec.instance_id = inst.id.clone();
+    n.spec.eni.instance_type = "m5.large".into();
+    n.spec.eni.vpc_id = vpc.clone();
+    n.spec.eni.availability_zone = "zone-a".into();
+    n.spec.eni.node_subnet_id = subnet.clone();
+    n.spec.eni.first_interface_index = Some(0);
+    n.spec.ipam.pre_allocate = 2;
+    let n = sink.put(&n);
+    tx.send(NodeInput::Upsert(Box::new(n))).await.unwrap();
+
+    let mut pooled = 0;
+    for _ in 0..360 {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        let pool = sink.get("n").map(|n| n.spec.ipam.pool).unwrap_or_default();
+        assert!(
+            !pool.contains_key(&gone.to_string()),
+            "{gone} is back in the pool: {pool:?}"
+        );
+        pooled = pool.len();
+    }
+    assert!(pooled >= 3, "the node was served: pool {pooled}");
+}

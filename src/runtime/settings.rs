@@ -27,6 +27,11 @@ pub struct CoreConfig {
     pub scope: Scope,
     /// `--annotate-cilium-ignore`: keep `ipam.cilium.io/ignore: "true"` on the nodes we serve.
     pub annotate_cilium_ignore: bool,
+    /// Wait before the first EC2 listing of a new leader, so that describes show the last calls
+    /// of the previous one (or of this process before a crash): a listing taken at once may
+    /// show addresses it unassigned, and they would go back into the pools
+    /// ([`super::cache::DESCRIBE_LAG`] in production; zero in tests that do not model the lag).
+    pub start_delay: Duration,
 }
 
 impl Default for CoreConfig {
@@ -42,6 +47,7 @@ impl Default for CoreConfig {
             ipam: IpamConfig::default(),
             scope: Scope::default(),
             annotate_cilium_ignore: false,
+            start_delay: Duration::ZERO,
         }
     }
 }
