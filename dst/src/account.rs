@@ -32,7 +32,7 @@ pub struct Account {
 impl Account {
     /// Draw this run's account from the seed.
     pub fn draw(seed: u64) -> Self {
-        let mut rng = StdRng::seed_from_u64(seed ^ 0xec2_ac_c0_u64.rotate_left(32));
+        let mut rng = StdRng::seed_from_u64(seed ^ 0x0ec2_acc0_u64.rotate_left(32));
         let mut a = Self::default();
         // AWS: "might not be immediately visible"; a few seconds is what users report, so up to
         // 8 s. Half of the runs.
