@@ -14,11 +14,11 @@
 //! model does not move the rest of the run's schedule.
 
 use eni_operator::runtime::core::NodeInput;
-use testkit::sink::WriteFault;
 use eni_operator::runtime::source::{Listed, to_input};
 use kube::api::DynamicObject;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
+use testkit::sink::WriteFault;
 use tokio::sync::mpsc;
 
 use crate::world::{Phase, World};

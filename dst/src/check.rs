@@ -179,14 +179,37 @@ pub fn demand_met(w: &World) -> Result<(), Broken> {
             continue;
         }
         if n.agent.pods.len() < n.agent.target {
-            let pool = w.sink.get(name).map(|o| o.spec.ipam.pool.len());
+            let obj = w.sink.get(name);
+            // Pod subnets that ran out excuse it if the node's status says why.
+            let foreign: Vec<String> = w.foreign.keys().cloned().collect();
+            let excuse = obj.as_ref().map(|o| {
+                let facts = crate::account::NodeFacts {
+                    zone: &o.spec.eni.availability_zone,
+                    instance_id: &n.instance_id,
+                    first_interface_index: n.first_interface_index,
+                    max_enis: n.limits.max_enis,
+                    ipv4_per_eni: n.limits.ipv4_per_eni,
+                    missing: n.agent.target - n.agent.pods.len(),
+                    operator_error: o
+                        .status
+                        .as_ref()
+                        .and_then(|s| s.ipam.operator_status.error.as_deref()),
+                    foreign: &foreign,
+                };
+                w.account.excuse(&facts, &w.sim.network_interfaces())
+            });
+            if let Some(Ok(())) = excuse {
+                continue;
+            }
+            let pool = obj.map(|o| o.spec.ipam.pool.len());
             return Err((
                 "demand met within the settle bound",
                 format!(
-                    "{name}: {} of {} pods (pool {pool:?}, capacity {})",
+                    "{name}: {} of {} pods (pool {pool:?}, capacity {}): {}",
                     n.agent.pods.len(),
                     n.agent.target,
-                    n.capacity
+                    n.capacity,
+                    excuse.and_then(Result::err).unwrap_or_default()
                 ),
             ));
         }

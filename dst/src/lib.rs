@@ -4,6 +4,7 @@
 //! harness makes comes from one seed, so a seed replays its schedule exactly; the invariants
 //! are checked after every simulated second. See docs/testing.md for the model and its limits.
 
+pub mod account;
 pub mod agent;
 pub mod api;
 pub mod check;

@@ -14,10 +14,10 @@ use std::net::Ipv4Addr;
 
 use eni_operator::crd::{CiliumNode, ReleaseState};
 use eni_operator::ec2::NetworkInterface;
-use testkit::agent::{Cidr, INTERNAL_ENDPOINTS, MultiPoolAgent};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::Value;
+use testkit::agent::{Cidr, INTERNAL_ENDPOINTS, MultiPoolAgent};
 
 use crate::agent::Agent;
 

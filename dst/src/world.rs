@@ -22,6 +22,7 @@ use tokio::time::Instant;
 use tokio_util::task::AbortOnDropHandle;
 
 use crate::QuietCounters;
+use crate::account::Account;
 use crate::agent::Agent;
 use crate::api::ApiServer;
 use crate::leadership::{Leadership, Observer, SimCore};
@@ -109,6 +110,8 @@ pub struct World {
     /// What the checks and agents read, cached by generation (crate::view).
     pub view: RefCell<View>,
     seed: u64,
+    /// The account's behaviour drawn for this run (lag, tenant, small subnets).
+    pub account: Account,
     cfg: CoreConfig,
     subnets: Vec<(String, &'static str)>,
     vpc: String,
@@ -158,6 +161,8 @@ impl World {
         ];
         let sg = sim.add_security_group(&vpc, Tags::new());
         sim.add_route_table(&vpc, true, &[]);
+        let mut account = Account::draw(seed);
+        account.apply(&sim, &vpc, seed);
         let prefix = rng.random_bool(0.3);
         let cfg = CoreConfig {
             workers: 4,
@@ -168,6 +173,8 @@ impl World {
                 release_delay: Duration::from_secs(rng.random_range(5..60)),
                 ..IpamConfig::default()
             },
+            // As in production: a (re)started operator lists EC2 once describes caught up.
+            start_delay: eni_operator::runtime::cache::DESCRIBE_LAG,
             ..CoreConfig::default()
         };
         let (agents, pruned) = Agents::new(seed);
@@ -188,6 +195,7 @@ impl World {
             agents,
             view: RefCell::default(),
             seed,
+            account,
             cfg,
             subnets,
             vpc,
@@ -210,6 +218,7 @@ impl World {
             w.agents.multi_pool_share, w.agents.pending_pods
         );
         w.log(0, line);
+        w.log(0, w.account.describe());
         // Cilium's operator's leftover ENIs in our subnets: never ours to collect.
         for i in 0..rng.random_range(0..=2) {
             let subnet = w.subnets[i % 2].0.clone();
@@ -312,8 +321,13 @@ impl World {
         self.seed ^ salt.rotate_right(16)
     }
 
+    /// Every subnet the ENI GC watches: the nodes' own and the account's small ones.
     pub(crate) fn subnet_ids(&self) -> Vec<String> {
-        self.subnets.iter().map(|(s, _)| s.clone()).collect()
+        self.subnets
+            .iter()
+            .map(|(s, _)| s.clone())
+            .chain(self.account.extra_subnets())
+            .collect()
     }
 
     pub(crate) fn core_config(&self) -> CoreConfig {
@@ -385,6 +399,7 @@ impl World {
         // or modified. Without the exclusion the operator allocates on any attached ENI the
         // spec allows, as Cilium does (docs/migrating-from-cilium.md).
         n.spec.eni.exclude_interface_tags = other_tool_tags();
+        n.spec.eni.subnet_tags = self.account.subnet_tags();
         let node = self.sink.put_node(&name, &[KARPENTER]);
         if let Some(i) = node_input(kube::runtime::watcher::Event::Apply(node)) {
             self.send(i);

@@ -5,8 +5,9 @@
 //! * a full refresh merges ENIs per instance and never drops an instance it did not return
 //!   (#46513); an instance goes only when a per-instance describe finds no ENI for it, or its
 //!   CiliumNode is deleted;
-//! * a refresh that started before our own last change to an instance does not overwrite that
-//!   instance (it would resurrect a state we just changed);
+//! * a refresh that started before our own last change to an instance, or less than
+//!   [`DESCRIBE_LAG`] after it, does not overwrite that instance (it would resurrect a state we
+//!   just changed: describes lag behind mutations);
 //! * our own results apply at once: created ENIs, assigned addresses merged as sets, unassigned
 //!   ones removed, subnet free counts adjusted;
 //! * our own `available` ENIs tagged for a managed instance (left by a throttled attach or a
@@ -23,7 +24,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::Ipv4Addr;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use ipnet::Ipv4Net;
 
@@ -33,6 +34,20 @@ use crate::ec2::{
 };
 use crate::ipam::ownership::{INSTANCE_TAG, is_owned_by};
 use crate::ipam::{Ec2View, InstanceView};
+
+/// How long after our own change to an instance a describe may still show the instance as it
+/// was: AWS's API is eventually consistent ("Eventual consistency in the Amazon EC2 API": a
+/// change "might not be immediately visible to all subsequent commands"; seconds in practice).
+/// A refresh that started within this time of our change does not overwrite the instance: it
+/// could bring back addresses we unassigned (the agent would be handed addresses EC2 has given
+/// to another node) or drop ones we assigned. Found by `make dst` (seeds 1, 3, 4, 7, 8).
+pub const DESCRIBE_LAG: Duration = Duration::from_secs(30);
+
+/// Our own change at `local` is newer than what a listing started at `started` can be trusted
+/// to show.
+fn local_change_newer(local: Option<Instant>, started: Instant) -> bool {
+    local.is_some_and(|t| t + DESCRIBE_LAG > started)
+}
 
 /// What the cache holds for one instance.
 #[derive(Clone, Debug, Default)]
@@ -153,7 +168,7 @@ impl Ec2Cache {
         }
         // Only for managed instances; other unattached ENIs are the GC's business.
         for (id, entry) in &mut self.instances {
-            if entry.local_change.is_none_or(|t| t <= snap.started) {
+            if !local_change_newer(entry.local_change, snap.started) {
                 entry.leftovers = leftovers.remove(id).unwrap_or_default();
             }
         }
@@ -250,8 +265,8 @@ impl Ec2Cache {
 
     fn replace_instance(&mut self, id: &str, mut enis: Vec<NetworkInterface>, started: Instant) {
         let entry = self.instances.entry(id.to_string()).or_default();
-        if entry.local_change.is_some_and(|t| t > started) {
-            // Our own change is newer than this listing.
+        if local_change_newer(entry.local_change, started) {
+            // Our own change is newer than this listing (or too recent for it to show).
             return;
         }
         enis.sort_by(|a, b| a.id.cmp(&b.id));
@@ -623,12 +638,42 @@ pub(crate) mod tests {
             vec![eni("eni-a", Some(("i-a", 0)), "subnet-1")],
         ));
         assert_eq!(c.instance("i-a").unwrap().enis.len(), 2);
-        // A newer one replaces.
+        // One that started long enough after it replaces.
         c.apply_full(snap(
-            t + Duration::from_secs(6),
+            t + Duration::from_secs(5) + DESCRIBE_LAG,
             vec![eni("eni-a", Some(("i-a", 0)), "subnet-1")],
         ));
         assert_eq!(c.instance("i-a").unwrap().enis.len(), 1);
+    }
+
+    #[test]
+    fn a_refresh_started_just_after_our_unassign_does_not_bring_the_addresses_back() {
+        let t = Instant::now();
+        let ip = |n| Ipv4Addr::new(10, 0, 0, n);
+        let mut with_ips = eni("eni-a", Some(("i-a", 0)), "subnet-1");
+        with_ips.secondary_ips = vec![ip(20), ip(21)];
+        let mut c = Ec2Cache::new();
+        c.apply_full(snap(t, vec![with_ips.clone()]));
+        c.remove_addresses("eni-a", &[ip(20)], &[], t + Duration::from_secs(10));
+        // Describes lag behind the unassign: listings that start a few seconds after it may
+        // still show the address (EC2 may meanwhile have given it to another node).
+        c.apply_full(snap(t + Duration::from_secs(12), vec![with_ips.clone()]));
+        c.apply_instances(
+            &["i-a".into()],
+            vec![with_ips.clone()],
+            t + Duration::from_secs(13),
+        );
+        assert_eq!(c.instance("i-a").unwrap().enis[0].secondary_ips, [ip(21)]);
+        // Once the lag is over, the listing is the truth again.
+        c.apply_instances(
+            &["i-a".into()],
+            vec![with_ips],
+            t + Duration::from_secs(10) + DESCRIBE_LAG,
+        );
+        assert_eq!(
+            c.instance("i-a").unwrap().enis[0].secondary_ips,
+            [ip(20), ip(21)]
+        );
     }
 
     #[test]

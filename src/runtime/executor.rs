@@ -11,6 +11,7 @@
 //! token with the deleted ENI, so the node was stuck for good.
 
 use std::sync::{Arc, RwLock};
+use std::time::Duration;
 
 use tracing::{info, warn};
 
@@ -26,6 +27,18 @@ use super::metrics::{self, RuntimeMetrics};
 
 /// Device-index conflicts are retried this many times in all.
 pub const ATTACH_ATTEMPTS: usize = 5;
+
+/// Waits before attaching again an ENI EC2 just created but answers "does not exist" for: AWS
+/// documents that a command naming a resource just created may answer that it does not exist
+/// until its ID has propagated, and advises backing off from a couple of seconds ("Eventual
+/// consistency in the Amazon EC2 API"). Giving up at once deleted nothing and created another
+/// ENI on the next pass, which met the same answer. Found by `make dst`.
+pub const NOT_READY_WAITS: [Duration; 4] = [
+    Duration::from_secs(1),
+    Duration::from_secs(2),
+    Duration::from_secs(4),
+    Duration::from_secs(8),
+];
 
 /// A success worth an Event.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -283,7 +296,7 @@ impl<E: Ec2> Executor<E> {
         };
         self.metrics.eni_created(&eni.subnet_id, addresses);
         let eni_id = eni.id.clone();
-        match self.attach(c, eni).await {
+        match self.attach(c, eni, true).await {
             Attach::Done(attachment_id) => {
                 let outcome = ExecOutcome {
                     changed: true,
@@ -330,7 +343,7 @@ impl<E: Ec2> Executor<E> {
             let addresses = eni.secondary_ips.len() as u32
                 + eni.prefixes.len() as u32 * crate::ec2::PREFIX_SIZE;
             info!(eni = %eni_id, instance = %c.instance_id, "attaching our ENI left unattached earlier");
-            return match self.attach(c, eni).await {
+            return match self.attach(c, eni, false).await {
                 Attach::Done(attachment_id) => {
                     let outcome = ExecOutcome {
                         changed: true,
@@ -375,11 +388,14 @@ impl<E: Ec2> Executor<E> {
 
     /// Attach `eni` to the planned instance, moving on to the next free device index on a
     /// conflict. A throttled or unanswered attach keeps the ENI (a leftover the next pass
-    /// attaches); only an attach EC2 refused deletes it.
-    async fn attach(&self, c: &CreateEni, eni: NetworkInterface) -> Attach {
+    /// attaches); only an attach EC2 refused deletes it. An ENI `just_created` that EC2 says does
+    /// not exist is waited for ([`NOT_READY_WAITS`]).
+    async fn attach(&self, c: &CreateEni, eni: NetworkInterface, just_created: bool) -> Attach {
         let mut index = c.device_index;
         let mut refused = None;
-        for _ in 0..ATTACH_ATTEMPTS {
+        let mut waits = NOT_READY_WAITS.iter().filter(|_| just_created);
+        let mut conflicts = 0;
+        while conflicts < ATTACH_ATTEMPTS {
             match self
                 .ec2
                 .attach_network_interface(&eni.id, &c.instance_id, index)
@@ -398,6 +414,7 @@ impl<E: Ec2> Executor<E> {
                     used.insert(index);
                     index = next_free_index(&used, index);
                     refused = Some(e);
+                    conflicts += 1;
                 }
                 Err(e) if e.is_retryable() => {
                     // No answer may still mean it was attached: look before deciding.
@@ -413,6 +430,11 @@ impl<E: Ec2> Executor<E> {
                     return Attach::Kept(e);
                 }
                 Err(e) if e.kind == ErrorKind::NotFound(Resource::NetworkInterface) => {
+                    if let Some(wait) = waits.next() {
+                        info!(eni = %eni.id, "EC2 does not show the ENI it just created yet; waiting");
+                        tokio::time::sleep(*wait).await;
+                        continue;
+                    }
                     self.cache().remove_leftover(&eni.id);
                     return Attach::Gone(e);
                 }

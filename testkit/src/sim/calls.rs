@@ -4,8 +4,8 @@
 
 use tokio::time::Instant;
 
-use eni_operator::ec2::Result;
 use eni_operator::ec2::Operation;
+use eni_operator::ec2::Result;
 
 /// One answered call.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]

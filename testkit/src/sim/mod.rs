@@ -172,6 +172,15 @@ impl Simulator {
         self.lock().throttle.set_other_tenant(share, Instant::now());
     }
 
+    /// Eventual consistency (see `state/lag.rs`): each change to an ENI stays invisible to
+    /// `DescribeNetworkInterfaces` for a random time up to `max` (seeded); with `refuse_unseen`,
+    /// calls naming an ENI whose create is not visible yet answer
+    /// `InvalidNetworkInterfaceID.NotFound`, as AWS documents. `Duration::ZERO` turns it off
+    /// (the default).
+    pub fn set_eventual_consistency(&self, max: Duration, refuse_unseen: bool, seed: u64) {
+        self.lock().state.set_lag(max, refuse_unseen, seed);
+    }
+
     /// Every call of `op` takes this long (tokio time) before it is answered.
     pub fn set_latency(&self, op: Operation, latency: Duration) {
         self.lock().faults.set_latency(op, latency);
@@ -516,8 +525,8 @@ impl Ec2 for Simulator {
         filter: &EniFilter,
         next_token: Option<String>,
     ) -> Result<Page<NetworkInterface>> {
-        self.call(Operation::DescribeNetworkInterfaces, |s, _| {
-            s.describe_network_interfaces(filter, next_token)
+        self.call(Operation::DescribeNetworkInterfaces, |s, now| {
+            s.describe_network_interfaces_at(filter, next_token, now)
         })
         .await
     }
@@ -570,8 +579,8 @@ impl Ec2 for Simulator {
         &self,
         request: &CreateEniRequest,
     ) -> Result<NetworkInterface> {
-        self.call(Operation::CreateNetworkInterface, |s, _| {
-            s.create_network_interface(request)
+        self.call(Operation::CreateNetworkInterface, |s, now| {
+            s.lagged_create(now, |s| s.create_network_interface(request))
         })
         .await
     }
@@ -582,8 +591,11 @@ impl Ec2 for Simulator {
         instance_id: &str,
         device_index: u32,
     ) -> Result<String> {
-        self.call(Operation::AttachNetworkInterface, |s, _| {
-            s.attach_network_interface(eni_id, instance_id, device_index)
+        let op = Operation::AttachNetworkInterface;
+        self.call(op, |s, now| {
+            s.lagged(op, eni_id, now, |s| {
+                s.attach_network_interface(eni_id, instance_id, device_index)
+            })
         })
         .await
     }
@@ -594,8 +606,11 @@ impl Ec2 for Simulator {
         attachment_id: &str,
         delete_on_termination: bool,
     ) -> Result<()> {
-        self.call(Operation::ModifyNetworkInterfaceAttribute, |s, _| {
-            s.set_delete_on_termination(eni_id, attachment_id, delete_on_termination)
+        let op = Operation::ModifyNetworkInterfaceAttribute;
+        self.call(op, |s, now| {
+            s.lagged(op, eni_id, now, |s| {
+                s.set_delete_on_termination(eni_id, attachment_id, delete_on_termination)
+            })
         })
         .await
     }
@@ -605,8 +620,11 @@ impl Ec2 for Simulator {
         eni_id: &str,
         request: AddressRequest,
     ) -> Result<Assigned> {
-        self.call(Operation::AssignPrivateIpAddresses, |s, _| {
-            s.assign_private_ip_addresses(eni_id, request)
+        let op = Operation::AssignPrivateIpAddresses;
+        self.call(op, |s, now| {
+            s.lagged(op, eni_id, now, |s| {
+                s.assign_private_ip_addresses(eni_id, request)
+            })
         })
         .await
     }
@@ -620,14 +638,18 @@ impl Ec2 for Simulator {
         let op = Operation::UnassignPrivateIpAddresses;
         // AWS takes addresses and prefixes in separate calls: each one is metered.
         if !ips.is_empty() {
-            self.call(op, |s, _| {
-                s.unassign_private_ip_addresses(op, eni_id, ips, &[])
+            self.call(op, |s, now| {
+                s.lagged(op, eni_id, now, |s| {
+                    s.unassign_private_ip_addresses(op, eni_id, ips, &[])
+                })
             })
             .await?;
         }
         if !prefixes.is_empty() {
-            self.call(op, |s, _| {
-                s.unassign_private_ip_addresses(op, eni_id, &[], prefixes)
+            self.call(op, |s, now| {
+                s.lagged(op, eni_id, now, |s| {
+                    s.unassign_private_ip_addresses(op, eni_id, &[], prefixes)
+                })
             })
             .await?;
         }
@@ -636,14 +658,17 @@ impl Ec2 for Simulator {
 
     async fn detach_network_interface(&self, attachment_id: &str, _force: bool) -> Result<()> {
         self.call(Operation::DetachNetworkInterface, |s, now| {
-            s.detach_network_interface(attachment_id, now)
+            s.lagged_detach(attachment_id, now, |s| {
+                s.detach_network_interface(attachment_id, now)
+            })
         })
         .await
     }
 
     async fn delete_network_interface(&self, eni_id: &str) -> Result<()> {
-        self.call(Operation::DeleteNetworkInterface, |s, _| {
-            s.delete_network_interface(eni_id)
+        let op = Operation::DeleteNetworkInterface;
+        self.call(op, |s, now| {
+            s.lagged(op, eni_id, now, |s| s.delete_network_interface(eni_id))
         })
         .await
     }

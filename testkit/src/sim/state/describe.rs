@@ -5,7 +5,7 @@ use eni_operator::ec2::Result;
 use eni_operator::ec2::model::*;
 
 /// One page of `items` (sorted by `key`) after the opaque `token`.
-fn paginate<T>(
+pub(super) fn paginate<T>(
     op: Operation,
     mut items: Vec<T>,
     key: impl Fn(&T) -> &str,

@@ -3,6 +3,7 @@
 
 mod describe;
 mod invariants;
+mod lag;
 mod mutate;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -60,6 +61,8 @@ pub(crate) struct State {
     pub(crate) transitions: u64,
     pub(crate) page_size: usize,
     pub(crate) detach_delay: Duration,
+    /// Eventual consistency of describes (off unless `set_lag`).
+    lag: lag::Lag,
 }
 
 fn tags_match(have: &Tags, want: &Tags) -> bool {

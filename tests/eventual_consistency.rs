@@ -1,0 +1,162 @@
+//! The core against an eventually consistent EC2 (the simulator's `set_eventual_consistency`):
+//! AWS documents that a call naming a resource just created may answer that it does not exist,
+//! and that describes lag behind changes ("Eventual consistency in the Amazon EC2 API").
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use eni_operator::crd::CiliumNode;
+use eni_operator::ec2::{Ec2, EniFilter, EniState, Operation, Tags, collect_pages};
+use eni_operator::ipam::IpamConfig;
+use eni_operator::runtime::core::{Core, CoreConfig, NodeInput};
+use eni_operator::runtime::metrics::RuntimeMetrics;
+use testkit::sim::Simulator;
+use testkit::sink::MemorySink;
+use tokio::sync::mpsc;
+
+const CLUSTER: &str = "test-cluster";
+
+#[tokio::test(start_paused = true)]
+async fn an_eni_ec2_does_not_show_yet_after_its_create_is_attached_not_created_again() {
+    let sim = Simulator::new();
+    let vpc = sim.add_vpc("10.0.0.0/16".parse().unwrap(), &[]);
+    let subnet = sim.add_subnet(&vpc, "zone-a", "10.0.0.0/18".parse().unwrap(), Tags::new());
+    let sg = sim.add_security_group(&vpc, Tags::new());
+    sim.add_route_table(&vpc, true, &[]);
+    let inst = sim.run_instance("m5.large", &subnet, std::slice::from_ref(&sg));
+    // Every new ENI stays unknown to the other calls for up to 6 s.
+    sim.set_eventual_consistency(Duration::from_secs(6), true, 1);
+
+    let sink = Arc::new(MemorySink::new());
+    let cfg = CoreConfig {
+        workers: 2,
+        ipam: IpamConfig {
+            cluster_name: CLUSTER.into(),
+            ..IpamConfig::default()
+        },
+        ..CoreConfig::default()
+    };
+    let core = Core::new(
+        Arc::new(sim.clone()),
+        sink.clone(),
+        cfg.clone(),
+        RuntimeMetrics::default(),
+        cfg.ec2_cache(),
+    );
+    let (tx, rx) = mpsc::channel(64);
+    let _task = tokio::spawn(core.clone().run(rx, std::future::pending()));
+    let mut n = CiliumNode::new("n", Default::default());
+    n.spec.instance_id = inst.id.clone();
+    n.spec.eni.instance_type = "m5.large".into();
+    n.spec.eni.vpc_id = vpc.clone();
+    n.spec.eni.availability_zone = "zone-a".into();
+    n.spec.eni.node_subnet_id = subnet.clone();
+    n.spec.eni.first_interface_index = Some(1);
+    n.spec.ipam.min_allocate = 8;
+    let n = sink.put(&n);
+    tx.send(NodeInput::Upsert(Box::new(n))).await.unwrap();
+
+    let mut served = false;
+    for _ in 0..240 {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        if sink.get("n").is_some_and(|n| n.spec.ipam.pool.len() >= 8) {
+            served = true;
+            break;
+        }
+    }
+    let attach = sim.stats().get(Operation::AttachNetworkInterface);
+    assert!(
+        attach.rejected >= 1,
+        "EC2 answered the first attach with NotFound: {attach:?}"
+    );
+    assert!(served, "{:?}", sink.get("n").and_then(|n| n.status));
+    let creates = sim.stats().get(Operation::CreateNetworkInterface).calls;
+    assert_eq!(creates, 1, "the ENI was waited for, not created again");
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let f = EniFilter::default();
+    let all = collect_pages(|t| sim.describe_network_interfaces(&f, t))
+        .await
+        .unwrap();
+    let available: Vec<_> = all
+        .iter()
+        .filter(|e| e.state == EniState::Available)
+        .map(|e| e.id.clone())
+        .collect();
+    assert!(available.is_empty(), "left available: {available:?}");
+}
+
+/// A new operator (restart after a crash, or a new leader) starts while describes still show an
+/// address the previous one unassigned a moment ago: with `start_delay` it lists EC2 once they
+/// have caught up, and the address never goes back into the pool.
+#[tokio::test(start_paused = true)]
+async fn a_restarted_operator_does_not_pool_an_address_unassigned_just_before() {
+    let sim = Simulator::new();
+    let vpc = sim.add_vpc("10.0.0.0/16".parse().unwrap(), &[]);
+    let subnet = sim.add_subnet(&vpc, "zone-a", "10.0.0.0/18".parse().unwrap(), Tags::new());
+    let sg = sim.add_security_group(&vpc, Tags::new());
+    sim.add_route_table(&vpc, true, &[]);
+    let inst = sim.run_instance("m5.large", &subnet, std::slice::from_ref(&sg));
+    let primary = sim.primary_eni_id(&inst.id).unwrap();
+    let assigned = sim
+        .assign_private_ip_addresses(&primary, eni_operator::ec2::AddressRequest::Ips(4))
+        .await
+        .unwrap();
+    // The previous operator's last call: one address unassigned, its pool written without it.
+    sim.set_eventual_consistency(Duration::from_secs(6), false, 4);
+    let gone = assigned.ips[0];
+    sim.unassign_private_ip_addresses(&primary, &[gone], &[])
+        .await
+        .unwrap();
+    let f = EniFilter::default();
+    let shown = collect_pages(|t| sim.describe_network_interfaces(&f, t))
+        .await
+        .unwrap();
+    assert!(
+        shown
+            .iter()
+            .any(|e| e.id == primary && e.secondary_ips.contains(&gone)),
+        "describes still show the unassigned address"
+    );
+
+    let sink = Arc::new(MemorySink::new());
+    let cfg = CoreConfig {
+        workers: 2,
+        ipam: IpamConfig {
+            cluster_name: CLUSTER.into(),
+            ..IpamConfig::default()
+        },
+        start_delay: eni_operator::runtime::cache::DESCRIBE_LAG,
+        ..CoreConfig::default()
+    };
+    let core = Core::new(
+        Arc::new(sim.clone()),
+        sink.clone(),
+        cfg.clone(),
+        RuntimeMetrics::default(),
+        cfg.ec2_cache(),
+    );
+    let (tx, rx) = mpsc::channel(64);
+    let _task = tokio::spawn(core.clone().run(rx, std::future::pending()));
+    let mut n = CiliumNode::new("n", Default::default());
+    n.spec.instance_id = inst.id.clone();
+    n.spec.eni.instance_type = "m5.large".into();
+    n.spec.eni.vpc_id = vpc.clone();
+    n.spec.eni.availability_zone = "zone-a".into();
+    n.spec.eni.node_subnet_id = subnet.clone();
+    n.spec.eni.first_interface_index = Some(0);
+    n.spec.ipam.pre_allocate = 2;
+    let n = sink.put(&n);
+    tx.send(NodeInput::Upsert(Box::new(n))).await.unwrap();
+
+    let mut pooled = 0;
+    for _ in 0..360 {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        let pool = sink.get("n").map(|n| n.spec.ipam.pool).unwrap_or_default();
+        assert!(
+            !pool.contains_key(&gone.to_string()),
+            "{gone} is back in the pool: {pool:?}"
+        );
+        pooled = pool.len();
+    }
+    assert!(pooled >= 3, "the node was served: pool {pooled}");
+}
