@@ -171,6 +171,10 @@ async fn simulate(seed: u64, opts: &Options, watch: &Watch) -> Outcome {
             events(&mut w, &mut rng, t).await;
         } else if t == fault_end {
             refusals::end(&mut w, t);
+            // "After the faults stop" means it: one-off faults still queued for a call that has
+            // not come (an attach fault waiting for the next node to join) go too.
+            w.sim.drop_queued_faults();
+            w.sink.drop_write_faults();
         }
         w.tick(&mut rng, t).await;
         tokio::time::sleep(Duration::from_secs(1)).await;

@@ -108,6 +108,11 @@ impl MemorySink {
         self.faults.lock().expect("faults").len()
     }
 
+    /// Forget the injected write faults not met yet.
+    pub fn drop_write_faults(&self) {
+        self.faults.lock().expect("faults").clear();
+    }
+
     fn next_fault(&self) -> Option<WriteFault> {
         self.faults.lock().expect("faults").pop_front()
     }

@@ -130,6 +130,12 @@ impl Faults {
             .extend(std::iter::repeat_n(fault, times));
     }
 
+    /// Forget the one-off faults and lost answers not met yet (configured rates stay).
+    pub(crate) fn drop_queued(&mut self) {
+        self.queued.clear();
+        self.lost_answers.clear();
+    }
+
     pub(crate) fn lose_answers(&mut self, op: Operation, times: usize) {
         *self.lost_answers.entry(op).or_default() += times;
     }
@@ -174,6 +180,18 @@ mod tests {
         assert!(errs[1].is_some());
         assert!(errs[2].is_none() && errs[3].is_none());
         assert!(f.next(Operation::DescribeVpcs).is_none());
+    }
+
+    #[test]
+    fn dropped_one_off_faults_answer_no_later_call() {
+        let op = Operation::AttachNetworkInterface;
+        let mut f = Faults::new(1);
+        f.queue(op, Fault::internal_error(), 3);
+        f.lose_answers(op, 2);
+        assert!(f.next(op).is_some());
+        f.drop_queued();
+        assert!(f.next(op).is_none());
+        assert!(f.lost_answers.is_empty());
     }
 
     #[test]

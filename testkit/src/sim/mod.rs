@@ -224,6 +224,12 @@ impl Simulator {
         self.lock().faults.lose_answers(op, times);
     }
 
+    /// Forget the one-off faults and lost answers not met yet (the rates stay): a fault injected
+    /// for "now" must not wait, however long, for the next call of its operation.
+    pub fn drop_queued_faults(&self) {
+        self.lock().faults.drop_queued();
+    }
+
     /// Per-operation counters so far.
     pub fn stats(&self) -> SimStats {
         self.peek().faults.stats.clone()
