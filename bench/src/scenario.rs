@@ -14,7 +14,7 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::task::AbortOnDropHandle;
 
-use eni_operator::crd::{AllocationIp, CiliumNode, ReleaseState};
+use eni_operator::crd::{CiliumNode, ReleaseState};
 use eni_operator::ec2::gate::{Gate, GateConfig};
 use eni_operator::ec2::{Operation, Tags};
 use eni_operator::ipam::IpamConfig;
@@ -22,7 +22,7 @@ use eni_operator::runtime::cache::Ec2Cache;
 use eni_operator::runtime::core::{Core, CoreConfig, NodeInput};
 use eni_operator::runtime::metrics::RuntimeMetrics;
 use eni_operator::runtime::refresher::{Refresher, Scope};
-use testkit::agent::answer_release_proposals;
+use testkit::agent::step_pods;
 use testkit::sim::{SimStats, Simulator, default_instance_types};
 use testkit::sink::{MemorySink, WriteCounts};
 
@@ -735,39 +735,8 @@ impl Agent {
             return false;
         };
         let before = node.status.clone();
-        let pool = node.spec.ipam.pool.clone();
-        // Answer release proposals against the pods as they are now.
-        let pods = &self.pods;
-        answer_release_proposals(&mut node, |ip| pods.contains(ip));
-        let status = node.status.get_or_insert_with(Default::default);
-        // Pods: stop extra ones, start missing ones on free addresses not being released.
-        self.pods.retain(|ip| pool.contains_key(ip));
-        while self.pods.len() > self.target {
-            let ip = self.pods.iter().next().cloned().expect("non-empty");
-            self.pods.remove(&ip);
-        }
-        for ip in pool.keys() {
-            if self.pods.len() >= self.target {
-                break;
-            }
-            if !self.pods.contains(ip) && !status.ipam.release_ips.contains_key(ip) {
-                self.pods.insert(ip.clone());
-            }
-        }
-        status.ipam.used = self
-            .pods
-            .iter()
-            .map(|ip| {
-                (
-                    ip.clone(),
-                    AllocationIp {
-                        owner: format!("default/pod-{ip}"),
-                        resource: pool[ip].resource.clone(),
-                        ..Default::default()
-                    },
-                )
-            })
-            .collect();
+        // The first pod stops when there are too many.
+        step_pods(&mut self.pods, self.target, &mut node, |_| 0);
         self.dirty = self.pods.len() < self.target;
         if node.status == before {
             return false;

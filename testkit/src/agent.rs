@@ -16,8 +16,10 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::net::Ipv4Addr;
 
+pub mod pods;
 pub mod release;
 
+pub use pods::step_pods;
 pub use release::{answer_release_proposals, classic_agent_answers, release_answers};
 
 /// Addresses every agent holds besides its pods: the router and the health endpoint.
