@@ -16,17 +16,29 @@ use tokio::sync::mpsc;
 
 const CLUSTER: &str = "test-cluster";
 
-#[tokio::test(start_paused = true)]
-async fn an_eni_ec2_does_not_show_yet_after_its_create_is_attached_not_created_again() {
-    let sim = Simulator::new();
+/// One account: a VPC with a /18 in zone-a, a security group, a route table, and an m5.large
+/// instance there. Returns the VPC, the subnet and the instance id.
+fn account(sim: &Simulator) -> (String, String, String) {
     let vpc = sim.add_vpc("10.0.0.0/16".parse().unwrap(), &[]);
     let subnet = sim.add_subnet(&vpc, "zone-a", "10.0.0.0/18".parse().unwrap(), Tags::new());
     let sg = sim.add_security_group(&vpc, Tags::new());
     sim.add_route_table(&vpc, true, &[]);
     let inst = sim.run_instance("m5.large", &subnet, std::slice::from_ref(&sg));
-    // Every new ENI stays unknown to the other calls for up to 6 s.
-    sim.set_eventual_consistency(Duration::from_secs(6), true, 1);
+    (vpc, subnet, inst.id)
+}
 
+/// A core with two workers on `sim` and the agent's CiliumNode for the instance, `edit`ed, sent
+/// to it. Keep the sender: the core ends when its input closes.
+async fn serve(
+    sim: &Simulator,
+    (vpc, subnet, instance): &(String, String, String),
+    start_delay: Duration,
+    edit: impl FnOnce(&mut CiliumNode),
+) -> (
+    Arc<MemorySink>,
+    mpsc::Sender<NodeInput>,
+    tokio::task::JoinHandle<eni_operator::ec2::Result<()>>,
+) {
     let sink = Arc::new(MemorySink::new());
     let cfg = CoreConfig {
         workers: 2,
@@ -34,6 +46,7 @@ async fn an_eni_ec2_does_not_show_yet_after_its_create_is_attached_not_created_a
             cluster_name: CLUSTER.into(),
             ..IpamConfig::default()
         },
+        start_delay,
         ..CoreConfig::default()
     };
     let core = Core::new(
@@ -44,17 +57,30 @@ async fn an_eni_ec2_does_not_show_yet_after_its_create_is_attached_not_created_a
         cfg.ec2_cache(),
     );
     let (tx, rx) = mpsc::channel(64);
-    let _task = tokio::spawn(core.clone().run(rx, std::future::pending()));
+    let task = tokio::spawn(core.clone().run(rx, std::future::pending()));
     let mut n = CiliumNode::new("n", Default::default());
-    n.spec.instance_id = inst.id.clone();
+    n.spec.instance_id = instance.clone();
     n.spec.eni.instance_type = "m5.large".into();
     n.spec.eni.vpc_id = vpc.clone();
     n.spec.eni.availability_zone = "zone-a".into();
     n.spec.eni.node_subnet_id = subnet.clone();
-    n.spec.eni.first_interface_index = Some(1);
-    n.spec.ipam.min_allocate = 8;
+    edit(&mut n);
     let n = sink.put(&n);
     tx.send(NodeInput::Upsert(Box::new(n))).await.unwrap();
+    (sink, tx, task)
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_eni_ec2_does_not_show_yet_after_its_create_is_attached_not_created_again() {
+    let sim = Simulator::new();
+    let account = account(&sim);
+    // Every new ENI stays unknown to the other calls for up to 6 s.
+    sim.set_eventual_consistency(Duration::from_secs(6), true, 1);
+    let (sink, _tx, _task) = serve(&sim, &account, Duration::ZERO, |n| {
+        n.spec.eni.first_interface_index = Some(1);
+        n.spec.ipam.min_allocate = 8;
+    })
+    .await;
 
     let mut served = false;
     for _ in 0..240 {
@@ -91,12 +117,8 @@ async fn an_eni_ec2_does_not_show_yet_after_its_create_is_attached_not_created_a
 #[tokio::test(start_paused = true)]
 async fn a_restarted_operator_does_not_pool_an_address_unassigned_just_before() {
     let sim = Simulator::new();
-    let vpc = sim.add_vpc("10.0.0.0/16".parse().unwrap(), &[]);
-    let subnet = sim.add_subnet(&vpc, "zone-a", "10.0.0.0/18".parse().unwrap(), Tags::new());
-    let sg = sim.add_security_group(&vpc, Tags::new());
-    sim.add_route_table(&vpc, true, &[]);
-    let inst = sim.run_instance("m5.large", &subnet, std::slice::from_ref(&sg));
-    let primary = sim.primary_eni_id(&inst.id).unwrap();
+    let account = account(&sim);
+    let primary = sim.primary_eni_id(&account.2).unwrap();
     let assigned = sim
         .assign_private_ip_addresses(&primary, eni_operator::ec2::AddressRequest::Ips(4))
         .await
@@ -118,35 +140,16 @@ async fn a_restarted_operator_does_not_pool_an_address_unassigned_just_before() 
         "describes still show the unassigned address"
     );
 
-    let sink = Arc::new(MemorySink::new());
-    let cfg = CoreConfig {
-        workers: 2,
-        ipam: IpamConfig {
-            cluster_name: CLUSTER.into(),
-            ..IpamConfig::default()
+    let (sink, _tx, _task) = serve(
+        &sim,
+        &account,
+        eni_operator::runtime::cache::DESCRIBE_LAG,
+        |n| {
+            n.spec.eni.first_interface_index = Some(0);
+            n.spec.ipam.pre_allocate = 2;
         },
-        start_delay: eni_operator::runtime::cache::DESCRIBE_LAG,
-        ..CoreConfig::default()
-    };
-    let core = Core::new(
-        Arc::new(sim.clone()),
-        sink.clone(),
-        cfg.clone(),
-        RuntimeMetrics::default(),
-        cfg.ec2_cache(),
-    );
-    let (tx, rx) = mpsc::channel(64);
-    let _task = tokio::spawn(core.clone().run(rx, std::future::pending()));
-    let mut n = CiliumNode::new("n", Default::default());
-    n.spec.instance_id = inst.id.clone();
-    n.spec.eni.instance_type = "m5.large".into();
-    n.spec.eni.vpc_id = vpc.clone();
-    n.spec.eni.availability_zone = "zone-a".into();
-    n.spec.eni.node_subnet_id = subnet.clone();
-    n.spec.eni.first_interface_index = Some(0);
-    n.spec.ipam.pre_allocate = 2;
-    let n = sink.put(&n);
-    tx.send(NodeInput::Upsert(Box::new(n))).await.unwrap();
+    )
+    .await;
 
     let mut pooled = 0;
     for _ in 0..360 {
