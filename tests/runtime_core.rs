@@ -1,7 +1,7 @@
 //! The allocation core without Kubernetes: the simulator behind the gate, a `MemorySink` as the
 //! API server, paused tokio time.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::Ipv4Addr;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
@@ -32,7 +32,7 @@ use testkit::cluster::{Cluster, agent_node};
 use testkit::lease::{MemoryLease, MemoryLeaseClient};
 use testkit::prune::StructuralSchema;
 use testkit::sim::Simulator;
-use testkit::sink::MemorySink;
+use testkit::sink::{MemorySink, WriteFault};
 use testkit::{served, wait_until};
 use tokio::sync::mpsc;
 
@@ -1587,6 +1587,142 @@ async fn a_cidr_the_agent_takes_back_before_the_unassign_is_not_released() {
     let left = agent_cidrs(&w.sim, &inst.id).await;
     assert!(left.contains(&taken_back));
     assert_eq!(left.len(), all.len() - 1);
+}
+
+/// The CIDRs a multi-pool agent may take from the node's `status.eni.enis` (C3), non-primary
+/// ENIs only (as [`agent_cidrs`]).
+fn status_cidrs(sink: &MemorySink, name: &str) -> BTreeSet<String> {
+    sink.get(name)
+        .and_then(|n| n.status)
+        .map(|s| {
+            s.eni
+                .enis
+                .values()
+                .filter(|e| e.number != 0)
+                .flat_map(|e| e.addresses.iter().map(|a| format!("{a}/32")))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_dropped_cidr_leaves_the_status_before_its_unassign_even_when_writes_fail() {
+    let w = Cluster::new();
+    let sink = Arc::new(MemorySink::new());
+    let mut cfg = config(4);
+    cfg.ipam.release_excess_ips = true;
+    cfg.ipam.release_delay = Duration::from_secs(10);
+    cfg.node_rescan_interval = Duration::from_secs(5);
+    let (_core, tx, _task) = start(w.sim.clone(), &sink, cfg);
+    let inst = w.instance();
+    let n = sink.put(&multi_pool_node(&w, "mp", &inst.id, 16));
+    tx.send(NodeInput::Upsert(Box::new(n))).await.unwrap();
+    assert!(
+        wait_until_async(|| async { agent_cidrs(&w.sim, &inst.id).await.len() >= 16 }).await,
+        "allocated"
+    );
+    let all = agent_cidrs(&w.sim, &inst.id).await;
+    assert!(
+        wait_until(
+            || status_cidrs(&sink, "mp").len() == all.len(),
+            Duration::from_secs(30)
+        )
+        .await,
+        "published"
+    );
+    // The agent holds every CIDR; then its demand drops and it gives up one; the API server
+    // fails the operator's next writes (a 5xx before commit: nothing written).
+    let n = sink.update("mp", |n| set_allocated(n, &all)).unwrap();
+    tx.send(NodeInput::Upsert(Box::new(n))).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let dropped = all.last().unwrap().clone();
+    let n = sink
+        .update("mp", |n| {
+            set_allocated(n, &all[..all.len() - 1]);
+            set_requested(n, 8);
+        })
+        .unwrap();
+    tx.send(NodeInput::Upsert(Box::new(n))).await.unwrap();
+    // (After the write of the new demand, before the release delay is up.)
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    sink.inject_write_fault(WriteFault::Unavailable, 3);
+    // Until the CIDR is gone from EC2, and a while after: whatever the status lists is on EC2
+    // (the agent takes addresses from the status, Cilium #46674), and the status stopped
+    // listing the CIDR before it went.
+    let mut released_at = None;
+    for step in 0..480 {
+        let on_ec2 = agent_cidrs(&w.sim, &inst.id).await;
+        let listed = status_cidrs(&sink, "mp");
+        let unassigned: Vec<&String> = listed.iter().filter(|c| !on_ec2.contains(c)).collect();
+        assert!(
+            unassigned.is_empty(),
+            "step {step}: the status lists {unassigned:?}, which EC2 no longer has"
+        );
+        if released_at.is_none() && !on_ec2.contains(&dropped) {
+            released_at = Some(step);
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    assert!(
+        released_at.is_some(),
+        "{dropped} was never released; status {:?}; events {:?}",
+        status_cidrs(&sink, "mp"),
+        sink.events("mp")
+    );
+    assert_eq!(
+        sink.pending_write_faults(),
+        0,
+        "the operator wrote meanwhile"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_write_committed_behind_a_5xx_is_not_diffed_against_the_older_copy() {
+    let w = Cluster::new();
+    let sink = Arc::new(MemorySink::new());
+    let (_core, tx, _task) = start(w.sim.clone(), &sink, config(4));
+    let inst = w.instance();
+    let n = sink.put(&agent_node(&w, "n", &inst.id, 8));
+    tx.send(NodeInput::Upsert(Box::new(n))).await.unwrap();
+    assert!(
+        wait_until(|| served(&sink, "n", 8), Duration::from_secs(60)).await,
+        "served"
+    );
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let before = sink.total_writes();
+    // The agent puts a pod on an address: the operator tops the node up and writes once
+    // (status, then the pool's additions); the API server commits that but answers 504.
+    let ip = sink
+        .get("n")
+        .unwrap()
+        .spec
+        .ipam
+        .pool
+        .keys()
+        .next()
+        .unwrap()
+        .clone();
+    let n = sink
+        .update("n", |n| {
+            n.status
+                .get_or_insert_default()
+                .ipam
+                .used
+                .insert(ip, AllocationIp::default());
+        })
+        .unwrap();
+    sink.inject_write_fault(WriteFault::CommittedButFailed, 1);
+    tx.send(NodeInput::Upsert(Box::new(n))).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    assert_eq!(sink.pending_write_faults(), 0, "the operator wrote");
+    let after = sink.total_writes();
+    // Diffed against the older copy, the next pass would write the same patch again; a patch
+    // computed that way can also drop from the status what the lost write added to the pool.
+    assert_eq!(
+        (after.spec, after.status),
+        (before.spec + 1, before.status + 1),
+        "one change set: {before:?} -> {after:?}"
+    );
 }
 
 /// [`wait_until`] for a condition that needs the simulator (60 simulated seconds at most).

@@ -16,6 +16,7 @@ pub mod ownership;
 pub mod plan;
 pub mod release;
 pub mod selection;
+pub mod withdrawal;
 pub mod writeback;
 
 #[cfg(test)]
@@ -166,6 +167,14 @@ pub struct Release {
     pub eni_id: String,
     pub ips: Vec<Ipv4Addr>,
     pub prefixes: Vec<Ipv4Net>,
+}
+
+impl Release {
+    /// Its CIDRs as a multi-pool agent names them: each /28, each single address as a /32.
+    pub fn cidrs(&self) -> impl Iterator<Item = Ipv4Net> + '_ {
+        let ips = self.ips.iter().map(|ip| Ipv4Net::from(*ip));
+        self.prefixes.iter().map(Ipv4Net::trunc).chain(ips)
+    }
 }
 
 /// A new ENI: the create attempts in order, then attach and delete-on-termination.

@@ -130,7 +130,7 @@ pub fn plan_node(
         Generation::MultiPool => {
             let allocated = allocated_cidrs(node);
             memory.track_multi_pool(&allocated, &attached_cidrs(&usable, with_primary), now);
-            memory.multi_pool_release(&usable, &allocated, demand.excess, config, now)
+            memory.multi_pool_withdraw(node, &usable, &allocated, demand.excess, config, now)
         }
         Generation::Classic => memory.classic_pass(node, &usable, demand.excess, config, now),
     };

@@ -22,6 +22,7 @@ use crate::ec2::{NetworkInterface, PREFIX_SIZE, prefix_addresses};
 
 use super::capacity::{single_addresses, usable_addresses};
 use super::demand::Generation;
+use super::withdrawal::{WITHDRAW_GRACE, status_lists};
 use super::{IpamConfig, Release};
 
 /// In-memory release state of one node; lost on restart (a handshake then restarts, as in
@@ -59,6 +60,9 @@ struct MultiPoolMemory {
     previous: BTreeSet<Ipv4Net>,
     /// CIDRs the agent dropped, with when the drop was first seen.
     marked: BTreeMap<Ipv4Net, Instant>,
+    /// CIDRs chosen for release and left out of what is published, with since when the node's
+    /// status no longer lists them (see `withdrawal`).
+    withdrawn: BTreeMap<Ipv4Net, Instant>,
 }
 
 /// Classic release candidates on one ENI (§7.2).
@@ -278,11 +282,9 @@ impl NodeMemory {
             }
         }
         if let Some(m) = self.multi_pool.as_mut() {
-            for ip in &release.ips {
-                m.marked.remove(&Ipv4Net::from(*ip));
-            }
-            for p in &release.prefixes {
-                m.marked.remove(&p.trunc());
+            for c in release.cidrs() {
+                m.marked.remove(&c);
+                m.withdrawn.remove(&c);
             }
         }
     }
@@ -429,6 +431,7 @@ impl NodeMemory {
                 self.multi_pool = Some(MultiPoolMemory {
                     previous: allocated.clone(),
                     marked,
+                    withdrawn: BTreeMap::new(),
                 });
             }
             Some(m) => {
@@ -442,6 +445,53 @@ impl NodeMemory {
             m.marked
                 .retain(|c, _| !allocated.contains(c) && attached.contains_key(c));
         }
+    }
+
+    /// CIDRs left out of the published status and pool until their unassign (`withdrawal`).
+    pub fn withdrawn_cidrs(&self) -> Vec<Ipv4Net> {
+        self.multi_pool
+            .iter()
+            .flat_map(|m| m.withdrawn.keys().copied())
+            .collect()
+    }
+
+    /// §7.4 with the withdrawal first (`withdrawal`): the CIDRs chosen for release (prefixes
+    /// first, single addresses on a later pass: one unassign call per pass) are withdrawn from
+    /// what is published; the release returned holds only those `node`'s status has not listed
+    /// for [`WITHDRAW_GRACE`]. A CIDR no longer chosen (taken back, no longer in excess) is
+    /// published again.
+    pub(crate) fn multi_pool_withdraw(
+        &mut self,
+        node: &CiliumNode,
+        usable: &[&NetworkInterface],
+        allocated: &BTreeSet<Ipv4Net>,
+        excess: i64,
+        config: &IpamConfig,
+        now: Instant,
+    ) -> Option<Release> {
+        let mut chosen = self.multi_pool_release(usable, allocated, excess, config, now);
+        if let Some(r) = chosen.as_mut().filter(|r| !r.prefixes.is_empty()) {
+            r.ips.clear();
+        }
+        let m = self.multi_pool.as_mut()?;
+        let cidrs: BTreeSet<Ipv4Net> = chosen.iter().flat_map(Release::cidrs).collect();
+        m.withdrawn.retain(|c, _| cidrs.contains(c));
+        for c in &cidrs {
+            let since = m.withdrawn.entry(*c).or_insert(now);
+            if status_lists(node, c) {
+                // Not out of the status yet (the write is still to come, or failed).
+                *since = now;
+            }
+        }
+        let ready = |c: Ipv4Net| {
+            m.withdrawn
+                .get(&c)
+                .is_some_and(|t| now.saturating_duration_since(*t) >= WITHDRAW_GRACE)
+        };
+        let mut release = chosen?;
+        release.prefixes.retain(|p| ready(p.trunc()));
+        release.ips.retain(|ip| ready(Ipv4Net::from(*ip)));
+        (!release.prefixes.is_empty() || !release.ips.is_empty()).then_some(release)
     }
 
     /// §7.4 release + §7.5 cap: dropped CIDRs older than the delay, on one ENI, whose total

@@ -62,8 +62,8 @@ pub fn desired_state(
         (None, None)
     } else {
         match eni_map(&attached, ec2, with_primary) {
-            Ok(map) => {
-                let pool = attached
+            Ok(mut map) => {
+                let mut pool = attached
                     .iter()
                     .filter(|e| !is_excluded(e, spec))
                     .flat_map(|e| {
@@ -78,6 +78,8 @@ pub fn desired_state(
                         })
                     })
                     .collect();
+                // Multi-pool CIDRs on their way out leave before their unassign (§7.4).
+                super::withdrawal::strip(&mut map, &mut pool, &memory.withdrawn_cidrs());
                 (Some(map), Some(pool))
             }
             Err(missing) => {

@@ -395,11 +395,20 @@ impl MultiPoolAgent {
         });
         dropped.retain(|c| attached.contains(c));
 
-        // An address in use whose CIDR is gone: the operator released it under us.
+        // A CIDR it lists that the status dropped while in use: kept for its addresses, nothing
+        // new taken from it, still listed in `allocated` to regain it (Cilium's podCIDRPool,
+        // pkg/ipam/pool.go, "in-use pod CIDR was removed"). The operator withdraws a CIDR from
+        // the status before its unassign, and the agent may have taken it just before.
+        let removed: BTreeSet<Cidr> = listed
+            .iter()
+            .filter(|c| !attached.contains(c) && self.in_use.keys().any(|ip| c.contains(*ip)))
+            .copied()
+            .collect();
+        // An address in use in no CIDR it has: the operator released it under us.
         let lost: Vec<Ipv4Addr> = self
             .in_use
             .keys()
-            .filter(|ip| !attached.iter().any(|c| c.contains(**ip)))
+            .filter(|ip| !attached.iter().chain(&removed).any(|c| c.contains(**ip)))
             .copied()
             .collect();
         for ip in lost {
@@ -449,10 +458,17 @@ impl MultiPoolAgent {
         }
         step.unsatisfied = target.saturating_sub(self.in_use.len());
         let in_use = self.in_use.len();
+        // Free addresses are counted in the CIDRs it may allocate from (not the removed ones).
+        let in_held = |h: &BTreeSet<Cidr>, in_use: &BTreeMap<Ipv4Addr, usize>| {
+            in_use
+                .keys()
+                .filter(|ip| h.iter().any(|c| c.contains(**ip)))
+                .count()
+        };
         let capacity = |h: &BTreeSet<Cidr>| h.iter().map(|c| c.size()).sum::<usize>();
         // Keep the pre-allocation free: re-adopt when short, drop from the last CIDR backwards
         // while free − free(CIDR) ≥ needed − in-use.
-        while capacity(&held) < in_use + MULTI_POOL_PRE_ALLOCATE {
+        while capacity(&held) < in_held(&held, &self.in_use) + MULTI_POOL_PRE_ALLOCATE {
             match dropped.pop_first() {
                 Some(c) => {
                     held.insert(c);
@@ -460,7 +476,7 @@ impl MultiPoolAgent {
                 None => break,
             }
         }
-        let mut free = capacity(&held) - in_use;
+        let mut free = capacity(&held) - in_held(&held, &self.in_use);
         for c in held.clone().iter().rev() {
             let busy = self.in_use.keys().any(|ip| c.contains(*ip));
             if !busy && free >= c.size() + MULTI_POOL_PRE_ALLOCATE {
@@ -472,6 +488,7 @@ impl MultiPoolAgent {
 
         // needed = in use + pending + pre-allocation; pending are endpoints still without address.
         let requested = (in_use + step.unsatisfied + MULTI_POOL_PRE_ALLOCATE) as i64;
+        let held: BTreeSet<Cidr> = &held | &removed;
         let cidrs: Vec<String> = held.iter().map(ToString::to_string).collect();
         let current_req = cn
             .spec
@@ -980,7 +997,7 @@ mod tests {
     }
 
     #[test]
-    fn multi_pool_flags_released_in_use_cidr_and_zeroes_classic_used() {
+    fn multi_pool_keeps_an_in_use_cidr_the_status_drops_and_flags_one_it_lost() {
         let addrs = ips("10.0.1", 10..20);
         let mut cn = node(vec![eni("eni-1", 1, &refs(&addrs), &[])]);
         cn.status
@@ -1006,6 +1023,20 @@ mod tests {
             .unwrap()
             .addresses
             .retain(|a| a != "10.0.1.10");
+        // Out of the status while in use: kept, still listed, nothing new taken from it.
+        let step = agent.step(&cn, 0);
+        assert!(step.violations.is_empty(), "{:?}", step.violations);
+        assert!(agent.in_use().contains_key(&"10.0.1.10".parse().unwrap()));
+        let listed = |cn: &CiliumNode| cn.spec.ipam.pools.allocated[0].cidrs.clone();
+        assert!(listed(&cn).contains(&"10.0.1.10/32".to_string()));
+        if let Some(patch) = step.spec_patch {
+            cn = apply(&cn, &patch);
+        }
+        assert!(listed(&cn).contains(&"10.0.1.10/32".to_string()));
+        // Gone from the CIDRs it lists too: the address was released under it.
+        cn.spec.ipam.pools.allocated[0]
+            .cidrs
+            .retain(|c| c != "10.0.1.10/32");
         let step = agent.step(&cn, 0);
         assert_eq!(step.violations.len(), 1);
         assert!(step.violations[0].contains("10.0.1.10"));

@@ -9,6 +9,7 @@ use tracing::{debug, info, warn};
 use crate::crd::CiliumNode;
 use crate::ec2::Ec2;
 use crate::ipam::release::{allocated_cidrs, readopted};
+use crate::ipam::withdrawal::status_lists;
 use crate::ipam::{self, Action, Generation, NodeMemory, NodePlan, Release};
 use crate::runtime::clock::now;
 use crate::runtime::queue::Outcome;
@@ -120,20 +121,18 @@ async fn ensure_limits<E: Ec2, S: NodeSink>(inner: &Shared<E, S>, instance_type:
 }
 
 /// §7.4 step 3, the last check before a multi-pool unassign: read the CiliumNode afresh and
-/// release nothing the agent lists in `pools.allocated` again. The plan's copy can be seconds
-/// old (a lagging watch; awaits that last 20 s under throttling), and the agent re-adopts a
-/// dropped CIDR that is still attached when its demand grows (Cilium #46674). One unassign call
-/// per pass (prefixes first, single addresses on the next pass), so the check always directly
-/// precedes the call. `Ok(None)`: skip this pass.
+/// release nothing the agent lists in `pools.allocated` again, nor anything the status lists
+/// again (the engine withdrew it from the status first: `ipam::withdrawal`). The plan's copy
+/// can be seconds old (a lagging watch; awaits that last 20 s under throttling), and the agent
+/// re-adopts a dropped CIDR that is still listed when its demand grows (Cilium #46674). One
+/// unassign call per pass, so the check always directly precedes the call. `Ok(None)`: skip
+/// this pass.
 async fn check_multi_pool_release<E: Ec2, S: NodeSink>(
     inner: &Shared<E, S>,
     name: &str,
     planned: &Release,
 ) -> Step<Option<Release>> {
-    let mut release = planned.clone();
-    if !release.prefixes.is_empty() {
-        release.ips.clear();
-    }
+    let release = planned.clone();
     let fresh = match inner.sink.fetch(name).await {
         Ok(Some(fresh)) => fresh,
         // Gone: the watch's delete follows.
@@ -147,6 +146,11 @@ async fn check_multi_pool_release<E: Ec2, S: NodeSink>(
         // The slot keeps the watched copy: the watch delivers this update (or a newer one)
         // and re-plans; storing our read could overwrite a newer watched version.
         info!(node = name, eni = %release.eni_id, "the agent took back CIDRs planned for release; not releasing");
+        return Ok(None);
+    }
+    if release.cidrs().any(|c| status_lists(&fresh, &c)) {
+        // Someone published it again (another replica's write): the agent may take it.
+        info!(node = name, eni = %release.eni_id, "CIDRs planned for release are listed again; not releasing");
         return Ok(None);
     }
     Ok(Some(release))

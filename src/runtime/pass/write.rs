@@ -1,7 +1,7 @@
 //! Step 5: what the CiliumNode should say after the action (against the updated cache), and
 //! the change set that gets it there; nothing is written when nothing changed.
 
-use tracing::warn;
+use tracing::{debug, warn};
 
 use crate::crd::CiliumNode;
 use crate::ec2::Ec2;
@@ -45,6 +45,7 @@ pub(super) async fn write<E: Ec2, S: NodeSink>(
     if changes.is_empty() {
         return Ok(written);
     }
+    debug!(node = name, ?changes, "writing the CiliumNode");
     match inner.sink.apply(&NodeRef::of(node), &changes).await {
         Ok(n) => written.node = n,
         Err(SinkError::NotFound) => return Err(DONE),
@@ -56,6 +57,12 @@ pub(super) async fn write<E: Ec2, S: NodeSink>(
         Err(e) => {
             warn!(node = name, error = %e, "CiliumNode write failed");
             written.outcome = Outcome::Failed;
+            // A 5xx can hide a committed write, whose watch event may be seconds away: diff the
+            // next pass against what the server has. Against our older copy, a pool address
+            // the lost write added would not be removed when the status drops it (C1, C2).
+            if let Ok(Some(fresh)) = inner.sink.fetch(name).await {
+                written.node = Some(fresh);
+            }
         }
     }
     Ok(written)
