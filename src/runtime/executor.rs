@@ -210,7 +210,10 @@ impl<E: Ec2> Executor<E> {
     /// Assign; after a failure without an answer (timeout, 5xx) decide from what EC2 shows:
     /// the call carries no token, so it may have taken effect and is not repeated blindly (the
     /// gate does not retry it either). Addresses on the ENI the cache does not know yet are the
-    /// call's. (Describes may lag behind the call; then the next pass asks again.)
+    /// call's. (Describes may lag behind the call; then the next pass asks again.) Not those we
+    /// unassigned within the describe lag: a lagging describe still shows them, and taking them
+    /// back put addresses EC2 no longer had into the pool, where pods got them (`make dst`
+    /// seeds 115, 269, 344). Should EC2 have handed one out again, the next refresh finds it.
     async fn assign_checked(
         &self,
         eni_id: &str,
@@ -220,10 +223,15 @@ impl<E: Ec2> Executor<E> {
             Err(e) if e.kind == ErrorKind::Transient => e,
             other => return other,
         };
+        let started = now();
         let Some(seen) = self.describe_eni(eni_id).await else {
             return Err(e);
         };
-        let known = self.cache.read().expect("cache lock").eni(eni_id).cloned();
+        let (known, (gone_ips, gone_prefixes)) = {
+            let cache = self.cache.read().expect("cache lock");
+            let known = cache.eni(eni_id).cloned();
+            (known, cache.recently_unassigned(eni_id, started))
+        };
         let (known_ips, known_prefixes) = known
             .map(|k| (k.secondary_ips, k.prefixes))
             .unwrap_or_default();
@@ -231,12 +239,12 @@ impl<E: Ec2> Executor<E> {
             ips: seen
                 .secondary_ips
                 .into_iter()
-                .filter(|ip| !known_ips.contains(ip))
+                .filter(|ip| !known_ips.contains(ip) && !gone_ips.contains(ip))
                 .collect(),
             prefixes: seen
                 .prefixes
                 .into_iter()
-                .filter(|p| !known_prefixes.contains(p))
+                .filter(|p| !known_prefixes.contains(p) && !gone_prefixes.contains(p))
                 .collect(),
         };
         if new.ips.is_empty() && new.prefixes.is_empty() {
