@@ -190,9 +190,10 @@ async fn an_assign_without_an_answer_does_not_take_back_addresses_just_unassigne
         .await
         .unwrap();
     let cache = Arc::new(RwLock::new(Ec2Cache::for_cluster(CLUSTER)));
+    let listed = described(&sim).await;
     cache.write().unwrap().apply_instances(
         std::slice::from_ref(&instance),
-        described(&sim).await,
+        listed,
         tokio::time::Instant::now().into_std(),
     );
     let executor = Executor::new(Arc::new(sim.clone()), cache.clone());
@@ -226,7 +227,13 @@ async fn an_assign_without_an_answer_does_not_take_back_addresses_just_unassigne
             fallback_ips: None,
         }))
         .await;
-    let known = cache.read().unwrap().eni(&primary).unwrap().secondary_ips.clone();
+    let known = cache
+        .read()
+        .unwrap()
+        .eni(&primary)
+        .unwrap()
+        .secondary_ips
+        .clone();
     assert!(
         !known.contains(&gone),
         "{gone} is back in the cache: {known:?}"

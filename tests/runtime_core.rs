@@ -16,8 +16,8 @@ use eni_operator::ec2::{
     InstanceTypeLimits, NetworkInterface, Operation, Page, ResourceFilter, Result, RouteTable,
     SecurityGroup, Subnet, Tags, Vpc, collect_pages,
 };
-use eni_operator::ipam::{Action, IpamConfig, Release};
 use eni_operator::ipam::ownership::ownership_tags;
+use eni_operator::ipam::{Action, IpamConfig, Release};
 use eni_operator::runtime::cache::Ec2Cache;
 use eni_operator::runtime::core::{Core, CoreConfig, NodeInput};
 use eni_operator::runtime::executor::Executor;
@@ -1351,7 +1351,13 @@ async fn an_unassign_that_took_effect_counts_released_when_its_retry_meets_a_5xx
         "the last answer was a 5xx, yet the release counts"
     );
     assert!(out.released.is_some());
-    let known = cache.read().unwrap().eni(&primary).unwrap().secondary_ips.clone();
+    let known = cache
+        .read()
+        .unwrap()
+        .eni(&primary)
+        .unwrap()
+        .secondary_ips
+        .clone();
     assert!(
         gone.iter().all(|ip| !known.contains(ip)),
         "the cache still has them: {known:?}"
