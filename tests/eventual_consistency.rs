@@ -2,13 +2,17 @@
 //! AWS documents that a call naming a resource just created may answer that it does not exist,
 //! and that describes lag behind changes ("Eventual consistency in the Amazon EC2 API").
 
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use eni_operator::crd::CiliumNode;
-use eni_operator::ec2::{Ec2, EniFilter, EniState, Operation, Tags, collect_pages};
-use eni_operator::ipam::IpamConfig;
+use eni_operator::ec2::{
+    AddressRequest, Ec2, EniFilter, EniState, NetworkInterface, Operation, Tags, collect_pages,
+};
+use eni_operator::ipam::{Action, Assign, IpamConfig, Release};
+use eni_operator::runtime::cache::Ec2Cache;
 use eni_operator::runtime::core::{Core, CoreConfig, NodeInput};
+use eni_operator::runtime::executor::Executor;
 use eni_operator::runtime::metrics::RuntimeMetrics;
 use testkit::sim::Simulator;
 use testkit::sink::MemorySink;
@@ -162,4 +166,81 @@ async fn a_restarted_operator_does_not_pool_an_address_unassigned_just_before() 
         pooled = pool.len();
     }
     assert!(pooled >= 3, "the node was served: pool {pooled}");
+}
+
+/// Every ENI as describes show it now.
+async fn described(sim: &Simulator) -> Vec<NetworkInterface> {
+    let f = EniFilter::default();
+    collect_pages(|t| sim.describe_network_interfaces(&f, t))
+        .await
+        .unwrap()
+}
+
+/// An assign whose answer was lost is judged by a describe; right after our unassign that
+/// describe still shows the unassigned addresses. They are not the assign's: taken for new
+/// they went back into the cache and the pool while EC2 no longer had them, and pods got them
+/// (`make dst` seeds 115, 269, 344).
+#[tokio::test(start_paused = true)]
+async fn an_assign_without_an_answer_does_not_take_back_addresses_just_unassigned() {
+    let sim = Simulator::new();
+    let (_, subnet, instance) = account(&sim);
+    let primary = sim.primary_eni_id(&instance).unwrap();
+    let assigned = sim
+        .assign_private_ip_addresses(&primary, AddressRequest::Ips(4))
+        .await
+        .unwrap();
+    let cache = Arc::new(RwLock::new(Ec2Cache::for_cluster(CLUSTER)));
+    let listed = described(&sim).await;
+    cache.write().unwrap().apply_instances(
+        std::slice::from_ref(&instance),
+        listed,
+        tokio::time::Instant::now().into_std(),
+    );
+    let executor = Executor::new(Arc::new(sim.clone()), cache.clone());
+    sim.set_eventual_consistency(Duration::from_secs(6), false, 4);
+
+    // The agent gave one address up; the operator unassigns it.
+    let gone = assigned.ips[0];
+    let out = executor
+        .execute(&Action::Release(Release {
+            eni_id: primary.clone(),
+            ips: vec![gone],
+            prefixes: Vec::new(),
+        }))
+        .await;
+    assert!(out.released.is_some(), "{:?}", out.error);
+    assert!(
+        described(&sim)
+            .await
+            .iter()
+            .any(|e| e.id == primary && e.secondary_ips.contains(&gone)),
+        "describes still show the unassigned address"
+    );
+
+    // The next assign is carried out, but its answer never arrives.
+    sim.inject_lost_answer(Operation::AssignPrivateIpAddresses, 1);
+    executor
+        .execute(&Action::Assign(Assign {
+            eni_id: primary.clone(),
+            subnet_id: subnet,
+            request: AddressRequest::Ips(2),
+            fallback_ips: None,
+        }))
+        .await;
+    let known = cache
+        .read()
+        .unwrap()
+        .eni(&primary)
+        .unwrap()
+        .secondary_ips
+        .clone();
+    assert!(
+        !known.contains(&gone),
+        "{gone} is back in the cache: {known:?}"
+    );
+    let in_ec2 = sim.network_interface(&primary).unwrap().secondary_ips;
+    assert!(
+        known.iter().all(|ip| in_ec2.contains(ip)),
+        "the cache has {known:?}, EC2 {in_ec2:?}"
+    );
 }

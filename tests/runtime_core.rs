@@ -16,10 +16,11 @@ use eni_operator::ec2::{
     InstanceTypeLimits, NetworkInterface, Operation, Page, ResourceFilter, Result, RouteTable,
     SecurityGroup, Subnet, Tags, Vpc, collect_pages,
 };
-use eni_operator::ipam::IpamConfig;
 use eni_operator::ipam::ownership::ownership_tags;
+use eni_operator::ipam::{Action, IpamConfig, Release};
 use eni_operator::runtime::cache::Ec2Cache;
 use eni_operator::runtime::core::{Core, CoreConfig, NodeInput};
+use eni_operator::runtime::executor::Executor;
 use eni_operator::runtime::gc::EniGc;
 use eni_operator::runtime::leader::{Elector, LeaderConfig, LeadershipLost};
 use eni_operator::runtime::metrics::RuntimeMetrics;
@@ -1290,6 +1291,76 @@ async fn a_lost_answer_to_an_assign_does_not_double_the_addresses() {
         w.sim.stats().get(Operation::AssignPrivateIpAddresses).ok,
         1,
         "the assign was carried out once"
+    );
+}
+
+/// The gate retries an unassign whose answer was lost (it took effect) and the retry meets a
+/// 5xx: the addresses count as released (the agent gave them up). Counted as still assigned,
+/// they stayed in the cache and the pool, the handshake was withdrawn, and pods got addresses
+/// EC2 no longer had (`make dst` seed 434).
+#[tokio::test(start_paused = true)]
+async fn an_unassign_that_took_effect_counts_released_when_its_retry_meets_a_5xx() {
+    let w = Cluster::new();
+    let inst = w.instance();
+    let primary = w.sim.primary_eni_id(&inst.id).unwrap();
+    let assigned = w
+        .sim
+        .assign_private_ip_addresses(&primary, AddressRequest::Ips(4))
+        .await
+        .unwrap();
+    let f = EniFilter::default();
+    let enis = collect_pages(|t| w.sim.describe_network_interfaces(&f, t))
+        .await
+        .unwrap();
+    let cache = Arc::new(RwLock::new(Ec2Cache::for_cluster(CLUSTER)));
+    cache.write().unwrap().apply_instances(
+        std::slice::from_ref(&inst.id),
+        enis,
+        tokio::time::Instant::now().into_std(),
+    );
+    let gate = Gate::new(w.sim.clone(), GateConfig::aws_defaults());
+    let executor = Executor::new(Arc::new(gate), cache.clone());
+
+    // The first attempt is carried out but its answer is lost; every retry meets a 5xx.
+    w.sim
+        .inject_lost_answer(Operation::UnassignPrivateIpAddresses, 1);
+    let sim = w.sim.clone();
+    let fail_retries = tokio::spawn(async move {
+        while sim.stats().get(Operation::UnassignPrivateIpAddresses).calls == 0 {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        sim.inject_error(Operation::UnassignPrivateIpAddresses, "InternalError", 10);
+    });
+    let gone = vec![assigned.ips[0], assigned.ips[1]];
+    let out = executor
+        .execute(&Action::Release(Release {
+            eni_id: primary.clone(),
+            ips: gone.clone(),
+            prefixes: Vec::new(),
+        }))
+        .await;
+    fail_retries.await.unwrap();
+    let in_ec2 = w.sim.network_interface(&primary).unwrap().secondary_ips;
+    assert!(
+        gone.iter().all(|ip| !in_ec2.contains(ip)),
+        "the first attempt took effect: {in_ec2:?}"
+    );
+    assert_eq!(
+        out.error.as_ref().map(|e| e.code.as_str()),
+        None,
+        "the last answer was a 5xx, yet the release counts"
+    );
+    assert!(out.released.is_some());
+    let known = cache
+        .read()
+        .unwrap()
+        .eni(&primary)
+        .unwrap()
+        .secondary_ips
+        .clone();
+    assert!(
+        gone.iter().all(|ip| !known.contains(ip)),
+        "the cache still has them: {known:?}"
     );
 }
 

@@ -61,6 +61,18 @@ pub struct InstanceEntry {
     pub pending_delete_on_termination: BTreeMap<String, String>,
     /// Our ENIs created for this instance and left `available` (not in `enis`).
     pub leftovers: Vec<NetworkInterface>,
+    /// What we unassigned from this instance's ENIs less than [`DESCRIBE_LAG`] ago: a describe
+    /// may still show it (see [`Ec2Cache::recently_unassigned`]).
+    pub unassigned: Vec<Unassigned>,
+}
+
+/// Addresses and prefixes we unassigned from one ENI, and when.
+#[derive(Clone, Debug)]
+pub struct Unassigned {
+    pub eni_id: String,
+    pub at: Instant,
+    pub ips: Vec<Ipv4Addr>,
+    pub prefixes: Vec<Ipv4Net>,
 }
 
 /// Everything a full refresh lists, taken at `started`.
@@ -465,6 +477,13 @@ impl Ec2Cache {
             return;
         };
         entry.local_change = Some(now);
+        entry.unassigned.retain(|u| u.at + DESCRIBE_LAG > now);
+        entry.unassigned.push(Unassigned {
+            eni_id: eni_id.to_string(),
+            at: now,
+            ips: ips.to_vec(),
+            prefixes: prefixes.to_vec(),
+        });
         let eni = &mut entry.enis[i];
         let before = eni.secondary_ips.len() as i64 + eni.prefixes.len() as i64 * 16;
         eni.secondary_ips.retain(|ip| !ips.contains(ip));
@@ -472,6 +491,29 @@ impl Ec2Cache {
         let after = eni.secondary_ips.len() as i64 + eni.prefixes.len() as i64 * 16;
         let subnet = eni.subnet_id.clone();
         self.adjust_subnet(&subnet, before - after);
+    }
+
+    /// The addresses and prefixes we unassigned from `eni_id` that a describe started at
+    /// `started` may still show (less than [`DESCRIBE_LAG`] before it). Such a describe is no
+    /// proof that EC2 (still or again) has them on the ENI. Found by `make dst` (seeds 115,
+    /// 269, 344).
+    pub fn recently_unassigned(
+        &self,
+        eni_id: &str,
+        started: Instant,
+    ) -> (BTreeSet<Ipv4Addr>, BTreeSet<Ipv4Net>) {
+        let mut ips = BTreeSet::new();
+        let mut prefixes = BTreeSet::new();
+        let recent = self
+            .instances
+            .values()
+            .flat_map(|e| &e.unassigned)
+            .filter(|u| u.eni_id == eni_id && local_change_newer(Some(u.at), started));
+        for u in recent {
+            ips.extend(u.ips.iter().copied());
+            prefixes.extend(u.prefixes.iter().copied());
+        }
+        (ips, prefixes)
     }
 
     /// Delete-on-termination is now set (or has to be retried).

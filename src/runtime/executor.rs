@@ -90,12 +90,15 @@ impl ExecOutcome {
 }
 
 /// An unassign that failed although its addresses may be gone: the gate retried a call whose
-/// answer was lost and EC2 now says they are not assigned, or every attempt timed out (a timeout
-/// can hide a call that took effect). The agent already gave these addresses up, so counting them
-/// released is safe (a later refresh brings back any EC2 still has); keeping them would hand
-/// addresses EC2 may no longer have back to the agent. Found by `make dst` (seed 1).
+/// answer was lost and EC2 now says they are not assigned, or the last attempt failed without a
+/// clear answer (a timeout or a 5xx can hide a call that took effect, and so can any earlier
+/// attempt the gate retried: a lost answer, then a 5xx, in `make dst` seed 434). The agent
+/// already gave these addresses up, so counting them released is safe (a later refresh brings
+/// back any EC2 still has); keeping them would hand addresses EC2 may no longer have back to
+/// the agent. Found by `make dst` (seed 1).
 fn released_anyway(e: &Ec2Error) -> bool {
-    (e.code == "InvalidParameterValue" && e.message.contains("not assigned")) || e.code == "Timeout"
+    (e.code == "InvalidParameterValue" && e.message.contains("not assigned"))
+        || e.kind == ErrorKind::Transient
 }
 
 /// How an attach ended.
@@ -210,7 +213,10 @@ impl<E: Ec2> Executor<E> {
     /// Assign; after a failure without an answer (timeout, 5xx) decide from what EC2 shows:
     /// the call carries no token, so it may have taken effect and is not repeated blindly (the
     /// gate does not retry it either). Addresses on the ENI the cache does not know yet are the
-    /// call's. (Describes may lag behind the call; then the next pass asks again.)
+    /// call's. (Describes may lag behind the call; then the next pass asks again.) Not those we
+    /// unassigned within the describe lag: a lagging describe still shows them, and taking them
+    /// back put addresses EC2 no longer had into the pool, where pods got them (`make dst`
+    /// seeds 115, 269, 344). Should EC2 have handed one out again, the next refresh finds it.
     async fn assign_checked(
         &self,
         eni_id: &str,
@@ -220,10 +226,15 @@ impl<E: Ec2> Executor<E> {
             Err(e) if e.kind == ErrorKind::Transient => e,
             other => return other,
         };
+        let started = now();
         let Some(seen) = self.describe_eni(eni_id).await else {
             return Err(e);
         };
-        let known = self.cache.read().expect("cache lock").eni(eni_id).cloned();
+        let (known, (gone_ips, gone_prefixes)) = {
+            let cache = self.cache.read().expect("cache lock");
+            let known = cache.eni(eni_id).cloned();
+            (known, cache.recently_unassigned(eni_id, started))
+        };
         let (known_ips, known_prefixes) = known
             .map(|k| (k.secondary_ips, k.prefixes))
             .unwrap_or_default();
@@ -231,12 +242,12 @@ impl<E: Ec2> Executor<E> {
             ips: seen
                 .secondary_ips
                 .into_iter()
-                .filter(|ip| !known_ips.contains(ip))
+                .filter(|ip| !known_ips.contains(ip) && !gone_ips.contains(ip))
                 .collect(),
             prefixes: seen
                 .prefixes
                 .into_iter()
-                .filter(|p| !known_prefixes.contains(p))
+                .filter(|p| !known_prefixes.contains(p) && !gone_prefixes.contains(p))
                 .collect(),
         };
         if new.ips.is_empty() && new.prefixes.is_empty() {
