@@ -91,11 +91,14 @@ impl Account {
         self.pod_subnets.iter().map(|(id, ..)| id.clone())
     }
 
-    /// Why a live node's demand may stay unmet after the settle bound: its pod subnets are full
-    /// (no subnet of its zone has room for the missing addresses and a new ENI's primary), or
-    /// they have no /28 left and single addresses filled every slot of the node's ENIs (prefix
-    /// mode in a fragmented subnet: the instance holds fewer addresses than its prefix
-    /// capacity); and its `operator-status` says why. `Err` names what is wrong.
+    /// Why a live node's demand may stay unmet after the settle bound: the operator can get it
+    /// no address, and its `operator-status` says why. It can get one (as the planner does,
+    /// `src/ipam/plan.rs` `allocate`, like Cilium's ENI allocator) by topping up an ENI of the
+    /// node with a free slot whose subnet has a free address (single addresses when no /28 is
+    /// left), or by creating an ENI at a free interface slot in a pod subnet of its zone with
+    /// room for the new ENI's primary and one address. Room in a subnet the node reaches by
+    /// neither (its ENI there full, no interface slot free: seed 388) is no room for it.
+    /// `Err` names what is wrong.
     pub fn excuse(&self, node: &NodeFacts<'_>, enis: &[NetworkInterface]) -> Result<(), String> {
         if self.pod_subnets.is_empty() {
             return Err("the subnets have room".into());
@@ -108,16 +111,35 @@ impl Account {
             .filter(|(_, z, _)| *z == zone)
             .map(|(id, ..)| (id.as_str(), free.get(id.as_str()).copied().unwrap_or(0)))
             .collect();
-        if room.values().any(|&f| f as usize > node.missing) && !slots_full(node, enis) {
+        let attached: Vec<&NetworkInterface> = enis
+            .iter()
+            .filter(|e| e.instance_id() == Some(node.instance_id))
+            .collect();
+        // The node subnets (a /18 each) never run out in this model: an ENI there with a free
+        // slot can always be topped up.
+        let top_up = attached.iter().find(|e| {
+            usable(node, e)
+                && held_slots(e) < node.ipv4_per_eni
+                && free.get(e.subnet_id.as_str()).is_none_or(|&f| f > 0)
+        });
+        if let Some(e) = top_up {
             return Err(format!(
-                "a pod subnet of {zone} has room: free {room:?}, operator-status {:?}",
-                node.operator_error
+                "{} has a free slot and its subnet {} has room ({} missing): free {room:?}, \
+                 operator-status {:?}",
+                e.id, e.subnet_id, node.missing, node.operator_error
+            ));
+        }
+        if (attached.len() as u32) < node.max_enis && room.values().any(|&f| f >= 2) {
+            return Err(format!(
+                "an interface slot is free and a pod subnet of {zone} has room for a new ENI \
+                 ({} missing): free {room:?}, operator-status {:?}",
+                node.missing, node.operator_error
             ));
         }
         match node.operator_error {
             Some(e) if !e.is_empty() => Ok(()),
             _ => Err(format!(
-                "the pod subnets of {zone} are full (free {room:?}) but operator-status says nothing"
+                "the node can get no address (free {room:?}) but operator-status says nothing"
             )),
         }
     }
@@ -137,25 +159,17 @@ pub struct NodeFacts<'a> {
     pub foreign: &'a [String],
 }
 
-/// Every ENI slot the node may use holds an address or a /28: as many ENIs as the type allows,
-/// and each one the operator may use (device index at or above the first interface index, not
-/// another owner's) full.
-fn slots_full(node: &NodeFacts<'_>, enis: &[NetworkInterface]) -> bool {
-    let attached: Vec<&NetworkInterface> = enis
-        .iter()
-        .filter(|e| e.instance_id() == Some(node.instance_id))
-        .collect();
-    attached.len() as u32 >= node.max_enis
-        && attached
-            .iter()
-            .filter(|e| {
-                e.device_index()
-                    .is_some_and(|i| i >= node.first_interface_index)
-            })
-            .filter(|e| !node.foreign.contains(&e.id))
-            .all(|e| {
-                1 + e.secondary_ips.len() as u32 + e.prefixes.len() as u32 >= node.ipv4_per_eni
-            })
+/// Address slots an ENI fills: its primary, each secondary address, each /28.
+fn held_slots(e: &NetworkInterface) -> u32 {
+    1 + e.secondary_ips.len() as u32 + e.prefixes.len() as u32
+}
+
+/// An ENI the operator may put the node's addresses on: at or above the first interface index,
+/// not another owner's.
+fn usable(node: &NodeFacts<'_>, e: &NetworkInterface) -> bool {
+    e.device_index()
+        .is_some_and(|i| i >= node.first_interface_index)
+        && !node.foreign.contains(&e.id)
 }
 
 fn pod_subnet_tags() -> Tags {
@@ -185,4 +199,121 @@ fn free_addresses<'a>(
             (id.as_str(), size.saturating_sub(5 + used))
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use eni_operator::ec2::{Attachment, EniState};
+    use std::net::Ipv4Addr;
+
+    const INSTANCE: &str = "i-1";
+
+    /// An ENI of ours at `index` of [`INSTANCE`] in `subnet` with `n` single addresses.
+    fn eni(id: &str, index: u32, subnet: &str, n: u8) -> NetworkInterface {
+        NetworkInterface {
+            id: id.into(),
+            subnet_id: subnet.into(),
+            primary_ip: Ipv4Addr::new(10, 9, index as u8, 0),
+            secondary_ips: (1..=n).map(|i| Ipv4Addr::new(10, 9, index as u8, i)).collect(),
+            state: EniState::InUse,
+            attachment: Some(Attachment {
+                id: format!("attach-{id}"),
+                instance_id: INSTANCE.into(),
+                device_index: index,
+                delete_on_termination: true,
+            }),
+            vpc_id: "vpc".into(),
+            availability_zone: "zone-a".into(),
+            mac: String::new(),
+            description: String::new(),
+            prefixes: vec![],
+            ipv6_prefixes: vec![],
+            security_groups: vec![],
+            tags: Tags::new(),
+            public_ip: None,
+        }
+    }
+
+    /// The same on another instance.
+    fn elsewhere(id: &str, subnet: &str, n: u8) -> NetworkInterface {
+        let mut e = eni(id, 1, subnet, n);
+        e.attachment.as_mut().expect("attached").instance_id = "i-2".into();
+        e
+    }
+
+    fn account() -> Account {
+        Account {
+            pod_subnets: vec![
+                ("big".into(), "zone-a", "10.0.128.0/26"),
+                ("small".into(), "zone-a", "10.0.128.64/27"),
+            ],
+            ..Default::default()
+        }
+    }
+
+    fn facts<'a>(error: Option<&'a str>, foreign: &'a [String]) -> NodeFacts<'a> {
+        NodeFacts {
+            zone: "zone-a",
+            instance_id: INSTANCE,
+            first_interface_index: 1,
+            max_enis: 4,
+            ipv4_per_eni: 15,
+            missing: 1,
+            operator_error: error,
+            foreign,
+        }
+    }
+
+    /// Seed 388: the node's ENI in the /27 is full, its ENI in the /26 has free slots but the
+    /// /26 is full, another tool's ENI takes the fourth interface slot. The /27's two free
+    /// addresses are out of the node's reach: no ENI of its own there can take one, and no
+    /// interface slot is left for a new ENI.
+    #[test]
+    fn room_the_node_cannot_reach_excuses_it() {
+        let foreign = vec!["other".to_string()];
+        let enis = vec![
+            eni("primary", 0, "node", 0),
+            eni("other", 1, "node", 1),
+            eni("in-small", 2, "small", 14),
+            eni("in-big", 3, "big", 6),
+            // Another node's ENIs fill the /26 (59 usable) and leave 2 of the /27's 27.
+            elsewhere("fill-big", "big", 51),
+            elsewhere("fill-small", "small", 9),
+        ];
+        let a = account();
+        let free = free_addresses(&a.pod_subnets, &enis);
+        assert_eq!((free["big"], free["small"]), (0, 2));
+        let why = "NoMatchingSubnet: the subnets of the node's ENIs are full";
+        assert_eq!(a.excuse(&facts(Some(why), &foreign), &enis), Ok(()));
+        // The status must still say why.
+        assert!(a.excuse(&facts(None, &foreign), &enis).is_err());
+    }
+
+    /// Room the node does reach is no excuse: an ENI with a free slot in a subnet with a free
+    /// address, or a free interface slot and a pod subnet with room for a new ENI.
+    #[test]
+    fn room_the_node_can_reach_is_no_excuse() {
+        let foreign = vec!["other".to_string()];
+        let why = Some("NoMatchingSubnet");
+        // The ENI in the /27 has a free slot and the /27 has room.
+        let enis = vec![
+            eni("primary", 0, "node", 0),
+            eni("other", 1, "node", 1),
+            eni("in-small", 2, "small", 13),
+            eni("in-big", 3, "big", 6),
+            elsewhere("fill-big", "big", 51),
+        ];
+        let err = account().excuse(&facts(why, &foreign), &enis).unwrap_err();
+        assert!(err.contains("in-small has a free slot"), "{err}");
+        // No other tool's ENI: slot 1 is free for a new ENI in the /27.
+        let enis = vec![
+            eni("primary", 0, "node", 0),
+            eni("in-small", 2, "small", 14),
+            eni("in-big", 3, "big", 6),
+            elsewhere("fill-big", "big", 51),
+        ];
+        let err = account().excuse(&facts(why, &[]), &enis).unwrap_err();
+        assert!(err.contains("an interface slot is free"), "{err}");
+    }
 }
