@@ -215,7 +215,9 @@ mod tests {
             id: id.into(),
             subnet_id: subnet.into(),
             primary_ip: Ipv4Addr::new(10, 9, index as u8, 0),
-            secondary_ips: (1..=n).map(|i| Ipv4Addr::new(10, 9, index as u8, i)).collect(),
+            secondary_ips: (1..=n)
+                .map(|i| Ipv4Addr::new(10, 9, index as u8, i))
+                .collect(),
             state: EniState::InUse,
             attachment: Some(Attachment {
                 id: format!("attach-{id}"),
