@@ -80,10 +80,17 @@ impl Agents {
     }
 }
 
+/// The agent writes its CiliumNode at most this often: Cilium's
+/// `--ipam-cilium-node-update-rate` (default 15 s). Between writes it hands out addresses it
+/// has not listed in `allocated` yet.
+const UPDATE_RATE: u64 = 15;
+
 /// A node's multi-pool agent.
 #[derive(Debug, Default)]
 pub struct MultiPool {
     pub agent: MultiPoolAgent,
+    /// The simulated second of its last CiliumNode write.
+    last_write: Option<u64>,
 }
 
 impl MultiPool {
@@ -114,6 +121,15 @@ impl MultiPool {
             json_patch::merge(&mut v, &without_metadata(patch));
         }
         Some(serde_json::from_value(v).expect("the agent's patch keeps the object valid"))
+    }
+
+    /// Whether the agent may write at second `t` (its update rate); noted as a write if so.
+    pub fn may_write(&mut self, t: u64) -> bool {
+        let due = self.last_write.is_none_or(|w| t >= w + UPDATE_RATE);
+        if due {
+            self.last_write = Some(t);
+        }
+        due
     }
 
     /// The agent restarts: its endpoints keep running on their addresses (Cilium restores

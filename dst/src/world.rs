@@ -575,7 +575,9 @@ impl World {
                 continue;
             }
             let edited = match n.multi_pool.as_mut() {
-                Some(mp) => mp.step(&obj, &mut n.agent, &mut self.agents.violations),
+                Some(mp) => mp
+                    .step(&obj, &mut n.agent, &mut self.agents.violations)
+                    .filter(|_| mp.may_write(t)),
                 None => n.agent.step(&obj, rng),
             };
             match edited {

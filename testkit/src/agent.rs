@@ -345,6 +345,9 @@ pub fn derive_cidrs(cn: &CiliumNode) -> BTreeSet<Cidr> {
 pub struct MultiPoolAgent {
     /// Attached CIDRs the agent gave back (dropped from `allocated`) and may re-adopt.
     dropped: Option<BTreeSet<Cidr>>,
+    /// The CIDRs it allocates from (Cilium's per-CIDR allocators), as of its last step: what it
+    /// lists in `allocated` with its next write, which may come later (its update rate).
+    held: BTreeSet<Cidr>,
     /// Address -> endpoint index.
     in_use: BTreeMap<Ipv4Addr, usize>,
 }
@@ -369,6 +372,7 @@ impl MultiPoolAgent {
     pub fn restored(in_use: BTreeMap<Ipv4Addr, usize>) -> Self {
         Self {
             dropped: None,
+            held: BTreeSet::new(),
             in_use,
         }
     }
@@ -395,11 +399,12 @@ impl MultiPoolAgent {
         });
         dropped.retain(|c| attached.contains(c));
 
-        // A CIDR it lists that the status dropped while in use: kept for its addresses, nothing
-        // new taken from it, still listed in `allocated` to regain it (Cilium's podCIDRPool,
-        // pkg/ipam/pool.go, "in-use pod CIDR was removed"). The operator withdraws a CIDR from
-        // the status before its unassign, and the agent may have taken it just before.
-        let removed: BTreeSet<Cidr> = listed
+        // A CIDR it holds (listed, or taken since its last write) that the status dropped while
+        // in use: kept for its addresses, nothing new taken from it, still listed in
+        // `allocated` to regain it (Cilium's podCIDRPool, pkg/ipam/pool.go, "in-use pod CIDR
+        // was removed"). The operator withdraws a CIDR from the status before its unassign, and
+        // the agent may have taken it just before.
+        let removed: BTreeSet<Cidr> = (&listed | &self.held)
             .iter()
             .filter(|c| !attached.contains(c) && self.in_use.keys().any(|ip| c.contains(*ip)))
             .copied()
@@ -489,6 +494,7 @@ impl MultiPoolAgent {
         // needed = in use + pending + pre-allocation; pending are endpoints still without address.
         let requested = (in_use + step.unsatisfied + MULTI_POOL_PRE_ALLOCATE) as i64;
         let held: BTreeSet<Cidr> = &held | &removed;
+        self.held.clone_from(&held);
         let cidrs: Vec<String> = held.iter().map(ToString::to_string).collect();
         let current_req = cn
             .spec
