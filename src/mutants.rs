@@ -4,12 +4,13 @@
 //! `ENI_DST_MUTANT=<name>` selects the defect of a run.
 
 /// Every planted defect, by name.
-pub const ALL: [&str; 5] = [
+pub const ALL: [&str; 6] = [
     "release-used",
     "drain-is-gone",
     "reuse-burned-token",
     "write-every-pass",
     "touch-foreign-eni",
+    "unassign-before-withdraw",
 ];
 
 /// Whether the defects are compiled into this build.

@@ -473,6 +473,10 @@ impl NodeMemory {
         if let Some(r) = chosen.as_mut().filter(|r| !r.prefixes.is_empty()) {
             r.ips.clear();
         }
+        // Planted defect (dst-mutants): unassigned while the status still lists it.
+        if crate::mutants::active("unassign-before-withdraw") {
+            return chosen;
+        }
         let m = self.multi_pool.as_mut()?;
         let cidrs: BTreeSet<Ipv4Net> = chosen.iter().flat_map(Release::cidrs).collect();
         m.withdrawn.retain(|c, _| cidrs.contains(c));

@@ -148,7 +148,9 @@ async fn check_multi_pool_release<E: Ec2, S: NodeSink>(
         info!(node = name, eni = %release.eni_id, "the agent took back CIDRs planned for release; not releasing");
         return Ok(None);
     }
-    if release.cidrs().any(|c| status_lists(&fresh, &c)) {
+    if !crate::mutants::active("unassign-before-withdraw")
+        && release.cidrs().any(|c| status_lists(&fresh, &c))
+    {
         // Someone published it again (another replica's write): the agent may take it.
         info!(node = name, eni = %release.eni_id, "CIDRs planned for release are listed again; not releasing");
         return Ok(None);
