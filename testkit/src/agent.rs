@@ -1039,10 +1039,12 @@ mod tests {
             cn = apply(&cn, &patch);
         }
         assert!(listed(&cn).contains(&"10.0.1.10/32".to_string()));
-        // Gone from the CIDRs it lists too: the address was released under it.
+        // After a restart (its CIDRs rebuilt from the CiliumNode) the address is in no CIDR the
+        // object lists: it was released under it.
         cn.spec.ipam.pools.allocated[0]
             .cidrs
             .retain(|c| c != "10.0.1.10/32");
+        let mut agent = MultiPoolAgent::restored(agent.in_use().clone());
         let step = agent.step(&cn, 0);
         assert_eq!(step.violations.len(), 1);
         assert!(step.violations[0].contains("10.0.1.10"));
