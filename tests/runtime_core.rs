@@ -12,7 +12,7 @@ use eni_operator::crd::{
 };
 use eni_operator::ec2::gate::{Gate, GateConfig};
 use eni_operator::ec2::{
-    AddressRequest, Assigned, CreateEniRequest, Ec2, EniFilter, EniState, InstanceFilter,
+    AddressRequest, Assigned, CreateEniRequest, Ec2, EniFilter, EniState, Instance, InstanceFilter,
     InstanceTypeLimits, NetworkInterface, Operation, Page, ResourceFilter, Result, RouteTable,
     SecurityGroup, Subnet, Tags, Vpc, collect_pages,
 };
@@ -1597,17 +1597,27 @@ fn set_allocated(n: &mut CiliumNode, cidrs: &[String]) {
     }];
 }
 
-#[tokio::test(start_paused = true)]
-async fn a_cidr_the_agent_takes_back_before_the_unassign_is_not_released() {
+/// A multi-pool node "mp" served (16 requested with the default pre-allocation of 8: 8 in use,
+/// 16 wanted), release on (delay 10 s, a rescan every 5 s), and its CIDRs on EC2.
+struct MultiPoolServed {
+    w: Cluster,
+    sink: Arc<MemorySink>,
+    tx: mpsc::Sender<NodeInput>,
+    inst: Instance,
+    all: Vec<String>,
+    _running: Running<Simulator>,
+}
+
+async fn multi_pool_served() -> MultiPoolServed {
     let w = Cluster::new();
     let sink = Arc::new(MemorySink::new());
     let mut cfg = config(4);
     cfg.ipam.release_excess_ips = true;
     cfg.ipam.release_delay = Duration::from_secs(10);
     cfg.node_rescan_interval = Duration::from_secs(5);
-    let (_core, tx, _task) = start(w.sim.clone(), &sink, cfg);
+    let running = start(w.sim.clone(), &sink, cfg);
+    let tx = running.1.clone();
     let inst = w.instance();
-    // 16 requested with the default pre-allocation of 8: 8 in use, 16 wanted.
     let n = sink.put(&multi_pool_node(&w, "mp", &inst.id, 16));
     tx.send(NodeInput::Upsert(Box::new(n))).await.unwrap();
     assert!(
@@ -1615,6 +1625,26 @@ async fn a_cidr_the_agent_takes_back_before_the_unassign_is_not_released() {
         "allocated"
     );
     let all = agent_cidrs(&w.sim, &inst.id).await;
+    MultiPoolServed {
+        w,
+        sink,
+        tx,
+        inst,
+        all,
+        _running: running,
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_cidr_the_agent_takes_back_before_the_unassign_is_not_released() {
+    let MultiPoolServed {
+        w,
+        sink,
+        tx,
+        inst,
+        all,
+        _running,
+    } = multi_pool_served().await;
 
     // The agent holds every CIDR, then its demand drops: 8 in excess.
     let n = sink
@@ -1678,21 +1708,14 @@ fn status_cidrs(sink: &MemorySink, name: &str) -> BTreeSet<String> {
 
 #[tokio::test(start_paused = true)]
 async fn a_dropped_cidr_leaves_the_status_before_its_unassign_even_when_writes_fail() {
-    let w = Cluster::new();
-    let sink = Arc::new(MemorySink::new());
-    let mut cfg = config(4);
-    cfg.ipam.release_excess_ips = true;
-    cfg.ipam.release_delay = Duration::from_secs(10);
-    cfg.node_rescan_interval = Duration::from_secs(5);
-    let (_core, tx, _task) = start(w.sim.clone(), &sink, cfg);
-    let inst = w.instance();
-    let n = sink.put(&multi_pool_node(&w, "mp", &inst.id, 16));
-    tx.send(NodeInput::Upsert(Box::new(n))).await.unwrap();
-    assert!(
-        wait_until_async(|| async { agent_cidrs(&w.sim, &inst.id).await.len() >= 16 }).await,
-        "allocated"
-    );
-    let all = agent_cidrs(&w.sim, &inst.id).await;
+    let MultiPoolServed {
+        w,
+        sink,
+        tx,
+        inst,
+        all,
+        _running,
+    } = multi_pool_served().await;
     assert!(
         wait_until(
             || status_cidrs(&sink, "mp").len() == all.len(),
