@@ -132,7 +132,6 @@ async fn check_multi_pool_release<E: Ec2, S: NodeSink>(
     name: &str,
     planned: &Release,
 ) -> Step<Option<Release>> {
-    let release = planned.clone();
     let fresh = match inner.sink.fetch(name).await {
         Ok(Some(fresh)) => fresh,
         // Gone: the watch's delete follows.
@@ -142,18 +141,18 @@ async fn check_multi_pool_release<E: Ec2, S: NodeSink>(
             return Err(FAILED);
         }
     };
-    if readopted(&release, &allocated_cidrs(&fresh)) {
+    if readopted(planned, &allocated_cidrs(&fresh)) {
         // The slot keeps the watched copy: the watch delivers this update (or a newer one)
         // and re-plans; storing our read could overwrite a newer watched version.
-        info!(node = name, eni = %release.eni_id, "the agent took back CIDRs planned for release; not releasing");
+        info!(node = name, eni = %planned.eni_id, "the agent took back CIDRs planned for release; not releasing");
         return Ok(None);
     }
     if !crate::mutants::active("unassign-before-withdraw")
-        && release.cidrs().any(|c| status_lists(&fresh, &c))
+        && planned.cidrs().any(|c| status_lists(&fresh, &c))
     {
         // Someone published it again (another replica's write): the agent may take it.
-        info!(node = name, eni = %release.eni_id, "CIDRs planned for release are listed again; not releasing");
+        info!(node = name, eni = %planned.eni_id, "CIDRs planned for release are listed again; not releasing");
         return Ok(None);
     }
-    Ok(Some(release))
+    Ok(Some(planned.clone()))
 }
