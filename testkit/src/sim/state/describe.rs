@@ -136,11 +136,19 @@ impl State {
             recs.dedup_by(|a, b| a.eni.id == b.eni.id);
             recs
         };
-        // Paginate on references and clone only the page: a listing of N ENIs in pages must
-        // not copy all N for every page.
-        let items: Vec<&NetworkInterface> = candidates
-            .into_iter()
-            .map(|r| &r.eni)
+        self.eni_page(f, candidates.into_iter().map(|r| &r.eni), token)
+    }
+
+    /// The page of `enis` (in ID order, already narrowed to `f`'s instances) that the rest of
+    /// `f` selects. Paginates on references and clones only the page: a listing of N ENIs in
+    /// pages must not copy all N for every page.
+    pub(super) fn eni_page<'a>(
+        &self,
+        f: &EniFilter,
+        enis: impl Iterator<Item = &'a NetworkInterface>,
+        token: Option<String>,
+    ) -> Result<Page<NetworkInterface>> {
+        let items: Vec<&NetworkInterface> = enis
             .filter(|e| f.ids.is_empty() || f.ids.contains(&e.id))
             .filter(|e| f.vpc_id.as_ref().is_none_or(|v| &e.vpc_id == v))
             .filter(|e| f.subnet_ids.is_empty() || f.subnet_ids.contains(&e.subnet_id))
@@ -153,7 +161,13 @@ impl State {
         } else {
             usize::MAX
         };
-        let page = paginate(op, items, |e| &e.id, token, page_size)?;
+        let page = paginate(
+            Operation::DescribeNetworkInterfaces,
+            items,
+            |e| &e.id,
+            token,
+            page_size,
+        )?;
         Ok(Page {
             items: page.items.into_iter().cloned().collect(),
             next_token: page.next_token,

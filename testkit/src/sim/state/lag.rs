@@ -23,8 +23,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tokio::time::Instant;
 
-use super::describe::paginate;
-use super::{State, eni_not_found, require_ids, tags_match};
+use super::{State, eni_not_found, require_ids};
 use eni_operator::ec2::Result;
 use eni_operator::ec2::model::*;
 
@@ -185,29 +184,12 @@ impl State {
             "InvalidNetworkInterfaceID.NotFound",
             "networkInterface",
         )?;
-        let items: Vec<&NetworkInterface> = view
-            .into_values()
-            .filter(|e| f.ids.is_empty() || f.ids.contains(&e.id))
-            .filter(|e| {
-                f.instance_ids.is_empty()
-                    || e.instance_id()
-                        .is_some_and(|i| f.instance_ids.iter().any(|x| x == i))
-            })
-            .filter(|e| f.vpc_id.as_ref().is_none_or(|v| &e.vpc_id == v))
-            .filter(|e| f.subnet_ids.is_empty() || f.subnet_ids.contains(&e.subnet_id))
-            .filter(|e| tags_match(&e.tags, &f.tags))
-            .filter(|e| f.state.is_none_or(|s| e.state == s))
-            .collect();
-        let page_size = if f.ids.is_empty() {
-            self.page_size
-        } else {
-            usize::MAX
-        };
-        let page = paginate(op, items, |e| &e.id, token, page_size)?;
-        Ok(Page {
-            items: page.items.into_iter().cloned().collect(),
-            next_token: page.next_token,
-        })
+        let enis = view.into_values().filter(|e| {
+            f.instance_ids.is_empty()
+                || e.instance_id()
+                    .is_some_and(|i| f.instance_ids.iter().any(|x| x == i))
+        });
+        self.eni_page(f, enis, token)
     }
 }
 
