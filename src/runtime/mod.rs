@@ -27,3 +27,6 @@ pub mod sink;
 pub mod source;
 pub mod stored;
 mod tasks;
+
+#[cfg(test)]
+mod stand_in;

@@ -514,11 +514,7 @@ mod tests {
                 ),
             )
             .with_state(lists);
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        tokio::spawn(async move { axum::serve(listener, app).await });
-        let config = kube::Config::new(format!("http://{addr}").parse().unwrap());
-        kube::Client::try_from(config).unwrap()
+        crate::runtime::stand_in::client(app).await
     }
 
     #[tokio::test]
