@@ -19,6 +19,7 @@ pub mod lease;
 pub mod prune;
 pub mod sim;
 pub mod sink;
+pub mod wire;
 pub mod world;
 
 use std::time::Duration;

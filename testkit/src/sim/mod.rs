@@ -10,6 +10,7 @@
 mod addressing;
 mod calls;
 mod faults;
+mod seeding;
 mod state;
 #[cfg(test)]
 mod tests;
@@ -24,11 +25,11 @@ use tokio::time::Instant;
 
 pub use calls::Call;
 pub use faults::{Fault, OpStats, SimStats};
+pub use seeding::{SeedError, resume_token};
 
-use self::addressing::AddressPool;
 use self::calls::CallLog;
 use self::faults::Faults;
-use self::state::{EniRec, State, SubnetRec};
+use self::state::{EniRec, State};
 use self::throttle::Throttle;
 use eni_operator::ec2::model::*;
 use eni_operator::ec2::{Ec2, Ec2Error, Result};
@@ -260,44 +261,10 @@ impl Simulator {
 
     /// # Panics
     /// If the VPC is unknown, the CIDR is outside the VPC's blocks, overlaps another subnet,
-    /// or is smaller than a /28 (EC2's minimum).
+    /// or is smaller than a /28 (EC2's minimum): see [`Simulator::try_add_subnet`].
     pub fn add_subnet(&self, vpc_id: &str, zone: &str, cidr: Ipv4Net, tags: Tags) -> String {
-        let mut inner = self.lock();
-        let st = &mut inner.state;
-        let vpc = st.vpcs.get(vpc_id).expect("add_subnet: unknown VPC");
-        assert!(
-            std::iter::once(&vpc.primary_cidr)
-                .chain(&vpc.secondary_cidrs)
-                .any(|b| b.contains(&cidr)),
-            "add_subnet: {cidr} is outside the VPC"
-        );
-        assert!(
-            cidr.prefix_len() <= 28,
-            "add_subnet: EC2's smallest subnet is a /28"
-        );
-        assert!(
-            st.subnets
-                .values()
-                .all(|s| !s.subnet.cidr.contains(&cidr) && !cidr.contains(&s.subnet.cidr)),
-            "add_subnet: {cidr} overlaps another subnet"
-        );
-        let id = st.new_id("subnet");
-        let pool = AddressPool::new(cidr);
-        st.subnets.insert(
-            id.clone(),
-            SubnetRec {
-                subnet: Subnet {
-                    id: id.clone(),
-                    vpc_id: vpc_id.to_owned(),
-                    availability_zone: zone.to_owned(),
-                    cidr: cidr.trunc(),
-                    available_addresses: pool.available(),
-                    tags,
-                },
-                pool,
-            },
-        );
-        id
+        self.try_add_subnet(vpc_id, zone, cidr, tags)
+            .unwrap_or_else(|e| panic!("add_subnet: {}", e.message))
     }
 
     pub fn add_security_group(&self, vpc_id: &str, tags: Tags) -> String {
@@ -337,52 +304,16 @@ impl Simulator {
     /// termination, primary address from the subnet, the given groups).
     ///
     /// # Panics
-    /// On an unknown type or subnet, or a full subnet.
+    /// On an unknown type, subnet or group, or a full subnet: see
+    /// [`Simulator::try_run_instance`].
     pub fn run_instance(
         &self,
         instance_type: &str,
         subnet_id: &str,
         groups: &[String],
     ) -> Instance {
-        let mut inner = self.lock();
-        let st = &mut inner.state;
-        assert!(
-            st.types.contains_key(instance_type),
-            "run_instance: unknown type {instance_type}"
-        );
-        let subnet = st
-            .subnets
-            .get(subnet_id)
-            .expect("run_instance: unknown subnet")
-            .subnet
-            .clone();
-        let id = st.new_id("i");
-        let instance = Instance {
-            id: id.clone(),
-            instance_type: instance_type.to_owned(),
-            state: InstanceState::Running,
-            availability_zone: subnet.availability_zone.clone(),
-            vpc_id: subnet.vpc_id.clone(),
-            subnet_id: subnet_id.to_owned(),
-            tags: Tags::new(),
-        };
-        st.instances.insert(id.clone(), instance.clone());
-        let eni = st
-            .create_network_interface(&CreateEniRequest {
-                subnet_id: subnet_id.to_owned(),
-                security_groups: groups.to_vec(),
-                description: "Primary network interface".to_owned(),
-                tags: Tags::new(),
-                addresses: AddressRequest::Ips(0),
-                client_token: String::new(),
-            })
-            .expect("run_instance: primary ENI");
-        let attachment = st
-            .attach_network_interface(&eni.id, &id, 0)
-            .expect("run_instance: attach primary ENI");
-        st.set_delete_on_termination(&eni.id, &attachment, true)
-            .expect("run_instance: delete on termination");
-        instance
+        self.try_run_instance(instance_type, subnet_id, groups, Tags::new())
+            .unwrap_or_else(|e| panic!("run_instance: {}", e.message))
     }
 
     /// The ENI at device index 0 of an instance.

@@ -38,7 +38,7 @@ pub(super) fn paginate<T>(
 }
 
 /// Tokens are opaque to callers: the hex of the last key returned.
-fn encode_token(last_key: &str) -> String {
+pub(crate) fn encode_token(last_key: &str) -> String {
     last_key.bytes().map(|b| format!("{b:02x}")).collect()
 }
 

@@ -6,6 +6,8 @@ mod invariants;
 mod lag;
 mod mutate;
 
+pub(crate) use describe::encode_token;
+
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::Duration;
 

@@ -1,0 +1,711 @@
+//! One function per EC2 action: parameters in (see `query`), the simulator's call, the answer's
+//! XML out. Shapes follow the EC2 API reference (2016-11-15) for the fields the SDK reads.
+
+use std::net::Ipv4Addr;
+
+use eni_operator::ec2::Ec2;
+use eni_operator::ec2::model::*;
+use ipnet::Ipv4Net;
+
+use super::query::Params;
+use super::xml::Xml;
+use super::{Answer, Body, WireError};
+use crate::sim::{Simulator, resume_token};
+
+/// The account ID every resource is owned by.
+const OWNER: &str = "000000000000";
+
+fn body(f: impl FnOnce(&mut Xml) + Send + 'static) -> Answer {
+    Ok(Box::new(f) as Body)
+}
+
+fn invalid(what: &str, value: &str) -> WireError {
+    WireError::client(
+        "InvalidParameterValue",
+        format!("Invalid value '{value}' for {what}"),
+    )
+}
+
+fn cidr(p: &Params, key: &str) -> Result<Ipv4Net, WireError> {
+    let v = p.require(key)?;
+    v.parse().map_err(|_| invalid(key, v))
+}
+
+fn return_true() -> Answer {
+    body(|x| {
+        x.leaf("return", "true");
+    })
+}
+
+// ---- describes ----
+
+/// The filters every describe takes (`vpc-id`, `tag:<key>`), and the action's own through
+/// `other` (which answers false for a name it does not know). AWS answers an unknown filter
+/// with `InvalidParameterValue`. The simulator matches one value per filter.
+struct Filters {
+    vpc_id: Option<String>,
+    tags: Tags,
+}
+
+fn filters(
+    p: &Params,
+    mut other: impl FnMut(&str, &[String]) -> Result<bool, WireError>,
+) -> Result<Filters, WireError> {
+    let mut f = Filters {
+        vpc_id: None,
+        tags: Tags::new(),
+    };
+    for (name, values) in p.filters() {
+        if other(&name, &values)? {
+            continue;
+        }
+        let single = || match values.as_slice() {
+            [v] => Ok(v.clone()),
+            _ => Err(WireError::client(
+                "InvalidParameterValue",
+                format!("ec2-sim matches exactly one value of the filter '{name}'"),
+            )),
+        };
+        if name == "vpc-id" {
+            f.vpc_id = Some(single()?);
+        } else if let Some(key) = name.strip_prefix("tag:") {
+            f.tags.insert(key.to_owned(), single()?);
+        } else {
+            return Err(WireError::client(
+                "InvalidParameterValue",
+                format!("The filter '{name}' is invalid"),
+            ));
+        }
+    }
+    Ok(f)
+}
+
+/// `MaxResults`: AWS refuses it together with IDs, and outside 5..=1000.
+fn max_results(p: &Params, has_ids: bool) -> Result<Option<usize>, WireError> {
+    let Some(n) = p.int("MaxResults")? else {
+        return Ok(None);
+    };
+    if has_ids {
+        return Err(WireError::client(
+            "InvalidParameterCombination",
+            "The parameter MaxResults cannot be used with the parameter of IDs",
+        ));
+    }
+    if !(5..=1000).contains(&n) {
+        return Err(WireError::client(
+            "InvalidParameterValue",
+            format!(
+                "Value ( {n} ) for parameter maxResults is invalid. Expecting a value between 5 and 1000."
+            ),
+        ));
+    }
+    Ok(Some(n as usize))
+}
+
+/// The simulator's page, cut to `MaxResults` when that is smaller (with a token resuming
+/// after the last item kept: the simulator's tokens are keyed by ID).
+fn cut<T>(mut page: Page<T>, max: Option<usize>, key: impl Fn(&T) -> &str) -> Page<T> {
+    if let Some(max) = max
+        && page.items.len() > max
+    {
+        page.items.truncate(max);
+        page.next_token = page.items.last().map(|i| resume_token(key(i)));
+    }
+    page
+}
+
+fn token(p: &Params) -> Option<String> {
+    p.get("NextToken")
+        .filter(|t| !t.is_empty())
+        .map(str::to_owned)
+}
+
+fn next_token(x: &mut Xml, token: Option<String>) {
+    x.opt("nextToken", token);
+}
+
+pub async fn describe_instance_types(sim: &Simulator, p: &Params) -> Answer {
+    let types = p.list("InstanceType");
+    let max = max_results(p, !types.is_empty())?;
+    let page = sim.describe_instance_types(&types, token(p)).await?;
+    let page = cut(page, max, |t| &t.instance_type);
+    body(move |x| {
+        x.list("instanceTypeSet", &page.items, |x, t| {
+            x.leaf("instanceType", &t.instance_type)
+                .leaf("hypervisor", if t.nitro { "nitro" } else { "xen" })
+                .leaf("bareMetal", t.bare_metal)
+                .node("networkInfo", |x| {
+                    x.leaf("maximumNetworkInterfaces", t.max_enis)
+                        .leaf("ipv4AddressesPerInterface", t.ipv4_per_eni)
+                        .leaf("ipv6AddressesPerInterface", t.ipv6_per_eni);
+                });
+        });
+        next_token(x, page.next_token);
+    })
+}
+
+fn state_code(s: InstanceState) -> (u32, &'static str) {
+    match s {
+        InstanceState::Pending => (0, "pending"),
+        InstanceState::Running => (16, "running"),
+        InstanceState::ShuttingDown => (32, "shutting-down"),
+        InstanceState::Terminated => (48, "terminated"),
+        InstanceState::Stopping => (64, "stopping"),
+        InstanceState::Stopped => (80, "stopped"),
+        InstanceState::Unknown => (0, "pending"),
+    }
+}
+
+fn instance_state(x: &mut Xml, name: &str, s: InstanceState) {
+    let (code, text) = state_code(s);
+    x.node(name, |x| {
+        x.leaf("code", code).leaf("name", text);
+    });
+}
+
+fn instance_xml(x: &mut Xml, i: &Instance) {
+    x.leaf("instanceId", &i.id)
+        .leaf("imageId", "ami-ec2sim")
+        .leaf("instanceType", &i.instance_type);
+    instance_state(x, "instanceState", i.state);
+    x.node("placement", |x| {
+        x.leaf("availabilityZone", &i.availability_zone)
+            .leaf("tenancy", "default");
+    })
+    .leaf("subnetId", &i.subnet_id)
+    .leaf("vpcId", &i.vpc_id)
+    .tags(&i.tags);
+}
+
+/// One reservation per instance, as separate `RunInstances` calls make them.
+fn reservations(x: &mut Xml, instances: &[Instance]) {
+    x.list("reservationSet", instances, |x, i| {
+        x.leaf("reservationId", i.id.replacen("i-", "r-", 1))
+            .leaf("ownerId", OWNER)
+            .list("instancesSet", [i], instance_xml);
+    });
+}
+
+pub async fn describe_instances(sim: &Simulator, p: &Params) -> Answer {
+    let ids = p.list("InstanceId");
+    let max = max_results(p, !ids.is_empty())?;
+    let f = filters(p, |_, _| Ok(false))?;
+    let filter = InstanceFilter {
+        ids,
+        vpc_id: f.vpc_id,
+        tags: f.tags,
+    };
+    let page = cut(sim.describe_instances(&filter, token(p)).await?, max, |i| {
+        &i.id
+    });
+    body(move |x| {
+        reservations(x, &page.items);
+        next_token(x, page.next_token);
+    })
+}
+
+fn eni_xml(x: &mut Xml, e: &NetworkInterface) {
+    x.leaf("networkInterfaceId", &e.id)
+        .leaf("subnetId", &e.subnet_id)
+        .leaf("vpcId", &e.vpc_id)
+        .leaf("availabilityZone", &e.availability_zone)
+        .leaf("description", &e.description)
+        .leaf("ownerId", OWNER)
+        .leaf("requesterManaged", false)
+        .leaf("status", e.state.as_str())
+        .leaf("macAddress", &e.mac)
+        .leaf("privateIpAddress", e.primary_ip)
+        .leaf("sourceDestCheck", true)
+        .leaf("interfaceType", "interface")
+        .list("groupSet", &e.security_groups, |x, g| {
+            x.leaf("groupId", g).leaf("groupName", g);
+        });
+    if let Some(a) = &e.attachment {
+        let status = match e.state {
+            EniState::Attaching => "attaching",
+            EniState::Detaching => "detaching",
+            _ => "attached",
+        };
+        x.node("attachment", |x| {
+            x.leaf("attachmentId", &a.id)
+                .leaf("instanceId", &a.instance_id)
+                .leaf("instanceOwnerId", OWNER)
+                .leaf("deviceIndex", a.device_index)
+                .leaf("networkCardIndex", 0)
+                .leaf("status", status)
+                .leaf("deleteOnTermination", a.delete_on_termination);
+        });
+    }
+    if let Some(ip) = &e.public_ip {
+        x.node("association", |x| {
+            x.leaf("publicIp", ip).leaf("ipOwnerId", OWNER);
+        });
+    }
+    x.tags(&e.tags);
+    let addresses =
+        std::iter::once((e.primary_ip, true)).chain(e.secondary_ips.iter().map(|ip| (*ip, false)));
+    x.list("privateIpAddressesSet", addresses, |x, (ip, primary)| {
+        x.leaf("privateIpAddress", ip).leaf("primary", primary);
+    })
+    .list("ipv4PrefixSet", &e.prefixes, |x, p| {
+        x.leaf("ipv4Prefix", p);
+    })
+    .list("ipv6PrefixSet", &e.ipv6_prefixes, |x, p| {
+        x.leaf("ipv6Prefix", p);
+    });
+}
+
+pub async fn describe_network_interfaces(sim: &Simulator, p: &Params) -> Answer {
+    let ids = p.list("NetworkInterfaceId");
+    let max = max_results(p, !ids.is_empty())?;
+    let mut instance_ids = Vec::new();
+    let mut subnet_ids = Vec::new();
+    let mut state = None;
+    let f = filters(p, |name, values| {
+        match name {
+            "attachment.instance-id" => instance_ids.extend(values.iter().cloned()),
+            "subnet-id" => subnet_ids.extend(values.iter().cloned()),
+            "status" => {
+                let [v] = values else {
+                    return Err(invalid("status", &values.join(",")));
+                };
+                let s = EniState::parse(v);
+                if s == EniState::Unknown {
+                    return Err(invalid("status", v));
+                }
+                state = Some(s);
+            }
+            _ => return Ok(false),
+        }
+        Ok(true)
+    })?;
+    let filter = EniFilter {
+        ids,
+        vpc_id: f.vpc_id,
+        instance_ids,
+        subnet_ids,
+        tags: f.tags,
+        state,
+    };
+    let page = cut(
+        sim.describe_network_interfaces(&filter, token(p)).await?,
+        max,
+        |e| &e.id,
+    );
+    body(move |x| {
+        x.list("networkInterfaceSet", &page.items, eni_xml);
+        next_token(x, page.next_token);
+    })
+}
+
+fn resource_filter(
+    p: &Params,
+    ids_key: &str,
+) -> Result<(ResourceFilter, Option<usize>), WireError> {
+    let ids = p.list(ids_key);
+    let max = max_results(p, !ids.is_empty())?;
+    let f = filters(p, |_, _| Ok(false))?;
+    Ok((
+        ResourceFilter {
+            ids,
+            vpc_id: f.vpc_id,
+            tags: f.tags,
+        },
+        max,
+    ))
+}
+
+fn subnet_xml(x: &mut Xml, s: &Subnet) {
+    x.leaf("subnetId", &s.id)
+        .leaf(
+            "subnetArn",
+            format!("arn:aws:ec2:us-east-1:{OWNER}:subnet/{}", s.id),
+        )
+        .leaf("state", "available")
+        .leaf("vpcId", &s.vpc_id)
+        .leaf("ownerId", OWNER)
+        .leaf("cidrBlock", s.cidr)
+        .leaf("availableIpAddressCount", s.available_addresses)
+        .leaf("availabilityZone", &s.availability_zone)
+        .leaf("defaultForAz", false)
+        .leaf("mapPublicIpOnLaunch", false)
+        .tags(&s.tags);
+}
+
+pub async fn describe_subnets(sim: &Simulator, p: &Params) -> Answer {
+    let (filter, max) = resource_filter(p, "SubnetId")?;
+    let page = cut(sim.describe_subnets(&filter, token(p)).await?, max, |s| {
+        &s.id
+    });
+    body(move |x| {
+        x.list("subnetSet", &page.items, subnet_xml);
+        next_token(x, page.next_token);
+    })
+}
+
+fn vpc_xml(x: &mut Xml, v: &Vpc) {
+    x.leaf("vpcId", &v.id)
+        .leaf("ownerId", OWNER)
+        .leaf("state", "available")
+        .leaf("cidrBlock", v.primary_cidr)
+        .leaf("isDefault", false)
+        .leaf("instanceTenancy", "default");
+    let blocks = std::iter::once(&v.primary_cidr).chain(&v.secondary_cidrs);
+    x.list(
+        "cidrBlockAssociationSet",
+        blocks.enumerate(),
+        |x, (n, c)| {
+            x.leaf("associationId", format!("{}-cidr-assoc-{n}", v.id))
+                .leaf("cidrBlock", c)
+                .node("cidrBlockState", |x| {
+                    x.leaf("state", "associated");
+                });
+        },
+    )
+    .tags(&Tags::new());
+}
+
+pub async fn describe_vpcs(sim: &Simulator, p: &Params) -> Answer {
+    // `vpc-id` is the VPC's own ID here.
+    let (mut filter, max) = resource_filter(p, "VpcId")?;
+    if let Some(v) = filter.vpc_id.take()
+        && !filter.ids.contains(&v)
+    {
+        filter.ids.push(v);
+    }
+    let page = cut(sim.describe_vpcs(&filter, token(p)).await?, max, |v| &v.id);
+    body(move |x| {
+        x.list("vpcSet", &page.items, vpc_xml);
+        next_token(x, page.next_token);
+    })
+}
+
+pub async fn describe_security_groups(sim: &Simulator, p: &Params) -> Answer {
+    let (filter, max) = resource_filter(p, "GroupId")?;
+    let page = cut(
+        sim.describe_security_groups(&filter, token(p)).await?,
+        max,
+        |g| &g.id,
+    );
+    body(move |x| {
+        x.list("securityGroupInfo", &page.items, |x, g| {
+            x.leaf("ownerId", OWNER)
+                .leaf("groupId", &g.id)
+                .leaf("groupName", &g.id)
+                .leaf("groupDescription", "ec2-sim")
+                .leaf("vpcId", &g.vpc_id)
+                .tags(&g.tags);
+        });
+        next_token(x, page.next_token);
+    })
+}
+
+pub async fn describe_route_tables(sim: &Simulator, p: &Params) -> Answer {
+    let (filter, max) = resource_filter(p, "RouteTableId")?;
+    let page = cut(
+        sim.describe_route_tables(&filter, token(p)).await?,
+        max,
+        |r| &r.id,
+    );
+    body(move |x| {
+        x.list("routeTableSet", &page.items, |x, r| {
+            x.leaf("routeTableId", &r.id)
+                .leaf("vpcId", &r.vpc_id)
+                .leaf("ownerId", OWNER);
+            let mains = r.main.then_some(None);
+            let assocs = mains
+                .into_iter()
+                .chain(r.subnet_ids.iter().map(Some))
+                .enumerate();
+            x.list("associationSet", assocs, |x, (n, subnet)| {
+                x.leaf("routeTableAssociationId", format!("{}-assoc-{n}", r.id))
+                    .leaf("routeTableId", &r.id)
+                    .leaf("main", subnet.is_none())
+                    .opt("subnetId", subnet);
+            })
+            .tags(&Tags::new());
+        });
+        next_token(x, page.next_token);
+    })
+}
+
+// ---- the operator's mutating calls ----
+
+fn count(p: &Params, key: &str) -> Result<Option<u32>, WireError> {
+    match p.int(key)? {
+        Some(n) if n < 0 => Err(invalid(key, &n.to_string())),
+        other => Ok(other.map(|n| n as u32)),
+    }
+}
+
+/// `SecondaryPrivateIpAddressCount` or `Ipv4PrefixCount` (AWS refuses both at once).
+fn address_request(p: &Params) -> Result<AddressRequest, WireError> {
+    let ips = count(p, "SecondaryPrivateIpAddressCount")?;
+    let prefixes = count(p, "Ipv4PrefixCount")?;
+    let explicit = !p.list("PrivateIpAddress").is_empty() || !p.list("Ipv4Prefix").is_empty();
+    if explicit {
+        return Err(WireError::client(
+            "InvalidParameterValue",
+            "ec2-sim assigns by count only (SecondaryPrivateIpAddressCount or Ipv4PrefixCount)",
+        ));
+    }
+    match (ips, prefixes) {
+        (Some(_), Some(_)) => Err(WireError::client(
+            "InvalidParameterCombination",
+            "SecondaryPrivateIpAddressCount and Ipv4PrefixCount cannot be combined",
+        )),
+        (_, Some(n)) => Ok(AddressRequest::Prefixes(n)),
+        (n, None) => Ok(AddressRequest::Ips(n.unwrap_or(0))),
+    }
+}
+
+pub async fn create_network_interface(sim: &Simulator, p: &Params) -> Answer {
+    let request = CreateEniRequest {
+        subnet_id: p.require("SubnetId")?.to_owned(),
+        security_groups: p.list("SecurityGroupId"),
+        description: p.get("Description").unwrap_or_default().to_owned(),
+        tags: p.tag_specification("network-interface"),
+        addresses: address_request(p)?,
+        client_token: p.get("ClientToken").unwrap_or_default().to_owned(),
+    };
+    let eni = sim.create_network_interface(&request).await?;
+    let token = request.client_token;
+    body(move |x| {
+        x.node("networkInterface", |x| eni_xml(x, &eni));
+        if !token.is_empty() {
+            x.leaf("clientToken", token);
+        }
+    })
+}
+
+pub async fn attach_network_interface(sim: &Simulator, p: &Params) -> Answer {
+    let eni = p.require("NetworkInterfaceId")?;
+    let instance = p.require("InstanceId")?;
+    let index = count(p, "DeviceIndex")?.ok_or_else(|| {
+        WireError::client(
+            "MissingParameter",
+            "The request must contain the parameter DeviceIndex",
+        )
+    })?;
+    if count(p, "NetworkCardIndex")?.unwrap_or(0) != 0 {
+        return Err(WireError::client(
+            "InvalidParameterValue",
+            "ec2-sim models network card 0 only",
+        ));
+    }
+    let attachment = sim.attach_network_interface(eni, instance, index).await?;
+    body(move |x| {
+        x.leaf("attachmentId", attachment)
+            .leaf("networkCardIndex", 0);
+    })
+}
+
+pub async fn modify_network_interface_attribute(sim: &Simulator, p: &Params) -> Answer {
+    let eni = p.require("NetworkInterfaceId")?;
+    let attachment = p.require("Attachment.AttachmentId")?;
+    let Some(delete) = p.bool("Attachment.DeleteOnTermination") else {
+        return Err(WireError::client(
+            "InvalidParameterValue",
+            "ec2-sim modifies Attachment.DeleteOnTermination only",
+        ));
+    };
+    sim.set_delete_on_termination(eni, attachment, delete)
+        .await?;
+    return_true()
+}
+
+pub async fn assign_private_ip_addresses(sim: &Simulator, p: &Params) -> Answer {
+    let eni = p.require("NetworkInterfaceId")?.to_owned();
+    let request = address_request(p)?;
+    let got = sim.assign_private_ip_addresses(&eni, request).await?;
+    body(move |x| {
+        x.leaf("networkInterfaceId", &eni)
+            .list("assignedPrivateIpAddressesSet", &got.ips, |x, ip| {
+                x.leaf("privateIpAddress", ip);
+            })
+            .list("assignedIpv4PrefixSet", &got.prefixes, |x, p| {
+                x.leaf("ipv4Prefix", p);
+            });
+        x.leaf("return", "true");
+    })
+}
+
+pub async fn unassign_private_ip_addresses(sim: &Simulator, p: &Params) -> Answer {
+    let eni = p.require("NetworkInterfaceId")?;
+    let ips = p
+        .list("PrivateIpAddress")
+        .iter()
+        .map(|a| {
+            a.parse::<Ipv4Addr>()
+                .map_err(|_| invalid("PrivateIpAddress", a))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let prefixes = p
+        .list("Ipv4Prefix")
+        .iter()
+        .map(|a| a.parse::<Ipv4Net>().map_err(|_| invalid("Ipv4Prefix", a)))
+        .collect::<Result<Vec<_>, _>>()?;
+    // One call is one kind on AWS; the trait's call meters each non-empty kind once.
+    match (ips.is_empty(), prefixes.is_empty()) {
+        (true, true) => {
+            return Err(WireError::client(
+                "MissingParameter",
+                "The request must contain the parameter PrivateIpAddress or Ipv4Prefix",
+            ));
+        }
+        (false, false) => {
+            return Err(WireError::client(
+                "InvalidParameterCombination",
+                "PrivateIpAddress and Ipv4Prefix cannot be combined",
+            ));
+        }
+        _ => {}
+    }
+    sim.unassign_private_ip_addresses(eni, &ips, &prefixes)
+        .await?;
+    return_true()
+}
+
+pub async fn detach_network_interface(sim: &Simulator, p: &Params) -> Answer {
+    let attachment = p.require("AttachmentId")?;
+    let force = p.bool("Force").unwrap_or(false);
+    sim.detach_network_interface(attachment, force).await?;
+    return_true()
+}
+
+pub async fn delete_network_interface(sim: &Simulator, p: &Params) -> Answer {
+    sim.delete_network_interface(p.require("NetworkInterfaceId")?)
+        .await?;
+    return_true()
+}
+
+// ---- seeding (not throttled, not counted) ----
+
+pub fn describe_availability_zones(zones: &[String], _p: &Params) -> Answer {
+    let zones = zones.to_vec();
+    body(move |x| {
+        x.list(
+            "availabilityZoneInfo",
+            zones.iter().enumerate(),
+            |x, (n, z)| {
+                let region = z.trim_end_matches(|c: char| c.is_ascii_alphabetic());
+                x.leaf("zoneName", z)
+                    .leaf("zoneState", "available")
+                    .leaf("regionName", region)
+                    .leaf("zoneId", format!("use1-az{}", n + 1))
+                    .leaf("zoneType", "availability-zone");
+            },
+        );
+    })
+}
+
+/// No images: launches take any image ID.
+pub fn describe_images(_p: &Params) -> Answer {
+    body(|x| {
+        x.list("imagesSet", std::iter::empty::<()>(), |_, _| {});
+    })
+}
+
+pub fn create_vpc(sim: &Simulator, p: &Params) -> Answer {
+    let block = cidr(p, "CidrBlock")?;
+    let id = sim.add_vpc(block, &[]);
+    let vpc = Vpc {
+        id,
+        primary_cidr: block,
+        secondary_cidrs: vec![],
+    };
+    body(move |x| {
+        x.node("vpc", |x| vpc_xml(x, &vpc));
+    })
+}
+
+pub fn associate_vpc_cidr_block(sim: &Simulator, p: &Params) -> Answer {
+    let vpc = p.require("VpcId")?.to_owned();
+    let block = cidr(p, "CidrBlock")?;
+    sim.associate_vpc_cidr(&vpc, block)?;
+    body(move |x| {
+        x.leaf("vpcId", &vpc).node("cidrBlockAssociation", |x| {
+            x.leaf("associationId", format!("{vpc}-cidr-assoc-{block}"))
+                .leaf("cidrBlock", block)
+                .node("cidrBlockState", |x| {
+                    x.leaf("state", "associated");
+                });
+        });
+    })
+}
+
+pub fn create_subnet(sim: &Simulator, p: &Params) -> Answer {
+    let vpc = p.require("VpcId")?;
+    let block = cidr(p, "CidrBlock")?;
+    let zone = p.require("AvailabilityZone")?;
+    let tags = p.tag_specification("subnet");
+    let id = sim.try_add_subnet(vpc, zone, block, tags)?;
+    let subnet = sim.subnet(&id).expect("just created");
+    body(move |x| {
+        x.node("subnet", |x| subnet_xml(x, &subnet));
+    })
+}
+
+pub fn create_security_group(sim: &Simulator, p: &Params) -> Answer {
+    let vpc = p.require("VpcId")?;
+    p.require("GroupName")?;
+    let id = sim.try_add_security_group(vpc, p.tag_specification("security-group"))?;
+    body(move |x| {
+        x.leaf("return", "true").leaf("groupId", id);
+    })
+}
+
+/// `MaxCount` instances (at least `MinCount`, all or none in the simulator) of one type.
+pub fn run_instances(sim: &Simulator, p: &Params) -> Answer {
+    let instance_type = p.require("InstanceType")?;
+    let subnet = p.require("SubnetId")?;
+    let groups = p.list("SecurityGroupId");
+    let tags = p.tag_specification("instance");
+    let n = count(p, "MaxCount")?.unwrap_or(1).max(1);
+    let mut launched = Vec::new();
+    for _ in 0..n {
+        match sim.try_run_instance(instance_type, subnet, &groups, tags.clone()) {
+            Ok(i) => launched.push(i),
+            Err(e) => {
+                for i in &launched {
+                    sim.terminate_instance(&i.id);
+                }
+                return Err(e.into());
+            }
+        }
+    }
+    body(move |x| {
+        x.leaf("reservationId", launched[0].id.replacen("i-", "r-", 1))
+            .leaf("ownerId", OWNER)
+            .list("groupSet", std::iter::empty::<()>(), |_, _| {})
+            .list("instancesSet", &launched, instance_xml);
+    })
+}
+
+/// Delete-on-termination ENIs go with the instance; the others become `available`.
+pub fn terminate_instances(sim: &Simulator, p: &Params) -> Answer {
+    let ids = p.list("InstanceId");
+    if let Some(unknown) = ids.iter().find(|i| sim.instance(i).is_none()) {
+        return Err(WireError::client(
+            "InvalidInstanceID.NotFound",
+            format!("The instance ID '{unknown}' does not exist"),
+        ));
+    }
+    let changes: Vec<(String, InstanceState)> = ids
+        .into_iter()
+        .map(|id| {
+            let before = sim
+                .instance(&id)
+                .map_or(InstanceState::Unknown, |i| i.state);
+            sim.terminate_instance(&id);
+            (id, before)
+        })
+        .collect();
+    body(move |x| {
+        x.list("instancesSet", &changes, |x, (id, before)| {
+            x.leaf("instanceId", id);
+            instance_state(x, "currentState", InstanceState::Terminated);
+            instance_state(x, "previousState", *before);
+        });
+    })
+}
