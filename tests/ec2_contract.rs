@@ -125,3 +125,42 @@ moto_contract!(
     pagination,
     limits_and_exhaustion,
 );
+
+/// The same checks against `ec2-sim`: the simulator served as the EC2 Query API on a free
+/// loopback port in this test's runtime, `AwsEc2` (the real aws-sdk-ec2) behind the gate as its
+/// client. The simulator underneath still enforces AWS's rules and is checked as above.
+macro_rules! wire_contract {
+    ($($check:ident),* $(,)?) => {
+        mod ec2_sim_backend {
+            use super::*;
+            $(
+                #[tokio::test]
+                async fn $check() {
+                    let (sim, world) = simulator_world();
+                    let zones = vec![world.zone_a.clone(), world.zone_b.clone()];
+                    let (addr, _server) = testkit::wire::Server::new(sim.clone(), zones)
+                        .spawn("127.0.0.1:0")
+                        .await
+                        .expect("serve ec2-sim");
+                    let ec2 = eni_operator::ec2::gate::Gate::new(
+                        support::moto::aws_ec2(&format!("http://{addr}")).await,
+                        eni_operator::ec2::gate::GateConfig::aws_defaults(),
+                    );
+                    contract::$check(&ec2, &world).await;
+                    sim.check_invariants().unwrap();
+                    assert_eq!(sim.stats().total().throttled, 0, "the suite stays within AWS's buckets");
+                    assert!(sim.stats().total().calls > 0, "the calls went through ec2-sim");
+                }
+            )*
+        }
+    };
+}
+
+wire_contract!(
+    describes,
+    create_attach_assign_unassign_detach_delete,
+    not_found_errors,
+    idempotent_create,
+    pagination,
+    limits_and_exhaustion,
+);
