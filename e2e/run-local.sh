@@ -53,12 +53,34 @@ cleanup() {
     kubectl delete "$cn" --wait=false --ignore-not-found >/dev/null 2>&1 || true
   done
   if [ -n "$MOTO_PID" ]; then kill "$MOTO_PID" 2>/dev/null || true; fi
+  if [ -n "${EC2_SIM_PID:-}" ]; then kill "$EC2_SIM_PID" 2>/dev/null || true; fi
   exit "$rc"
 }
 trap cleanup EXIT INT TERM
 
 kubectl get --raw /readyz >/dev/null 2>&1 || die "no API server reachable through KUBECONFIG"
 
+# E2E_EC2=sim: ec2-sim (the test simulator on the wire, AWS's rules and throttling) instead of
+# moto; E2E_EC2_SIM_ARGS adds its flags (see docs/emulators.md).
+EC2_SIM_PID=""
+case "${E2E_EC2:-moto}" in moto|sim) ;; *) die "E2E_EC2 must be moto or sim (got: $E2E_EC2)" ;; esac
+if [ -z "${EC2_ENDPOINT:-}" ] && [ "${E2E_EC2:-moto}" = sim ]; then
+  cargo build --quiet -p testkit --bin ec2-sim
+  rm -f "$WORK/ec2-sim.addr"
+  # shellcheck disable=SC2086 # the extra flags are meant to split
+  "$CARGO_TARGET_DIR/debug/ec2-sim" --listen 127.0.0.1:0 ${E2E_EC2_SIM_ARGS:-} \
+    >"$WORK/ec2-sim.addr" 2>"$WORK/ec2-sim.log" &
+  EC2_SIM_PID=$!
+  tries=0
+  until [ -s "$WORK/ec2-sim.addr" ]; do
+    kill -0 "$EC2_SIM_PID" 2>/dev/null || { cat "$WORK/ec2-sim.log" >&2; die "ec2-sim exited (log above)"; }
+    tries=$((tries + 1))
+    [ "$tries" -lt 60 ] || die "ec2-sim printed no address after 30s ($WORK/ec2-sim.log)"
+    sleep 0.5
+  done
+  read -r EC2_ENDPOINT <"$WORK/ec2-sim.addr"
+  log "ec2-sim on $EC2_ENDPOINT"
+fi
 if [ -z "${EC2_ENDPOINT:-}" ]; then
   if [ ! -x .venv/bin/moto_server ]; then
     log "creating .venv with moto[server]"

@@ -166,7 +166,7 @@ pub fn operator_duplicates(shared: &BTreeMap<String, Vec<String>>, vpc: &[EniVie
         .keys()
         .filter(|ip| {
             vpc.iter()
-                .filter(|e| e.addresses.iter().any(|a| a == *ip))
+                .filter(|e| eni_addresses(e).any(|a| a == **ip))
                 .count()
                 < 2
         })
@@ -203,13 +203,22 @@ pub fn owned_eni_problems(owned: &[EniView]) -> Vec<String> {
     out
 }
 
+/// The addresses an ENI holds for pods: its secondary addresses and every address of its /28
+/// prefixes (EC2 lists prefix addresses only as `Ipv4Prefixes`, not among the private ones).
+pub fn eni_addresses(e: &EniView) -> impl Iterator<Item = String> + '_ {
+    let in_prefixes = e
+        .prefixes
+        .iter()
+        .filter_map(|p| p.parse::<ipnet::Ipv4Net>().ok())
+        .flat_map(eni_operator::ec2::prefix_addresses)
+        .map(|a| a.to_string());
+    e.addresses.iter().cloned().chain(in_prefixes)
+}
+
 /// Problems with a node's pool against EC2: every address must be on an ENI attached to the
 /// node's own instance.
 pub fn pool_not_on_instance(cn: &CiliumNode, instance_enis: &[EniView]) -> Vec<String> {
-    let on: BTreeSet<&str> = instance_enis
-        .iter()
-        .flat_map(|e| e.addresses.iter().map(String::as_str))
-        .collect();
+    let on: BTreeSet<String> = instance_enis.iter().flat_map(eni_addresses).collect();
     cn.spec
         .ipam
         .pool
@@ -548,6 +557,17 @@ mod tests {
         let enis = [eni("eni-1", "in-use", Some("i-1"), Some(1), &["10.0.0.1"])];
         assert_eq!(
             pool_not_on_instance(&cn, &enis),
+            vec!["10.0.0.2".to_string()]
+        );
+        // Prefix delegation: the pool's addresses are on the ENI as a /28.
+        cn.spec
+            .ipam
+            .pool
+            .insert("10.0.1.17".into(), AllocationIp::default());
+        let mut with_prefix = eni("eni-2", "in-use", Some("i-1"), Some(2), &[]);
+        with_prefix.prefixes = vec!["10.0.1.16/28".into()];
+        assert_eq!(
+            pool_not_on_instance(&cn, &[enis[0].clone(), with_prefix]),
             vec!["10.0.0.2".to_string()]
         );
     }

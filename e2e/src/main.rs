@@ -13,6 +13,7 @@ mod faultproxy;
 mod kube_agent;
 mod operator;
 mod scenarios;
+mod simctl;
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -164,9 +165,11 @@ async fn main() -> std::process::ExitCode {
 
 async fn run(a: RunArgs) -> Result<bool> {
     let names: Vec<String> = if a.scenarios.is_empty() {
+        let ec2_sim = simctl::SimControl::connect(&a.ec2_endpoint).await.is_ok();
         scenarios::ALL
             .iter()
             .filter(|s| !(a.in_cluster && scenarios::LOCAL_ONLY.contains(s)))
+            .filter(|s| ec2_sim || !scenarios::SIM_ONLY.contains(s))
             .map(|s| s.to_string())
             .collect()
     } else {

@@ -21,6 +21,7 @@ use crate::ec2seed::{self, EniView, Instance, OWNER_INSTANCE_TAG, World};
 use crate::faultproxy::{Fault, FaultProxy};
 use crate::kube_agent::{AgentHandle, spawn_agent};
 use crate::operator::{OperatorOptions, Operators};
+use crate::simctl::SimControl;
 use testkit::agent::{Generation, endpoints};
 
 /// Every scenario, in the order they run.
@@ -39,7 +40,12 @@ pub const ALL: &[&str] = &[
     "bad-input",
     "rbac",
     "cilium-crd-steady-state",
+    "throttled-account",
 ];
+
+/// Scenarios that need ec2-sim's control endpoints (`E2E_EC2=sim`): left out of the default
+/// list on other endpoints (moto and LocalStack never throttle).
+pub const SIM_ONLY: &[&str] = &["throttled-account"];
 
 /// Scenarios that need the operator on this machine (a fault proxy in front of EC2): left out
 /// of the default list in-cluster.
@@ -210,6 +216,7 @@ impl Suite {
             "bad-input" => self.bad_input().await,
             "rbac" => self.rbac().await,
             "cilium-crd-steady-state" => self.cilium_crd_steady_state().await,
+            "throttled-account" => self.throttled_account().await,
             other => Err(anyhow!(
                 "unknown scenario {other:?} (known: {})",
                 ALL.join(", ")
@@ -1821,5 +1828,69 @@ mod tests {
                 "{name} missing from README"
             );
         }
+    }
+}
+
+/// The account's throttling buckets, nearly empty: (bucket, burst, refill per second). AWS's
+/// buckets are per account and Region and shared with every other tool (see
+/// `testkit::sim::throttle`); here the others have left this much.
+const THROTTLED_BUCKETS: &[(&str, u32, u32)] = &[
+    ("describe", 5, 2),
+    ("general-mutating", 2, 1),
+    ("create-network-interface", 2, 1),
+    ("assign-private-ip-addresses", 2, 1),
+    ("unassign-private-ip-addresses", 2, 1),
+    ("modify-network-interface-attribute", 2, 1),
+    ("delete-network-interface", 2, 1),
+];
+
+impl Suite {
+    /// A throttled account (ec2-sim only): every bucket refills at 1-2 calls a second, so
+    /// ec2-sim answers many calls `RequestLimitExceeded` (HTTP 503) while four nodes need
+    /// several ENIs each. The operator backs off and still serves every node within the usual
+    /// budget, with no extra ENI; the buckets are AWS's again before the invariants run.
+    async fn throttled_account(&mut self) -> Result<()> {
+        let sim = SimControl::connect(&self.ops.settings.ec2_endpoint).await?;
+        let result = self.throttled_account_on(&sim).await;
+        let reset = sim.reset_throttling().await;
+        let (idxs, throttled) = result?;
+        reset?;
+        println!("     throttled-account: ec2-sim answered {throttled} calls RequestLimitExceeded");
+        for (i, pods) in idxs {
+            self.assert_eni_count_at_most(i, pods).await?;
+        }
+        Ok(())
+    }
+
+    /// The nodes (index, pods) and the throttled answers while they were served.
+    async fn throttled_account_on(
+        &mut self,
+        sim: &SimControl,
+    ) -> Result<(Vec<(usize, usize)>, u64)> {
+        let before = sim.throttled().await?;
+        for (bucket, burst, per_second) in THROTTLED_BUCKETS {
+            sim.set_bucket(bucket, *burst, *per_second).await?;
+        }
+        self.start_ops(OperatorOptions::default(), 1).await?;
+        let mut idxs = Vec::new();
+        for (t, z, g, pods) in [
+            ("m5.large", 0, Generation::Classic, 14),
+            ("m5.xlarge", 1, Generation::MultiPool, 20),
+            ("t3.large", 0, Generation::MultiPool, 14),
+            ("m5.large", 1, Generation::Classic, 14),
+        ] {
+            let i = self
+                .add_node(t, z, Some(g), pods, NodeVariant::default())
+                .await?;
+            idxs.push((i, pods));
+        }
+        let nodes: Vec<usize> = idxs.iter().map(|(i, _)| *i).collect();
+        self.wait_served(&nodes, self.cfg.timeout).await?;
+        let throttled = sim.throttled().await? - before;
+        ensure!(
+            throttled > 0,
+            "ec2-sim answered no call RequestLimitExceeded: the account was not throttled"
+        );
+        Ok((idxs, throttled))
     }
 }
