@@ -1731,6 +1731,70 @@ impl Suite {
     }
 }
 
+/// The account's throttling buckets, nearly empty: (bucket, burst, refill per second). AWS's
+/// buckets are per account and Region and shared with every other tool (see
+/// `testkit::sim::throttle`); here the others have left this much.
+const THROTTLED_BUCKETS: &[(&str, u32, u32)] = &[
+    ("describe", 5, 2),
+    ("general-mutating", 2, 1),
+    ("create-network-interface", 2, 1),
+    ("assign-private-ip-addresses", 2, 1),
+    ("unassign-private-ip-addresses", 2, 1),
+    ("modify-network-interface-attribute", 2, 1),
+    ("delete-network-interface", 2, 1),
+];
+
+impl Suite {
+    /// A throttled account (ec2-sim only): every bucket refills at 1-2 calls a second, so
+    /// ec2-sim answers many calls `RequestLimitExceeded` (HTTP 503) while four nodes need
+    /// several ENIs each. The operator backs off and still serves every node within the usual
+    /// budget, with no extra ENI; the buckets are AWS's again before the invariants run.
+    async fn throttled_account(&mut self) -> Result<()> {
+        let sim = SimControl::connect(&self.ops.settings.ec2_endpoint).await?;
+        let result = self.throttled_account_on(&sim).await;
+        let reset = sim.reset_throttling().await;
+        let (idxs, throttled) = result?;
+        reset?;
+        println!("     throttled-account: ec2-sim answered {throttled} calls RequestLimitExceeded");
+        for (i, pods) in idxs {
+            self.assert_eni_count_at_most(i, pods).await?;
+        }
+        Ok(())
+    }
+
+    /// The nodes (index, pods) and the throttled answers while they were served.
+    async fn throttled_account_on(
+        &mut self,
+        sim: &SimControl,
+    ) -> Result<(Vec<(usize, usize)>, u64)> {
+        let before = sim.throttled().await?;
+        for (bucket, burst, per_second) in THROTTLED_BUCKETS {
+            sim.set_bucket(bucket, *burst, *per_second).await?;
+        }
+        self.start_ops(OperatorOptions::default(), 1).await?;
+        let mut idxs = Vec::new();
+        for (t, z, g, pods) in [
+            ("m5.large", 0, Generation::Classic, 14),
+            ("m5.xlarge", 1, Generation::MultiPool, 20),
+            ("t3.large", 0, Generation::MultiPool, 14),
+            ("m5.large", 1, Generation::Classic, 14),
+        ] {
+            let i = self
+                .add_node(t, z, Some(g), pods, NodeVariant::default())
+                .await?;
+            idxs.push((i, pods));
+        }
+        let nodes: Vec<usize> = idxs.iter().map(|(i, _)| *i).collect();
+        self.wait_served(&nodes, self.cfg.timeout).await?;
+        let throttled = sim.throttled().await? - before;
+        ensure!(
+            throttled > 0,
+            "ec2-sim answered no call RequestLimitExceeded: the account was not throttled"
+        );
+        Ok((idxs, throttled))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1828,69 +1892,5 @@ mod tests {
                 "{name} missing from README"
             );
         }
-    }
-}
-
-/// The account's throttling buckets, nearly empty: (bucket, burst, refill per second). AWS's
-/// buckets are per account and Region and shared with every other tool (see
-/// `testkit::sim::throttle`); here the others have left this much.
-const THROTTLED_BUCKETS: &[(&str, u32, u32)] = &[
-    ("describe", 5, 2),
-    ("general-mutating", 2, 1),
-    ("create-network-interface", 2, 1),
-    ("assign-private-ip-addresses", 2, 1),
-    ("unassign-private-ip-addresses", 2, 1),
-    ("modify-network-interface-attribute", 2, 1),
-    ("delete-network-interface", 2, 1),
-];
-
-impl Suite {
-    /// A throttled account (ec2-sim only): every bucket refills at 1-2 calls a second, so
-    /// ec2-sim answers many calls `RequestLimitExceeded` (HTTP 503) while four nodes need
-    /// several ENIs each. The operator backs off and still serves every node within the usual
-    /// budget, with no extra ENI; the buckets are AWS's again before the invariants run.
-    async fn throttled_account(&mut self) -> Result<()> {
-        let sim = SimControl::connect(&self.ops.settings.ec2_endpoint).await?;
-        let result = self.throttled_account_on(&sim).await;
-        let reset = sim.reset_throttling().await;
-        let (idxs, throttled) = result?;
-        reset?;
-        println!("     throttled-account: ec2-sim answered {throttled} calls RequestLimitExceeded");
-        for (i, pods) in idxs {
-            self.assert_eni_count_at_most(i, pods).await?;
-        }
-        Ok(())
-    }
-
-    /// The nodes (index, pods) and the throttled answers while they were served.
-    async fn throttled_account_on(
-        &mut self,
-        sim: &SimControl,
-    ) -> Result<(Vec<(usize, usize)>, u64)> {
-        let before = sim.throttled().await?;
-        for (bucket, burst, per_second) in THROTTLED_BUCKETS {
-            sim.set_bucket(bucket, *burst, *per_second).await?;
-        }
-        self.start_ops(OperatorOptions::default(), 1).await?;
-        let mut idxs = Vec::new();
-        for (t, z, g, pods) in [
-            ("m5.large", 0, Generation::Classic, 14),
-            ("m5.xlarge", 1, Generation::MultiPool, 20),
-            ("t3.large", 0, Generation::MultiPool, 14),
-            ("m5.large", 1, Generation::Classic, 14),
-        ] {
-            let i = self
-                .add_node(t, z, Some(g), pods, NodeVariant::default())
-                .await?;
-            idxs.push((i, pods));
-        }
-        let nodes: Vec<usize> = idxs.iter().map(|(i, _)| *i).collect();
-        self.wait_served(&nodes, self.cfg.timeout).await?;
-        let throttled = sim.throttled().await? - before;
-        ensure!(
-            throttled > 0,
-            "ec2-sim answered no call RequestLimitExceeded: the account was not throttled"
-        );
-        Ok((idxs, throttled))
     }
 }
