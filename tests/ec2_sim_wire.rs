@@ -227,6 +227,18 @@ async fn bad_requests_get_aws_error_codes() {
     )
     .await;
     assert_eq!(status, 204);
+    let (_, _) = post(
+        w.addr,
+        "/_sim/fault",
+        "operation=DescribeSubnets&code=UnauthorizedOperation&times=1",
+    )
+    .await;
+    let (status, body) = post(w.addr, "/", "Action=DescribeSubnets").await;
+    assert_eq!(status, 403, "{body}");
+    assert!(
+        body.contains("<Code>UnauthorizedOperation</Code>"),
+        "{body}"
+    );
     let aws = client(w.addr, None).await;
     let err = aws
         .describe_instances(&InstanceFilter::default(), None)

@@ -57,7 +57,8 @@ impl WireError {
 
     /// What AWS would answer for the simulator's error: 503 for throttling and unavailability,
     /// 500 for other server-side trouble (an injected lost answer becomes an `InternalError`:
-    /// AWS documents that such a call may have taken effect), 400 for the rest.
+    /// AWS documents that such a call may have taken effect), 403 for permissions, 400 for the
+    /// rest.
     pub fn from_ec2(e: Ec2Error) -> Self {
         let status = match e.kind {
             ErrorKind::Throttled => 503,
@@ -70,6 +71,7 @@ impl WireError {
                 503
             }
             ErrorKind::Transient => 500,
+            ErrorKind::Unauthorized => 403,
             _ => 400,
         };
         let code = if e.code == "Timeout" {
