@@ -267,22 +267,11 @@ impl Simulator {
             .unwrap_or_else(|e| panic!("add_subnet: {}", e.message))
     }
 
+    /// # Panics
+    /// If the VPC is unknown: see [`Simulator::try_add_security_group`].
     pub fn add_security_group(&self, vpc_id: &str, tags: Tags) -> String {
-        let mut inner = self.lock();
-        assert!(
-            inner.state.vpcs.contains_key(vpc_id),
-            "add_security_group: unknown VPC"
-        );
-        let id = inner.state.new_id("sg");
-        inner.state.security_groups.insert(
-            id.clone(),
-            SecurityGroup {
-                id: id.clone(),
-                vpc_id: vpc_id.to_owned(),
-                tags,
-            },
-        );
-        id
+        self.try_add_security_group(vpc_id, tags)
+            .unwrap_or_else(|e| panic!("add_security_group: {}", e.message))
     }
 
     pub fn add_route_table(&self, vpc_id: &str, main: bool, subnet_ids: &[String]) -> String {
