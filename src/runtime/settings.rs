@@ -37,6 +37,12 @@ pub struct CoreConfig {
     /// show addresses it unassigned, and they would go back into the pools
     /// ([`super::cache::DESCRIBE_LAG`] in production; zero in tests that do not model the lag).
     pub start_delay: Duration,
+    /// The handover guard: how long another manager's pool write counts as a running
+    /// allocator (`--handover-quiet`).
+    pub handover_quiet: Duration,
+    /// Canary handover (`--handover-selector key=value`): serve only CiliumNodes with this
+    /// label; a served node that loses it is handed back.
+    pub handover_selector: Option<(String, String)>,
 }
 
 impl CoreConfig {
@@ -63,6 +69,8 @@ impl Default for CoreConfig {
             annotate_cilium_ignore: false,
             jitter_seed: None,
             start_delay: Duration::ZERO,
+            handover_quiet: Duration::from_secs(180),
+            handover_selector: None,
         }
     }
 }
