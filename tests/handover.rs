@@ -269,3 +269,28 @@ async fn canary_handover_then_rollback_releases_nothing() {
             .is_some_and(|f| f.contains(&FINALIZER.to_string()))
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn an_eni_cilium_creates_after_the_handover_stops_allocation() {
+    let w = Cluster::new();
+    let sink = Arc::new(MemorySink::new());
+    let (_core, tx) = start(w.sim.clone(), &sink, config());
+    let inst = w.instance();
+    let n = sink.put(&agent_node(&w, "n", &inst.id, 4));
+    tx.send(NodeInput::Upsert(Box::new(n))).await.unwrap();
+    assert!(wait_until(|| served(&sink, "n", 4), Duration::from_secs(30)).await);
+
+    // Cilium's operator still serves the node: it attaches an ENI of its own.
+    let eni = testkit::cilium_signals::cilium_creates_eni(&w, &inst.id, 2).await;
+    // The next full refresh sees it; the agent asks for more.
+    tokio::time::sleep(Duration::from_secs(70)).await;
+    let n = sink
+        .update("n", |n| n.spec.ipam.min_allocate = 40)
+        .unwrap();
+    let before = mutating(&w.sim);
+    tx.send(NodeInput::Upsert(Box::new(n))).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    assert_eq!(mutating(&w.sim), before, "detected: no EC2 mutation");
+    let error = operator_error(&sink, "n").unwrap();
+    assert!(error.contains(&eni), "{error}");
+}

@@ -71,3 +71,27 @@ pub fn cilium_lease(holder: &str, acquired: Timestamp, now: Timestamp) -> LeaseV
         duration: std::time::Duration::from_secs(15),
     }
 }
+
+/// Cilium's operator creates and attaches an ENI to `instance` (its description, no tags of
+/// ours: `pkg/aws/eni/node.go`, `CreateInterface`), at `device_index`.
+pub async fn cilium_creates_eni(
+    c: &crate::cluster::Cluster,
+    instance: &str,
+    device_index: u32,
+) -> String {
+    use eni_operator::ec2::{AddressRequest, CreateEniRequest, Ec2};
+    let request = CreateEniRequest {
+        subnet_id: c.subnet.clone(),
+        security_groups: vec![c.sg.clone()],
+        description: eni_operator::ipam::handover::cilium_eni_description(instance),
+        tags: Default::default(),
+        addresses: AddressRequest::Ips(2),
+        client_token: format!("cilium-{instance}-{device_index}"),
+    };
+    let eni = c.sim.create_network_interface(&request).await.expect("create");
+    c.sim
+        .attach_network_interface(&eni.id, instance, device_index)
+        .await
+        .expect("attach");
+    eni.id
+}
