@@ -284,9 +284,7 @@ async fn an_eni_cilium_creates_after_the_handover_stops_allocation() {
     let eni = testkit::cilium_signals::cilium_creates_eni(&w, &inst.id, 2).await;
     // The next full refresh sees it; the agent asks for more.
     tokio::time::sleep(Duration::from_secs(70)).await;
-    let n = sink
-        .update("n", |n| n.spec.ipam.min_allocate = 40)
-        .unwrap();
+    let n = sink.update("n", |n| n.spec.ipam.min_allocate = 40).unwrap();
     let before = mutating(&w.sim);
     tx.send(NodeInput::Upsert(Box::new(n))).await.unwrap();
     tokio::time::sleep(Duration::from_secs(30)).await;

@@ -88,7 +88,11 @@ pub async fn cilium_creates_eni(
         addresses: AddressRequest::Ips(2),
         client_token: format!("cilium-{instance}-{device_index}"),
     };
-    let eni = c.sim.create_network_interface(&request).await.expect("create");
+    let eni = c
+        .sim
+        .create_network_interface(&request)
+        .await
+        .expect("create");
     c.sim
         .attach_network_interface(&eni.id, instance, device_index)
         .await
