@@ -57,6 +57,8 @@ pub struct Settings {
     pub ipam: IpamSettings,
     #[command(flatten)]
     pub runtime: RuntimeSettings,
+    #[command(flatten)]
+    pub handover: HandoverSettings,
 }
 
 #[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
@@ -425,6 +427,12 @@ impl Settings {
             start_delay: crate::runtime::cache::DESCRIBE_LAG,
             limits_via_api: self.ipam.update_ec2_adapter_limit_via_api,
             limit_overrides: self.ipam.aws_instance_limit_mapping.clone(),
+            handover_quiet: self.handover.handover_quiet,
+            handover_selector: self
+                .handover
+                .handover_selector
+                .as_ref()
+                .map(|t| (t.key.clone(), t.value.clone())),
             ..CoreConfig::default()
         }
     }
@@ -1026,4 +1034,29 @@ pub(crate) mod tests {
         assert_eq!(c.single_bucket, Some((4.0, 9)));
         assert_eq!(c.max_attempts, 2);
     }
+}
+
+/// Handing nodes over from Cilium's operator (`docs/migrating-from-cilium.md`).
+#[derive(Args, Debug, Clone)]
+#[command(next_help_heading = "Handover")]
+pub struct HandoverSettings {
+    /// Namespace of Cilium's operator: its leader Lease `cilium-operator-resource-lock` there
+    /// tells whether it runs (the handover guard; needs `get` on that Lease).
+    #[arg(
+        long,
+        env = "ENI_OPERATOR_CILIUM_NAMESPACE",
+        default_value = "kube-system"
+    )]
+    pub cilium_namespace: String,
+    /// Read Cilium operator's Lease at all (off: the guard relies on managedFields alone).
+    #[arg(long, env = "ENI_OPERATOR_WATCH_CILIUM_LEASE", default_value_t = true, num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set)]
+    pub watch_cilium_lease: bool,
+    /// How long another field manager's write of `spec.ipam.pool` / `status.eni` after ours
+    /// counts as a running second allocator (longer than Cilium's one-minute resync).
+    #[arg(long, env = "ENI_OPERATOR_HANDOVER_QUIET", default_value = "3m", value_parser = parse_duration)]
+    pub handover_quiet: Duration,
+    /// Canary handover: serve only CiliumNodes labelled key=value; a served node that loses
+    /// the label is handed back (finalizer and Cilium's ignore annotation removed).
+    #[arg(long, env = "ENI_OPERATOR_HANDOVER_SELECTOR")]
+    pub handover_selector: Option<Tag>,
 }

@@ -69,6 +69,16 @@ impl<E: Ec2, S: NodeSink> Core<E, S> {
         Self { inner }
     }
 
+    /// Cilium operator's leader Lease as last read (the handover guard); `None`: absent.
+    pub fn set_cilium_lease(&self, lease: Option<crate::ipam::handover::LeaseView>) {
+        *self.inner.cilium_lease.write().expect("lease") = lease;
+    }
+
+    /// Wall time by the core's clock (paused in tests).
+    pub fn wall_now(&self) -> k8s_openapi::jiff::Timestamp {
+        self.inner.wall_now()
+    }
+
     /// Becomes true once [`Core::run`] has rebuilt its EC2 view and starts serving nodes.
     pub fn warm(&self) -> tokio::sync::watch::Receiver<bool> {
         self.inner.warm.subscribe()

@@ -42,6 +42,12 @@ pub struct CoreConfig {
     pub limits_via_api: bool,
     /// `--aws-instance-limit-mapping`.
     pub limit_overrides: Vec<crate::ec2::limits::LimitOverride>,
+    /// The handover guard: how long another manager's pool write counts as a running
+    /// allocator (`--handover-quiet`).
+    pub handover_quiet: Duration,
+    /// Canary handover (`--handover-selector key=value`): serve only CiliumNodes with this
+    /// label; a served node that loses it is handed back.
+    pub handover_selector: Option<(String, String)>,
 }
 
 impl CoreConfig {
@@ -73,6 +79,8 @@ impl Default for CoreConfig {
             start_delay: Duration::ZERO,
             limits_via_api: true,
             limit_overrides: Vec::new(),
+            handover_quiet: Duration::from_secs(180),
+            handover_selector: None,
         }
     }
 }
