@@ -250,6 +250,10 @@ pub struct RuntimeSettings {
     /// At most this many ENIs deleted per GC run.
     #[arg(long, env = "ENI_OPERATOR_ENI_GC_MAX_PER_RUN", default_value_t = 25)]
     pub eni_gc_max_per_run: usize,
+    /// How long the finalizer keeps the ENIs of an instance that still runs after its Node
+    /// object was deleted (the kubelet re-registers it); released after this with an Event.
+    #[arg(long, env = "ENI_OPERATOR_NODE_GONE_GRACE_PERIOD", default_value = "10m", value_parser = parse_duration)]
+    pub node_gone_grace_period: Duration,
 }
 
 impl Settings {
@@ -400,6 +404,7 @@ impl Settings {
             resync_interval: self.runtime.ec2_resync_interval,
             node_rescan_interval: self.runtime.node_resync_interval,
             instance_refresh_spacing: self.runtime.ec2_refresh_min_spacing,
+            node_gone_grace: self.runtime.node_gone_grace_period,
             ipam: self.ipam.ipam_config(),
             scope: Scope::from_settings(&self.ipam),
             annotate_cilium_ignore: self.ipam.annotate_cilium_ignore,
