@@ -141,7 +141,9 @@ async fn scrape_after_a_small_run() -> (String, String) {
     .unwrap();
     assert!(wait_until(|| sink.get("b").is_none(), Duration::from_secs(120)).await);
 
-    let mut gc = EniGc::new(CLUSTER, 25).with_metrics(metrics.clone());
+    let mut gc = EniGc::new(CLUSTER, 25)
+        .with_metrics(metrics.clone())
+        .with_vpcs([c.vpc.clone()]);
     gc.run_once(&*gate, &[]).await.unwrap();
     gc.run_once(&*gate, &[]).await.unwrap();
     // Past a full refresh, which publishes the per-node and per-subnet gauges.

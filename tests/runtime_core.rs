@@ -354,7 +354,7 @@ async fn a_crash_between_create_and_attach_leaves_an_eni_that_gc_removes() {
         .await
         .unwrap();
 
-    let mut gc = EniGc::new(CLUSTER, 25);
+    let mut gc = EniGc::new(CLUSTER, 25).with_vpcs([w.vpc.clone()]);
     let first = gc.run_once(&w.sim, &[]).await.unwrap();
     assert!(first.deleted.is_empty(), "one sighting is not enough");
     assert!(w.sim.network_interface(&leaked).is_some());
@@ -1239,7 +1239,7 @@ async fn the_gc_removing_a_kept_eni_does_not_block_the_node() {
         .await
     );
     // The kept ENI stays available over two GC runs and is collected.
-    let mut gc = EniGc::new(CLUSTER, 25);
+    let mut gc = EniGc::new(CLUSTER, 25).with_vpcs([w.vpc.clone()]);
     gc.run_once(&w.sim, &[]).await.unwrap();
     let report = gc.run_once(&w.sim, &[]).await.unwrap();
     assert_eq!(report.deleted.len(), 1);
@@ -2250,4 +2250,59 @@ async fn a_deleted_node_of_a_running_instance_keeps_its_enis_until_the_grace_per
         "released after the grace"
     );
     assert!(our_available_enis(&w.sim).await.is_empty(), "and deleted");
+}
+
+/// Two clusters in one account, both keeping the default `--cluster-name`, in their own VPCs:
+/// each one's GC deletes its own leftover and never the other's (an ENI waiting for its
+/// attach, or mid-finalizer). On the old main the GC listed the whole region by the cluster tag
+/// alone and deleted both.
+#[tokio::test(start_paused = true)]
+async fn two_clusters_with_the_default_name_never_collect_each_others_enis() {
+    let a = Cluster::new();
+    let vpc_b = a.sim.add_vpc("10.1.0.0/16".parse().unwrap(), &[]);
+    let subnet_b = a.sim.add_subnet(
+        &vpc_b,
+        "zone-a",
+        "10.1.0.0/18".parse().unwrap(),
+        Tags::new(),
+    );
+    let sg_b = a.sim.add_security_group(&vpc_b, Tags::new());
+    let leftover = |subnet: &str, sg: &str, instance: &str| CreateEniRequest {
+        subnet_id: subnet.into(),
+        security_groups: vec![sg.into()],
+        description: "a leftover waiting for its attach".into(),
+        tags: ownership_tags("default", instance),
+        addresses: AddressRequest::Ips(0),
+        client_token: String::new(),
+    };
+    let eni_a = a
+        .sim
+        .create_network_interface(&leftover(&a.subnet, &a.sg, "i-a"))
+        .await
+        .unwrap();
+    let eni_b = a
+        .sim
+        .create_network_interface(&leftover(&subnet_b, &sg_b, "i-b"))
+        .await
+        .unwrap();
+    let mut gc_a = EniGc::new("default", 25).with_vpcs([a.vpc.clone()]);
+    gc_a.run_once(&a.sim, &[]).await.unwrap();
+    let report = gc_a.run_once(&a.sim, &[]).await.unwrap();
+    assert_eq!(report.deleted, vec![eni_a.id.clone()]);
+    assert!(
+        a.sim.network_interface(&eni_b.id).is_some(),
+        "the other cluster's ENI is not ours to collect"
+    );
+    // A GC that knows no managed VPC yet lists nothing (never the region).
+    let mut blind = EniGc::new("default", 25);
+    blind.run_once(&a.sim, &[]).await.unwrap();
+    assert!(
+        blind
+            .run_once(&a.sim, &[])
+            .await
+            .unwrap()
+            .deleted
+            .is_empty()
+    );
+    assert!(a.sim.network_interface(&eni_b.id).is_some());
 }
