@@ -265,12 +265,23 @@ pub struct RuntimeSettings {
     /// Full rescan of all CiliumNodes.
     #[arg(long, env = "ENI_OPERATOR_NODE_RESYNC_INTERVAL", default_value = "1m", value_parser = parse_duration)]
     pub node_resync_interval: Duration,
-    /// Interval of the garbage collector of leaked ENIs (0 disables it).
-    #[arg(long, env = "ENI_OPERATOR_ENI_GC_INTERVAL", default_value = "5m", value_parser = parse_duration)]
+    /// Interval of the garbage collector of leaked ENIs (0 disables it). At least 6m
+    /// (runtime::gc::MIN_INTERVAL, above the longest create-to-attach under throttling):
+    /// smaller values are raised to it, with a warning.
+    #[arg(long, env = "ENI_OPERATOR_ENI_GC_INTERVAL", default_value = "6m", value_parser = parse_duration)]
     pub eni_gc_interval: Duration,
     /// At most this many ENIs deleted per GC run.
     #[arg(long, env = "ENI_OPERATOR_ENI_GC_MAX_PER_RUN", default_value_t = 25)]
     pub eni_gc_max_per_run: usize,
+    /// How long the finalizer keeps the ENIs of an instance that still runs after its Node
+    /// object was deleted (the kubelet re-registers it); released after this with an Event.
+    #[arg(long, env = "ENI_OPERATOR_NODE_GONE_GRACE_PERIOD", default_value = "10m", value_parser = parse_duration)]
+    pub node_gone_grace_period: Duration,
+    /// As Cilium's `--eni-gc-tags`: the GC considers only unattached ENIs (of ours) carrying
+    /// all of these tags, and while it is enabled every ENI we create carries them. k=v[,k2=v2],
+    /// repeatable.
+    #[arg(long, env = "ENI_OPERATOR_ENI_GC_TAGS", value_delimiter = ',')]
+    pub eni_gc_tags: Vec<Tag>,
 }
 
 impl Settings {
@@ -421,7 +432,15 @@ impl Settings {
             resync_interval: self.runtime.ec2_resync_interval,
             node_rescan_interval: self.runtime.node_resync_interval,
             instance_refresh_spacing: self.runtime.ec2_refresh_min_spacing,
-            ipam: self.ipam.ipam_config(),
+            node_gone_grace: self.runtime.node_gone_grace_period,
+            ipam: {
+                let mut ipam = self.ipam.ipam_config();
+                // As Cilium: the GC's tags go on every ENI created while the GC runs.
+                if self.runtime.eni_gc_interval().is_some() {
+                    ipam.eni_tags.extend(self.runtime.eni_gc_tags());
+                }
+                ipam
+            },
             scope: Scope::from_settings(&self.ipam),
             annotate_cilium_ignore: self.ipam.annotate_cilium_ignore,
             start_delay: crate::runtime::cache::DESCRIBE_LAG,
@@ -568,9 +587,16 @@ impl IpamSettings {
 }
 
 impl RuntimeSettings {
-    /// `None` when the ENI GC is disabled (`--eni-gc-interval 0`).
+    /// `None` when the ENI GC is disabled (`--eni-gc-interval 0`); at least
+    /// [`crate::runtime::gc::MIN_INTERVAL`].
     pub fn eni_gc_interval(&self) -> Option<Duration> {
-        (!self.eni_gc_interval.is_zero()).then_some(self.eni_gc_interval)
+        (!self.eni_gc_interval.is_zero())
+            .then(|| self.eni_gc_interval.max(crate::runtime::gc::MIN_INTERVAL))
+    }
+
+    /// `--eni-gc-tags`.
+    pub fn eni_gc_tags(&self) -> BTreeMap<String, String> {
+        Tag::map(&self.eni_gc_tags)
     }
 }
 
@@ -719,6 +745,27 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn eni_gc_tags_go_on_created_enis_and_the_interval_has_a_floor() {
+        let s = parse(&["--eni-gc-tags=team=blue,env=prod", "--eni-gc-interval=1m"]).unwrap();
+        let gc = BTreeMap::from([
+            ("team".to_string(), "blue".to_string()),
+            ("env".to_string(), "prod".to_string()),
+        ]);
+        assert_eq!(s.runtime.eni_gc_tags(), gc);
+        assert_eq!(s.core_config().ipam.eni_tags, gc, "created ENIs carry them");
+        assert_eq!(
+            s.runtime.eni_gc_interval(),
+            Some(crate::runtime::gc::MIN_INTERVAL)
+        );
+        let off = parse(&["--eni-gc-tags=team=blue", "--eni-gc-interval=0"]).unwrap();
+        assert_eq!(off.runtime.eni_gc_interval(), None);
+        assert!(
+            off.core_config().ipam.eni_tags.is_empty(),
+            "GC off: not added"
+        );
+    }
+
+    #[test]
     fn defaults() {
         let s = parse(&["--namespace", "ns", "--identity", "me"]).unwrap();
         assert_eq!(s.server.metrics_addr, "0.0.0.0:9751".parse().unwrap());
@@ -760,7 +807,7 @@ pub(crate) mod tests {
         assert_eq!(s.runtime.ec2_resync_interval, Duration::from_secs(60));
         assert_eq!(s.runtime.ec2_refresh_min_spacing, Duration::from_secs(15));
         assert_eq!(s.runtime.node_resync_interval, Duration::from_secs(60));
-        assert_eq!(s.runtime.eni_gc_interval(), Some(Duration::from_secs(300)));
+        assert_eq!(s.runtime.eni_gc_interval(), Some(Duration::from_secs(360)));
         assert_eq!(s.runtime.eni_gc_max_per_run, 25);
         assert_eq!(s.kube.namespace(), "ns");
         assert_eq!(s.kube.identity(), "me");

@@ -128,6 +128,7 @@ async fn run_operator(
             readiness.set_leading(true);
             let (tx, rx) = tokio::sync::mpsc::channel(4096);
             let cache = core_config.ec2_cache();
+            let gc_cache = cache.clone();
             let core = Core::new(ec2.clone(), sink, core_config, metrics.clone(), cache);
             let mut warm = core.warm();
             let caches_warm = async {
@@ -139,13 +140,31 @@ async fn run_operator(
             let gc_loop = async {
                 match settings.runtime.eni_gc_interval() {
                     Some(interval) => {
+                        if interval > settings.runtime.eni_gc_interval {
+                            tracing::warn!(
+                                "--eni-gc-interval {:?} raised to {interval:?}: ENIs are still \
+                                 unattached that long while their attach is throttled",
+                                settings.runtime.eni_gc_interval
+                            );
+                        }
+                        let collector = gc::EniGc::new(
+                            settings.ipam.cluster_name.clone(),
+                            settings.runtime.eni_gc_max_per_run,
+                        )
+                        .with_metrics(metrics.clone())
+                        .with_tags(settings.runtime.eni_gc_tags());
+                        // Only the managed VPC(s): --vpc-id, else those of the managed nodes.
+                        let vpc_id = settings.ipam.vpc_id.clone();
+                        let vpcs = move || match &vpc_id {
+                            Some(v) => std::collections::BTreeSet::from([v.clone()]),
+                            None => gc_cache.read().expect("cache").managed_vpcs(),
+                        };
                         gc::run_loop(
                             ec2.clone(),
-                            settings.ipam.cluster_name.clone(),
+                            collector,
                             settings.ipam.subnet_ids_filter.clone(),
                             interval,
-                            settings.runtime.eni_gc_max_per_run,
-                            metrics.clone(),
+                            vpcs,
                         )
                         .await
                     }

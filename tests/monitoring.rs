@@ -68,8 +68,10 @@ async fn scrape_after_a_small_run() -> (String, String) {
     let (tx, rx) = tokio::sync::mpsc::channel(1024);
     let _task = tokio::spawn(core.clone().run(rx, std::future::pending()));
 
+    let mut instances = BTreeMap::new();
     for name in ["a", "b"] {
         let inst = c.instance();
+        instances.insert(name, inst.id.clone());
         let n = sink.put(&agent_node(&c, name, &inst.id, 16));
         tx.send(NodeInput::Upsert(Box::new(n))).await.unwrap();
         tx.send(NodeInput::NodePresent {
@@ -126,7 +128,10 @@ async fn scrape_after_a_small_run() -> (String, String) {
     }
     assert!(pool_size(&sink, "a") < before, "excess released");
 
-    // "b": its Node goes; the operator deletes the CiliumNode and releases its ENI.
+    // "b": its instance stops and its Node goes; the operator deletes the CiliumNode and
+    // releases its ENI.
+    c.sim
+        .set_instance_state(&instances["b"], eni_operator::ec2::InstanceState::Stopped);
     sink.set_node_exists("b", false);
     tx.send(NodeInput::NodePresent {
         name: "b".into(),
@@ -136,7 +141,9 @@ async fn scrape_after_a_small_run() -> (String, String) {
     .unwrap();
     assert!(wait_until(|| sink.get("b").is_none(), Duration::from_secs(120)).await);
 
-    let mut gc = EniGc::new(CLUSTER, 25).with_metrics(metrics.clone());
+    let mut gc = EniGc::new(CLUSTER, 25)
+        .with_metrics(metrics.clone())
+        .with_vpcs([c.vpc.clone()]);
     gc.run_once(&*gate, &[]).await.unwrap();
     gc.run_once(&*gate, &[]).await.unwrap();
     // Past a full refresh, which publishes the per-node and per-subnet gauges.

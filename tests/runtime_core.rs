@@ -13,8 +13,8 @@ use eni_operator::crd::{
 use eni_operator::ec2::gate::{Gate, GateConfig};
 use eni_operator::ec2::{
     AddressRequest, Assigned, CreateEniRequest, Ec2, EniFilter, EniState, Instance, InstanceFilter,
-    InstanceTypeLimits, NetworkInterface, Operation, Page, ResourceFilter, Result, RouteTable,
-    SecurityGroup, Subnet, Tags, Vpc, collect_pages,
+    InstanceState, InstanceTypeLimits, NetworkInterface, Operation, Page, ResourceFilter, Result,
+    RouteTable, SecurityGroup, Subnet, Tags, Vpc, collect_pages,
 };
 use eni_operator::ipam::ownership::ownership_tags;
 use eni_operator::ipam::{Action, IpamConfig, Release};
@@ -354,7 +354,7 @@ async fn a_crash_between_create_and_attach_leaves_an_eni_that_gc_removes() {
         .await
         .unwrap();
 
-    let mut gc = EniGc::new(CLUSTER, 25);
+    let mut gc = EniGc::new(CLUSTER, 25).with_vpcs([w.vpc.clone()]);
     let first = gc.run_once(&w.sim, &[]).await.unwrap();
     assert!(first.deleted.is_empty(), "one sighting is not enough");
     assert!(w.sim.network_interface(&leaked).is_some());
@@ -644,7 +644,9 @@ async fn the_finalizer_deletes_only_our_enis_and_only_when_the_node_is_gone() {
     };
     assert_eq!(ours(&attached_enis(&w.sim, &gone.id).await, &gone.id), 1);
 
-    // The Node "gone" is deleted: the operator deletes the CiliumNode and releases our ENI.
+    // The instance stops and the Node "gone" is deleted: the operator deletes the CiliumNode
+    // and releases our ENI (a running instance keeps them: the next test).
+    w.sim.set_instance_state(&gone.id, InstanceState::Stopped);
     sink.set_node_exists("gone", false);
     tx.send(NodeInput::NodePresent {
         name: "gone".into(),
@@ -1237,7 +1239,7 @@ async fn the_gc_removing_a_kept_eni_does_not_block_the_node() {
         .await
     );
     // The kept ENI stays available over two GC runs and is collected.
-    let mut gc = EniGc::new(CLUSTER, 25);
+    let mut gc = EniGc::new(CLUSTER, 25).with_vpcs([w.vpc.clone()]);
     gc.run_once(&w.sim, &[]).await.unwrap();
     let report = gc.run_once(&w.sim, &[]).await.unwrap();
     assert_eq!(report.deleted.len(), 1);
@@ -1492,7 +1494,10 @@ async fn a_draining_node_keeps_its_enis_until_it_is_gone() {
         sink.events("d")
     );
 
-    // Karpenter is done: the Node goes, and with it the CiliumNode and our ENI.
+    // Karpenter is done: the instance shuts down, the Node goes, and with it the CiliumNode
+    // and our ENI.
+    w.sim
+        .set_instance_state(&inst.id, InstanceState::ShuttingDown);
     let event = sink
         .remove_node_finalizer("d", KARPENTER)
         .expect("the Node exists");
@@ -1540,8 +1545,10 @@ async fn an_unparsable_node_is_deleted_with_its_enis_once_its_node_is_gone() {
         .await
     );
 
-    // The Node goes; Kubernetes' garbage collector deletes the CiliumNode (Cilium makes the
-    // Node its owner) and our finalizer holds it.
+    // The instance terminates and the Node goes; Kubernetes' garbage collector deletes the
+    // CiliumNode (Cilium makes the Node its owner) and our finalizer holds it.
+    w.sim
+        .set_instance_state(&inst.id, InstanceState::ShuttingDown);
     let event = sink.delete_node("bad").expect("the Node exists");
     tx.send(node_input(event).unwrap()).await.unwrap();
     sink.begin_delete("bad");
@@ -2164,4 +2171,138 @@ mod events {
         assert_eq!(errors(&m, "AtCapacity"), 1);
         assert_eq!(errors(&m, "Ec2Error"), 0, "counted under its code instead");
     }
+}
+
+/// The Node object of a running instance is deleted (`kubectl delete node`, a remediation
+/// tool): its ENIs stay; when the Node and its CiliumNode come back they are served again with
+/// the same ENIs; deleted again and never back, the ENIs go after the grace period, with an
+/// Event. On the old main both ENIs went at once and the returning node got new ones.
+#[tokio::test(start_paused = true)]
+async fn a_deleted_node_of_a_running_instance_keeps_its_enis_until_the_grace_period() {
+    let w = Cluster::new();
+    let sink = Arc::new(MemorySink::new());
+    let cfg = config(4);
+    let grace = cfg.node_gone_grace;
+    assert_eq!(grace, Duration::from_secs(600), "the documented default");
+    let (_core, tx, _task) = start(w.sim.clone(), &sink, cfg);
+    let inst = join(&w, &sink, &tx, "r", 8).await;
+    let node = sink.put_node("r", &[]);
+    tx.send(node_input(Event::Apply(node)).unwrap())
+        .await
+        .unwrap();
+    assert!(wait_until(|| served(&sink, "r", 8), Duration::from_secs(60)).await);
+    let ids = |v: Vec<(String, Vec<Ipv4Addr>, Vec<Ipv4Net>)>| {
+        v.into_iter().map(|(id, _, _)| id).collect::<Vec<_>>()
+    };
+    let before = ids(our_enis(&w.sim, &inst.id).await);
+    assert_eq!(before.len(), 1, "one ENI of ours");
+
+    // The Node object goes while the instance runs; Kubernetes' garbage collector deletes the
+    // CiliumNode it owns, our finalizer holds it.
+    let delete_node = |sink: &MemorySink| {
+        let event = sink.delete_node("r").expect("the Node exists");
+        assert!(matches!(&event, Event::Delete(_)));
+        let marked = sink.begin_delete("r").expect("held by our finalizer");
+        (node_input(event).unwrap(), marked)
+    };
+    let (gone, marked) = delete_node(&sink);
+    tx.send(gone).await.unwrap();
+    tx.send(NodeInput::Upsert(Box::new(marked))).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(180)).await;
+    assert_eq!(ids(our_enis(&w.sim, &inst.id).await), before, "kept");
+    assert!(sink.raw("r").is_some(), "held while the instance runs");
+    let reasons = |sink: &MemorySink| -> Vec<String> {
+        sink.events("r").into_iter().map(|e| e.reason).collect()
+    };
+    assert!(
+        reasons(&sink).iter().any(|r| r == "EnisKept"),
+        "{:?}",
+        reasons(&sink)
+    );
+    assert!(!reasons(&sink).iter().any(|r| r == "EnisReleased"));
+
+    // The kubelet re-registers the Node: our finalizer goes, the agent writes a new
+    // CiliumNode, and it is served with the ENI it has.
+    let node = sink.put_node("r", &[]);
+    tx.send(node_input(Event::Apply(node)).unwrap())
+        .await
+        .unwrap();
+    assert!(wait_until(|| sink.raw("r").is_none(), Duration::from_secs(120)).await);
+    let n = sink.put(&agent_node(&w, "r", &inst.id, 8));
+    tx.send(NodeInput::Upsert(Box::new(n))).await.unwrap();
+    assert!(wait_until(|| served(&sink, "r", 8), Duration::from_secs(120)).await);
+    assert_eq!(ids(our_enis(&w.sim, &inst.id).await), before, "re-adopted");
+
+    // Gone again for good, the instance still running: released after the grace period.
+    let (gone, marked) = delete_node(&sink);
+    tx.send(gone).await.unwrap();
+    tx.send(NodeInput::Upsert(Box::new(marked))).await.unwrap();
+    tokio::time::sleep(grace - Duration::from_secs(30)).await;
+    assert_eq!(
+        ids(our_enis(&w.sim, &inst.id).await),
+        before,
+        "within the grace"
+    );
+    assert!(wait_until(|| sink.raw("r").is_none(), Duration::from_secs(120)).await);
+    assert_eq!(
+        our_enis(&w.sim, &inst.id).await,
+        vec![],
+        "released after the grace"
+    );
+    assert!(our_available_enis(&w.sim).await.is_empty(), "and deleted");
+}
+
+/// Two clusters in one account, both keeping the default `--cluster-name`, in their own VPCs:
+/// each one's GC deletes its own leftover and never the other's (an ENI waiting for its
+/// attach, or mid-finalizer). On the old main the GC listed the whole region by the cluster tag
+/// alone and deleted both.
+#[tokio::test(start_paused = true)]
+async fn two_clusters_with_the_default_name_never_collect_each_others_enis() {
+    let a = Cluster::new();
+    let vpc_b = a.sim.add_vpc("10.1.0.0/16".parse().unwrap(), &[]);
+    let subnet_b = a.sim.add_subnet(
+        &vpc_b,
+        "zone-a",
+        "10.1.0.0/18".parse().unwrap(),
+        Tags::new(),
+    );
+    let sg_b = a.sim.add_security_group(&vpc_b, Tags::new());
+    let leftover = |subnet: &str, sg: &str, instance: &str| CreateEniRequest {
+        subnet_id: subnet.into(),
+        security_groups: vec![sg.into()],
+        description: "a leftover waiting for its attach".into(),
+        tags: ownership_tags("default", instance),
+        addresses: AddressRequest::Ips(0),
+        client_token: String::new(),
+    };
+    let eni_a = a
+        .sim
+        .create_network_interface(&leftover(&a.subnet, &a.sg, "i-a"))
+        .await
+        .unwrap();
+    let eni_b = a
+        .sim
+        .create_network_interface(&leftover(&subnet_b, &sg_b, "i-b"))
+        .await
+        .unwrap();
+    let mut gc_a = EniGc::new("default", 25).with_vpcs([a.vpc.clone()]);
+    gc_a.run_once(&a.sim, &[]).await.unwrap();
+    let report = gc_a.run_once(&a.sim, &[]).await.unwrap();
+    assert_eq!(report.deleted, vec![eni_a.id.clone()]);
+    assert!(
+        a.sim.network_interface(&eni_b.id).is_some(),
+        "the other cluster's ENI is not ours to collect"
+    );
+    // A GC that knows no managed VPC yet lists nothing (never the region).
+    let mut blind = EniGc::new("default", 25);
+    blind.run_once(&a.sim, &[]).await.unwrap();
+    assert!(
+        blind
+            .run_once(&a.sim, &[])
+            .await
+            .unwrap()
+            .deleted
+            .is_empty()
+    );
+    assert!(a.sim.network_interface(&eni_b.id).is_some());
 }

@@ -41,9 +41,12 @@ impl Guard {
             }
         }
         let mut before = self.attached.lock().expect("guard");
+        let t = w.seconds();
+        let grace = crate::world::NODE_GONE_GRACE;
         for (id, (name, instance)) in before.iter() {
-            // Still present (and its instance still running) this second?
-            if !w.nodes.get(name).is_some_and(|n| n.running()) {
+            // Still present (and its instance still running), or gone while the instance runs
+            // and within the grace period, this second?
+            if !w.nodes.get(name).is_some_and(|n| n.keeps_enis(t, grace)) {
                 continue;
             }
             let now = enis.get(id);
@@ -66,7 +69,7 @@ impl Guard {
         let by_instance: BTreeMap<&str, &str> = w
             .nodes
             .iter()
-            .filter(|(_, n)| n.running())
+            .filter(|(_, n)| n.keeps_enis(t, grace))
             .map(|(name, n)| (n.instance_id.as_str(), name.as_str()))
             .collect();
         *before = enis

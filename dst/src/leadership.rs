@@ -295,6 +295,11 @@ pub fn build(
         ..cfg.clone()
     };
     let cache = cfg.ec2_cache();
+    // The GC lists the managed VPC(s), learned as in production (no --vpc-id).
+    let vpcs = {
+        let cache = cache.clone();
+        move || cache.read().expect("cache").managed_vpcs()
+    };
     let core = Core::new(gate.clone(), sink, cfg, metrics.clone(), cache);
     let (tx, rx) = mpsc::channel(1 << 14);
     let run = {
@@ -308,7 +313,7 @@ pub fn build(
                         tracing::warn!(error = %e, "core ended");
                     }
                 }
-                () = gc::run_loop(gate, CLUSTER.to_string(), subnets, GC_INTERVAL, 50, metrics) => {}
+                () = gc::run_loop(gate, gc::EniGc::new(CLUSTER, 50).with_metrics(metrics), subnets, GC_INTERVAL, vpcs) => {}
             }
         })
     };

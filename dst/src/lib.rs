@@ -151,6 +151,7 @@ const P_JOIN: u32 = 4;
 const P_DRAIN: u32 = 3;
 const P_TERMINATE: u32 = 2;
 const P_CRASH: u32 = 3;
+const P_ORPHAN: u32 = 2;
 const P_EC2_FAULT: u32 = 30;
 
 async fn simulate(seed: u64, opts: &Options, watch: &Watch) -> Outcome {
@@ -237,6 +238,9 @@ async fn events(w: &mut World, rng: &mut StdRng, t: u64) {
     }
     if roll(rng, P_CRASH) {
         w.crash_and_restart(t);
+    }
+    if roll(rng, P_ORPHAN) && w.live_nodes() > 2 {
+        w.orphan(rng, t);
     }
     w.agent_events(t);
     api::events(w, t);

@@ -39,6 +39,9 @@ const TYPES: [&str; 5] = ["m5.large", "m5.xlarge", "c5.large", "t3.large", "t3.m
 const PRE_ALLOCATE: i64 = 2;
 const MAX_PODS: usize = 55;
 
+/// `--node-gone-grace-period` of the simulated operator, in seconds.
+pub const NODE_GONE_GRACE: u64 = 180;
+
 /// Tags of another tool's ENIs on our instances.
 fn other_tool_tags() -> Tags {
     Tags::from([("owner".to_string(), "another-tool".to_string())])
@@ -60,6 +63,14 @@ pub enum Phase {
     },
     /// Node and instance are gone; the CiliumNode goes through deletion.
     Gone,
+    /// The Node object was deleted (`kubectl delete node`, a remediation tool) while its
+    /// instance keeps running; its kubelet re-registers it at `back_at` (if ever).
+    Orphaned {
+        since: u64,
+        back_at: Option<u64>,
+    },
+    /// The Node is back; the agent writes a new CiliumNode once the old one is gone.
+    Returning,
 }
 
 #[derive(Debug)]
@@ -84,6 +95,17 @@ impl SimNode {
     /// The instance runs and its agent with it.
     pub fn running(&self) -> bool {
         matches!(self.phase, Phase::Live | Phase::Draining { .. })
+    }
+
+    /// Its instance keeps our ENIs attached whatever the operator does (crate::guard): the
+    /// Node is present, or it is gone while the instance runs and for less than `grace`
+    /// (`--node-gone-grace-period`), or it is coming back.
+    pub fn keeps_enis(&self, t: u64, grace: u64) -> bool {
+        match self.phase {
+            Phase::Orphaned { since, .. } => t < since + grace,
+            Phase::Returning => true,
+            _ => self.running(),
+        }
     }
 }
 
@@ -123,6 +145,8 @@ pub struct World {
     pub api: ApiServer,
     /// Two replicas electing a leader instead of one operator, in some runs.
     pub leadership: Option<Leadership>,
+    /// The CiliumNodes that agents of re-registering Nodes write again (Phase::Returning).
+    reregister: BTreeMap<String, CiliumNode>,
 }
 
 impl World {
@@ -173,6 +197,9 @@ impl World {
                 release_delay: Duration::from_secs(rng.random_range(5..60)),
                 ..IpamConfig::default()
             },
+            // Shorter than the default 10 minutes, so that grace periods end (and Nodes come
+            // back after them) within the run.
+            node_gone_grace: Duration::from_secs(NODE_GONE_GRACE),
             // As in production: a (re)started operator lists EC2 once describes caught up.
             start_delay: eni_operator::runtime::cache::DESCRIBE_LAG,
             ..CoreConfig::default()
@@ -205,6 +232,7 @@ impl World {
             restarts: 0,
             api: ApiServer::new(seed),
             leadership: Leadership::draw(seed),
+            reregister: BTreeMap::new(),
         };
         w.log(
             0,
@@ -439,6 +467,10 @@ impl World {
         );
     }
 
+    pub(crate) fn seconds(&self) -> u64 {
+        self.now()
+    }
+
     fn now(&self) -> u64 {
         Instant::now().duration_since(self.start).as_secs()
     }
@@ -515,6 +547,83 @@ impl World {
         n.agent.target = 0;
     }
 
+    /// The Node object of a running instance is deleted (`kubectl delete node`, a remediation
+    /// tool; Karpenter's finalizer is not on it or was removed by hand): Kubernetes' garbage
+    /// collector deletes the CiliumNode it owns and the pod GC the Node's pods; the instance
+    /// keeps running and its kubelet re-registers the Node, before or after the operator's
+    /// grace period, or never. Classic nodes only (a multi-pool agent's state is not redrawn).
+    pub fn orphan(&mut self, rng: &mut StdRng, t: u64) {
+        let names: Vec<String> = self
+            .nodes
+            .iter()
+            .filter(|(_, n)| n.phase == Phase::Live && n.multi_pool.is_none())
+            .map(|(k, _)| k.clone())
+            .collect();
+        if names.is_empty() {
+            return;
+        }
+        let name = names[rng.random_range(0..names.len())].clone();
+        let back_at = rng
+            .random_bool(0.7)
+            .then(|| t + rng.random_range(20..2 * NODE_GONE_GRACE));
+        let Some(stored) = self.sink.get(&name) else {
+            return;
+        };
+        let mut again = CiliumNode::new(&name, stored.spec.clone());
+        again.spec.ipam.pool.clear();
+        self.reregister.insert(name.clone(), again);
+        self.sink.remove_node_finalizer(&name, KARPENTER);
+        if let Some(i) = self.sink.delete_node(&name).and_then(node_input) {
+            self.send(i);
+        }
+        match self.sink.begin_delete(&name) {
+            Some(marked) => self.send(NodeInput::Upsert(Box::new(marked))),
+            None => self.send(NodeInput::Deleted(name.clone())),
+        }
+        let n = self.nodes.get_mut(&name).expect("picked");
+        n.phase = Phase::Orphaned { since: t, back_at };
+        n.agent.pods.clear();
+        n.quiet = None;
+        self.log(
+            t,
+            format!("{name}: Node object deleted, instance keeps running; back at {back_at:?}"),
+        );
+    }
+
+    /// Orphaned Nodes whose kubelet re-registers now, and returning ones whose old CiliumNode
+    /// is gone (the agent writes a new one).
+    fn reregister(&mut self, t: u64) {
+        let names: Vec<(String, Phase)> = self
+            .nodes
+            .iter()
+            .filter(|(_, n)| match n.phase {
+                Phase::Orphaned { back_at, .. } => back_at.is_some_and(|b| b <= t),
+                Phase::Returning => true,
+                _ => false,
+            })
+            .map(|(k, n)| (k.clone(), n.phase))
+            .collect();
+        for (name, phase) in names {
+            if matches!(phase, Phase::Orphaned { .. }) {
+                let node = self.sink.put_node(&name, &[KARPENTER]);
+                if let Some(i) = node_input(kube::runtime::watcher::Event::Apply(node)) {
+                    self.send(i);
+                }
+                self.nodes.get_mut(&name).expect("known").phase = Phase::Returning;
+                self.log(t, format!("{name}: Node re-registers"));
+                continue;
+            }
+            if self.sink.raw(&name).is_some() {
+                continue;
+            }
+            let again = self.reregister.remove(&name).expect("kept at orphan");
+            let stored = self.sink.put(&again);
+            self.send(NodeInput::Upsert(Box::new(stored)));
+            self.nodes.get_mut(&name).expect("known").phase = Phase::Live;
+            self.log(t, format!("{name}: agent writes its CiliumNode again"));
+        }
+    }
+
     /// The Node is gone: Kubernetes' garbage collector deletes the CiliumNode it owns.
     fn node_gone(&mut self, name: &str, t: u64) {
         let ev = match self.sink.remove_node_finalizer(name, KARPENTER) {
@@ -554,6 +663,7 @@ impl World {
             }
             self.node_gone(&name, t);
         }
+        self.reregister(t);
         let names: Vec<String> = self
             .nodes
             .iter()

@@ -11,7 +11,7 @@ use aws_config::timeout::TimeoutConfig;
 use aws_config::{BehaviorVersion, ConfigLoader, Region};
 use aws_sdk_ec2::Client;
 use aws_sdk_ec2::config::http::HttpResponse;
-use aws_sdk_ec2::error::{ProvideErrorMetadata, SdkError};
+use aws_sdk_ec2::error::{DisplayErrorContext, ProvideErrorMetadata, SdkError};
 use aws_sdk_ec2::types as sdk;
 use ipnet::Ipv4Net;
 
@@ -105,18 +105,30 @@ where
     E: ProvideErrorMetadata + std::error::Error + 'static,
 {
     let status = err.raw_response().map(|r| r.status().as_u16());
+    // Never the SDK error's Debug text: it holds the raw HTTP answer and request IDs, which
+    // differ on every failure and would rewrite the node's operator-status (and send an Event)
+    // on every failed pass. Ec2Error bounds and cleans what is left (error::stable_message).
+    let context = || DisplayErrorContext(&err).to_string();
     match &err {
-        SdkError::TimeoutError(_) => Ec2Error::transient(op, "Timeout", format!("{err:?}")),
-        SdkError::DispatchFailure(_) => Ec2Error::transient(op, "Dispatch", format!("{err:?}")),
+        SdkError::TimeoutError(_) => {
+            Ec2Error::transient(op, "Timeout", "no answer within the timeout")
+        }
+        SdkError::DispatchFailure(_) => Ec2Error::transient(op, "Dispatch", context()),
         SdkError::ConstructionFailure(_) => Ec2Error::new(
             op,
             super::ErrorKind::Other,
             "ConstructionFailure",
-            format!("{err:?}"),
+            context(),
         ),
-        // An answer the SDK could not parse (moto answers unknown filters with HTML 500).
+        // An answer the SDK could not parse (moto answers unknown filters with HTML 500):
+        // classified by its HTTP status, described by it alone.
         SdkError::ResponseError(_) => {
-            Ec2Error::from_aws(op, "ResponseError", &format!("{err:?}"), status)
+            let mut e = Ec2Error::from_aws(op, "ResponseError", &format!("{err:?}"), status);
+            e.message = match status {
+                Some(s) => format!("an answer the SDK could not read (HTTP {s})"),
+                None => "an answer the SDK could not read".into(),
+            };
+            e
         }
         _ => Ec2Error::from_aws(
             op,

@@ -80,7 +80,7 @@ impl Ec2Error {
             operation,
             kind,
             code: code.into(),
-            message: message.into(),
+            message: stable_message(&message.into()),
         }
     }
 
@@ -116,6 +116,66 @@ impl Ec2Error {
     pub fn is_not_found(&self) -> bool {
         matches!(self.kind, ErrorKind::NotFound(_))
     }
+}
+
+/// At most this many bytes of an error's message go on a node's `operator-status` (and into
+/// its Events): the first line of AWS's message is rarely longer; what follows it (a raw HTTP
+/// answer, an encoded authorization message) differs from one failure to the next.
+pub const MAX_MESSAGE: usize = 240;
+
+/// Where an AWS message turns into per-request detail: the rest is cut (case-insensitive).
+const PER_REQUEST: [&str; 6] = [
+    "encoded authorization failure message",
+    "request id",
+    "requestid",
+    "request-id",
+    "(service:",
+    "raw: response",
+];
+
+/// The same failure, the same text: the first line of `raw`, without what differs per request
+/// (request IDs, UUIDs, encoded authorization messages, raw HTTP answers), at most
+/// [`MAX_MESSAGE`] bytes. A failure repeated on every pass then writes nothing new to the
+/// node's status and sends no new Event.
+pub fn stable_message(raw: &str) -> String {
+    let line = raw
+        .lines()
+        .map(str::trim)
+        .find(|l| !l.is_empty())
+        .unwrap_or("");
+    let lower = line.to_ascii_lowercase();
+    let cut = PER_REQUEST
+        .iter()
+        .filter_map(|m| lower.find(m))
+        .min()
+        .unwrap_or(line.len());
+    let words: Vec<&str> = line[..cut]
+        .split_whitespace()
+        .filter(|w| !is_uuid(w.trim_matches(|c: char| !c.is_ascii_alphanumeric())))
+        .collect();
+    let mut out = words.join(" ");
+    let kept = out
+        .trim_end_matches(|c: char| c.is_whitespace() || matches!(c, ':' | ',' | '(' | ';' | '-'))
+        .len();
+    out.truncate(kept);
+    if out.len() > MAX_MESSAGE {
+        let mut end = MAX_MESSAGE - '…'.len_utf8();
+        while !out.is_char_boundary(end) {
+            end -= 1;
+        }
+        out.truncate(end);
+        out.push('…');
+    }
+    out
+}
+
+/// A UUID (AWS's request IDs look like this).
+fn is_uuid(w: &str) -> bool {
+    w.len() == 36
+        && w.char_indices().all(|(i, c)| match i {
+            8 | 13 | 18 | 23 => c == '-',
+            _ => c.is_ascii_hexdigit(),
+        })
 }
 
 /// AWS error code -> kind. Codes: <https://docs.aws.amazon.com/AWSEC2/latest/APIReference/errors-overview.html>.
@@ -172,6 +232,56 @@ pub fn classify(code: &str, message: &str, http_status: Option<u16>) -> ErrorKin
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn messages_are_stable_and_bounded() {
+        let op = Operation::AssignPrivateIpAddresses;
+        let denied = |blob: &str| {
+            Ec2Error::from_aws(
+                op,
+                "UnauthorizedOperation",
+                &format!(
+                    "You are not authorized to perform this operation. Encoded authorization \
+                     failure message: {blob}"
+                ),
+                Some(403),
+            )
+        };
+        let (a, b) = (denied("Xk2v...aaa"), denied("Q9zz...bbb"));
+        assert_eq!(a, b, "the same failure twice, the same error");
+        assert_eq!(
+            a.message,
+            "You are not authorized to perform this operation."
+        );
+        let with_id = |id: &str| {
+            Ec2Error::transient(
+                op,
+                "InternalError",
+                format!("An internal error has occurred (request id {id})\nraw: <html>"),
+            )
+        };
+        let x = with_id("5b8f1c2e-0d9a-4f1b-9a54-1e2d3c4b5a69");
+        assert_eq!(x, with_id("0a6c7d3e-1111-4bbb-8ccc-999988887777"));
+        assert_eq!(x.message, "An internal error has occurred");
+        let uuid = Ec2Error::transient(
+            op,
+            "Dispatch",
+            "failed 5b8f1c2e-0d9a-4f1b-9a54-1e2d3c4b5a69 x",
+        );
+        assert_eq!(uuid.message, "failed x");
+        let long = Ec2Error::transient(op, "Dispatch", "é".repeat(1000));
+        assert!(long.message.len() <= MAX_MESSAGE, "{}", long.message.len());
+        assert!(long.message.ends_with('…'));
+        assert!(long.to_string().len() < MAX_MESSAGE + 80);
+        // Classification still reads the whole message.
+        let e = Ec2Error::from_aws(
+            op,
+            "InvalidParameterValue",
+            "There aren't sufficient free Ipv4 addresses or prefixes",
+            Some(400),
+        );
+        assert_eq!(e.kind, ErrorKind::InsufficientCidrBlocks);
+    }
 
     #[test]
     fn classifies_the_codes_the_operator_acts_on() {

@@ -22,6 +22,9 @@ pub enum EventReason {
     IpsReleased,
     /// The finalizer gave back the ENIs of a deleted node.
     EnisReleased,
+    /// The Node is gone while its instance runs: its ENIs are kept (or, after the grace
+    /// period, released anyway).
+    EnisKept,
     /// /28 prefixes were refused; single addresses were assigned instead.
     PrefixesNotGranted,
     /// The node cannot be (fully) served.
@@ -39,13 +42,17 @@ impl EventReason {
             Self::IpsAllocated => "IpsAllocated",
             Self::IpsReleased => "IpsReleased",
             Self::EnisReleased => "EnisReleased",
+            Self::EnisKept => "EnisKept",
             Self::PrefixesNotGranted => "PrefixesNotGranted",
             Self::Problem(p) => p.as_str(),
         }
     }
 
     pub const fn is_warning(self) -> bool {
-        matches!(self, Self::PrefixesNotGranted | Self::Problem(_))
+        matches!(
+            self,
+            Self::PrefixesNotGranted | Self::EnisKept | Self::Problem(_)
+        )
     }
 
     /// The `errors_total` label this Event counts under, if any. `Ec2Error` counts nothing

@@ -8,11 +8,71 @@ use std::time::Duration;
 
 use tracing::{info, warn};
 
-use crate::ec2::{Ec2, EniFilter, EniState, ErrorKind, NetworkInterface, Result, collect_pages};
+use crate::ec2::{
+    Ec2, EniFilter, EniState, ErrorKind, InstanceFilter, InstanceState, NetworkInterface, Result,
+    collect_pages,
+};
 use crate::ipam::ownership::{INSTANCE_TAG, is_owned_by, ownership_tags};
 
 /// Polls for a detach to finish: 1 s doubling, this many times (about a minute in all).
 pub const DETACH_POLLS: u32 = 6;
+
+/// Default of `--node-gone-grace-period`: how long the ENIs of a running instance whose Node
+/// object is gone are kept (a kubelet re-registers its Node; remediation tools and people
+/// delete Node objects of instances that keep running).
+pub const NODE_GONE_GRACE: Duration = Duration::from_secs(600);
+
+/// First and longest wait between two looks at the instance of a gone Node.
+const GONE_RECHECK_MIN: Duration = Duration::from_secs(5);
+const GONE_RECHECK_MAX: Duration = Duration::from_secs(60);
+
+/// What the finalizer does with the ENIs of a node whose Kubernetes Node is gone.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GoneNode {
+    /// EC2 shows the instance shutting down, terminated, stopped, or does not know it.
+    Release,
+    /// The instance still runs: keep its ENIs and look again after this long.
+    Keep(Duration),
+    /// The instance still runs, but the Node has been gone for the grace period.
+    ReleaseAfterGrace,
+}
+
+/// The rule (docs/rules.md): release only when the instance is gone or stopped (`state`
+/// `None`: EC2 does not know it); while it runs (or is pending or stopping), keep its ENIs,
+/// looking again with backoff (the wait doubles with the time gone, 5 s to 60 s, never past the
+/// deadline), until the Node has been gone for `grace`.
+pub fn gone_node(state: Option<InstanceState>, gone_for: Duration, grace: Duration) -> GoneNode {
+    let stopped = matches!(
+        state,
+        None | Some(
+            InstanceState::ShuttingDown | InstanceState::Terminated | InstanceState::Stopped
+        )
+    );
+    if stopped {
+        return GoneNode::Release;
+    }
+    if gone_for >= grace {
+        return GoneNode::ReleaseAfterGrace;
+    }
+    let wait = gone_for.clamp(GONE_RECHECK_MIN, GONE_RECHECK_MAX);
+    GoneNode::Keep(wait.min(grace - gone_for))
+}
+
+/// The instance's state as EC2 tells it; `None` when EC2 does not know the instance.
+pub async fn instance_state<E: Ec2>(ec2: &E, instance_id: &str) -> Result<Option<InstanceState>> {
+    let filter = InstanceFilter {
+        ids: vec![instance_id.to_string()],
+        ..Default::default()
+    };
+    match collect_pages(|t| ec2.describe_instances(&filter, t)).await {
+        Ok(found) => Ok(found
+            .into_iter()
+            .find(|i| i.id == instance_id)
+            .map(|i| i.state)),
+        Err(e) if e.is_not_found() => Ok(None),
+        Err(e) => Err(e),
+    }
+}
 
 /// Whether the finalizer may remove this ENI from `instance_id`.
 pub fn releasable(eni: &NetworkInterface, cluster: &str, instance_id: &str) -> bool {
@@ -92,6 +152,40 @@ async fn wait_available<E: Ec2>(ec2: &E, eni_id: &str) -> Result<bool> {
 mod tests {
     use super::*;
     use crate::runtime::cache::tests::eni;
+
+    #[test]
+    fn a_gone_node_keeps_the_enis_of_a_running_instance_until_the_grace_period() {
+        let grace = NODE_GONE_GRACE;
+        let s = Duration::from_secs;
+        for gone in [
+            None,
+            Some(InstanceState::ShuttingDown),
+            Some(InstanceState::Terminated),
+            Some(InstanceState::Stopped),
+        ] {
+            assert_eq!(gone_node(gone, s(0), grace), GoneNode::Release, "{gone:?}");
+        }
+        for running in [
+            InstanceState::Pending,
+            InstanceState::Running,
+            InstanceState::Stopping,
+            InstanceState::Unknown,
+        ] {
+            assert_eq!(
+                gone_node(Some(running), s(0), grace),
+                GoneNode::Keep(s(5)),
+                "{running:?}"
+            );
+        }
+        let running = Some(InstanceState::Running);
+        assert_eq!(gone_node(running, s(20), grace), GoneNode::Keep(s(20)));
+        assert_eq!(gone_node(running, s(300), grace), GoneNode::Keep(s(60)));
+        assert_eq!(gone_node(running, s(590), grace), GoneNode::Keep(s(10)));
+        assert_eq!(
+            gone_node(running, grace, grace),
+            GoneNode::ReleaseAfterGrace
+        );
+    }
 
     #[test]
     fn only_our_non_primary_enis_of_this_instance() {

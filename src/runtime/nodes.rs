@@ -54,6 +54,9 @@ pub struct Slot {
     /// `None`: not known yet (treated as present: never pull ENIs from a live node).
     pub k8s_node: Option<bool>,
     pub not_running_until: Option<Instant>,
+    /// Since when the finalizer has seen the Kubernetes Node gone while its instance still
+    /// runs (the grace period of `--node-gone-grace-period` counts from here).
+    pub node_gone_since: Option<Instant>,
     pub last_problem: Option<String>,
     pub demand_seen: Option<Instant>,
     pub pending_pods: u32,

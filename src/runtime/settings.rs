@@ -21,6 +21,9 @@ pub struct CoreConfig {
     pub instance_refresh_spacing: Duration,
     /// How long a node whose instance is "not running" is left alone.
     pub not_running_hold: Duration,
+    /// `--node-gone-grace-period`: how long the ENIs of a running instance whose Node object is
+    /// gone are kept before the finalizer releases them anyway.
+    pub node_gone_grace: Duration,
     /// Retry spacing while the EC2 view is unhealthy.
     pub unhealthy_retry: Duration,
     /// Load every instance type's limits at start (else only types seen on nodes).
@@ -70,6 +73,7 @@ impl Default for CoreConfig {
             node_rescan_interval: Duration::from_secs(60),
             instance_refresh_spacing: Duration::from_secs(15),
             not_running_hold: Duration::from_secs(60),
+            node_gone_grace: super::finalizer::NODE_GONE_GRACE,
             unhealthy_retry: Duration::from_secs(60),
             preload_instance_types: true,
             ipam: IpamConfig::default(),

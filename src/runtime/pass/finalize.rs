@@ -8,18 +8,22 @@ use tracing::warn;
 use crate::crd::FINALIZER;
 use crate::ec2::Ec2;
 use crate::ipam::{ChangeSet, ProblemReason, Subresource, Write};
+use crate::runtime::clock;
 use crate::runtime::events::{self, EventReason};
-use crate::runtime::finalizer::release_instance_enis;
+use crate::runtime::finalizer::{GoneNode, gone_node, instance_state, release_instance_enis};
 use crate::runtime::metrics;
 use crate::runtime::nodes::InvalidNode;
+use crate::runtime::queue::Outcome;
 use crate::runtime::shared::Shared;
 use crate::runtime::sink::{NodeRef, NodeSink, SinkError};
 
 use super::snapshot::Snapshot;
 use super::{DONE, FAILED, Step, Verdict};
 
-/// The CiliumNode is being deleted. With its Node gone, give back our ENIs first; with the
-/// Node still there (deleted by hand), touch nothing.
+/// The CiliumNode is being deleted. With its Node gone and its instance gone or stopped, give
+/// back our ENIs first; with the instance still running, keep them (the Node may come back)
+/// and look again, up to the grace period; with the Node still there (deleted by hand), touch
+/// nothing.
 pub(super) async fn finalize<E: Ec2, S: NodeSink>(
     inner: &Shared<E, S>,
     name: &str,
@@ -32,6 +36,9 @@ pub(super) async fn finalize<E: Ec2, S: NodeSink>(
             let watch_says_gone = crate::mutants::active("drain-is-gone")
                 && inner.with_slot(name, |s| s.k8s_node) == Some(Some(false));
             if (watch_says_gone || !node_exists(inner, name).await?) && !instance.is_empty() {
+                if let Some(wait) = instance_holds(inner, name, r, instance).await? {
+                    return Ok((Outcome::RetryAfter(wait), None));
+                }
                 release(inner, r, instance).await?;
             }
             match inner.sink.set_finalizer(r, false).await {
@@ -55,6 +62,58 @@ async fn node_exists<E: Ec2, S: NodeSink>(inner: &Shared<E, S>, name: &str) -> S
         warn!(node = name, error = %e, "cannot tell whether the Node exists");
         FAILED
     })
+}
+
+/// The Node is gone: may its instance's ENIs go now (`None`), or does the instance still run
+/// (`Some`: look again after this long)? A Node object is deleted while its instance keeps
+/// running by remediation tools and people; its kubelet re-registers it, and its pods keep
+/// using these ENIs meanwhile.
+async fn instance_holds<E: Ec2, S: NodeSink>(
+    inner: &Shared<E, S>,
+    name: &str,
+    r: &NodeRef,
+    instance: &str,
+) -> Step<Option<std::time::Duration>> {
+    // Planted defect (dst-mutants): release at once, without looking at the instance.
+    if crate::mutants::active("release-running-instance") {
+        return Ok(None);
+    }
+    let (sink, m) = (&*inner.sink, &inner.metrics);
+    let state = match instance_state(&*inner.ec2, instance).await {
+        Ok(state) => state,
+        Err(e) => {
+            events::count_ec2_error(m, &e);
+            warn!(node = name, error = %e, "cannot tell whether the instance still runs");
+            return Err(FAILED);
+        }
+    };
+    let now = clock::now();
+    let since = inner
+        .with_slot(name, |s| *s.node_gone_since.get_or_insert(now))
+        .unwrap_or(now);
+    let grace = inner.config.node_gone_grace;
+    match gone_node(state, now.saturating_duration_since(since), grace) {
+        GoneNode::Release => Ok(None),
+        GoneNode::Keep(wait) => {
+            if since == now {
+                let message = format!(
+                    "the Node is gone but {instance} still runs: its ENIs are kept for up to \
+                     {grace:?} (released earlier once the instance stops or terminates)"
+                );
+                events::publish(sink, m, r, EventReason::EnisKept, message).await;
+            }
+            Ok(Some(wait))
+        }
+        GoneNode::ReleaseAfterGrace => {
+            let message = format!(
+                "the Node has been gone for {grace:?} (--node-gone-grace-period) while {instance} \
+                 still runs: releasing its ENIs"
+            );
+            warn!(node = name, instance, "{message}");
+            events::publish(sink, m, r, EventReason::EnisKept, message).await;
+            Ok(None)
+        }
+    }
 }
 
 /// Detach and delete the instance's ENIs of ours.
