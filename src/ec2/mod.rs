@@ -14,6 +14,7 @@ pub mod aws;
 pub mod error;
 pub mod gate;
 pub mod model;
+pub mod readonly;
 
 use std::future::Future;
 use std::net::Ipv4Addr;

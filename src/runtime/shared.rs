@@ -32,6 +32,8 @@ pub struct Shared<E, S> {
     pub metrics: RuntimeMetrics,
     /// True while `run` has warm caches (after the first full EC2 refresh).
     pub warm: tokio::sync::watch::Sender<bool>,
+    /// Set only by `Core::shadow` (read-only sink and EC2 client): passes compare, never act.
+    pub shadow: Option<Arc<super::shadow::ShadowBook>>,
 }
 
 impl<E: Ec2, S> Shared<E, S> {
@@ -66,6 +68,7 @@ impl<E: Ec2, S> Shared<E, S> {
             type_lookups: Mutex::new(HashMap::new()),
             metrics,
             warm: tokio::sync::watch::Sender::new(false),
+            shadow: None,
         }
     }
 

@@ -16,6 +16,7 @@
 pub mod agent;
 pub mod cluster;
 pub mod lease;
+pub mod other_allocator;
 pub mod prune;
 pub mod sim;
 pub mod sink;
