@@ -57,6 +57,8 @@ pub struct Settings {
     pub ipam: IpamSettings,
     #[command(flatten)]
     pub runtime: RuntimeSettings,
+    #[command(flatten)]
+    pub mode: ModeSettings,
 }
 
 #[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
@@ -250,6 +252,42 @@ pub struct RuntimeSettings {
     /// At most this many ENIs deleted per GC run.
     #[arg(long, env = "ENI_OPERATOR_ENI_GC_MAX_PER_RUN", default_value_t = 25)]
     pub eni_gc_max_per_run: usize,
+}
+
+/// What the process does: serve nodes, shadow the allocator serving them now, or print a plan.
+#[derive(Args, Debug, Clone)]
+#[command(next_help_heading = "Mode")]
+pub struct ModeSettings {
+    /// `plan`: read the cluster and EC2 once, print what the operator would do for each node
+    /// now, and exit (writes nothing, no mutating EC2 call). Takes every flag of the operator.
+    #[arg(value_enum)]
+    pub command: Option<Command>,
+    /// `active`: serve nodes (leader-elected). `shadow`: watch, plan and compare with the
+    /// allocator serving the nodes now (Cilium's operator), with a read-only Kubernetes client
+    /// and EC2 client: no write, no mutating EC2 call, no Lease (docs/shadow-mode.md).
+    #[arg(long, env = "ENI_OPERATOR_MODE", value_enum, default_value_t = Mode::Active)]
+    pub mode: Mode,
+    /// Output of `plan`.
+    #[arg(long, env = "ENI_OPERATOR_OUTPUT", value_enum, default_value_t = Output::Table)]
+    pub output: Output,
+}
+
+#[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Command {
+    /// Print what the operator would do now, per node, and exit.
+    Plan,
+}
+
+#[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Mode {
+    Active,
+    Shadow,
+}
+
+#[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Output {
+    Table,
+    Json,
 }
 
 impl Settings {

@@ -116,7 +116,11 @@ async fn a_shadow_writes_nothing_and_measures_the_other_allocators_deficits() {
         Duration::from_secs(30),
     )
     .await;
-    assert!(seen, "the shadow planned every node: {:?}", s.book.summary());
+    assert!(
+        seen,
+        "the shadow planned every node: {:?}",
+        s.book.summary()
+    );
     for n in &names {
         let st = s.book.node(n).unwrap();
         assert!(st.in_deficit, "{n}: {st:?}");
@@ -127,7 +131,9 @@ async fn a_shadow_writes_nothing_and_measures_the_other_allocators_deficits() {
         );
     }
     // Churn: a node leaves before it is served, another joins late.
-    s.tx.send(NodeInput::Deleted("node-3".into())).await.unwrap();
+    s.tx.send(NodeInput::Deleted("node-3".into()))
+        .await
+        .unwrap();
     names.pop();
     let late = w.instance();
     let n = sink.put(&agent_node(&w, "node-late", &late.id, 12));
@@ -158,8 +164,15 @@ async fn a_shadow_writes_nothing_and_measures_the_other_allocators_deficits() {
     for n in &names {
         let cn = sink.get(n).unwrap();
         assert!(cn.metadata.finalizers.unwrap_or_default().is_empty(), "{n}");
-        assert!(cn.metadata.annotations.unwrap_or_default().is_empty(), "{n}");
-        assert_eq!(cn.spec.ipam.pool.len(), 12, "{n} served by the other allocator");
+        assert!(
+            cn.metadata.annotations.unwrap_or_default().is_empty(),
+            "{n}"
+        );
+        assert_eq!(
+            cn.spec.ipam.pool.len(),
+            12,
+            "{n} served by the other allocator"
+        );
     }
 
     // The figures: each node short for exactly two rounds, then served.
@@ -173,7 +186,11 @@ async fn a_shadow_writes_nothing_and_measures_the_other_allocators_deficits() {
         assert_eq!(st.needed, 0, "{n}");
         assert_eq!(st.available, 12, "{n}");
         assert_eq!(st.enis_created_by_other, 2, "{n}: {st:?}");
-        assert_eq!(st.disagreements.get(&Kind::WouldCreateEni), Some(&1), "{n}: {st:?}");
+        assert_eq!(
+            st.disagreements.get(&Kind::WouldCreateEni),
+            Some(&1),
+            "{n}: {st:?}"
+        );
         // Same subnet and security group as ours: no choice disagreement.
         assert_eq!(st.disagreements.get(&Kind::Subnet), None, "{n}");
         assert_eq!(st.disagreements.get(&Kind::SecurityGroups), None, "{n}");
@@ -192,7 +209,10 @@ async fn a_shadow_writes_nothing_and_measures_the_other_allocators_deficits() {
     assert_eq!(sum.refused_writes + sum.refused_ec2_calls, 0);
 
     let text = s.registry.encode();
-    assert!(text.contains("eni_operator_shadow_nodes_in_deficit 0"), "{text}");
+    assert!(
+        text.contains("eni_operator_shadow_nodes_in_deficit 0"),
+        "{text}"
+    );
     // The counter keeps node-3's, counted before it left.
     assert!(
         text.contains("eni_operator_shadow_disagreements_total{kind=\"would-create-eni\"} 5"),
@@ -207,8 +227,14 @@ async fn a_shadow_writes_nothing_and_measures_the_other_allocators_deficits() {
         sum.totals.deficit_seconds
     );
     assert!(text.contains(&total), "{total}: {text}");
-    assert!(!text.contains("target_node=\"node-3\""), "a deleted node's series go");
-    assert!(text.contains("eni_operator_leader 0"), "a shadow leads nothing");
+    assert!(
+        !text.contains("target_node=\"node-3\""),
+        "a deleted node's series go"
+    );
+    assert!(
+        text.contains("eni_operator_leader 0"),
+        "a shadow leads nothing"
+    );
 }
 
 /// The other allocator puts its ENIs in another subnet with another security group than eni-operator
@@ -216,9 +242,12 @@ async fn a_shadow_writes_nothing_and_measures_the_other_allocators_deficits() {
 #[tokio::test(start_paused = true)]
 async fn a_shadow_reports_other_subnet_and_security_group_choices() {
     let w = Cluster::new();
-    let small = w
-        .sim
-        .add_subnet(&w.vpc, "zone-a", "10.0.64.0/24".parse().unwrap(), Tags::new());
+    let small = w.sim.add_subnet(
+        &w.vpc,
+        "zone-a",
+        "10.0.64.0/24".parse().unwrap(),
+        Tags::new(),
+    );
     let sg2 = w.sim.add_security_group(&w.vpc, Tags::new());
     let sink = Arc::new(MemorySink::with_ciliums_crd());
     let other = OtherAllocator::new(w.sim.clone(), &small, &[sg2]);
@@ -236,9 +265,16 @@ async fn a_shadow_reports_other_subnet_and_security_group_choices() {
     tokio::time::sleep(Duration::from_secs(5)).await;
     let st = s.book.node("n1").unwrap();
     assert_eq!(st.enis_created_by_other, 2, "{st:?}");
-    assert_eq!(st.our_choice.as_ref().map(|c| c.0.as_str()), Some(w.subnet.as_str()));
+    assert_eq!(
+        st.our_choice.as_ref().map(|c| c.0.as_str()),
+        Some(w.subnet.as_str())
+    );
     assert_eq!(st.disagreements.get(&Kind::Subnet), Some(&2), "{st:?}");
-    assert_eq!(st.disagreements.get(&Kind::SecurityGroups), Some(&2), "{st:?}");
+    assert_eq!(
+        st.disagreements.get(&Kind::SecurityGroups),
+        Some(&2),
+        "{st:?}"
+    );
     assert_eq!(sink.total_writes().total(), 0);
 }
 
@@ -255,7 +291,8 @@ async fn the_read_only_types_refuse_every_write_and_mutating_call() {
     assert!(ro.set_annotation(&r, "k", Some("v")).await.is_err());
     assert!(ro.delete("n1").await.is_err());
     assert!(ro.apply(&r, &Default::default()).await.is_err());
-    ro.event(&r, eni_operator::runtime::sink::NodeEvent::normal("X", "y")).await;
+    ro.event(&r, eni_operator::runtime::sink::NodeEvent::normal("X", "y"))
+        .await;
     assert_eq!(ro.refused(), 5);
     assert!(ro.fetch("n1").await.unwrap().is_some(), "reads pass");
     assert_eq!(sink.total_writes().total(), 0);
@@ -266,12 +303,28 @@ async fn the_read_only_types_refuse_every_write_and_mutating_call() {
     let before = mutating_calls(&w.sim);
     let ec2 = ReadOnlyEc2::new(Arc::new(w.sim.clone()));
     let eni = w.sim.primary_eni_id(&inst.id).unwrap();
-    assert!(ec2.assign_private_ip_addresses(&eni, AddressRequest::Ips(1)).await.is_err());
-    assert!(ec2.unassign_private_ip_addresses(&eni, &[], &[]).await.is_err());
+    assert!(
+        ec2.assign_private_ip_addresses(&eni, AddressRequest::Ips(1))
+            .await
+            .is_err()
+    );
+    assert!(
+        ec2.unassign_private_ip_addresses(&eni, &[], &[])
+            .await
+            .is_err()
+    );
     assert!(ec2.delete_network_interface(&eni).await.is_err());
     assert!(ec2.detach_network_interface("att", true).await.is_err());
-    assert!(ec2.attach_network_interface(&eni, &inst.id, 1).await.is_err());
-    assert!(ec2.set_delete_on_termination(&eni, "att", true).await.is_err());
+    assert!(
+        ec2.attach_network_interface(&eni, &inst.id, 1)
+            .await
+            .is_err()
+    );
+    assert!(
+        ec2.set_delete_on_termination(&eni, "att", true)
+            .await
+            .is_err()
+    );
     assert_eq!(ec2.refused(), 6);
     assert_eq!(mutating_calls(&w.sim), before, "nothing reached EC2");
     let page = ec2
@@ -279,4 +332,92 @@ async fn the_read_only_types_refuse_every_write_and_mutating_call() {
         .await
         .unwrap();
     assert!(!page.items.is_empty(), "describes pass");
+}
+
+/// `eni-operator plan`'s table comes from a shadow core's first plans; the active operator,
+/// started next on the same cluster, then does what the table said: an ENI in that subnet with
+/// those security groups and that many addresses, on every node.
+#[tokio::test(start_paused = true)]
+async fn the_plan_table_says_what_the_active_operator_then_does() {
+    let w = Cluster::new();
+    let sink = Arc::new(MemorySink::with_ciliums_crd());
+    let s = start_shadow(&w, &sink).await;
+    let mut names = Vec::new();
+    let mut instances = Vec::new();
+    for i in 0..3 {
+        let inst = w.instance();
+        let name = format!("node-{i}");
+        let n = sink.put(&agent_node(&w, &name, &inst.id, 5 + i));
+        s.tx.send(NodeInput::Upsert(Box::new(n))).await.unwrap();
+        names.push(name);
+        instances.push(inst.id);
+    }
+    assert!(
+        wait_until(
+            || names.iter().all(|n| s.book.node(n).is_some()),
+            Duration::from_secs(30)
+        )
+        .await
+    );
+    let summary = s.book.summary();
+    let table = eni_operator::modes::plan_table(&summary, &names);
+    let json = eni_operator::modes::plan_json(&summary, &names);
+    for (i, n) in names.iter().enumerate() {
+        let want = 8.max(5 + i); // pre-allocate 8 is the floor
+        let line = table.lines().find(|l| l.starts_with(n.as_str())).unwrap();
+        assert!(line.contains(&format!("0/0/{want}")), "{table}");
+        assert!(
+            line.contains(&format!(
+                "create ENI in {} with {want} addresses (sg {})",
+                w.subnet, w.sg
+            )),
+            "{table}"
+        );
+        assert_eq!(json["nodes"][i]["action"]["action"], "create-eni", "{json}");
+    }
+    assert_eq!(sink.total_writes().total(), 0);
+    assert_eq!(mutating_calls(&w.sim), 0, "plan changes nothing");
+
+    // The active operator on the same world.
+    let cfg = config();
+    let cache = cfg.ec2_cache();
+    let gate = Gate::new(w.sim.clone(), GateConfig::aws_defaults());
+    let core = Core::new(
+        Arc::new(gate),
+        sink.clone(),
+        cfg,
+        RuntimeMetrics::default(),
+        cache,
+    );
+    let (tx, rx) = mpsc::channel(64);
+    tokio::spawn(core.run(rx, std::future::pending()));
+    for n in &names {
+        tx.send(NodeInput::Upsert(Box::new(sink.get(n).unwrap())))
+            .await
+            .unwrap();
+    }
+    assert!(
+        wait_until(
+            || names.iter().all(|n| testkit::served(&sink, n, 8)),
+            Duration::from_secs(120)
+        )
+        .await
+    );
+    for (i, inst) in instances.iter().enumerate() {
+        let want = 8.max(5 + i);
+        let enis: Vec<_> = w
+            .sim
+            .network_interfaces()
+            .into_iter()
+            .filter(|e| {
+                e.attachment
+                    .as_ref()
+                    .is_some_and(|a| a.instance_id == *inst && a.device_index > 0)
+            })
+            .collect();
+        assert_eq!(enis.len(), 1, "one ENI created, as planned: {enis:?}");
+        assert_eq!(enis[0].subnet_id, w.subnet);
+        assert_eq!(enis[0].security_groups, vec![w.sg.clone()]);
+        assert_eq!(enis[0].secondary_ips.len(), want, "node-{i}");
+    }
 }

@@ -107,7 +107,9 @@ impl<E: Ec2> Ec2 for ReadOnlyEc2<E> {
         filter: &ResourceFilter,
         next_token: Option<String>,
     ) -> Result<Page<SecurityGroup>> {
-        self.inner.describe_security_groups(filter, next_token).await
+        self.inner
+            .describe_security_groups(filter, next_token)
+            .await
     }
 
     async fn describe_route_tables(

@@ -159,7 +159,12 @@ pub struct Observation {
 }
 
 impl Observation {
-    pub fn of(instance: &str, plan: &NodePlan, action: &Action, enis: Option<Vec<EniSeen>>) -> Self {
+    pub fn of(
+        instance: &str,
+        plan: &NodePlan,
+        action: &Action,
+        enis: Option<Vec<EniSeen>>,
+    ) -> Self {
         let d = &plan.demand;
         Self {
             instance: instance.to_string(),
@@ -247,8 +252,9 @@ impl NodeState {
 
         // The plan: a new kind of action (or a new error) is a disagreement.
         let kind = obs.would.kind();
-        if kind.is_some() && kind != self.would.kind() {
-            let k = kind.expect("some");
+        if let Some(k) = kind
+            && kind != self.would.kind()
+        {
             match &obs.would {
                 Would::CreateEni { .. } => self.would_create_enis += 1,
                 Would::Release { addresses, .. } => {
@@ -615,7 +621,10 @@ mod tests {
             eni: "eni-1".into(),
             addresses: 4,
         };
-        assert_eq!(s.observe(obs(0, rel.clone(), vec![]), t0).0[0].kind, Kind::WouldRelease);
+        assert_eq!(
+            s.observe(obs(0, rel.clone(), vec![]), t0).0[0].kind,
+            Kind::WouldRelease
+        );
         assert!(s.observe(obs(0, rel, vec![]), t0).0.is_empty());
         assert_eq!(s.would_release_addresses, 4);
         s.our_choice = Some(("subnet-a".into(), vec!["sg-1".into()]));

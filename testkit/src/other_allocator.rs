@@ -83,7 +83,8 @@ impl OtherAllocator {
     async fn allocate(&self, node: &CiliumNode, needed: u32) {
         let instance = &node.spec.instance_id;
         let enis = self.secondary_enis(instance);
-        let room = |e: &NetworkInterface| SECONDARY_PER_ENI.saturating_sub(e.secondary_ips.len() as u32);
+        let room =
+            |e: &NetworkInterface| SECONDARY_PER_ENI.saturating_sub(e.secondary_ips.len() as u32);
         if let Some(eni) = enis.iter().rev().find(|e| room(e) > 0) {
             let n = needed.min(room(eni));
             self.mutating_calls.fetch_add(1, Ordering::Relaxed);
@@ -158,7 +159,10 @@ impl OtherAllocator {
                 mac: e.mac.clone(),
                 availability_zone: e.availability_zone.clone(),
                 description: e.description.clone(),
-                number: e.attachment.as_ref().map_or(0, |a| i64::from(a.device_index)),
+                number: e
+                    .attachment
+                    .as_ref()
+                    .map_or(0, |a| i64::from(a.device_index)),
                 addresses: e.secondary_ips.iter().map(|ip| ip.to_string()).collect(),
                 security_groups: e.security_groups.clone(),
                 ..Default::default()
@@ -192,5 +196,11 @@ pub fn needed(node: &CiliumNode) -> i64 {
     };
     let available = node.spec.ipam.pool.len() as i64;
     let used = demand::used_addresses(node).len() as i64;
-    demand::needed(available, used, m.pre_allocate, m.min_allocate, m.max_allocate)
+    demand::needed(
+        available,
+        used,
+        m.pre_allocate,
+        m.min_allocate,
+        m.max_allocate,
+    )
 }

@@ -61,7 +61,9 @@ async fn steps<E: Ec2, S: NodeSink>(
     // The serving allocator's changes reach our cache only through describes (we make none of
     // our own to confirm): describe the instance when its CiliumNode names an ENI we do not know.
     if knows_fewer_enis(inner, &node) {
-        inner.refresh_instances(std::slice::from_ref(&instance), &[]).await;
+        inner
+            .refresh_instances(std::slice::from_ref(&instance), &[])
+            .await;
     }
     let mut memory = std::mem::take(&mut snap.memory);
     let planned = match plan::plan(inner, name, &node, &mut memory, &snap).await {
