@@ -88,6 +88,11 @@ pub struct ServerSettings {
     /// Log format (the filter comes from RUST_LOG, default `info`).
     #[arg(long, env = "ENI_OPERATOR_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
+    /// Also expose another operator's metric names on /metrics: `cilium` adds Cilium operator's
+    /// ENI IPAM families (cilium_operator_ipam_*, cilium_operator_ec2_api_*) with Cilium's
+    /// names, labels and types, and serves the Prometheus text format 0.0.4 as Cilium does.
+    #[arg(long, env = "ENI_OPERATOR_METRICS_COMPAT", value_enum, default_value_t = crate::metrics_compat::MetricsCompat::None)]
+    pub metrics_compat: crate::metrics_compat::MetricsCompat,
 }
 
 /// Kubernetes client and leader election.
@@ -224,6 +229,20 @@ pub struct IpamSettings {
     /// Put `ipam.cilium.io/ignore: "true"` on every CiliumNode we serve (so Cilium's operator leaves it to us), and remove it when we let a node go (eni-operator.cilium.io/ignore).
     #[arg(long, env = "ENI_OPERATOR_ANNOTATE_CILIUM_IGNORE", default_value_t = false, num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set)]
     pub annotate_cilium_ignore: bool,
+
+    // Cilium's instance-limit flags (operator/option/config.go, up to 1.17).
+    /// Per-type limits that win over EC2 and the built-in table, type=adapters,ipv4,ipv6
+    /// (e.g. a1.medium=2,4,4); repeatable, or `;`-separated in the environment variable.
+    #[arg(
+        long,
+        env = "ENI_OPERATOR_AWS_INSTANCE_LIMIT_MAPPING",
+        value_delimiter = ';'
+    )]
+    pub aws_instance_limit_mapping: Vec<crate::ec2::limits::LimitOverride>,
+    /// Read instance-type limits with DescribeInstanceTypes; false: only the built-in table
+    /// (AWS's published figures, src/ec2/instance_limits.csv) and --aws-instance-limit-mapping.
+    #[arg(long, env = "ENI_OPERATOR_UPDATE_EC2_ADAPTER_LIMIT_VIA_API", default_value_t = true, num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set)]
+    pub update_ec2_adapter_limit_via_api: bool,
 }
 
 /// Loops and concurrency of the running operator.
@@ -442,6 +461,8 @@ impl Settings {
             scope: Scope::from_settings(&self.ipam),
             annotate_cilium_ignore: self.ipam.annotate_cilium_ignore,
             start_delay: crate::runtime::cache::DESCRIBE_LAG,
+            limits_via_api: self.ipam.update_ec2_adapter_limit_via_api,
+            limit_overrides: self.ipam.aws_instance_limit_mapping.clone(),
             ..CoreConfig::default()
         }
     }

@@ -26,6 +26,7 @@ pub mod ipam;
 pub mod jitter;
 pub mod kube_limit;
 pub mod metrics;
+pub mod metrics_compat;
 pub mod modes;
 pub mod mutants;
 pub mod runtime;

@@ -30,7 +30,7 @@ async fn main() -> ExitCode {
     let shutdown = CancellationToken::new();
     tokio::spawn(cancel_on_signal(shutdown.clone()));
 
-    let registry = MetricsRegistry::new();
+    let registry = MetricsRegistry::new().with_compat(settings.server.metrics_compat);
     let readiness = Readiness::new();
     let server = match http::start(
         &settings.server,

@@ -34,6 +34,8 @@ use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::info::Info;
 use prometheus_client::registry::{Metric, Registry};
 
+use crate::metrics_compat::MetricsCompat;
+
 pub const PREFIX: &str = "eni_operator";
 
 /// A cheaply cloneable handle on the one registry; registration may happen after the HTTP
@@ -43,6 +45,8 @@ pub struct MetricsRegistry {
     inner: Arc<RwLock<Registry>>,
     /// JSON pages served at `/debug/<name>` on the metrics listener (e.g. `shadow`).
     debug: Arc<RwLock<DebugPages>>,
+    /// `--metrics-compat`.
+    compat: MetricsCompat,
 }
 
 type DebugPage = Arc<dyn Fn() -> serde_json::Value + Send + Sync>;
@@ -66,6 +70,25 @@ impl MetricsRegistry {
         Self {
             inner: Arc::new(RwLock::new(registry)),
             debug: Arc::default(),
+            compat: MetricsCompat::None,
+        }
+    }
+
+    /// Serve `--metrics-compat`'s extra names too ([`crate::metrics_compat`]).
+    pub fn with_compat(mut self, compat: MetricsCompat) -> Self {
+        self.compat = compat;
+        self
+    }
+
+    /// What `/metrics` answers: content type and body (OpenMetrics; Prometheus text 0.0.4
+    /// with Cilium's families under `--metrics-compat=cilium`).
+    pub fn scrape(&self) -> (&'static str, String) {
+        match self.compat {
+            MetricsCompat::None => (CONTENT_TYPE, self.encode()),
+            MetricsCompat::Cilium => (
+                crate::metrics_compat::TEXT_CONTENT_TYPE,
+                crate::metrics_compat::compat_text(&self.encode()),
+            ),
         }
     }
 

@@ -20,6 +20,8 @@ pub mod withdrawal;
 pub mod writeback;
 
 #[cfg(test)]
+mod cilium_tables;
+#[cfg(test)]
 mod proptests;
 #[cfg(test)]
 pub(crate) mod testkit;

@@ -120,7 +120,7 @@ impl<E: Ec2, S: NodeSink> Core<E, S> {
         // the previous leader's last calls (found by `make dst`, seed 25: a restart listed an
         // address it had just unassigned and put it back in the pool).
         tokio::time::sleep(config.start_delay).await;
-        if config.preload_instance_types {
+        if config.preload_instance_types && config.limits_via_api {
             inner.refresher.instance_types(&[]).await?;
         }
         inner.refresher.full().await?;
