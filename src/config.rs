@@ -59,6 +59,7 @@ pub struct Settings {
     pub runtime: RuntimeSettings,
     #[command(flatten)]
     pub handover: HandoverSettings,
+    pub mode: ModeSettings,
 }
 
 #[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
@@ -282,6 +283,42 @@ pub struct RuntimeSettings {
     /// repeatable.
     #[arg(long, env = "ENI_OPERATOR_ENI_GC_TAGS", value_delimiter = ',')]
     pub eni_gc_tags: Vec<Tag>,
+}
+
+/// What the process does: serve nodes, shadow the allocator serving them now, or print a plan.
+#[derive(Args, Debug, Clone)]
+#[command(next_help_heading = "Mode")]
+pub struct ModeSettings {
+    /// `plan`: read the cluster and EC2 once, print what the operator would do for each node
+    /// now, and exit (writes nothing, no mutating EC2 call). Takes every flag of the operator.
+    #[arg(value_enum)]
+    pub command: Option<Command>,
+    /// `active`: serve nodes (leader-elected). `shadow`: watch, plan and compare with the
+    /// allocator serving the nodes now (Cilium's operator), with a read-only Kubernetes client
+    /// and EC2 client: no write, no mutating EC2 call, no Lease (docs/shadow-mode.md).
+    #[arg(long, env = "ENI_OPERATOR_MODE", value_enum, default_value_t = Mode::Active)]
+    pub mode: Mode,
+    /// Output of `plan`.
+    #[arg(long, env = "ENI_OPERATOR_OUTPUT", value_enum, default_value_t = Output::Table)]
+    pub output: Output,
+}
+
+#[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Command {
+    /// Print what the operator would do now, per node, and exit.
+    Plan,
+}
+
+#[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Mode {
+    Active,
+    Shadow,
+}
+
+#[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Output {
+    Table,
+    Json,
 }
 
 impl Settings {
@@ -972,7 +1009,8 @@ pub(crate) mod tests {
     fn every_flag_has_an_env_var_and_help() {
         for arg in Settings::command().get_arguments() {
             let id = arg.get_id().as_str();
-            if matches!(id, "help" | "version") {
+            // The `plan` subcommand is a positional word, not a setting.
+            if matches!(id, "help" | "version") || arg.is_positional() {
                 continue;
             }
             let env = arg

@@ -177,6 +177,7 @@ pub fn start_on(
     };
     let metrics_router = Router::new()
         .route("/metrics", get(serve_metrics))
+        .route("/debug/{page}", get(serve_debug))
         .with_state(registry);
     let health_router = Router::new()
         .route("/healthz", get(|| async { "ok" }))
@@ -210,6 +211,21 @@ pub fn start_on(
 async fn serve_metrics(State(registry): State<MetricsRegistry>) -> impl IntoResponse {
     let (content_type, body) = registry.scrape();
     ([(header::CONTENT_TYPE, content_type)], body)
+}
+
+/// A component's JSON page (`/debug/shadow`), 404 when none is registered under that name.
+async fn serve_debug(
+    State(registry): State<MetricsRegistry>,
+    axum::extract::Path(page): axum::extract::Path<String>,
+) -> axum::response::Response {
+    match registry.debug_page(&page) {
+        Some(json) => (
+            [(header::CONTENT_TYPE, "application/json")],
+            json.to_string(),
+        )
+            .into_response(),
+        None => (StatusCode::NOT_FOUND, "no such page").into_response(),
+    }
 }
 
 async fn serve_ready(State(readiness): State<Readiness>) -> impl IntoResponse {
@@ -322,6 +338,27 @@ mod tests {
         tokio::time::sleep(Duration::from_secs(11)).await;
         assert!(!r.is_ready(), "a probe that hangs counts as no answer");
         task.abort();
+    }
+
+    #[tokio::test]
+    async fn debug_pages_are_served_as_json_on_the_metrics_listener() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let (registry, shutdown) = (MetricsRegistry::new(), CancellationToken::new());
+        let server = start_on(
+            listener,
+            None,
+            registry.clone(),
+            Readiness::new(),
+            shutdown.clone(),
+        )
+        .unwrap();
+        assert_eq!(get(server.metrics_addr, "/debug/shadow").await.0, 404);
+        registry.set_debug_page("shadow", || serde_json::json!({"nodes": 3}));
+        let (code, body) = get(server.metrics_addr, "/debug/shadow").await;
+        assert_eq!(code, 200);
+        assert!(body.contains(r#"{"nodes":3}"#), "{body}");
+        shutdown.cancel();
+        server.task.await.unwrap().unwrap();
     }
 
     #[tokio::test]

@@ -27,5 +27,6 @@ pub mod jitter;
 pub mod kube_limit;
 pub mod metrics;
 pub mod metrics_compat;
+pub mod modes;
 pub mod mutants;
 pub mod runtime;

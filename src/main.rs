@@ -4,7 +4,7 @@
 use std::process::ExitCode;
 use std::time::Duration;
 
-use eni_operator::config::{LogFormat, Settings};
+use eni_operator::config::{Command, LogFormat, Mode, Settings};
 use eni_operator::http::{self, Readiness};
 use eni_operator::metrics::MetricsRegistry;
 use tokio_util::sync::CancellationToken;
@@ -23,6 +23,9 @@ async fn main() -> ExitCode {
         Err(e) => return config_error(e),
     };
     init_tracing(settings.server.log_format);
+    if settings.mode.command == Some(Command::Plan) {
+        return plan(settings).await;
+    }
 
     let shutdown = CancellationToken::new();
     tokio::spawn(cancel_on_signal(shutdown.clone()));
@@ -61,7 +64,13 @@ async fn main() -> ExitCode {
         ))
     };
 
-    let result = run_operator(settings, client, registry, readiness, shutdown.clone()).await;
+    let result = match settings.mode.mode {
+        Mode::Active => run_operator(settings, client, registry, readiness, shutdown.clone()).await,
+        Mode::Shadow => {
+            eni_operator::modes::run_shadow(settings, client, registry, readiness, shutdown.clone())
+                .await
+        }
+    };
     shutdown.cancel();
     probe.abort();
     if let Err(e) = server
@@ -74,6 +83,22 @@ async fn main() -> ExitCode {
     match result {
         Ok(()) => {
             tracing::info!("stopped");
+            ExitCode::SUCCESS
+        }
+        Err(e) => fail(format!("{e:#}")),
+    }
+}
+
+/// `eni-operator plan`: no HTTP server, no Lease; prints the plan on stdout, exits 0.
+async fn plan(settings: Settings) -> ExitCode {
+    let client =
+        match connect_kube(settings.kube.k8s_client_qps, settings.kube.k8s_client_burst).await {
+            Ok(c) => c,
+            Err(e) => return fail(format!("cannot reach the Kubernetes API server: {e}")),
+        };
+    match eni_operator::modes::run_plan(settings, client).await {
+        Ok(text) => {
+            print!("{text}");
             ExitCode::SUCCESS
         }
         Err(e) => fail(format!("{e:#}")),

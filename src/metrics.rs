@@ -43,9 +43,14 @@ pub const PREFIX: &str = "eni_operator";
 #[derive(Clone)]
 pub struct MetricsRegistry {
     inner: Arc<RwLock<Registry>>,
+    /// JSON pages served at `/debug/<name>` on the metrics listener (e.g. `shadow`).
+    debug: Arc<RwLock<DebugPages>>,
     /// `--metrics-compat`.
     compat: MetricsCompat,
 }
+
+type DebugPage = Arc<dyn Fn() -> serde_json::Value + Send + Sync>;
+type DebugPages = std::collections::BTreeMap<String, DebugPage>;
 
 impl Default for MetricsRegistry {
     fn default() -> Self {
@@ -64,6 +69,7 @@ impl MetricsRegistry {
         );
         Self {
             inner: Arc::new(RwLock::new(registry)),
+            debug: Arc::default(),
             compat: MetricsCompat::None,
         }
     }
@@ -84,6 +90,27 @@ impl MetricsRegistry {
                 crate::metrics_compat::compat_text(&self.encode()),
             ),
         }
+    }
+
+    /// Serve `page()` as JSON at `/debug/<name>` (registered by a component once it runs).
+    pub fn set_debug_page(
+        &self,
+        name: &str,
+        page: impl Fn() -> serde_json::Value + Send + Sync + 'static,
+    ) {
+        let mut pages = self.debug.write().unwrap_or_else(|e| e.into_inner());
+        pages.insert(name.to_string(), Arc::new(page));
+    }
+
+    /// The JSON of `/debug/<name>`, if such a page is registered.
+    pub fn debug_page(&self, name: &str) -> Option<serde_json::Value> {
+        let page = self
+            .debug
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(name)
+            .cloned()?;
+        Some(page())
     }
 
     /// Register one metric or family under `eni_operator_<name>`.

@@ -845,3 +845,58 @@ fn the_image_build_copies_every_workspace_member() {
         );
     }
 }
+
+/// `manifests/shadow/` (docs/shadow-mode.md): read verbs only, no Lease, shadow mode set, no
+/// host networking; and `kubectl apply -f manifests/` does not pick it up.
+#[test]
+fn the_shadow_manifests_only_read() {
+    let dir = manifests_dir().join("shadow");
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    files.sort();
+    assert!(!files.is_empty());
+    assert!(
+        default_apply_path().iter().all(|p| !p.starts_with(&dir)),
+        "not in the default apply path"
+    );
+    let docs = documents_in(files);
+    let mut roles = 0;
+    let mut mode = None;
+    for (file, v) in &docs {
+        match v["kind"].as_str().unwrap_or_default() {
+            "ClusterRole" | "Role" => {
+                roles += 1;
+                for rule in v["rules"].as_array().unwrap() {
+                    for verb in rule["verbs"].as_array().unwrap() {
+                        let verb = verb.as_str().unwrap();
+                        assert!(
+                            ["get", "list", "watch"].contains(&verb),
+                            "{file}: {verb} is not a read"
+                        );
+                    }
+                    let res: Vec<&str> = rule["resources"]
+                        .as_array()
+                        .unwrap()
+                        .iter()
+                        .map(|r| r.as_str().unwrap())
+                        .collect();
+                    assert!(!res.contains(&"leases"), "{file}: a shadow takes no Lease");
+                }
+            }
+            "Deployment" => {
+                let pod = &v["spec"]["template"]["spec"];
+                assert_ne!(pod["hostNetwork"], true, "{file}");
+                for env in pod["containers"][0]["env"].as_array().unwrap() {
+                    if env["name"] == "ENI_OPERATOR_MODE" {
+                        mode = env["value"].as_str().map(str::to_string);
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    assert_eq!(roles, 1);
+    assert_eq!(mode.as_deref(), Some("shadow"));
+}

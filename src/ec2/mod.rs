@@ -15,6 +15,7 @@ pub mod error;
 pub mod gate;
 pub mod limits;
 pub mod model;
+pub mod readonly;
 
 use std::future::Future;
 use std::net::Ipv4Addr;

@@ -13,6 +13,7 @@ use std::sync::{Arc, RwLock};
 
 use tokio::sync::mpsc;
 
+use crate::ec2::readonly::ReadOnlyEc2;
 use crate::ec2::{Ec2, Ec2Error};
 use crate::ipam::Demand;
 use crate::jitter::Jitter;
@@ -23,7 +24,9 @@ use super::metrics::RuntimeMetrics;
 use super::nodes;
 use super::pass::pass;
 use super::queue::{DeficitQueue, Outcome};
+use super::readonly::ReadOnlySink;
 use super::schedule::{InstanceRefresh, RefreshSchedule};
+use super::shadow::ShadowBook;
 use super::shared::Shared;
 use super::sink::NodeSink;
 use super::tasks::{Done, Tasks};
@@ -40,6 +43,26 @@ impl<E, S> Clone for Core<E, S> {
     fn clone(&self) -> Self {
         Self {
             inner: self.inner.clone(),
+        }
+    }
+}
+
+/// Shadow mode (`--mode=shadow`): a core that can only be built from the read-only sink and EC2
+/// client. It watches, caches and plans as the active one, and compares with `book` instead of
+/// acting (`pass::shadow`); no Lease is needed, several may run.
+impl<E: Ec2, S: NodeSink> Core<ReadOnlyEc2<E>, ReadOnlySink<S>> {
+    pub fn shadow(
+        ec2: Arc<ReadOnlyEc2<E>>,
+        sink: Arc<ReadOnlySink<S>>,
+        config: CoreConfig,
+        metrics: RuntimeMetrics,
+        cache: Arc<RwLock<Ec2Cache>>,
+        book: Arc<ShadowBook>,
+    ) -> Self {
+        let mut shared = Shared::new(ec2, sink, config, metrics, cache);
+        shared.shadow = Some(book);
+        Self {
+            inner: Arc::new(shared),
         }
     }
 }
@@ -79,6 +102,11 @@ impl<E: Ec2, S: NodeSink> Core<E, S> {
         self.inner.wall_now()
     }
 
+    /// The shadow's comparison, if this is a shadow core.
+    pub fn shadow_book(&self) -> Option<Arc<ShadowBook>> {
+        self.inner.shadow.clone()
+    }
+
     /// Becomes true once [`Core::run`] has rebuilt its EC2 view and starts serving nodes.
     pub fn warm(&self) -> tokio::sync::watch::Receiver<bool> {
         self.inner.warm.subscribe()
@@ -106,7 +134,8 @@ impl<E: Ec2, S: NodeSink> Core<E, S> {
             inner.refresher.instance_types(&[]).await?;
         }
         inner.refresher.full().await?;
-        inner.metrics.leader.set(1);
+        // A shadow leads nothing (several may run beside the leader).
+        inner.metrics.leader.set(i64::from(inner.shadow.is_none()));
         inner.warm.send_replace(true);
 
         let mut l = Loop {
@@ -236,6 +265,9 @@ impl<E: Ec2, S: NodeSink> Core<E, S> {
     }
 
     fn accept(&self, input: NodeInput, l: &mut Loop) {
+        if let (Some(book), NodeInput::Deleted(name)) = (&self.inner.shadow, &input) {
+            book.forget(name);
+        }
         let a = nodes::accept(&self.inner.slots, input, &self.inner.cache);
         if let Some(name) = a.dequeue {
             l.queue.remove(&name);

@@ -38,6 +38,8 @@ pub struct Shared<E, S> {
     /// Wall time at a clock instant: the guard compares managedFields and Lease times with
     /// the core's clock (paused in tests).
     pub epoch: (k8s_openapi::jiff::Timestamp, Instant),
+    /// Set only by `Core::shadow` (read-only sink and EC2 client): passes compare, never act.
+    pub shadow: Option<Arc<super::shadow::ShadowBook>>,
 }
 
 impl<E: Ec2, S> Shared<E, S> {
@@ -74,6 +76,7 @@ impl<E: Ec2, S> Shared<E, S> {
             warm: tokio::sync::watch::Sender::new(false),
             cilium_lease: RwLock::new(None),
             epoch: (k8s_openapi::jiff::Timestamp::now(), super::clock::now()),
+            shadow: None,
         }
     }
 

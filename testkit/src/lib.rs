@@ -17,6 +17,7 @@ pub mod agent;
 pub mod cilium_signals;
 pub mod cluster;
 pub mod lease;
+pub mod other_allocator;
 pub mod prune;
 pub mod sim;
 pub mod sink;

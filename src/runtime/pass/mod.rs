@@ -14,6 +14,7 @@ mod guard;
 mod lifecycle;
 mod plan;
 mod report;
+mod shadow;
 mod snapshot;
 mod write;
 
@@ -41,6 +42,10 @@ const FAILED: Verdict = (Outcome::Failed, None);
 /// One pass over one node. Never runs twice at once for a node (the queue sees to it).
 pub(super) async fn pass<E: Ec2, S: NodeSink>(inner: &Shared<E, S>, name: &str) -> Verdict {
     inner.metrics.passes.inc();
+    // A shadow core (built only from read-only types: `Core::shadow`) compares, never acts.
+    if let Some(book) = &inner.shadow {
+        return shadow::pass(inner, name, book).await;
+    }
     steps(inner, name).await.unwrap_or_else(|end| end)
 }
 

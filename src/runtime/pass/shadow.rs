@@ -1,0 +1,112 @@
+//! A shadow's pass over one node (`--mode=shadow`): [`super::snapshot`] and [`super::plan`] as
+//! the active operator runs them, then the comparison ([`ShadowBook::observe`]) instead of
+//! execute, write and report. Nothing here writes or mutates; the shadow's sink and EC2 client
+//! are read-only types besides ([`crate::runtime::readonly`], [`crate::ec2::readonly`]), so a
+//! step that tried would be refused and counted.
+
+use std::sync::Arc;
+
+use crate::ec2::Ec2;
+use crate::runtime::clock::now;
+use crate::runtime::queue::Outcome;
+use crate::runtime::shadow::{EniSeen, Observation, ShadowBook};
+use crate::runtime::shared::Shared;
+use crate::runtime::sink::NodeSink;
+use crate::runtime::stored::StoredNode;
+
+use super::{DONE, Step, Verdict, plan, snapshot};
+
+pub(super) async fn pass<E: Ec2, S: NodeSink>(
+    inner: &Shared<E, S>,
+    name: &str,
+    book: &Arc<ShadowBook>,
+) -> Verdict {
+    steps(inner, name, book).await.unwrap_or_else(|end| end)
+}
+
+async fn steps<E: Ec2, S: NodeSink>(
+    inner: &Shared<E, S>,
+    name: &str,
+    book: &ShadowBook,
+) -> Step<Verdict> {
+    let Ok(mut snap) = snapshot::take(inner, name) else {
+        book.forget(name);
+        return Err(DONE);
+    };
+    if let Some(invalid) = &snap.invalid {
+        // What the active operator would report on the node, as an error of ours.
+        let obs = Observation {
+            error: Some(invalid.error.clone()),
+            ..Observation::default()
+        };
+        book.observe(name, obs, now());
+        return Err(DONE);
+    }
+    let node = snap.node.as_ref().map(StoredNode::node).ok_or(DONE)?;
+    if snap.ignored || node.metadata.deletion_timestamp.is_some() || snap.k8s_node == Some(false) {
+        // Opted out or going away: nothing to compare.
+        book.forget(name);
+        return Err(DONE);
+    }
+    let instance = node.spec.instance_id.clone();
+    let in_scope = inner.cache.read().expect("cache").in_scope(&instance);
+    match in_scope {
+        Some(true) => {}
+        None => return Err((Outcome::RetryAfter(inner.config.unhealthy_retry), None)),
+        Some(false) => {
+            book.forget(name);
+            return Err(DONE);
+        }
+    }
+    // The serving allocator's changes reach our cache only through describes (we make none of
+    // our own to confirm): describe the instance when its CiliumNode names an ENI we do not know.
+    if knows_fewer_enis(inner, &node) {
+        inner
+            .refresh_instances(std::slice::from_ref(&instance), &[])
+            .await;
+    }
+    let mut memory = std::mem::take(&mut snap.memory);
+    let planned = match plan::plan(inner, name, &node, &mut memory, &snap).await {
+        Ok(p) => p,
+        Err(end) => {
+            inner.with_slot(name, |s| s.memory = memory);
+            return Err(end);
+        }
+    };
+    let enis = {
+        let cache = inner.cache.read().expect("cache");
+        match cache.view(&instance, &planned.instance_type).instance {
+            crate::ipam::InstanceView::Known { enis, .. } => Some(EniSeen::secondary(enis)),
+            _ => None,
+        }
+    };
+    let obs = Observation::of(&instance, &planned.plan, &planned.action, enis);
+    book.observe(name, obs, planned.at);
+    let demand = planned.plan.demand.clone();
+    inner.with_slot(name, |s| {
+        s.memory = memory;
+        s.demand = demand;
+    });
+    // Nothing was done: the next input (or the rescan) plans the node again.
+    Ok(DONE)
+}
+
+/// The CiliumNode lists an ENI the EC2 cache does not have on its instance.
+fn knows_fewer_enis<E: Ec2, S: NodeSink>(
+    inner: &Shared<E, S>,
+    node: &crate::crd::CiliumNode,
+) -> bool {
+    let Some(status) = &node.status else {
+        return false;
+    };
+    let cache = inner.cache.read().expect("cache");
+    let view = cache.view(&node.spec.instance_id, &node.spec.eni.instance_type);
+    match view.instance {
+        crate::ipam::InstanceView::Known { enis, .. } => status
+            .eni
+            .enis
+            .keys()
+            .any(|id| !enis.iter().any(|e| &e.id == id)),
+        _ => false,
+    }
+}
