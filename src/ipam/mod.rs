@@ -12,6 +12,7 @@
 
 pub mod capacity;
 pub mod demand;
+pub mod handover;
 pub mod ownership;
 pub mod plan;
 pub mod release;
@@ -19,6 +20,8 @@ pub mod selection;
 pub mod withdrawal;
 pub mod writeback;
 
+#[cfg(test)]
+mod cilium_tables;
 #[cfg(test)]
 mod proptests;
 #[cfg(test)]
@@ -134,6 +137,9 @@ pub enum ProblemReason {
     AtCapacity,
     /// The last EC2 call for the node failed (set by the runtime).
     Ec2Error,
+    /// Another allocator (Cilium's operator) serves the node: we leave it alone
+    /// ([`handover`]).
+    OtherAllocatorActive,
 }
 
 impl ProblemReason {
@@ -150,6 +156,7 @@ impl ProblemReason {
             Self::IncompleteEc2Data => "IncompleteEc2Data",
             Self::AtCapacity => "AtCapacity",
             Self::Ec2Error => "Ec2Error",
+            Self::OtherAllocatorActive => "OtherAllocatorActive",
         }
     }
 }

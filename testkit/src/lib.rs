@@ -16,6 +16,7 @@
 //! tools only.
 
 pub mod agent;
+pub mod cilium_signals;
 pub mod cluster;
 pub mod control_plane;
 pub mod lease;

@@ -10,6 +10,7 @@
 
 mod execute;
 mod finalize;
+mod guard;
 mod lifecycle;
 mod plan;
 mod report;
