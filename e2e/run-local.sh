@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # make e2e-local: the e2e suite against the current KUBECONFIG and EC2_ENDPOINT (default: moto on
 # loopback), with the operator run as local processes under its ServiceAccount's identity.
+# With KUBEBUILDER_ASSETS set and KUBECONFIG unset, it starts a real control plane of its own
+# from the binaries there (testkit's `control-plane`: etcd, kube-apiserver, kube-controller-manager)
+# and stops it on exit.
 # Portable bash (Linux, macOS): no GNU-only flags.
 set -euo pipefail
 
@@ -8,6 +11,16 @@ die() {
   printf 'error: %s\n' "$*" >&2
   exit 2
 }
+# Own control plane: KUBEBUILDER_ASSETS set, KUBECONFIG not (the envtest convention).
+OWN_CONTROL_PLANE=""
+if [ -z "${KUBECONFIG:-}" ] && [ -n "${KUBEBUILDER_ASSETS:-}" ]; then
+  OWN_CONTROL_PLANE=1
+  for bin in etcd kube-apiserver kube-controller-manager kubectl; do
+    [ -x "$KUBEBUILDER_ASSETS/$bin" ] || die "KUBEBUILDER_ASSETS=$KUBEBUILDER_ASSETS has no $bin"
+  done
+  # Its kubectl matches its API server.
+  PATH=$KUBEBUILDER_ASSETS:$PATH
+fi
 # Every tool this script calls, checked before anything is created.
 missing=""
 for tool in kubectl cargo curl python3 base64 chmod cat date mkdir rm sleep; do
@@ -39,9 +52,17 @@ log() { printf '==> %s\n' "$*" >&2; }
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 
 MOTO_PID=""
+CP_PID=""
 cleanup() {
   local rc=$?
   log "cleaning up"
+  if [ -n "$CP_PID" ]; then
+    # The whole control plane goes: nothing in it to clean.
+    kill "$CP_PID" 2>/dev/null || true
+    wait "$CP_PID" 2>/dev/null || true
+    if [ -n "$MOTO_PID" ]; then kill "$MOTO_PID" 2>/dev/null || true; fi
+    exit "$rc"
+  fi
   kubectl delete nodes -l eni-operator-e2e/run --wait=false --ignore-not-found >/dev/null 2>&1 || true
   # Nodes left draining by an interrupted `draining-node` (only the suite puts finalizers on them).
   for n in $(kubectl get nodes -l eni-operator-e2e/run -o name 2>/dev/null); do
@@ -57,6 +78,34 @@ cleanup() {
   exit "$rc"
 }
 trap cleanup EXIT INT TERM
+
+# One build for the whole workspace, with the features `make test` unifies (`--bins -p ...`
+# alone resolves tokio & co. differently and rebuilds most dependencies a second time).
+BUILT=""
+build() {
+  [ -z "$BUILT" ] || return 0
+  log "building"
+  cargo build --quiet --locked --workspace --all-targets
+  BUILT=1
+}
+
+if [ -n "$OWN_CONTROL_PLANE" ]; then
+  build
+  CP_KUBECONFIG=$WORK/control-plane.kubeconfig
+  rm -f "$CP_KUBECONFIG"
+  log "starting a control plane from KUBEBUILDER_ASSETS=$KUBEBUILDER_ASSETS (log: $WORK/control-plane.log)"
+  "$CARGO_TARGET_DIR/debug/control-plane" --kubeconfig "$CP_KUBECONFIG" >"$WORK/control-plane.log" 2>&1 &
+  CP_PID=$!
+  tries=0
+  until [ -s "$CP_KUBECONFIG" ]; do
+    kill -0 "$CP_PID" 2>/dev/null || { CP_PID=""; cat "$WORK/control-plane.log" >&2; die "the control plane did not start (log above)"; }
+    tries=$((tries + 1))
+    [ "$tries" -lt "${E2E_CONTROL_PLANE_TIMEOUT:-300}" ] || die "the control plane is not ready after ${E2E_CONTROL_PLANE_TIMEOUT:-300}s ($WORK/control-plane.log)"
+    sleep 1
+  done
+  export KUBECONFIG=$CP_KUBECONFIG
+  log "control plane ready (KUBECONFIG=$KUBECONFIG)"
+fi
 
 kubectl get --raw /readyz >/dev/null 2>&1 || die "no API server reachable through KUBECONFIG"
 
@@ -102,8 +151,7 @@ if [ -z "${EC2_ENDPOINT:-}" ]; then
 fi
 export EC2_ENDPOINT
 
-log "building"
-cargo build --quiet --bins -p eni-operator -p eni-operator-e2e
+build
 E2E=$CARGO_TARGET_DIR/debug/eni-operator-e2e
 export ENI_OPERATOR_BIN=${ENI_OPERATOR_BIN:-$CARGO_TARGET_DIR/debug/eni-operator}
 

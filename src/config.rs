@@ -59,6 +59,7 @@ pub struct Settings {
     pub runtime: RuntimeSettings,
     #[command(flatten)]
     pub handover: HandoverSettings,
+    #[command(flatten)]
     pub mode: ModeSettings,
 }
 

@@ -261,3 +261,131 @@ fn check_install_fails_when_the_ciliumnodes_crd_changes() {
         "{stderr}"
     );
 }
+
+/// `make e2e-local` with `KUBEBUILDER_ASSETS` set and `KUBECONFIG` unset: fake assets, a fake
+/// `control-plane` binary in a fake target dir, and a fake suite binary that stops the run at
+/// its first call (exit 3), so the cleanup path runs too.
+fn run_local_own_control_plane(
+    test: &str,
+    control_plane: &str,
+    kubeconfig: Option<&str>,
+) -> (Output, String, PathBuf) {
+    let dir = fake_world(test, "exit 0", "exit 0");
+    for tool in ["python3", "base64", "chmod", "date"] {
+        std::os::unix::fs::symlink(which(tool), dir.join(tool)).unwrap();
+    }
+    let log = dir.join("calls.log");
+    let assets = dir.join("assets");
+    std::fs::create_dir_all(&assets).unwrap();
+    for bin in ["etcd", "kube-apiserver", "kube-controller-manager"] {
+        fake(&assets, bin, "exit 1");
+    }
+    fake(
+        &assets,
+        "kubectl",
+        &format!(
+            "echo \"assets-kubectl KUBECONFIG=$KUBECONFIG $*\" >> '{}'",
+            log.display()
+        ),
+    );
+    let target = dir.join("target");
+    std::fs::create_dir_all(target.join("debug")).unwrap();
+    fake(
+        &target.join("debug"),
+        "control-plane",
+        &control_plane.replace("LOG", &log.display().to_string()),
+    );
+    fake(
+        &target.join("debug"),
+        "eni-operator-e2e",
+        &format!("echo \"suite $*\" >> '{}'; exit 3", log.display()),
+    );
+    let work = dir.join("work");
+    let mut cmd = Command::new(which("bash"));
+    cmd.arg(root().join("e2e/run-local.sh"))
+        .env_clear()
+        .env("PATH", &dir)
+        .env("HOME", std::env::temp_dir())
+        .env("KUBEBUILDER_ASSETS", &assets)
+        .env("CARGO_TARGET_DIR", &target)
+        .env("E2E_WORK_DIR", &work)
+        .env("EC2_ENDPOINT", "http://127.0.0.1:1")
+        .env("E2E_CONTROL_PLANE_TIMEOUT", "20")
+        .current_dir(root());
+    if let Some(kc) = kubeconfig {
+        cmd.env("KUBECONFIG", kc);
+    }
+    let out = cmd.output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    (out, stderr, dir)
+}
+
+/// A control plane that writes its kubeconfig at once and records its stop.
+const GOOD_CONTROL_PLANE: &str = "echo \"control-plane $*\" >> 'LOG'
+trap 'echo control-plane stopped >> LOG; exit 0' TERM INT
+echo 'apiVersion: v1' > \"$2\"
+while :; do sleep 0.1; done";
+
+#[test]
+fn make_e2e_local_starts_and_stops_its_own_control_plane_from_kubebuilder_assets() {
+    let _serial = serial();
+    let (out, stderr, dir) = run_local_own_control_plane("own-cp", GOOD_CONTROL_PLANE, None);
+    let calls = calls(&dir);
+    // The fake suite's exit code: the run got past the control plane to the suite.
+    assert_eq!(out.status.code(), Some(3), "{stderr}\n{calls}");
+    let kc = dir.join("work/control-plane.kubeconfig");
+    assert!(
+        calls.contains(&format!("control-plane --kubeconfig {}", kc.display())),
+        "{calls}"
+    );
+    // Every kubectl call: the assets' kubectl, on the control plane's kubeconfig.
+    assert!(calls.contains("assets-kubectl"), "{calls}");
+    assert!(
+        !calls.lines().any(|l| l.starts_with("kubectl ")),
+        "PATH's kubectl used: {calls}"
+    );
+    for l in calls.lines().filter(|l| l.starts_with("assets-kubectl")) {
+        assert!(l.contains(&format!("KUBECONFIG={} ", kc.display())), "{l}");
+    }
+    // One build, with the features `make test` unifies.
+    let builds: Vec<&str> = calls.lines().filter(|l| l.starts_with("cargo ")).collect();
+    assert_eq!(
+        builds,
+        ["cargo build --quiet --locked --workspace --all-targets"],
+        "{calls}"
+    );
+    // Stopped on exit (here: the suite failed).
+    assert!(calls.contains("control-plane stopped"), "{stderr}\n{calls}");
+}
+
+#[test]
+fn make_e2e_local_uses_kubeconfig_when_it_is_set_even_with_kubebuilder_assets() {
+    let _serial = serial();
+    let (out, stderr, dir) = run_local_own_control_plane(
+        "given-kubeconfig",
+        GOOD_CONTROL_PLANE,
+        Some("/nonexistent/kubeconfig"),
+    );
+    let calls = calls(&dir);
+    assert_eq!(out.status.code(), Some(3), "{stderr}\n{calls}");
+    assert!(!calls.contains("control-plane"), "{calls}");
+    assert!(calls.lines().any(|l| l.starts_with("kubectl ")), "{calls}");
+}
+
+#[test]
+fn make_e2e_local_fails_fast_with_the_log_when_its_control_plane_dies() {
+    let _serial = serial();
+    let dying =
+        "echo 'control plane: etcd exited (exit status: 1): bind: address in use' >&2; exit 1";
+    let (out, stderr, dir) = run_local_own_control_plane("dying-cp", dying, None);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("error: the control plane did not start"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("bind: address in use"),
+        "the launcher's log: {stderr}"
+    );
+    assert!(!calls(&dir).contains("suite"), "{}", calls(&dir));
+}

@@ -285,6 +285,22 @@ pub const FORBIDDEN_ACCESS: &[Access] = &[
     ("", "events", "", "create"),
 ];
 
+/// How long the CiliumNodes must stay unwritten before `cilium-crd-steady-state` calls them
+/// converged: two resyncs, and at least [`DESCRIBE_LAG`] plus a resync after the operator's last
+/// EC2 change. Within that lag the operator keeps what its own calls answered and ignores
+/// describes (they may lag behind); the first describe after it is mirrored, and where the
+/// endpoint describes an ENI differently from its create answer, that is one legitimate write.
+/// moto does: an attached ENI's security groups come back as its own plus the instance's
+/// (`NetworkInterface.group_set`, moto 5.2.5 `ec2/models/elastic_network_interfaces.py`), where
+/// AWS keeps an ENI's own groups. The first real-API-server run failed on exactly that write,
+/// 34 s after a 12 s settle window.
+///
+/// [`DESCRIBE_LAG`]: eni_operator::runtime::cache::DESCRIBE_LAG
+pub fn settle_window(resync: std::time::Duration) -> std::time::Duration {
+    let margin = std::time::Duration::from_secs(2);
+    (resync * 2 + margin).max(eni_operator::runtime::cache::DESCRIBE_LAG + resync + margin)
+}
+
 /// Whether a CiliumNode CRD (as read from the cluster) prunes `status.eni-operator`, our
 /// summary: true for Cilium's own CRD, false for ours (which preserves unknown fields).
 pub fn crd_prunes_summary(crd: &serde_json::Value) -> Result<bool, String> {
@@ -608,6 +624,21 @@ mod tests {
 
     fn in_use(id: &str, addresses: &[&str]) -> EniView {
         eni(id, "in-use", Some("i-1"), Some(1), addresses)
+    }
+
+    #[test]
+    fn the_settle_window_outlasts_the_describe_lag_after_our_own_changes() {
+        use std::time::Duration;
+        let lag = eni_operator::runtime::cache::DESCRIBE_LAG;
+        for resync in [
+            Duration::from_secs(1),
+            Duration::from_secs(5),
+            Duration::from_secs(60),
+        ] {
+            let w = settle_window(resync);
+            assert!(w > lag + resync, "resync {resync:?}: {w:?}");
+            assert!(w >= resync * 2, "resync {resync:?}: {w:?}");
+        }
     }
 
     #[test]

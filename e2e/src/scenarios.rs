@@ -1566,8 +1566,9 @@ impl Suite {
             .await?;
         let idxs = [a, b];
         self.wait_served(&idxs, self.cfg.timeout).await?;
-        // Converged: nothing written to the CiliumNodes for two resyncs.
-        let settle = self.cfg.resync * 2 + Duration::from_secs(2);
+        // Converged: nothing written to the CiliumNodes for two resyncs and the describe lag
+        // after the operator's own EC2 changes (checks::settle_window).
+        let settle = checks::settle_window(self.cfg.resync);
         let before = eventually(self.cfg.timeout, "the CiliumNodes to settle", async || {
             let first = self.node_marks(&idxs).await?;
             tokio::time::sleep(settle).await;

@@ -7,6 +7,8 @@
 //! * [`lease`]: an in-memory Lease for the leader-election tests;
 //! * [`world`]: the EC2 world the contract suite seeds in the simulator and in moto;
 //! * [`cluster`]: the simulated cluster of the runtime tests (a VPC, a subnet, m5.large nodes);
+//! * [`control_plane`]: a real etcd + kube-apiserver + kube-controller-manager from
+//!   `KUBEBUILDER_ASSETS` (and the `control-plane` binary that runs one);
 //! * [`agent`]: one pure model of each Cilium agent generation (classic, multi-pool);
 //! * [`wait_until`], [`served`]: the waits and checks the runtime tests share.
 //!
@@ -16,6 +18,7 @@
 pub mod agent;
 pub mod cilium_signals;
 pub mod cluster;
+pub mod control_plane;
 pub mod lease;
 pub mod other_allocator;
 pub mod prune;
