@@ -403,7 +403,6 @@ impl Settings {
             ipam: self.ipam.ipam_config(),
             scope: Scope::from_settings(&self.ipam),
             annotate_cilium_ignore: self.ipam.annotate_cilium_ignore,
-            start_delay: crate::runtime::cache::DESCRIBE_LAG,
             ..CoreConfig::default()
         }
     }

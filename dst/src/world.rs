@@ -173,8 +173,6 @@ impl World {
                 release_delay: Duration::from_secs(rng.random_range(5..60)),
                 ..IpamConfig::default()
             },
-            // As in production: a (re)started operator lists EC2 once describes caught up.
-            start_delay: eni_operator::runtime::cache::DESCRIBE_LAG,
             ..CoreConfig::default()
         };
         let (agents, pruned) = Agents::new(seed);

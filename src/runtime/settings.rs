@@ -32,11 +32,6 @@ pub struct CoreConfig {
     /// Seed of the work queue's backoff jitter; `None` (production): the OS's randomness.
     /// The simulation sets it so a seed replays exactly ([`crate::jitter`]).
     pub jitter_seed: Option<u64>,
-    /// Wait before the first EC2 listing of a new leader, so that describes show the last calls
-    /// of the previous one (or of this process before a crash): a listing taken at once may
-    /// show addresses it unassigned, and they would go back into the pools
-    /// ([`super::cache::DESCRIBE_LAG`] in production; zero in tests that do not model the lag).
-    pub start_delay: Duration,
 }
 
 impl CoreConfig {
@@ -62,7 +57,6 @@ impl Default for CoreConfig {
             scope: Scope::default(),
             annotate_cilium_ignore: false,
             jitter_seed: None,
-            start_delay: Duration::ZERO,
         }
     }
 }
