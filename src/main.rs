@@ -125,8 +125,9 @@ async fn run_operator(
         fence.clone(),
     ));
 
-    // Everything a leader does, in one future: dropping it aborts all of it at once.
-    let work = {
+    // Everything a leader does, in one future: dropping it aborts all of it at once. Boxed: the
+    // fenced client and sink nest the types deeper than the compiler's layout limit.
+    let work = Box::pin({
         let ec2 = ec2.clone();
         let client = client.clone();
         let shutdown = shutdown.clone();
@@ -170,7 +171,7 @@ async fn run_operator(
                 () = caches_warm => Ok(()),
             }
         }
-    };
+    });
 
     let result = if settings.kube.leader_election {
         let lease = KubeLease::new(
