@@ -280,6 +280,7 @@ impl World {
             &self.cfg,
             self.subnet_ids(),
             Observer::alone(),
+            eni_operator::runtime::fence::Fence::open(),
             // Retry jitter from the seed (one stream per operator start): a seed replays exactly.
             self.jitter_seed(u64::from(self.restarts)),
         );
