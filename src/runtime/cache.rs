@@ -147,6 +147,13 @@ impl Ec2Cache {
         self.trust_listings_from = Some(now + DESCRIBE_LAG);
     }
 
+    /// Whether any listed address or prefix still waits for confirmation (§14.1).
+    pub fn holds_back(&self) -> bool {
+        self.instances
+            .values()
+            .any(|e| !e.unconfirmed_ips.is_empty() || !e.unconfirmed_prefixes.is_empty())
+    }
+
     /// When listings become trustworthy for this leadership (`None`: always were).
     pub fn trust_listings_from(&self) -> Option<Instant> {
         self.trust_listings_from

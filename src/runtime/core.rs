@@ -140,8 +140,11 @@ impl<E: Ec2, S: NodeSink> Core<E, S> {
                 Some(done) = l.tasks.join(), if !l.tasks.is_empty() => self.on_done(done, &mut l),
                 _ = resync.tick() => { self.start_full(&mut l); }
                 () = clock::sleep_until(confirming), if confirming.is_some() => {
-                    // A full refresh still running started too early: try again after it.
-                    confirming = (!self.start_full(&mut l)).then(|| now() + Duration::from_secs(1));
+                    // Only when something is held back (otherwise the resync confirms as
+                    // usual); a full refresh still running started too early: try after it.
+                    let held = inner.cache.read().expect("cache").holds_back();
+                    confirming = (held && !self.start_full(&mut l))
+                        .then(|| now() + Duration::from_secs(1));
                 }
                 // Re-plan every node on the cached view, between full EC2 refreshes.
                 _ = rescan.tick() => self.inner.requeue_all(&mut l.queue),
