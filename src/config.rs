@@ -481,7 +481,6 @@ impl Settings {
             },
             scope: Scope::from_settings(&self.ipam),
             annotate_cilium_ignore: self.ipam.annotate_cilium_ignore,
-            start_delay: crate::runtime::cache::DESCRIBE_LAG,
             limits_via_api: self.ipam.update_ec2_adapter_limit_via_api,
             limit_overrides: self.ipam.aws_instance_limit_mapping.clone(),
             handover_quiet: self.handover.handover_quiet,

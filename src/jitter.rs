@@ -39,6 +39,15 @@ impl Jitter {
     }
 }
 
+/// A per-process random number (the `ClientToken` nonce): from the OS in production, from
+/// `seed` in the simulation (a stream of its own, so the jitter sequence does not move).
+pub fn nonce(seed: Option<u64>) -> u64 {
+    match seed {
+        Some(s) => StdRng::seed_from_u64(s ^ 0x0c11_e470_4e11_0ce5).random(),
+        None => rand::rng().random(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

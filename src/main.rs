@@ -122,6 +122,7 @@ async fn run_operator(
     use eni_operator::ec2::aws::AwsEc2;
     use eni_operator::ec2::gate::Gate;
     use eni_operator::runtime::core::Core;
+    use eni_operator::runtime::fence::{Fence, Fenced, FencedSink};
     use eni_operator::runtime::leader::{Elector, KubeLease};
     use eni_operator::runtime::metrics::RuntimeMetrics;
     use eni_operator::runtime::sink::KubeSink;
@@ -131,18 +132,27 @@ async fn run_operator(
     if settings.ipam.annotate_cilium_ignore {
         tracing::info!("annotating served CiliumNodes with ipam.cilium.io/ignore=true");
     }
+    // Every mutating call and write checks this process's lease right before it goes (§14.2):
+    // inside the gate (each retry too) and around the sink.
+    let fence = if settings.kube.leader_election {
+        Fence::closed()
+    } else {
+        Fence::open()
+    };
+    let aws = Fenced::new(aws, fence.clone());
     let ec2 = Arc::new(Gate::new(aws, settings.gate.gate_config()));
     registry.with(|r| ec2.metrics().register(r));
     let metrics = registry.with(RuntimeMetrics::register);
 
     let core_config = settings.core_config();
-    let sink = Arc::new(KubeSink::new(
-        client.clone(),
-        Some(settings.kube.identity().to_string()),
+    let sink = Arc::new(FencedSink::new(
+        KubeSink::new(client.clone(), Some(settings.kube.identity().to_string())),
+        fence.clone(),
     ));
 
-    // Everything a leader does, in one future: dropping it aborts all of it at once.
-    let work = {
+    // Everything a leader does, in one future: dropping it aborts all of it at once. Boxed: the
+    // fenced client and sink nest the types deeper than the compiler's layout limit.
+    let work = Box::pin({
         let ec2 = ec2.clone();
         let client = client.clone();
         let shutdown = shutdown.clone();
@@ -221,7 +231,7 @@ async fn run_operator(
                 () = caches_warm => Ok(()),
             }
         }
-    };
+    });
 
     let result = if settings.kube.leader_election {
         let lease = KubeLease::new(
@@ -229,7 +239,7 @@ async fn run_operator(
             settings.kube.namespace(),
             settings.kube.leader_election_lease_name.clone(),
         );
-        let mut elector = Elector::new(lease, settings.kube.leader_config());
+        let mut elector = Elector::new(lease, settings.kube.leader_config()).with_fence(fence);
         let outcome = tokio::select! {
             r = elector.run(work) => Some(r),
             () = shutdown.cancelled() => None,

@@ -4,7 +4,7 @@
 //! `ENI_DST_MUTANT=<name>` selects the defect of a run.
 
 /// Every planted defect, by name.
-pub const ALL: [&str; 7] = [
+pub const ALL: [&str; 9] = [
     "release-used",
     "drain-is-gone",
     "reuse-burned-token",
@@ -12,6 +12,8 @@ pub const ALL: [&str; 7] = [
     "touch-foreign-eni",
     "unassign-before-withdraw",
     "release-running-instance",
+    "trust-lagging-describe",
+    "no-fence",
 ];
 
 /// Whether the defects are compiled into this build.

@@ -35,8 +35,29 @@ fn account(sim: &Simulator) -> (String, String, String) {
 /// to it. Keep the sender: the core ends when its input closes.
 async fn serve(
     sim: &Simulator,
+    account: &(String, String, String),
+    edit: impl FnOnce(&mut CiliumNode),
+) -> (
+    Arc<MemorySink>,
+    mpsc::Sender<NodeInput>,
+    tokio::task::JoinHandle<eni_operator::ec2::Result<()>>,
+) {
+    let cfg = CoreConfig {
+        workers: 2,
+        ipam: IpamConfig {
+            cluster_name: CLUSTER.into(),
+            ..IpamConfig::default()
+        },
+        ..CoreConfig::default()
+    };
+    serve_with(sim, account, cfg, edit).await
+}
+
+/// [`serve`] with the core configured by `cfg`.
+async fn serve_with(
+    sim: &Simulator,
     (vpc, subnet, instance): &(String, String, String),
-    start_delay: Duration,
+    cfg: CoreConfig,
     edit: impl FnOnce(&mut CiliumNode),
 ) -> (
     Arc<MemorySink>,
@@ -44,15 +65,6 @@ async fn serve(
     tokio::task::JoinHandle<eni_operator::ec2::Result<()>>,
 ) {
     let sink = Arc::new(MemorySink::new());
-    let cfg = CoreConfig {
-        workers: 2,
-        ipam: IpamConfig {
-            cluster_name: CLUSTER.into(),
-            ..IpamConfig::default()
-        },
-        start_delay,
-        ..CoreConfig::default()
-    };
     let core = Core::new(
         Arc::new(sim.clone()),
         sink.clone(),
@@ -80,7 +92,7 @@ async fn an_eni_ec2_does_not_show_yet_after_its_create_is_attached_not_created_a
     let account = account(&sim);
     // Every new ENI stays unknown to the other calls for up to 6 s.
     sim.set_eventual_consistency(Duration::from_secs(6), true, 1);
-    let (sink, _tx, _task) = serve(&sim, &account, Duration::ZERO, |n| {
+    let (sink, _tx, _task) = serve(&sim, &account, |n| {
         n.spec.eni.first_interface_index = Some(1);
         n.spec.ipam.min_allocate = 8;
     })
@@ -116,10 +128,11 @@ async fn an_eni_ec2_does_not_show_yet_after_its_create_is_attached_not_created_a
 }
 
 /// A new operator (restart after a crash, or a new leader) starts while describes still show an
-/// address the previous one unassigned a moment ago: with `start_delay` it lists EC2 once they
-/// have caught up, and the address never goes back into the pool.
+/// address the previous one unassigned a moment ago (and wrote its pool without). It acts at
+/// once (§14: no waiting for describes to catch up) but holds the address back (§14.1): it never
+/// goes back into the pool while EC2 no longer has it (`make dst` seed 25).
 #[tokio::test(start_paused = true)]
-async fn a_restarted_operator_does_not_pool_an_address_unassigned_just_before() {
+async fn a_restarted_operator_acts_at_once_and_does_not_pool_an_address_unassigned_just_before() {
     let sim = Simulator::new();
     let account = account(&sim);
     let primary = sim.primary_eni_id(&account.2).unwrap();
@@ -133,6 +146,12 @@ async fn a_restarted_operator_does_not_pool_an_address_unassigned_just_before() 
     sim.unassign_private_ip_addresses(&primary, &[gone], &[])
         .await
         .unwrap();
+    // EC2 gives it to another instance at once (lowest free address first: its primary).
+    let other = sim.run_instance("m5.large", &account.1, &[]);
+    let other = sim
+        .network_interface(&sim.primary_eni_id(&other.id).unwrap())
+        .unwrap();
+    assert_eq!(other.primary_ip, gone);
     let f = EniFilter::default();
     let shown = collect_pages(|t| sim.describe_network_interfaces(&f, t))
         .await
@@ -143,29 +162,91 @@ async fn a_restarted_operator_does_not_pool_an_address_unassigned_just_before() 
             .any(|e| e.id == primary && e.secondary_ips.contains(&gone)),
         "describes still show the unassigned address"
     );
-
-    let (sink, _tx, _task) = serve(
-        &sim,
-        &account,
-        eni_operator::runtime::cache::DESCRIBE_LAG,
-        |n| {
-            n.spec.eni.first_interface_index = Some(0);
-            n.spec.ipam.pre_allocate = 2;
-        },
-    )
+    sim.record_calls();
+    let started = tokio::time::Instant::now();
+    let kept = assigned.ips[1..].to_vec();
+    let (sink, _tx, _task) = serve(&sim, &account, |n| {
+        n.spec.eni.first_interface_index = Some(0);
+        // Three addresses pooled, five wanted: the new operator must assign at once.
+        n.spec.ipam.pre_allocate = 5;
+        for ip in &kept {
+            n.spec.ipam.pool.insert(
+                ip.to_string(),
+                eni_operator::crd::AllocationIp {
+                    resource: primary.clone(),
+                    ..Default::default()
+                },
+            );
+        }
+    })
     .await;
 
     let mut pooled = 0;
+    let mut served_after = None;
     for _ in 0..360 {
         tokio::time::sleep(Duration::from_millis(250)).await;
         let pool = sink.get("n").map(|n| n.spec.ipam.pool).unwrap_or_default();
+        // What EC2 really has on the ENI now (not what a lagging describe shows).
+        let held = sim.network_interface(&primary).unwrap().secondary_ips;
+        let ghost: Vec<_> = pool
+            .keys()
+            .filter(|a| !held.iter().any(|h| h.to_string() == **a))
+            .collect();
         assert!(
-            !pool.contains_key(&gone.to_string()),
-            "{gone} is back in the pool: {pool:?}"
+            ghost.is_empty(),
+            "{ghost:?} pooled while EC2 no longer has them"
         );
         pooled = pool.len();
+        if pooled >= 5 && served_after.is_none() {
+            served_after = Some(tokio::time::Instant::now() - started);
+        }
     }
-    assert!(pooled >= 3, "the node was served: pool {pooled}");
+    assert!(pooled >= 5, "the node was served: pool {pooled}");
+    let first_mutating = sim
+        .take_calls()
+        .into_iter()
+        .find(|c| c.op.is_mutating())
+        .map(|c| c.at.duration_since(started))
+        .expect("an assign");
+    assert!(
+        first_mutating <= Duration::from_secs(5),
+        "first mutating call {first_mutating:?} after the start"
+    );
+    assert!(
+        served_after.is_some_and(|d| d <= Duration::from_secs(5)),
+        "served after {served_after:?}"
+    );
+}
+
+/// The core as production configures it (`--cluster-name` alone) makes its first mutating
+/// call within 5 s of its start (it becomes leader right before): no waiting for describes to
+/// catch up (§14; it waited `DESCRIBE_LAG`, 30 s, before this: every start and failover).
+#[tokio::test(start_paused = true)]
+async fn a_new_leader_as_production_configures_it_acts_within_five_seconds() {
+    let sim = Simulator::new();
+    let account = account(&sim);
+    sim.set_eventual_consistency(Duration::from_secs(6), false, 4);
+    sim.record_calls();
+    let settings =
+        eni_operator::config::Settings::load_from(["eni-operator", "--cluster-name", CLUSTER])
+            .unwrap();
+    let started = tokio::time::Instant::now();
+    let (_sink, _tx, _task) = serve_with(&sim, &account, settings.core_config(), |n| {
+        n.spec.eni.first_interface_index = Some(0);
+        n.spec.ipam.pre_allocate = 4;
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    let first_mutating = sim
+        .take_calls()
+        .into_iter()
+        .find(|c| c.op.is_mutating())
+        .map(|c| c.at.duration_since(started))
+        .expect("an assign");
+    assert!(
+        first_mutating <= Duration::from_secs(5),
+        "first mutating call {first_mutating:?} after the start"
+    );
 }
 
 /// Every ENI as describes show it now.

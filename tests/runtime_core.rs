@@ -2305,4 +2305,104 @@ async fn two_clusters_with_the_default_name_never_collect_each_others_enis() {
             .is_empty()
     );
     assert!(a.sim.network_interface(&eni_b.id).is_some());
+
+/// Token generations restart at 0 with a new process: after k refused attaches (each ENI
+/// deleted, its token spent), a restarted operator replayed the k spent tokens one by one
+/// (EC2 answers each with its deleted ENI: a not-ready wait and a failed pass apiece). With a
+/// per-process nonce in the token it never replays one: one create after the restart.
+#[tokio::test(start_paused = true)]
+async fn a_restart_after_refused_attaches_replays_no_spent_token() {
+    const REFUSED: u64 = 3;
+    let w = Cluster::new();
+    w.sim.set_fault_rate(
+        Operation::AttachNetworkInterface,
+        1.0,
+        testkit::sim::Fault::new("InvalidParameterValue", "refused (injected)", 400),
+    );
+    let sink = Arc::new(MemorySink::new());
+    let (_core, tx, task) = start(w.sim.clone(), &sink, config(4));
+    let inst = join(&w, &sink, &tx, "n", 8).await;
+    let sim = w.sim.clone();
+    assert!(
+        wait_until(
+            || sim.stats().get(Operation::DeleteNetworkInterface).ok >= REFUSED,
+            Duration::from_secs(300)
+        )
+        .await
+    );
+    task.abort();
+    let _ = task.await;
+    let before = create_calls(&w.sim);
+    assert!(before >= REFUSED, "{before} creates before the restart");
+    w.sim
+        .set_fault_rate(Operation::AttachNetworkInterface, 0.0, throttled());
+    let (_core, tx, _task) = start(w.sim.clone(), &sink, config(4));
+    tx.send(NodeInput::Upsert(Box::new(sink.get("n").unwrap())))
+        .await
+        .unwrap();
+    assert!(
+        wait_until(|| served(&sink, "n", 8), Duration::from_secs(300)).await,
+        "served: {:?}",
+        operator_error(&sink, "n")
+    );
+    assert_eq!(
+        create_calls(&w.sim) - before,
+        1,
+        "one create after the restart, no spent token replayed"
+    );
+    assert_eq!(our_attached(&w.sim, &inst.id).await.len(), 1);
+    assert!(our_available_enis(&w.sim).await.is_empty());
+}
+
+/// C8: the versioned `release-ips` write is based on the version the operator observed. An
+/// agent write after that observation made no conflict when a pool removal went first in the
+/// same pass: the removal (unversioned) landed on the agent's version and the handshake write
+/// carried the version that removal returned.
+#[tokio::test(start_paused = true)]
+async fn an_agent_write_before_a_release_proposal_makes_it_conflict_even_after_a_pool_removal() {
+    use eni_operator::ipam::{DesiredState, changes};
+    use eni_operator::runtime::sink::{NodeRef, NodeSink, SinkError};
+
+    let sink = MemorySink::new();
+    let mut n = CiliumNode::new("n", Default::default());
+    for ip in ["10.0.0.5", "10.0.0.6", "10.0.0.7"] {
+        n.spec.ipam.pool.insert(
+            ip.into(),
+            AllocationIp {
+                resource: "eni-1".into(),
+                ..Default::default()
+            },
+        );
+    }
+    let observed = sink.put(&n);
+    // What the operator wants: 10.0.0.7 out of the pool, 10.0.0.6 proposed for release.
+    let mut pool = observed.spec.ipam.pool.clone();
+    pool.remove("10.0.0.7");
+    let desired = DesiredState {
+        enis: None,
+        pool: Some(pool),
+        release_ips: [("10.0.0.6".to_string(), Some("marked".to_string()))].into(),
+        operator_error: None,
+        summary: Default::default(),
+    };
+    let set = changes(&observed, &desired);
+    assert_eq!(set.writes.len(), 2, "{set:?}");
+    // The agent writes after the operator's observation (its status, say).
+    sink.update("n", |n| n.spec.ipam.pre_allocate = 9).unwrap();
+    let r = sink.apply(&NodeRef::of(&observed), &set).await;
+    assert!(matches!(r, Err(SinkError::Conflict(_))), "{r:?}");
+    let after = sink.get("n").unwrap();
+    assert!(
+        after
+            .status
+            .as_ref()
+            .is_none_or(|s| s.ipam.release_ips.is_empty()),
+        "no proposal over an unseen agent write: {:?}",
+        after.status
+    );
+    assert_eq!(
+        after.spec.ipam.pool.len(),
+        3,
+        "the whole pass recomputes against the agent's version"
+    );
 }

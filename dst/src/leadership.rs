@@ -30,6 +30,7 @@ use eni_operator::ec2::{
 };
 use eni_operator::ipam::ChangeSet;
 use eni_operator::runtime::core::{Core, CoreConfig, NodeInput};
+use eni_operator::runtime::fence::{Fence, Fenced, FencedSink};
 use eni_operator::runtime::gc;
 use eni_operator::runtime::leader::{Elector, LeaderConfig, LeaseError, LeaseLock, LeaseRecord};
 use eni_operator::runtime::metrics::RuntimeMetrics;
@@ -46,8 +47,20 @@ use tokio_util::task::AbortOnDropHandle;
 
 use crate::world::{CLUSTER, GC_INTERVAL, World};
 
+/// The EC2 client of one process as the simulation runs it: the gate, the pause point, the
+/// operator's fence (§14.2), and the observer at the simulator.
+type SimEc2 = Gate<Observed<Fenced<Observed<Simulator>>>>;
+/// Its sink: pause point, fence, observer.
+type SimSink = ObservedSink<FencedSink<ObservedSink<Arc<MemorySink>>>>;
 /// The core as the simulation runs it: every EC2 call and API write observed.
-pub type SimCore = Core<Gate<Observed<Simulator>>, ObservedSink>;
+pub type SimCore = Core<SimEc2, SimSink>;
+
+/// A Lease (15 s, `LeaderConfig::new`): a call issued this long after the start of its
+/// process's last successful Lease write is issued by a process whose lease had expired.
+const LEASE_DURATION: std::time::Duration = std::time::Duration::from_secs(15);
+/// Per mille per simulated second, while the faults last: the leader's process is frozen at
+/// its next call, for longer than the lease.
+const P_FREEZE: u32 = 2;
 
 /// Per mille per simulated second, while the faults last: the leader's Lease connection breaks.
 const P_LEASE_BREAK: u32 = 3;
@@ -62,6 +75,12 @@ pub struct Observer {
     lease: Option<Arc<MemoryLease>>,
     breaches: Arc<Mutex<Vec<String>>>,
     start: Instant,
+    /// When this process's last successful Lease write was sent (its lease runs from then).
+    renewed_from: Arc<Mutex<Option<Instant>>>,
+    /// Calls issued after this process's lease had expired.
+    expired: Arc<Mutex<Vec<String>>>,
+    /// This process's pauses (SIGSTOP, a cgroup freeze, a VM pause).
+    freeze: Freeze,
 }
 
 impl Observer {
@@ -71,11 +90,23 @@ impl Observer {
             lease: None,
             breaches: Arc::default(),
             start: Instant::now(),
+            renewed_from: Arc::default(),
+            expired: Arc::default(),
+            freeze: Freeze::default(),
         }
     }
 
     fn issued(&self, what: &str) {
         let Some(lease) = &self.lease else { return };
+        let renewed = *self.renewed_from.lock().expect("renewed");
+        if renewed.is_none_or(|r| Instant::now() >= r + LEASE_DURATION) {
+            let t = Instant::now().duration_since(self.start).as_secs();
+            let ago = renewed.map(|r| Instant::now().duration_since(r));
+            self.expired.lock().expect("expired").push(format!(
+                "{} issued {what} at t={t}s, its last renewal sent {ago:?} before (lease {LEASE_DURATION:?})",
+                self.identity
+            ));
+        }
         let holder = lease.holder();
         if holder.as_deref() != Some(self.identity.as_str()) {
             let t = Instant::now().duration_since(self.start).as_secs();
@@ -87,10 +118,28 @@ impl Observer {
     }
 }
 
-/// An EC2 client that tells its [`Observer`] of every mutating call it issues.
+/// An EC2 client that tells its [`Observer`] of every mutating call it issues (`Role::Issue`,
+/// right at the simulator), or that holds each call while its process is frozen
+/// (`Role::Pause`, before the operator's fence check: a freeze can fall anywhere before it).
 pub struct Observed<E> {
     inner: E,
     observer: Observer,
+    role: Role,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    Pause,
+    Issue,
+}
+
+impl Observer {
+    async fn before(&self, role: Role, what: &str) {
+        match role {
+            Role::Pause => self.freeze.thawed().await,
+            Role::Issue => self.issued(what),
+        }
+    }
 }
 
 impl<E: Ec2> Ec2 for Observed<E> {
@@ -152,7 +201,8 @@ impl<E: Ec2> Ec2 for Observed<E> {
         request: &CreateEniRequest,
     ) -> Result<NetworkInterface> {
         self.observer
-            .issued(Operation::CreateNetworkInterface.name());
+            .before(self.role, Operation::CreateNetworkInterface.name())
+            .await;
         self.inner.create_network_interface(request).await
     }
     async fn attach_network_interface(
@@ -162,7 +212,8 @@ impl<E: Ec2> Ec2 for Observed<E> {
         device_index: u32,
     ) -> Result<String> {
         self.observer
-            .issued(Operation::AttachNetworkInterface.name());
+            .before(self.role, Operation::AttachNetworkInterface.name())
+            .await;
         self.inner
             .attach_network_interface(eni_id, instance_id, device_index)
             .await
@@ -174,7 +225,8 @@ impl<E: Ec2> Ec2 for Observed<E> {
         delete_on_termination: bool,
     ) -> Result<()> {
         self.observer
-            .issued(Operation::ModifyNetworkInterfaceAttribute.name());
+            .before(self.role, Operation::ModifyNetworkInterfaceAttribute.name())
+            .await;
         self.inner
             .set_delete_on_termination(eni_id, attachment_id, delete_on_termination)
             .await
@@ -185,7 +237,8 @@ impl<E: Ec2> Ec2 for Observed<E> {
         request: AddressRequest,
     ) -> Result<Assigned> {
         self.observer
-            .issued(Operation::AssignPrivateIpAddresses.name());
+            .before(self.role, Operation::AssignPrivateIpAddresses.name())
+            .await;
         self.inner
             .assign_private_ip_addresses(eni_id, request)
             .await
@@ -197,44 +250,52 @@ impl<E: Ec2> Ec2 for Observed<E> {
         prefixes: &[Ipv4Net],
     ) -> Result<()> {
         self.observer
-            .issued(Operation::UnassignPrivateIpAddresses.name());
+            .before(self.role, Operation::UnassignPrivateIpAddresses.name())
+            .await;
         self.inner
             .unassign_private_ip_addresses(eni_id, ips, prefixes)
             .await
     }
     async fn detach_network_interface(&self, attachment_id: &str, force: bool) -> Result<()> {
         self.observer
-            .issued(Operation::DetachNetworkInterface.name());
+            .before(self.role, Operation::DetachNetworkInterface.name())
+            .await;
         self.inner
             .detach_network_interface(attachment_id, force)
             .await
     }
     async fn delete_network_interface(&self, eni_id: &str) -> Result<()> {
         self.observer
-            .issued(Operation::DeleteNetworkInterface.name());
+            .before(self.role, Operation::DeleteNetworkInterface.name())
+            .await;
         self.inner.delete_network_interface(eni_id).await
     }
 }
 
 /// The API server as one instance sees it: every write told to its [`Observer`].
-pub struct ObservedSink {
-    inner: Arc<MemorySink>,
+pub struct ObservedSink<S> {
+    inner: S,
     observer: Observer,
+    role: Role,
 }
 
-impl NodeSink for ObservedSink {
+impl<S: NodeSink> NodeSink for ObservedSink<S> {
     async fn apply(&self, node: &NodeRef, changes: &ChangeSet) -> SinkResult<Option<CiliumNode>> {
         self.observer
-            .issued(&format!("a CiliumNode write of {}", node.name));
+            .before(self.role, &format!("a CiliumNode write of {}", node.name))
+            .await;
         self.inner.apply(node, changes).await
     }
     async fn event(&self, node: &NodeRef, event: NodeEvent) {
-        self.observer.issued(&format!("an Event on {}", node.name));
+        self.observer
+            .before(self.role, &format!("an Event on {}", node.name))
+            .await;
         self.inner.event(node, event).await
     }
     async fn set_finalizer(&self, node: &NodeRef, present: bool) -> SinkResult<Option<CiliumNode>> {
         self.observer
-            .issued(&format!("a finalizer write of {}", node.name));
+            .before(self.role, &format!("a finalizer write of {}", node.name))
+            .await;
         self.inner.set_finalizer(node, present).await
     }
     async fn set_annotation(
@@ -244,12 +305,14 @@ impl NodeSink for ObservedSink {
         value: Option<&str>,
     ) -> SinkResult<Option<CiliumNode>> {
         self.observer
-            .issued(&format!("an annotation write of {}", node.name));
+            .before(self.role, &format!("an annotation write of {}", node.name))
+            .await;
         self.inner.set_annotation(node, key, value).await
     }
     async fn delete(&self, name: &str) -> SinkResult<()> {
         self.observer
-            .issued(&format!("a CiliumNode delete of {name}"));
+            .before(self.role, &format!("a CiliumNode delete of {name}"))
+            .await;
         self.inner.delete(name).await
     }
     async fn node_exists(&self, name: &str) -> SinkResult<bool> {
@@ -274,11 +337,18 @@ pub fn build(
     cfg: &CoreConfig,
     subnets: Vec<String>,
     observer: Observer,
+    fence: Fence,
     jitter: u64,
 ) -> Parts {
-    let ec2 = Observed {
+    let issue = Observed {
         inner: sim.clone(),
         observer: observer.clone(),
+        role: Role::Issue,
+    };
+    let ec2 = Observed {
+        inner: Fenced::new(issue, fence.clone()),
+        observer: observer.clone(),
+        role: Role::Pause,
     };
     let gate_config = GateConfig {
         jitter_seed: Some(jitter),
@@ -286,9 +356,15 @@ pub fn build(
     };
     let gate = Arc::new(Gate::new(ec2, gate_config));
     let metrics = RuntimeMetrics::default();
-    let sink = Arc::new(ObservedSink {
+    let issue = ObservedSink {
         inner: sink.clone(),
+        observer: observer.clone(),
+        role: Role::Issue,
+    };
+    let sink = Arc::new(ObservedSink {
+        inner: FencedSink::new(issue, fence),
         observer,
+        role: Role::Pause,
     });
     let cfg = CoreConfig {
         jitter_seed: Some(!jitter),
@@ -326,6 +402,16 @@ pub fn build(
 struct Stallable {
     inner: MemoryLeaseClient,
     stalled: Arc<AtomicBool>,
+    /// When the last successful write was sent (the observer's [`Observer::renewed_from`]).
+    renewed_from: Arc<Mutex<Option<Instant>>>,
+}
+
+impl Stallable {
+    fn renewed(&self, sent: Instant, ok: bool) {
+        if ok {
+            *self.renewed_from.lock().expect("renewed") = Some(sent);
+        }
+    }
 }
 
 impl Stallable {
@@ -342,16 +428,22 @@ impl LeaseLock for Stallable {
         self.inner.get().await
     }
     async fn create(&self, record: &LeaseRecord) -> std::result::Result<(), LeaseError> {
+        let sent = Instant::now();
         self.gate().await;
-        self.inner.create(record).await
+        let r = self.inner.create(record).await;
+        self.renewed(sent, r.is_ok());
+        r
     }
     async fn update(
         &self,
         record: &LeaseRecord,
         version: &str,
     ) -> std::result::Result<(), LeaseError> {
+        let sent = Instant::now();
         self.gate().await;
-        self.inner.update(record, version).await
+        let r = self.inner.update(record, version).await;
+        self.renewed(sent, r.is_ok());
+        r
     }
 }
 
@@ -370,6 +462,8 @@ struct Replica {
     published: Published,
     /// Its watches are connected (the listing was delivered).
     connected: bool,
+    /// The process's pauses.
+    freeze: Freeze,
     restart_at: Option<u64>,
 }
 
@@ -378,6 +472,8 @@ pub struct Leadership {
     lease: Arc<MemoryLease>,
     replicas: Vec<Replica>,
     breaches: Arc<Mutex<Vec<String>>>,
+    /// Calls issued by a process whose lease had expired (every incarnation's).
+    expired: Arc<Mutex<Vec<String>>>,
     start: Instant,
 }
 
@@ -398,10 +494,12 @@ impl Leadership {
                     stalled: Arc::default(),
                     published: Arc::default(),
                     connected: false,
+                    freeze: Freeze::default(),
                     restart_at: Some(0),
                 })
                 .collect(),
             breaches: Arc::default(),
+            expired: Arc::default(),
             start: Instant::now(),
         })
     }
@@ -441,13 +539,18 @@ fn start(w: &mut World, i: usize, t: u64) {
     r.stalled = Arc::default();
     r.published = Arc::default();
     r.connected = false;
+    r.freeze = Freeze::default();
     r.restart_at = None;
     l.lease.partition(&r.identity, false);
+    let renewed_from: Arc<Mutex<Option<Instant>>> = Arc::default();
     let observer = Observer {
         identity: r.identity.clone(),
         lease: Some(l.lease.clone()),
         breaches: l.breaches.clone(),
         start: l.start,
+        renewed_from: renewed_from.clone(),
+        expired: l.expired.clone(),
+        freeze: r.freeze.clone(),
     };
     let lock = Stallable {
         inner: MemoryLeaseClient {
@@ -455,15 +558,18 @@ fn start(w: &mut World, i: usize, t: u64) {
             identity: r.identity.clone(),
         },
         stalled: r.stalled.clone(),
+        renewed_from,
     };
+    let freeze = r.freeze.clone();
     let published = r.published.clone();
     let identity = r.identity.clone();
     let (sim, sink, cfg) = (w.sim.clone(), w.sink.clone(), w.core_config());
     let jitter = w.jitter_seed(((i as u64 + 1) << 32) | u64::from(generation));
     let process = async move {
-        let mut elector = Elector::new(lock, LeaderConfig::new(identity));
+        let fence = Fence::closed();
+        let mut elector = Elector::new(lock, LeaderConfig::new(identity)).with_fence(fence.clone());
         let work = async {
-            let parts = build(&sim, &sink, &cfg, subnets, observer, jitter);
+            let parts = build(&sim, &sink, &cfg, subnets, observer, fence, jitter);
             *published.lock().expect("published") = Some((parts.core, parts.tx));
             parts.run.await;
         };
@@ -472,6 +578,8 @@ fn start(w: &mut World, i: usize, t: u64) {
         published.lock().expect("published").take();
     };
     let l = w.leadership.as_mut().expect("leadership");
+    // A frozen process's own future (the elector, the core's loop, its watches) is not polled.
+    let process = freeze.wrap(process);
     l.replicas[i].process = Some(AbortOnDropHandle::new(tokio::spawn(process)));
     let id = l.replicas[i].identity.clone();
     w.log(t, format!("replica {id} starts (standby until elected)"));
@@ -497,6 +605,16 @@ pub fn tick(w: &mut World, t: u64) {
         }
         if r.restart_at.is_some_and(|at| at <= t) {
             due.push(i);
+        }
+    }
+    let now = Instant::now();
+    for r in &l.replicas {
+        if let Some(since) = r.freeze.thaw_due(now) {
+            lines.push(format!(
+                "replica {} thaws (frozen {}s)",
+                r.identity,
+                now.duration_since(since).as_secs()
+            ));
         }
     }
     let mut connect = Vec::new();
@@ -527,6 +645,24 @@ pub fn tick(w: &mut World, t: u64) {
 /// The seed's leadership events of one second (faults phase only): the leader's connection to
 /// the Lease breaks (its renewals fail) or stalls (they never answer).
 pub fn events(w: &mut World, t: u64) {
+    let Some(l) = w.leadership.as_mut() else {
+        return;
+    };
+    if l.rng.random_range(0..1000) < P_FREEZE
+        && let Some(i) = l.leader()
+        && l.replicas[i].process.is_some()
+    {
+        // Longer than the lease: the other replica takes it meanwhile.
+        let secs = l.rng.random_range(20..=45);
+        let r = &l.replicas[i];
+        r.freeze.arm(std::time::Duration::from_secs(secs));
+        let line = format!(
+            "replica {} will freeze for {secs}s at its next call",
+            r.identity
+        );
+        w.log(t, line);
+        return;
+    }
     let Some(l) = w.leadership.as_mut() else {
         return;
     };
@@ -574,9 +710,101 @@ pub fn check(w: &World) -> std::result::Result<(), crate::check::Broken> {
     let Some(l) = &w.leadership else {
         return Ok(());
     };
+    if let Some(e) = l.expired.lock().expect("expired").first() {
+        return Err((
+            "no mutating call from a process whose lease had expired",
+            e.clone(),
+        ));
+    }
     match l.breaches().first() {
         None => Ok(()),
         Some(b) => Err(("no two leaders writing at once", b.clone())),
+    }
+}
+
+/// A process's pauses (SIGSTOP, a cgroup freeze, a VM pause): armed by the harness, it begins
+/// at the process's next mutating call (so calls are in flight), holds every call of the
+/// process at its pause point and the process's own future (elector, core loop, watches), and
+/// ends when the harness thaws it. On thaw the held calls are woken before the process's
+/// future, the order that hurts: a task may send what it planned before the elector runs.
+#[derive(Clone)]
+pub struct Freeze(Arc<FreezeState>);
+
+struct FreezeState {
+    frozen: tokio::sync::watch::Sender<bool>,
+    armed: Mutex<Option<std::time::Duration>>,
+    /// Frozen since, and for how long.
+    span: Mutex<Option<(Instant, std::time::Duration)>>,
+    process: Mutex<Option<std::task::Waker>>,
+}
+
+impl Default for Freeze {
+    fn default() -> Self {
+        Self(Arc::new(FreezeState {
+            frozen: tokio::sync::watch::Sender::new(false),
+            armed: Mutex::default(),
+            span: Mutex::default(),
+            process: Mutex::default(),
+        }))
+    }
+}
+
+impl Freeze {
+    fn arm(&self, span: std::time::Duration) {
+        *self.0.armed.lock().expect("armed") = Some(span);
+    }
+
+    /// A call's pause point: freeze here if armed; wait while frozen.
+    async fn thawed(&self) {
+        if let Some(span) = self.0.armed.lock().expect("armed").take() {
+            *self.0.span.lock().expect("span") = Some((Instant::now(), span));
+            self.0.frozen.send_replace(true);
+        }
+        let mut rx = self.0.frozen.subscribe();
+        let _ = rx.wait_for(|frozen| !*frozen).await;
+    }
+
+    /// Thaw if the freeze has lasted its span; returns when it began.
+    fn thaw_due(&self, now: Instant) -> Option<Instant> {
+        let mut span = self.0.span.lock().expect("span");
+        let (since, len) = (*span)?;
+        if now < since + len {
+            return None;
+        }
+        *span = None;
+        // The held calls first (woken in order), then the process's own future.
+        self.0.frozen.send_replace(false);
+        if let Some(w) = self.0.process.lock().expect("waker").take() {
+            w.wake();
+        }
+        Some(since)
+    }
+
+    fn wrap<F: std::future::Future>(&self, inner: F) -> Frozen<F> {
+        Frozen {
+            inner: Box::pin(inner),
+            freeze: self.clone(),
+        }
+    }
+}
+
+/// A process's future that is not polled while its [`Freeze`] holds.
+struct Frozen<F> {
+    inner: std::pin::Pin<Box<F>>,
+    freeze: Freeze,
+}
+
+impl<F: std::future::Future> std::future::Future for Frozen<F> {
+    type Output = F::Output;
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<F::Output> {
+        if *self.freeze.0.frozen.borrow() {
+            *self.freeze.0.process.lock().expect("waker") = Some(cx.waker().clone());
+            return std::task::Poll::Pending;
+        }
+        self.inner.as_mut().poll(cx)
     }
 }
 
@@ -588,11 +816,15 @@ mod tests {
     async fn a_call_issued_while_the_lease_names_another_holder_is_a_breach() {
         let lease = Arc::new(MemoryLease::new());
         let breaches: Arc<Mutex<Vec<String>>> = Arc::default();
+        let renewed_from: Arc<Mutex<Option<Instant>>> = Arc::new(Mutex::new(Some(Instant::now())));
         let observer = |identity: &str| Observer {
             identity: identity.into(),
             lease: Some(lease.clone()),
             breaches: breaches.clone(),
             start: Instant::now(),
+            renewed_from: renewed_from.clone(),
+            expired: Arc::default(),
+            freeze: Freeze::default(),
         };
         let mut a = Elector::new(
             MemoryLeaseClient {

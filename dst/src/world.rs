@@ -200,8 +200,6 @@ impl World {
             // Shorter than the default 10 minutes, so that grace periods end (and Nodes come
             // back after them) within the run.
             node_gone_grace: Duration::from_secs(NODE_GONE_GRACE),
-            // As in production: a (re)started operator lists EC2 once describes caught up.
-            start_delay: eni_operator::runtime::cache::DESCRIBE_LAG,
             ..CoreConfig::default()
         };
         let (agents, pruned) = Agents::new(seed);
@@ -310,6 +308,7 @@ impl World {
             &self.cfg,
             self.subnet_ids(),
             Observer::alone(),
+            eni_operator::runtime::fence::Fence::open(),
             // Retry jitter from the seed (one stream per operator start): a seed replays exactly.
             self.jitter_seed(u64::from(self.restarts)),
         );

@@ -59,6 +59,10 @@ pub struct IpamConfig {
     pub cluster_name: String,
     /// How long a subnet that failed a /28 is skipped for prefixes.
     pub prefix_cooldown: Duration,
+    /// This process's part of every `ClientToken` (random per process; seeded in the
+    /// simulation): a new process never replays a token an earlier one spent, since token
+    /// generations restart at 0 with it (`ownership::client_token`).
+    pub token_nonce: u64,
 }
 
 impl Default for IpamConfig {
@@ -71,6 +75,7 @@ impl Default for IpamConfig {
             eni_tags: Tags::new(),
             cluster_name: "default".into(),
             prefix_cooldown: Duration::from_secs(300),
+            token_nonce: 0,
         }
     }
 }

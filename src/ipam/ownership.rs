@@ -55,9 +55,11 @@ pub fn description(instance_id: &str) -> String {
 ///   changes, and the runtime moves the node's `generation` on whenever a token is spent (the
 ///   ENI was attached, deleted after a refused attach, or EC2 answered the token with an ENI
 ///   that no longer exists or with `IdempotentParameterMismatch`). The generation lives in the
-///   node's memory and restarts at 0 with a new process; a token burned by an earlier process
-///   is then found out by its answer (the ENI does not exist, or a mismatch) and left at once,
-///   so a node is never stuck on one.
+///   node's memory and restarts at 0 with a new process, so each process adds its own random
+///   `nonce`: a new process never replays a token an earlier one spent (after k refused
+///   attaches it would replay k of them, each a not-ready wait and a failed pass). What a
+///   crash leaves behind is not lost with the old token: an unattached ENI of ours is adopted
+///   as a leftover of its instance and attached before anything is created.
 ///
 /// The amount and the security groups are left out on purpose: an ENI left unattached by a
 /// crash is attached by the next pass as it is (the runtime attaches our `available` ENIs of
@@ -67,17 +69,21 @@ pub fn description(instance_id: &str) -> String {
 /// ```
 /// use eni_operator::ipam::capacity::Kind;
 /// use eni_operator::ipam::ownership::client_token;
-/// let a = client_token("prod", "i-1", 1, "subnet-a", Kind::Prefixes, &["eni-0".into()], 0);
-/// let b = client_token("prod", "i-1", 1, "subnet-a", Kind::Prefixes, &["eni-0".into()], 0);
+/// let a = client_token("prod", "i-1", 1, "subnet-a", Kind::Prefixes, &["eni-0".into()], 0, 7);
+/// let b = client_token("prod", "i-1", 1, "subnet-a", Kind::Prefixes, &["eni-0".into()], 0, 7);
 /// assert_eq!(a, b);
 /// assert_eq!(a.len(), 64);
 /// let later = client_token("prod", "i-1", 2, "subnet-a", Kind::Prefixes,
-///     &["eni-0".into(), "eni-1".into()], 0);
+///     &["eni-0".into(), "eni-1".into()], 0, 7);
 /// assert_ne!(a, later);
 /// let after_a_spent_token = client_token("prod", "i-1", 1, "subnet-a", Kind::Prefixes,
-///     &["eni-0".into()], 1);
+///     &["eni-0".into()], 1, 7);
 /// assert_ne!(a, after_a_spent_token);
+/// let another_process = client_token("prod", "i-1", 1, "subnet-a", Kind::Prefixes,
+///     &["eni-0".into()], 0, 8);
+/// assert_ne!(a, another_process);
 /// ```
+#[allow(clippy::too_many_arguments)]
 pub fn client_token(
     cluster: &str,
     instance_id: &str,
@@ -86,6 +92,7 @@ pub fn client_token(
     kind: Kind,
     attached_eni_ids: &[String],
     generation: u32,
+    nonce: u64,
 ) -> String {
     let mut ids: Vec<&str> = attached_eni_ids.iter().map(String::as_str).collect();
     ids.sort_unstable();
@@ -103,6 +110,7 @@ pub fn client_token(
         subnet_id,
         kind,
         &generation.to_string(),
+        &nonce.to_string(),
     ]
     .into_iter()
     .chain(ids)
@@ -150,21 +158,22 @@ mod tests {
     #[test]
     fn token_is_stable_and_sensitive() {
         let ids = vec!["eni-b".to_string(), "eni-a".to_string()];
-        let base = client_token("c", "i-1", 1, "s", Kind::Ips, &ids, 0);
+        let base = client_token("c", "i-1", 1, "s", Kind::Ips, &ids, 0, 0);
         let reordered = vec!["eni-a".to_string(), "eni-b".to_string()];
         assert_eq!(
             base,
-            client_token("c", "i-1", 1, "s", Kind::Ips, &reordered, 0)
+            client_token("c", "i-1", 1, "s", Kind::Ips, &reordered, 0, 0)
         );
         assert!(base.len() <= 64 && base.chars().all(|c| c.is_ascii_hexdigit()));
         for other in [
-            client_token("d", "i-1", 1, "s", Kind::Ips, &ids, 0),
-            client_token("c", "i-2", 1, "s", Kind::Ips, &ids, 0),
-            client_token("c", "i-1", 2, "s", Kind::Ips, &ids, 0),
-            client_token("c", "i-1", 1, "t", Kind::Ips, &ids, 0),
-            client_token("c", "i-1", 1, "s", Kind::Prefixes, &ids, 0),
-            client_token("c", "i-1", 1, "s", Kind::Ips, &ids[..1], 0),
-            client_token("c", "i-1", 1, "s", Kind::Ips, &ids, 1),
+            client_token("d", "i-1", 1, "s", Kind::Ips, &ids, 0, 0),
+            client_token("c", "i-2", 1, "s", Kind::Ips, &ids, 0, 0),
+            client_token("c", "i-1", 2, "s", Kind::Ips, &ids, 0, 0),
+            client_token("c", "i-1", 1, "t", Kind::Ips, &ids, 0, 0),
+            client_token("c", "i-1", 1, "s", Kind::Prefixes, &ids, 0, 0),
+            client_token("c", "i-1", 1, "s", Kind::Ips, &ids[..1], 0, 0),
+            client_token("c", "i-1", 1, "s", Kind::Ips, &ids, 1, 0),
+            client_token("c", "i-1", 1, "s", Kind::Ips, &ids, 0, 1),
         ] {
             assert_ne!(base, other);
         }

@@ -377,6 +377,7 @@ fn create(
                 kind,
                 &attached,
                 token_generation,
+                config.token_nonce,
             ),
         }
     };

@@ -404,6 +404,16 @@ pub fn changes(node: &CiliumNode, desired: &DesiredState) -> ChangeSet {
         );
     }
     if !status_patch.is_empty() {
+        if touches_release {
+            // The versioned handshake write must be based on the version we observed (the
+            // agent's last write), C8: the sink takes each write's version from the answer to
+            // the one before, so the pool removals before it carry the observed version too.
+            // Unversioned, they would land on an agent write made since and hand its version
+            // on: the handshake write would then pass over an answer we never saw.
+            for w in &mut writes {
+                w.needs_resource_version = true;
+            }
+        }
         writes.push(Write {
             subresource: Subresource::Status,
             patch: json!({ "status": status_patch }),

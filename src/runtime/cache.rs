@@ -64,6 +64,11 @@ pub struct InstanceEntry {
     /// What we unassigned from this instance's ENIs less than [`DESCRIBE_LAG`] ago: a describe
     /// may still show it (see [`Ec2Cache::recently_unassigned`]).
     pub unassigned: Vec<Unassigned>,
+    /// Addresses and prefixes on `enis` that only a listing started in the first
+    /// [`DESCRIBE_LAG`] of this leadership has shown (and we did not assign ourselves): the
+    /// previous leader may have unassigned them just before it stopped (§14.1).
+    pub unconfirmed_ips: BTreeSet<Ipv4Addr>,
+    pub unconfirmed_prefixes: BTreeSet<Ipv4Net>,
 }
 
 /// Addresses and prefixes we unassigned from one ENI, and when.
@@ -112,6 +117,9 @@ pub struct Ec2Cache {
     instance_tags: Option<InstanceTags>,
     /// `--aws-instance-limit-mapping`: these types' counts win over EC2 and the built-in table.
     limit_overrides: BTreeMap<String, crate::ec2::limits::LimitOverride>,
+    /// Listings that started before this may not show the previous leader's last calls yet
+    /// (the start of this leadership plus [`DESCRIBE_LAG`], §14.1).
+    trust_listings_from: Option<Instant>,
 }
 
 /// What is known of the instances' tags under `--instance-tags-filter`.
@@ -133,6 +141,69 @@ impl Ec2Cache {
             cluster: cluster.into(),
             ..Self::default()
         }
+    }
+
+    /// This leadership began at `now`: listings that start less than [`DESCRIBE_LAG`] after it
+    /// may still show addresses the previous leader unassigned (found by `make dst`, seed 25).
+    pub fn begin_leadership(&mut self, now: Instant) {
+        self.trust_listings_from = Some(now + DESCRIBE_LAG);
+    }
+
+    /// Whether any listed address or prefix still waits for confirmation (§14.1).
+    pub fn holds_back(&self) -> bool {
+        self.instances
+            .values()
+            .any(|e| !e.unconfirmed_ips.is_empty() || !e.unconfirmed_prefixes.is_empty())
+    }
+
+    /// When listings become trustworthy for this leadership (`None`: always were).
+    pub fn trust_listings_from(&self) -> Option<Instant> {
+        self.trust_listings_from
+    }
+
+    /// The ENIs of `instance_id` without the addresses held back (§14.1): those only a listing
+    /// from the first [`DESCRIBE_LAG`] of this leadership shows, that the node's pool (`in_pool`)
+    /// does not have. `None`: nothing is held back (use [`Ec2Cache::view`] as it is).
+    pub fn held_back_enis(
+        &self,
+        instance_id: &str,
+        in_pool: impl Fn(&Ipv4Addr) -> bool,
+    ) -> Option<Vec<NetworkInterface>> {
+        let entry = self.instances.get(instance_id)?;
+        if entry.unconfirmed_ips.is_empty() && entry.unconfirmed_prefixes.is_empty() {
+            return None;
+        }
+        let held_ip = |ip: &Ipv4Addr| entry.unconfirmed_ips.contains(ip) && !in_pool(ip);
+        let held_prefix =
+            |p: &Ipv4Net| entry.unconfirmed_prefixes.contains(p) && !p.hosts().any(|a| in_pool(&a));
+        let any = entry
+            .enis
+            .iter()
+            .any(|e| e.secondary_ips.iter().any(held_ip) || e.prefixes.iter().any(held_prefix));
+        if !any {
+            return None;
+        }
+        let mut enis = entry.enis.clone();
+        for e in &mut enis {
+            e.secondary_ips.retain(|ip| !held_ip(ip));
+            e.prefixes.retain(|p| !held_prefix(p));
+        }
+        Some(enis)
+    }
+
+    /// [`Ec2Cache::view`] with the instance's ENIs replaced by `enis` (see
+    /// [`Ec2Cache::held_back_enis`]).
+    pub fn view_with<'a>(
+        &'a self,
+        instance_id: &str,
+        instance_type: &str,
+        enis: Option<&'a [NetworkInterface]>,
+    ) -> Ec2View<'a> {
+        let mut view = self.view(instance_id, instance_type);
+        if let (Some(enis), InstanceView::Known { enis: e, .. }) = (enis, &mut view.instance) {
+            *e = enis;
+        }
+        view
     }
 
     /// Apply a successful full refresh.
@@ -278,12 +349,28 @@ impl Ec2Cache {
     }
 
     fn replace_instance(&mut self, id: &str, mut enis: Vec<NetworkInterface>, started: Instant) {
+        let early = self.trust_listings_from.is_some_and(|t| started < t)
+            && !crate::mutants::active("trust-lagging-describe");
         let entry = self.instances.entry(id.to_string()).or_default();
         if local_change_newer(entry.local_change, started) {
             // Our own change is newer than this listing (or too recent for it to show).
             return;
         }
         enis.sort_by(|a, b| a.id.cmp(&b.id));
+        // Early in a leadership, what the listing shows is not confirmed yet (§14.1); a later
+        // listing replaces the ENIs and confirms (or drops) all of it.
+        entry.unconfirmed_ips.clear();
+        entry.unconfirmed_prefixes.clear();
+        if early {
+            for e in &enis {
+                entry
+                    .unconfirmed_ips
+                    .extend(e.secondary_ips.iter().copied());
+                entry
+                    .unconfirmed_prefixes
+                    .extend(e.prefixes.iter().copied());
+            }
+        }
         entry.gone = enis.is_empty();
         // A pending flag whose ENI is gone or already flagged needs no retry.
         entry.pending_delete_on_termination.retain(|eni, _| {
@@ -462,6 +549,13 @@ impl Ec2Cache {
             return 0;
         };
         entry.local_change = Some(now);
+        // EC2's answer names them: ours, not the lagging describe's.
+        for ip in &assigned.ips {
+            entry.unconfirmed_ips.remove(ip);
+        }
+        for p in &assigned.prefixes {
+            entry.unconfirmed_prefixes.remove(p);
+        }
         let eni = &mut entry.enis[i];
         let mut ips: BTreeSet<Ipv4Addr> = eni.secondary_ips.iter().copied().collect();
         let mut prefixes: BTreeSet<Ipv4Net> = eni.prefixes.iter().copied().collect();

@@ -10,6 +10,7 @@
 
 use std::future::Future;
 use std::sync::{Arc, RwLock};
+use std::time::Duration;
 
 use tokio::sync::mpsc;
 
@@ -126,10 +127,15 @@ impl<E: Ec2, S: NodeSink> Core<E, S> {
         shutdown: impl Future<Output = ()>,
     ) -> Result<(), Ec2Error> {
         let (inner, config) = (&self.inner, &self.inner.config);
-        // A new leader rebuilds its view before acting (§14), once describes have caught up with
-        // the previous leader's last calls (found by `make dst`, seed 25: a restart listed an
-        // address it had just unassigned and put it back in the pool).
-        tokio::time::sleep(config.start_delay).await;
+        // A new leader rebuilds its view and acts at once (§14); what a describe may still show
+        // of the previous leader's last calls is held back until a listing started after
+        // DESCRIBE_LAG confirms it (§14.1; `make dst` seed 25: a restart listed an address it
+        // had just unassigned and put it back in the pool).
+        let trust_from = {
+            let mut cache = inner.cache.write().expect("cache");
+            cache.begin_leadership(now());
+            cache.trust_listings_from()
+        };
         if config.preload_instance_types && config.limits_via_api {
             inner.refresher.instance_types(&[]).await?;
         }
@@ -148,6 +154,8 @@ impl<E: Ec2, S: NodeSink> Core<E, S> {
         let mut resync = clock::ticks(config.resync_interval).await;
         let mut rescan = clock::ticks(config.node_rescan_interval).await;
         let mut confirm_tick = clock::ticks(config.instance_refresh_spacing).await;
+        // The first full listing that can confirm what was held back (§14.1).
+        let mut confirming = trust_from;
         tokio::pin!(shutdown);
         let mut inputs_open = true;
         loop {
@@ -169,7 +177,14 @@ impl<E: Ec2, S: NodeSink> Core<E, S> {
                 biased;
                 () = &mut shutdown => break,
                 Some(done) = l.tasks.join(), if !l.tasks.is_empty() => self.on_done(done, &mut l),
-                _ = resync.tick() => self.start_full(&mut l),
+                _ = resync.tick() => { self.start_full(&mut l); }
+                () = clock::sleep_until(confirming), if confirming.is_some() => {
+                    // Only when something is held back (otherwise the resync confirms as
+                    // usual); a full refresh still running started too early: try after it.
+                    let held = inner.cache.read().expect("cache").holds_back();
+                    confirming = (held && !self.start_full(&mut l))
+                        .then(|| now() + Duration::from_secs(1));
+                }
                 // Re-plan every node on the cached view, between full EC2 refreshes.
                 _ = rescan.tick() => self.inner.requeue_all(&mut l.queue),
                 _ = confirm_tick.tick() => l.schedule.confirm_tick(),
@@ -220,8 +235,10 @@ impl<E: Ec2, S: NodeSink> Core<E, S> {
         l.tasks.spawn(task, on_panic);
     }
 
-    fn start_full(&self, l: &mut Loop) {
-        if l.schedule.start_full() {
+    /// Start a full refresh unless one runs; whether one was started.
+    fn start_full(&self, l: &mut Loop) -> bool {
+        let started = l.schedule.start_full();
+        if started {
             let inner = self.inner.clone();
             let task = async move {
                 inner.refresh_full().await;
@@ -229,6 +246,7 @@ impl<E: Ec2, S: NodeSink> Core<E, S> {
             };
             l.tasks.spawn(task, Done::FullRefresh);
         }
+        started
     }
 
     fn on_done(&self, done: Done, l: &mut Loop) {

@@ -20,6 +20,8 @@ use kube::api::{Api, ObjectMeta, PostParams};
 use tokio::time::Instant;
 use tracing::{info, warn};
 
+use super::fence::Fence;
+
 /// What the Lease says.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct LeaseRecord {
@@ -77,6 +79,10 @@ pub struct LeadershipLost;
 pub struct Elector<L> {
     lock: L,
     config: LeaderConfig,
+    /// Granted at the start of each successful renewal, for the renew deadline (§14.2).
+    fence: Fence,
+    /// When the last successful acquisition or renewal started.
+    renewed_from: Option<Instant>,
     /// The record version last seen and when it was first seen.
     observed: Option<(String, Instant)>,
 }
@@ -90,8 +96,21 @@ impl<L: LeaseLock> Elector<L> {
         Self {
             lock,
             config,
+            fence: Fence::closed(),
+            renewed_from: None,
             observed: None,
         }
+    }
+
+    /// Grant `fence` (the one this process's EC2 client and sink check, §14.2) while leading.
+    pub fn with_fence(mut self, fence: Fence) -> Self {
+        self.fence = fence;
+        self
+    }
+
+    /// This process's lease, as every mutating call checks it.
+    pub fn fence(&self) -> Fence {
+        self.fence.clone()
     }
 
     pub fn lock(&self) -> &L {
@@ -107,8 +126,13 @@ impl<L: LeaseLock> Elector<L> {
             lease_duration_seconds: self.config.lease_duration.as_secs() as i32,
             transitions,
         };
+        // Valid from the *start* of the request: a competitor may count the lease duration from
+        // any moment after it, never from before.
+        let valid_until = now + self.config.renew_deadline;
         let Some((record, version)) = self.lock.get().await? else {
             self.lock.create(&mine(0)).await?;
+            self.renewed_from = Some(now);
+            self.fence.grant(valid_until);
             return Ok(true);
         };
         if self.observed.as_ref().is_none_or(|(v, _)| *v != version) {
@@ -129,6 +153,8 @@ impl<L: LeaseLock> Elector<L> {
             record.transitions
         };
         self.lock.update(&mine(transitions), &version).await?;
+        self.renewed_from = Some(now);
+        self.fence.grant(valid_until);
         Ok(true)
     }
 
@@ -150,13 +176,21 @@ impl<L: LeaseLock> Elector<L> {
     /// Renew every retry period; return as soon as the renew deadline passes without a
     /// successful renewal (or the lease is someone else's).
     pub async fn hold(&mut self) -> LeadershipLost {
-        let mut last_ok = Instant::now();
+        let lost = self.renew_until_lost().await;
+        self.fence.revoke();
+        lost
+    }
+
+    async fn renew_until_lost(&mut self) -> LeadershipLost {
+        // When the last successful renewal *started* (the lease runs from then, at the latest).
+        let mut last_ok = self.renewed_from.unwrap_or_else(Instant::now);
         loop {
             tokio::time::sleep(self.config.retry_period).await;
             let deadline = last_ok + self.config.renew_deadline;
-            let left = deadline.saturating_duration_since(Instant::now());
+            let attempt = Instant::now();
+            let left = deadline.saturating_duration_since(attempt);
             match tokio::time::timeout(left, self.try_acquire_or_renew()).await {
-                Ok(Ok(true)) => last_ok = Instant::now(),
+                Ok(Ok(true)) => last_ok = self.renewed_from.unwrap_or(attempt),
                 Ok(Ok(false)) => return LeadershipLost,
                 Ok(Err(e)) => warn!(error = %e, "lease renewal failed"),
                 Err(_) => return LeadershipLost,
@@ -169,6 +203,7 @@ impl<L: LeaseLock> Elector<L> {
 
     /// Give the lease up (on shutdown), so a standby takes over without waiting.
     pub async fn release(&mut self) {
+        self.fence.revoke();
         if let Ok(Some((record, version))) = self.lock.get().await
             && record.holder.as_deref() == Some(self.config.identity.as_str())
         {

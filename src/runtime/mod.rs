@@ -13,6 +13,7 @@ pub mod clock;
 pub mod core;
 pub mod events;
 pub mod executor;
+pub mod fence;
 pub mod finalizer;
 pub mod gc;
 pub mod leader;

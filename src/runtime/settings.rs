@@ -35,11 +35,6 @@ pub struct CoreConfig {
     /// Seed of the work queue's backoff jitter; `None` (production): the OS's randomness.
     /// The simulation sets it so a seed replays exactly ([`crate::jitter`]).
     pub jitter_seed: Option<u64>,
-    /// Wait before the first EC2 listing of a new leader, so that describes show the last calls
-    /// of the previous one (or of this process before a crash): a listing taken at once may
-    /// show addresses it unassigned, and they would go back into the pools
-    /// ([`super::cache::DESCRIBE_LAG`] in production; zero in tests that do not model the lag).
-    pub start_delay: Duration,
     /// `--update-ec2-adapter-limit-via-api`: limits from `DescribeInstanceTypes`; false: from
     /// the built-in table only, and no `DescribeInstanceTypes` call is ever made.
     pub limits_via_api: bool,
@@ -80,7 +75,6 @@ impl Default for CoreConfig {
             scope: Scope::default(),
             annotate_cilium_ignore: false,
             jitter_seed: None,
-            start_delay: Duration::ZERO,
             limits_via_api: true,
             limit_overrides: Vec::new(),
             handover_quiet: Duration::from_secs(180),

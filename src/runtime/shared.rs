@@ -46,10 +46,12 @@ impl<E: Ec2, S> Shared<E, S> {
     pub fn new(
         ec2: Arc<E>,
         sink: Arc<S>,
-        config: CoreConfig,
+        mut config: CoreConfig,
         metrics: RuntimeMetrics,
         cache: Arc<RwLock<Ec2Cache>>,
     ) -> Self {
+        // Each process (core) its own: token generations restart at 0 with it.
+        config.ipam.token_nonce = crate::jitter::nonce(config.jitter_seed);
         // The cache decides which unattached ENIs are ours by the cluster name.
         debug_assert_eq!(
             cache.read().expect("cache").cluster,

@@ -113,6 +113,36 @@ pub trait NodeSink: Send + Sync + 'static {
     fn fetch(&self, name: &str) -> impl Future<Output = SinkResult<Option<CiliumNode>>> + Send;
 }
 
+/// A shared sink is a sink (wrappers such as `fence::FencedSink` hold one).
+impl<S: NodeSink> NodeSink for std::sync::Arc<S> {
+    async fn apply(&self, node: &NodeRef, changes: &ChangeSet) -> SinkResult<Option<CiliumNode>> {
+        S::apply(self, node, changes).await
+    }
+    async fn event(&self, node: &NodeRef, event: NodeEvent) {
+        S::event(self, node, event).await
+    }
+    async fn set_finalizer(&self, node: &NodeRef, present: bool) -> SinkResult<Option<CiliumNode>> {
+        S::set_finalizer(self, node, present).await
+    }
+    async fn set_annotation(
+        &self,
+        node: &NodeRef,
+        key: &str,
+        value: Option<&str>,
+    ) -> SinkResult<Option<CiliumNode>> {
+        S::set_annotation(self, node, key, value).await
+    }
+    async fn delete(&self, name: &str) -> SinkResult<()> {
+        S::delete(self, name).await
+    }
+    async fn node_exists(&self, name: &str) -> SinkResult<bool> {
+        S::node_exists(self, name).await
+    }
+    async fn fetch(&self, name: &str) -> SinkResult<Option<CiliumNode>> {
+        S::fetch(self, name).await
+    }
+}
+
 /// The merge patch that sets (or removes) our finalizer, with optimistic concurrency so
 /// another controller's finalizer is never lost.
 pub fn finalizer_patch(node: &NodeRef, present: bool) -> Option<Value> {

@@ -21,8 +21,9 @@ mod write;
 use std::time::Duration;
 
 use crate::crd::CiliumNode;
-use crate::ec2::Ec2;
+use crate::ec2::{Ec2, NetworkInterface};
 
+use super::cache::Ec2Cache;
 use super::nodes::Slot;
 use super::queue::{Outcome, Priority};
 use super::shared::Shared;
@@ -57,6 +58,15 @@ async fn steps<E: Ec2, S: NodeSink>(inner: &Shared<E, S>, name: &str) -> Step<Ve
     let executed = execute::execute(inner, &planned, &mut memory).await;
     let written = write::write(inner, name, &node, &planned, &executed, &memory).await?;
     Ok(report::report(inner, name, &node, planned, executed, written, memory).await)
+}
+
+/// The node's ENIs without what a lagging describe may show early in a leadership and its
+/// pool does not have (§14.1); `None`: the cache's own.
+fn held_back(cache: &Ec2Cache, node: &CiliumNode) -> Option<Vec<NetworkInterface>> {
+    let pool = &node.spec.ipam.pool;
+    cache.held_back_enis(&node.spec.instance_id, |ip| {
+        pool.contains_key(&ip.to_string())
+    })
 }
 
 impl<E: Ec2, S: NodeSink> Shared<E, S> {

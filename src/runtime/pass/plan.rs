@@ -57,7 +57,8 @@ pub(super) async fn plan<E: Ec2, S: NodeSink>(
     }
     let mut plan = {
         let cache = inner.cache.read().expect("cache");
-        let view = cache.view(&instance_id, &instance_type);
+        let held = super::held_back(&cache, node);
+        let view = cache.view_with(&instance_id, &instance_type, held.as_deref());
         // Real (not tokio) time: planning is synchronous, so this is its CPU cost.
         let started = std::time::Instant::now();
         let plan = ipam::plan_node(

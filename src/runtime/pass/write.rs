@@ -32,7 +32,12 @@ pub(super) async fn write<E: Ec2, S: NodeSink>(
 ) -> Step<Written> {
     let desired = {
         let cache = inner.cache.read().expect("cache");
-        let view = cache.view(&planned.instance_id, &planned.instance_type);
+        let held = super::held_back(&cache, node);
+        let view = cache.view_with(
+            &planned.instance_id,
+            &planned.instance_type,
+            held.as_deref(),
+        );
         let problem = executed.problem.as_ref();
         ipam::desired_state(node, &view, &inner.config.ipam, memory, problem)
     };
