@@ -16,6 +16,7 @@ pub mod ownership;
 pub mod plan;
 pub mod release;
 pub mod selection;
+pub mod static_ip;
 pub mod withdrawal;
 pub mod writeback;
 
@@ -134,6 +135,9 @@ pub enum ProblemReason {
     AtCapacity,
     /// The last EC2 call for the node failed (set by the runtime).
     Ec2Error,
+    /// `spec.ipam.static-ip-tags` is set and no unassociated Elastic IP carries them (set by
+    /// the runtime's static-IP step; nothing is allocated until one is found, as in Cilium).
+    NoStaticIp,
 }
 
 impl ProblemReason {
@@ -150,6 +154,7 @@ impl ProblemReason {
             Self::IncompleteEc2Data => "IncompleteEc2Data",
             Self::AtCapacity => "AtCapacity",
             Self::Ec2Error => "Ec2Error",
+            Self::NoStaticIp => "NoStaticIp",
         }
     }
 }

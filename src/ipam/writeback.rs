@@ -868,6 +868,7 @@ mod tests {
             ProblemReason::IncompleteEc2Data,
             ProblemReason::AtCapacity,
             ProblemReason::Ec2Error,
+            ProblemReason::NoStaticIp,
         ];
         let names: BTreeSet<&str> = reasons.iter().map(|r| r.as_str()).collect();
         assert_eq!(names.len(), reasons.len(), "distinct names");

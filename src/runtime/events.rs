@@ -22,6 +22,8 @@ pub enum EventReason {
     IpsReleased,
     /// The finalizer gave back the ENIs of a deleted node.
     EnisReleased,
+    /// The finalizer disassociated a deleted node's static IP (Elastic IP).
+    StaticIpReleased,
     /// /28 prefixes were refused; single addresses were assigned instead.
     PrefixesNotGranted,
     /// The node cannot be (fully) served.
@@ -39,6 +41,7 @@ impl EventReason {
             Self::IpsAllocated => "IpsAllocated",
             Self::IpsReleased => "IpsReleased",
             Self::EnisReleased => "EnisReleased",
+            Self::StaticIpReleased => "StaticIpReleased",
             Self::PrefixesNotGranted => "PrefixesNotGranted",
             Self::Problem(p) => p.as_str(),
         }

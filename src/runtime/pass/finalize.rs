@@ -32,6 +32,7 @@ pub(super) async fn finalize<E: Ec2, S: NodeSink>(
             let watch_says_gone = crate::mutants::active("drain-is-gone")
                 && inner.with_slot(name, |s| s.k8s_node) == Some(Some(false));
             if (watch_says_gone || !node_exists(inner, name).await?) && !instance.is_empty() {
+                super::static_ip::disassociate(inner, name, r, instance).await?;
                 release(inner, r, instance).await?;
             }
             match inner.sink.set_finalizer(r, false).await {
