@@ -156,12 +156,15 @@ impl Operation {
     /// carried out such a call ("a timeout can hide a call that took effect"). Assign carries
     /// no idempotency token: a repeat of one that took effect assigns the addresses twice.
     /// Attach has none either: a repeat of one that took effect is refused ("in use"). Their
-    /// callers look at the ENI instead. Throttled answers were not carried out: always
-    /// repeatable.
+    /// callers look at the ENI instead. AssociateAddress (AllowReassociation false) is refused
+    /// once it took effect (`Resource.AlreadyAssociated`): its caller describes the address.
+    /// Throttled answers were not carried out: always repeatable.
     pub const fn repeatable_after_lost_answer(self) -> bool {
         !matches!(
             self,
-            Operation::AssignPrivateIpAddresses | Operation::AttachNetworkInterface
+            Operation::AssignPrivateIpAddresses
+                | Operation::AttachNetworkInterface
+                | Operation::AssociateAddress
         )
     }
 
