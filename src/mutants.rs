@@ -4,13 +4,14 @@
 //! `ENI_DST_MUTANT=<name>` selects the defect of a run.
 
 /// Every planted defect, by name.
-pub const ALL: [&str; 6] = [
+pub const ALL: [&str; 7] = [
     "release-used",
     "drain-is-gone",
     "reuse-burned-token",
     "write-every-pass",
     "touch-foreign-eni",
     "unassign-before-withdraw",
+    "static-ip-race-won",
 ];
 
 /// Whether the defects are compiled into this build.

@@ -8,6 +8,8 @@
 //!   disassociated): EC2 does not stop a second address from replacing the first, so "one EIP
 //!   per node" is the operator's rule, checked by the simulation, not EC2's.
 //! * DescribeAddresses is not paginated; `tag:` filters must all match.
+//! * an association ends with its ENI (deleted, or with its terminated instance): kept here
+//!   until the next call on the addresses, shown and treated as none meanwhile.
 
 use std::net::Ipv4Addr;
 
@@ -37,8 +39,35 @@ impl State {
         self.addresses
             .values()
             .filter(|a| tags_match(&a.tags, tags))
-            .cloned()
+            .map(|a| {
+                let mut a = a.clone();
+                if self.stale(&a) {
+                    clear(&mut a);
+                }
+                a
+            })
             .collect()
+    }
+
+    /// Associated with an ENI that is gone.
+    fn stale(&self, a: &Address) -> bool {
+        a.network_interface_id
+            .as_ref()
+            .is_some_and(|e| !self.enis.contains_key(e))
+    }
+
+    fn drop_stale(&mut self) {
+        let stale: Vec<String> = self
+            .addresses
+            .values()
+            .filter(|a| self.stale(a))
+            .map(|a| a.allocation_id.clone())
+            .collect();
+        for id in stale {
+            if let Some(a) = self.addresses.get_mut(&id) {
+                clear(a);
+            }
+        }
     }
 
     pub(crate) fn associate_address(
@@ -48,6 +77,7 @@ impl State {
         private_ip: Ipv4Addr,
     ) -> Result<String> {
         let op = Operation::AssociateAddress;
+        self.drop_stale();
         let Some(address) = self.addresses.get(allocation_id) else {
             return Err(aws_err(
                 op,
@@ -75,9 +105,7 @@ impl State {
             if other.network_interface_id.as_deref() == Some(eni_id)
                 && other.private_ip == Some(private_ip)
             {
-                other.association_id = None;
-                other.network_interface_id = None;
-                other.private_ip = None;
+                clear(other);
             }
         }
         let assoc = self.new_id("eipassoc");
@@ -92,6 +120,7 @@ impl State {
     }
 
     pub(crate) fn disassociate_address(&mut self, association_id: &str) -> Result<()> {
+        self.drop_stale();
         let found = self
             .addresses
             .values_mut()
@@ -103,9 +132,13 @@ impl State {
                 format!("The association ID '{association_id}' does not exist"),
             ));
         };
-        address.association_id = None;
-        address.network_interface_id = None;
-        address.private_ip = None;
+        clear(address);
         Ok(())
     }
+}
+
+fn clear(a: &mut Address) {
+    a.association_id = None;
+    a.network_interface_id = None;
+    a.private_ip = None;
 }
