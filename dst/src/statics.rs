@@ -24,7 +24,7 @@ pub fn tags() -> Tags {
 
 /// Whether node number `n` asks for a static IP.
 pub fn wants(n: u32) -> bool {
-    n % 4 == 0
+    n.is_multiple_of(4)
 }
 
 /// The account's Elastic IPs for static nodes (the user allocated them; the operator never does).
