@@ -57,6 +57,8 @@ pub struct Settings {
     pub ipam: IpamSettings,
     #[command(flatten)]
     pub runtime: RuntimeSettings,
+    #[command(flatten)]
+    pub handover: HandoverSettings,
 }
 
 #[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]
@@ -86,6 +88,11 @@ pub struct ServerSettings {
     /// Log format (the filter comes from RUST_LOG, default `info`).
     #[arg(long, env = "ENI_OPERATOR_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
+    /// Also expose another operator's metric names on /metrics: `cilium` adds Cilium operator's
+    /// ENI IPAM families (cilium_operator_ipam_*, cilium_operator_ec2_api_*) with Cilium's
+    /// names, labels and types, and serves the Prometheus text format 0.0.4 as Cilium does.
+    #[arg(long, env = "ENI_OPERATOR_METRICS_COMPAT", value_enum, default_value_t = crate::metrics_compat::MetricsCompat::None)]
+    pub metrics_compat: crate::metrics_compat::MetricsCompat,
 }
 
 /// Kubernetes client and leader election.
@@ -222,6 +229,20 @@ pub struct IpamSettings {
     /// Put `ipam.cilium.io/ignore: "true"` on every CiliumNode we serve (so Cilium's operator leaves it to us), and remove it when we let a node go (eni-operator.cilium.io/ignore).
     #[arg(long, env = "ENI_OPERATOR_ANNOTATE_CILIUM_IGNORE", default_value_t = false, num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set)]
     pub annotate_cilium_ignore: bool,
+
+    // Cilium's instance-limit flags (operator/option/config.go, up to 1.17).
+    /// Per-type limits that win over EC2 and the built-in table, type=adapters,ipv4,ipv6
+    /// (e.g. a1.medium=2,4,4); repeatable, or `;`-separated in the environment variable.
+    #[arg(
+        long,
+        env = "ENI_OPERATOR_AWS_INSTANCE_LIMIT_MAPPING",
+        value_delimiter = ';'
+    )]
+    pub aws_instance_limit_mapping: Vec<crate::ec2::limits::LimitOverride>,
+    /// Read instance-type limits with DescribeInstanceTypes; false: only the built-in table
+    /// (AWS's published figures, src/ec2/instance_limits.csv) and --aws-instance-limit-mapping.
+    #[arg(long, env = "ENI_OPERATOR_UPDATE_EC2_ADAPTER_LIMIT_VIA_API", default_value_t = true, num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set)]
+    pub update_ec2_adapter_limit_via_api: bool,
 }
 
 /// Loops and concurrency of the running operator.
@@ -404,6 +425,14 @@ impl Settings {
             scope: Scope::from_settings(&self.ipam),
             annotate_cilium_ignore: self.ipam.annotate_cilium_ignore,
             start_delay: crate::runtime::cache::DESCRIBE_LAG,
+            limits_via_api: self.ipam.update_ec2_adapter_limit_via_api,
+            limit_overrides: self.ipam.aws_instance_limit_mapping.clone(),
+            handover_quiet: self.handover.handover_quiet,
+            handover_selector: self
+                .handover
+                .handover_selector
+                .as_ref()
+                .map(|t| (t.key.clone(), t.value.clone())),
             ..CoreConfig::default()
         }
     }
@@ -1005,4 +1034,29 @@ pub(crate) mod tests {
         assert_eq!(c.single_bucket, Some((4.0, 9)));
         assert_eq!(c.max_attempts, 2);
     }
+}
+
+/// Handing nodes over from Cilium's operator (`docs/migrating-from-cilium.md`).
+#[derive(Args, Debug, Clone)]
+#[command(next_help_heading = "Handover")]
+pub struct HandoverSettings {
+    /// Namespace of Cilium's operator: its leader Lease `cilium-operator-resource-lock` there
+    /// tells whether it runs (the handover guard; needs `get` on that Lease).
+    #[arg(
+        long,
+        env = "ENI_OPERATOR_CILIUM_NAMESPACE",
+        default_value = "kube-system"
+    )]
+    pub cilium_namespace: String,
+    /// Read Cilium operator's Lease at all (off: the guard relies on managedFields alone).
+    #[arg(long, env = "ENI_OPERATOR_WATCH_CILIUM_LEASE", default_value_t = true, num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set)]
+    pub watch_cilium_lease: bool,
+    /// How long another field manager's write of `spec.ipam.pool` / `status.eni` after ours
+    /// counts as a running second allocator (longer than Cilium's one-minute resync).
+    #[arg(long, env = "ENI_OPERATOR_HANDOVER_QUIET", default_value = "3m", value_parser = parse_duration)]
+    pub handover_quiet: Duration,
+    /// Canary handover: serve only CiliumNodes labelled key=value; a served node that loses
+    /// the label is handed back (finalizer and Cilium's ignore annotation removed).
+    #[arg(long, env = "ENI_OPERATOR_HANDOVER_SELECTOR")]
+    pub handover_selector: Option<Tag>,
 }

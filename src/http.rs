@@ -17,7 +17,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::ServerSettings;
-use crate::metrics::{self, MetricsRegistry};
+use crate::metrics::MetricsRegistry;
 
 /// What `/readyz` answers: ready when the API server answered the last probe and
 /// * as a **standby**: nothing else. A standby runs no watches and holds no caches (by design:
@@ -208,10 +208,8 @@ pub fn start_on(
 }
 
 async fn serve_metrics(State(registry): State<MetricsRegistry>) -> impl IntoResponse {
-    (
-        [(header::CONTENT_TYPE, metrics::CONTENT_TYPE)],
-        registry.encode(),
-    )
+    let (content_type, body) = registry.scrape();
+    ([(header::CONTENT_TYPE, content_type)], body)
 }
 
 async fn serve_ready(State(readiness): State<Readiness>) -> impl IntoResponse {
@@ -351,6 +349,7 @@ mod tests {
             metrics_addr: "127.0.0.1:0".parse().unwrap(),
             health_addr: "127.0.0.1:0".parse().unwrap(),
             log_format: crate::config::LogFormat::Text,
+            metrics_compat: Default::default(),
         };
         // Equal configured addresses: one listener.
         let (readiness, shutdown) = (Readiness::new(), CancellationToken::new());

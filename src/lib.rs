@@ -26,5 +26,6 @@ pub mod ipam;
 pub mod jitter;
 pub mod kube_limit;
 pub mod metrics;
+pub mod metrics_compat;
 pub mod mutants;
 pub mod runtime;

@@ -27,7 +27,7 @@ async fn main() -> ExitCode {
     let shutdown = CancellationToken::new();
     tokio::spawn(cancel_on_signal(shutdown.clone()));
 
-    let registry = MetricsRegistry::new();
+    let registry = MetricsRegistry::new().with_compat(settings.server.metrics_compat);
     let readiness = Readiness::new();
     let server = match http::start(
         &settings.server,
@@ -152,8 +152,24 @@ async fn run_operator(
                     None => std::future::pending().await,
                 }
             };
+            // The handover guard's view of Cilium operator's Lease.
+            let (lease_client, lease_core) = (client.clone(), core.clone());
+            let cilium_namespace = settings.handover.cilium_namespace.clone();
+            let watch_lease = settings.handover.watch_cilium_lease;
+            let cilium_lease = async move {
+                if watch_lease {
+                    eni_operator::runtime::cilium_lease::watch(
+                        lease_client,
+                        &cilium_namespace,
+                        move |v| lease_core.set_cilium_lease(v),
+                    )
+                    .await;
+                }
+                std::future::pending::<()>().await
+            };
             tokio::select! {
-                result = core.run(rx, shutdown.cancelled()) => result.map_err(anyhow::Error::from),
+                result = core.clone().run(rx, shutdown.cancelled()) => result.map_err(anyhow::Error::from),
+                () = cilium_lease => Ok(()),
                 () = source::watch_cilium_nodes(client.clone(), tx.clone(), || readiness.set_nodes_listed()) => Ok(()),
                 () = source::watch_nodes(client.clone(), tx.clone()) => Ok(()),
                 () = source::watch_pending_pods(client, tx) => Ok(()),

@@ -34,6 +34,8 @@ use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::info::Info;
 use prometheus_client::registry::{Metric, Registry};
 
+use crate::metrics_compat::MetricsCompat;
+
 pub const PREFIX: &str = "eni_operator";
 
 /// A cheaply cloneable handle on the one registry; registration may happen after the HTTP
@@ -41,6 +43,8 @@ pub const PREFIX: &str = "eni_operator";
 #[derive(Clone)]
 pub struct MetricsRegistry {
     inner: Arc<RwLock<Registry>>,
+    /// `--metrics-compat`.
+    compat: MetricsCompat,
 }
 
 impl Default for MetricsRegistry {
@@ -60,6 +64,25 @@ impl MetricsRegistry {
         );
         Self {
             inner: Arc::new(RwLock::new(registry)),
+            compat: MetricsCompat::None,
+        }
+    }
+
+    /// Serve `--metrics-compat`'s extra names too ([`crate::metrics_compat`]).
+    pub fn with_compat(mut self, compat: MetricsCompat) -> Self {
+        self.compat = compat;
+        self
+    }
+
+    /// What `/metrics` answers: content type and body (OpenMetrics; Prometheus text 0.0.4
+    /// with Cilium's families under `--metrics-compat=cilium`).
+    pub fn scrape(&self) -> (&'static str, String) {
+        match self.compat {
+            MetricsCompat::None => (CONTENT_TYPE, self.encode()),
+            MetricsCompat::Cilium => (
+                crate::metrics_compat::TEXT_CONTENT_TYPE,
+                crate::metrics_compat::compat_text(&self.encode()),
+            ),
         }
     }
 

@@ -150,9 +150,11 @@ fn every_object_parses_and_the_set_is_complete() {
         o.pdbs.len(),
         o.services.len(),
     ];
-    assert_eq!(counts, [1; 10]);
+    // Two Roles and RoleBindings: leader election, and Cilium's Lease (in kube-system).
+    assert_eq!(counts, [1, 1, 1, 1, 2, 2, 1, 1, 1, 1]);
     assert_eq!(o.namespaces[0].metadata.name.as_deref(), Some(NAMESPACE));
-    // Namespaced objects all live in the operator's namespace.
+    // Namespaced objects all live in the operator's namespace (but the Role to read Cilium's
+    // Lease, `rbac_reads_only_cilium_operators_lease`).
     let namespaced = [
         &o.service_accounts[0].metadata,
         &o.roles[0].metadata,
@@ -573,7 +575,7 @@ fn readme_lists_every_rbac_grant() {
         .rules
         .iter()
         .flatten()
-        .chain(o.roles[0].rules.iter().flatten());
+        .chain(o.roles.iter().flat_map(|r| r.rules.iter().flatten()));
     for rule in rules {
         let row = readme_row(rule);
         assert!(
@@ -646,6 +648,40 @@ fn rbac_grants_exactly_what_the_operator_uses() {
         by_verbs(&["get", "update"]).resource_names,
         Some(vec![lease_name])
     );
+}
+
+/// The handover guard reads Cilium operator's leader Lease: `get` of that one Lease, in
+/// Cilium's namespace, bound to our ServiceAccount; nothing else there.
+#[test]
+fn rbac_reads_only_cilium_operators_lease() {
+    let o = objects();
+    let role = o
+        .roles
+        .iter()
+        .find(|r| r.metadata.name.as_deref() == Some("eni-operator-cilium-lease"))
+        .expect("a Role for Cilium's Lease");
+    assert_eq!(role.metadata.namespace.as_deref(), Some("kube-system"));
+    let rules = role.rules.clone().unwrap();
+    assert_eq!(rules.len(), 1);
+    assert_eq!(rules[0].verbs, vec!["get".to_string()]);
+    assert_eq!(
+        rules[0].resource_names,
+        Some(vec![
+            eni_operator::ipam::handover::CILIUM_OPERATOR_LEASE.to_string()
+        ])
+    );
+    let binding = o
+        .role_bindings
+        .iter()
+        .find(|b| b.role_ref.name == "eni-operator-cilium-lease")
+        .expect("bound");
+    assert_eq!(binding.metadata.namespace.as_deref(), Some("kube-system"));
+    let s = &binding.subjects.as_ref().unwrap()[0];
+    assert_eq!(
+        (s.kind.as_str(), s.name.as_str()),
+        ("ServiceAccount", "eni-operator")
+    );
+    assert_eq!(s.namespace.as_deref(), Some(NAMESPACE));
 }
 
 #[test]

@@ -450,8 +450,13 @@ fn monitoring_queries() -> Vec<(String, String)> {
             ));
         }
     }
-    let text = std::fs::read_to_string(monitoring("grafana-dashboard.json")).unwrap();
-    let dashboard: Value = serde_json::from_str(&text).unwrap();
+    // The dashboard ships in a ConfigMap (Grafana's sidecar format) so that
+    // `kubectl apply -f manifests/monitoring/` applies every file.
+    let cm = yaml(&monitoring("grafana-dashboard.yaml"));
+    assert_eq!(cm["kind"], "ConfigMap");
+    assert_eq!(cm["metadata"]["labels"]["grafana_dashboard"], "1");
+    let text = cm["data"]["eni-operator.json"].as_str().unwrap();
+    let dashboard: Value = serde_json::from_str(text).unwrap();
     let mut found = Vec::new();
     exprs(&dashboard["panels"], &mut found);
     queries.extend(

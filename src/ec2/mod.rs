@@ -13,6 +13,7 @@
 pub mod aws;
 pub mod error;
 pub mod gate;
+pub mod limits;
 pub mod model;
 
 use std::future::Future;

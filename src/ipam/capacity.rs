@@ -165,6 +165,42 @@ pub fn max_allocatable(
     (n - f) * per_eni * factor
 }
 
+/// The node's address capacity (Cilium's `NodeCapacity`, published per node): every usable ENI's
+/// present addresses plus its room, plus a fresh ENI's worth for each free interface slot.
+/// Counted from slots, so an ENI holding both kinds is exact, and a prefix-delegated ENI that
+/// offers its primary holds 16 (L - 1) + 1, not Cilium's 16 L (docs/rules.md §2.3).
+///
+/// ```
+/// # use eni_operator::ipam::capacity::node_capacity;
+/// # use eni_operator::ec2::InstanceTypeLimits;
+/// let m5_large = InstanceTypeLimits { instance_type: "m5.large".into(), max_enis: 3,
+///     ipv4_per_eni: 10, ipv6_per_eni: 10, nitro: true, bare_metal: false };
+/// assert_eq!(node_capacity(&m5_large, &[], 0, false, false), 27);
+/// assert_eq!(node_capacity(&m5_large, &[], 0, true, false), 432);
+/// ```
+pub fn node_capacity(
+    limits: &InstanceTypeLimits,
+    usable: &[&NetworkInterface],
+    occupied_slots: u32,
+    prefix_delegated: bool,
+    with_primary: bool,
+) -> i64 {
+    let kind = if prefix_delegated {
+        Kind::Prefixes
+    } else {
+        Kind::Ips
+    };
+    let per_slot = if prefix_delegated { PREFIX_SIZE } else { 1 };
+    let fresh =
+        i64::from(limits.ipv4_per_eni.saturating_sub(1) * per_slot) + i64::from(with_primary);
+    let present: i64 = usable
+        .iter()
+        .map(|e| usable_addresses(e, with_primary).len() as i64 + i64::from(room(e, limits, kind)))
+        .sum();
+    let free_slots = i64::from(limits.max_enis.saturating_sub(occupied_slots));
+    present + free_slots * fresh
+}
+
 /// Minimum allocatable: min(8, (N - f) · max(L - 1, 0)); 8 when limits or f are unknown, 0
 /// when f >= N. (Cilium writes it into `pre-allocate`; eni-operator only reports it.)
 ///
@@ -209,6 +245,9 @@ mod tests {
         limits(3, 10, true)
     }
 
+    // cilium/cilium pkg/aws/ipam/node_test.go `TestGetMaximumAllocatableIPv4`, commit
+    // 0aa2ad8e105e46f1c84e75cedca7243f16930eda: m5.large 27 (f = 0), 18 (f = 1), 0 (f = 4),
+    // 0 for an unknown type.
     #[test]
     fn max_allocatable_upstream_vectors() {
         let l = m5_large();

@@ -228,6 +228,8 @@ mod tests {
     use proptest::prelude::*;
 
     // docs/rules.md §2.1, upstream TestCalculateNeededIPs, in order: (A, U, P, m, M, needed).
+    // Source: cilium/cilium operator/pkg/ipam/nodemanager/node_test.go, `neededDef`, commit
+    // 35b06d5aefdf4846a2684a331871938ccbd41e8c (same rows since pkg/ipam/node_test.go).
     const NEEDED_ROWS: [(i64, i64, i64, i64, i64, i64); 10] = [
         (0, 0, 0, 16, 0, 16),
         (0, 0, 8, 16, 0, 16),
@@ -241,7 +243,10 @@ mod tests {
         (4, 4, 8, 0, 8, 4),
     ];
 
-    // Upstream TestCalculateExcessIPs, in order: (A, U, P, m, W, excess).
+    // Upstream TestCalculateExcessIPs, in order: (A, U, P, m, W, excess). Same file and commit,
+    // `excessDef`. Row 3 reads 9 in the older pkg/ipam/node_test.go (commit
+    // e0cc421a538bca20fe30f4e1fc8f04951a536993, formula without the middle branch); we follow
+    // the newer 1 (docs/rules.md §2.3).
     const EXCESS_ROWS: [(i64, i64, i64, i64, i64, i64); 10] = [
         (0, 0, 0, 16, 0, 0),
         (15, 0, 8, 16, 8, 0),

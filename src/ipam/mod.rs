@@ -12,6 +12,7 @@
 
 pub mod capacity;
 pub mod demand;
+pub mod handover;
 pub mod ownership;
 pub mod plan;
 pub mod release;
@@ -20,6 +21,8 @@ pub mod static_ip;
 pub mod withdrawal;
 pub mod writeback;
 
+#[cfg(test)]
+mod cilium_tables;
 #[cfg(test)]
 mod proptests;
 #[cfg(test)]
@@ -138,6 +141,9 @@ pub enum ProblemReason {
     /// `spec.ipam.static-ip-tags` is set and no unassociated Elastic IP carries them (set by
     /// the runtime's static-IP step; nothing is allocated until one is found, as in Cilium).
     NoStaticIp,
+    /// Another allocator (Cilium's operator) serves the node: we leave it alone
+    /// ([`handover`]).
+    OtherAllocatorActive,
 }
 
 impl ProblemReason {
@@ -155,6 +161,7 @@ impl ProblemReason {
             Self::AtCapacity => "AtCapacity",
             Self::Ec2Error => "Ec2Error",
             Self::NoStaticIp => "NoStaticIp",
+            Self::OtherAllocatorActive => "OtherAllocatorActive",
         }
     }
 }

@@ -869,6 +869,7 @@ mod tests {
             ProblemReason::AtCapacity,
             ProblemReason::Ec2Error,
             ProblemReason::NoStaticIp,
+            ProblemReason::OtherAllocatorActive,
         ];
         let names: BTreeSet<&str> = reasons.iter().map(|r| r.as_str()).collect();
         assert_eq!(names.len(), reasons.len(), "distinct names");

@@ -110,6 +110,8 @@ pub struct Ec2Cache {
     managed: BTreeSet<String>,
     /// `--instance-tags-filter`: which instances carry the tags, as far as known.
     instance_tags: Option<InstanceTags>,
+    /// `--aws-instance-limit-mapping`: these types' counts win over EC2 and the built-in table.
+    limit_overrides: BTreeMap<String, crate::ec2::limits::LimitOverride>,
 }
 
 /// What is known of the instances' tags under `--instance-tags-filter`.
@@ -348,7 +350,24 @@ impl Ec2Cache {
 
     pub fn set_limits(&mut self, limits: impl IntoIterator<Item = InstanceTypeLimits>) {
         for l in limits {
+            let l = match self.limit_overrides.get(&l.instance_type) {
+                Some(o) => o.apply(Some(&l)),
+                None => l,
+            };
             self.limits.insert(l.instance_type.clone(), l);
+        }
+    }
+
+    /// Pin `--aws-instance-limit-mapping` entries: applied now (on top of what is known, e.g.
+    /// the built-in table) and to every later [`Self::set_limits`].
+    pub fn set_limit_overrides(
+        &mut self,
+        overrides: impl IntoIterator<Item = crate::ec2::limits::LimitOverride>,
+    ) {
+        for o in overrides {
+            let l = o.apply(self.limits.get(&o.instance_type));
+            self.limits.insert(l.instance_type.clone(), l);
+            self.limit_overrides.insert(o.instance_type.clone(), o);
         }
     }
 

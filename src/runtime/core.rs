@@ -69,6 +69,16 @@ impl<E: Ec2, S: NodeSink> Core<E, S> {
         Self { inner }
     }
 
+    /// Cilium operator's leader Lease as last read (the handover guard); `None`: absent.
+    pub fn set_cilium_lease(&self, lease: Option<crate::ipam::handover::LeaseView>) {
+        *self.inner.cilium_lease.write().expect("lease") = lease;
+    }
+
+    /// Wall time by the core's clock (paused in tests).
+    pub fn wall_now(&self) -> k8s_openapi::jiff::Timestamp {
+        self.inner.wall_now()
+    }
+
     /// Becomes true once [`Core::run`] has rebuilt its EC2 view and starts serving nodes.
     pub fn warm(&self) -> tokio::sync::watch::Receiver<bool> {
         self.inner.warm.subscribe()
@@ -92,7 +102,7 @@ impl<E: Ec2, S: NodeSink> Core<E, S> {
         // the previous leader's last calls (found by `make dst`, seed 25: a restart listed an
         // address it had just unassigned and put it back in the pool).
         tokio::time::sleep(config.start_delay).await;
-        if config.preload_instance_types {
+        if config.preload_instance_types && config.limits_via_api {
             inner.refresher.instance_types(&[]).await?;
         }
         inner.refresher.full().await?;

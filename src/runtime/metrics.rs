@@ -58,6 +58,8 @@ pub struct RuntimeMetrics {
     /// `reason` = a `ProblemReason` or an EC2 error code.
     pub errors: Family<Labels, Counter>,
     pub passes: Counter,
+    /// Passes ended by the handover guard: another allocator serves the node.
+    pub other_allocator_blocked: Counter,
     /// Planning decisions (`plan_node` calls) and the thread time they took, in nanoseconds:
     /// the benchmark's CPU-per-decision figure. Not exported.
     pub plans: Counter,
@@ -95,6 +97,7 @@ impl Default for RuntimeMetrics {
             ]),
             errors: Family::default(),
             passes: Counter::default(),
+            other_allocator_blocked: Counter::default(),
             plans: Counter::default(),
             plan_nanos: Counter::default(),
             published_nodes: Arc::default(),
@@ -220,6 +223,11 @@ impl RuntimeMetrics {
         );
         r.register("errors", "Node errors by reason", m.errors.clone());
         r.register("passes", "Maintenance passes", m.passes.clone());
+        r.register(
+            "handover_blocked_passes",
+            "Passes that left a node alone because another allocator serves it",
+            m.other_allocator_blocked.clone(),
+        );
     }
 
     pub fn error(&self, reason: &str) {

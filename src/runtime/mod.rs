@@ -8,6 +8,7 @@
 //! report); every Event goes out through [`events`].
 
 pub mod cache;
+pub mod cilium_lease;
 pub mod clock;
 pub mod core;
 pub mod events;

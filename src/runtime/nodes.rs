@@ -63,6 +63,9 @@ pub struct Slot {
     pub at_capacity: bool,
     /// Annotated `eni-operator.cilium.io/ignore`: only our finalizer is left to remove.
     pub ignored: bool,
+    /// The handover guard: ENIs with Cilium's description on the instance, and when each was
+    /// first seen after the first check (`None`: there already, before we took the node over).
+    pub cilium_enis: Option<BTreeMap<String, Option<Instant>>>,
 }
 
 /// By name, ordered: the resync requeues nodes in this order, and a seeded simulation must

@@ -37,14 +37,28 @@ pub struct CoreConfig {
     /// show addresses it unassigned, and they would go back into the pools
     /// ([`super::cache::DESCRIBE_LAG`] in production; zero in tests that do not model the lag).
     pub start_delay: Duration,
+    /// `--update-ec2-adapter-limit-via-api`: limits from `DescribeInstanceTypes`; false: from
+    /// the built-in table only, and no `DescribeInstanceTypes` call is ever made.
+    pub limits_via_api: bool,
+    /// `--aws-instance-limit-mapping`.
+    pub limit_overrides: Vec<crate::ec2::limits::LimitOverride>,
+    /// The handover guard: how long another manager's pool write counts as a running
+    /// allocator (`--handover-quiet`).
+    pub handover_quiet: Duration,
+    /// Canary handover (`--handover-selector key=value`): serve only CiliumNodes with this
+    /// label; a served node that loses it is handed back.
+    pub handover_selector: Option<(String, String)>,
 }
 
 impl CoreConfig {
     /// An empty EC2 view for the core: it keeps this cluster's unattached ENIs as leftovers.
     pub fn ec2_cache(&self) -> Arc<RwLock<Ec2Cache>> {
-        Arc::new(RwLock::new(Ec2Cache::for_cluster(
-            self.ipam.cluster_name.clone(),
-        )))
+        let mut cache = Ec2Cache::for_cluster(self.ipam.cluster_name.clone());
+        if !self.limits_via_api {
+            cache.set_limits(crate::ec2::limits::builtin().values().cloned());
+        }
+        cache.set_limit_overrides(self.limit_overrides.iter().cloned());
+        Arc::new(RwLock::new(cache))
     }
 }
 
@@ -63,6 +77,10 @@ impl Default for CoreConfig {
             annotate_cilium_ignore: false,
             jitter_seed: None,
             start_delay: Duration::ZERO,
+            limits_via_api: true,
+            limit_overrides: Vec::new(),
+            handover_quiet: Duration::from_secs(180),
+            handover_selector: None,
         }
     }
 }

@@ -32,6 +32,12 @@ pub struct Shared<E, S> {
     pub metrics: RuntimeMetrics,
     /// True while `run` has warm caches (after the first full EC2 refresh).
     pub warm: tokio::sync::watch::Sender<bool>,
+    /// Cilium operator's leader Lease as last read (the handover guard; `None`: absent or not
+    /// read).
+    pub cilium_lease: RwLock<Option<crate::ipam::handover::LeaseView>>,
+    /// Wall time at a clock instant: the guard compares managedFields and Lease times with
+    /// the core's clock (paused in tests).
+    pub epoch: (k8s_openapi::jiff::Timestamp, Instant),
 }
 
 impl<E: Ec2, S> Shared<E, S> {
@@ -66,7 +72,16 @@ impl<E: Ec2, S> Shared<E, S> {
             type_lookups: Mutex::new(HashMap::new()),
             metrics,
             warm: tokio::sync::watch::Sender::new(false),
+            cilium_lease: RwLock::new(None),
+            epoch: (k8s_openapi::jiff::Timestamp::now(), super::clock::now()),
         }
+    }
+
+    /// Wall time by the core's clock.
+    pub fn wall_now(&self) -> k8s_openapi::jiff::Timestamp {
+        let elapsed = super::clock::now().saturating_duration_since(self.epoch.1);
+        let elapsed = k8s_openapi::jiff::SignedDuration::try_from(elapsed).unwrap_or_default();
+        self.epoch.0.saturating_add(elapsed).unwrap_or(self.epoch.0)
     }
 
     /// The node is gone from our state: its instance too (cache and refresh spacing).

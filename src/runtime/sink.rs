@@ -273,9 +273,20 @@ impl NodeSink for KubeSink {
         value: Option<&str>,
     ) -> SinkResult<Option<CiliumNode>> {
         let patch = annotation_patch(key, value);
+        // Cilium's ignore annotation under its own field manager: its managedFields entry then
+        // dates the handover (the handover guard compares it with Cilium's Lease).
+        let handover = PatchParams {
+            field_manager: Some(crate::ipam::handover::HANDOVER_FIELD_MANAGER.into()),
+            ..PatchParams::default()
+        };
+        let params = if key == crate::crd::CILIUM_IGNORE_ANNOTATION {
+            &handover
+        } else {
+            &self.params
+        };
         match self
             .api
-            .patch(&node.name, &self.params, &Patch::Merge(&patch))
+            .patch(&node.name, params, &Patch::Merge(&patch))
             .await
         {
             Ok(obj) => Ok(Some(obj)),

@@ -6,6 +6,7 @@
 use std::sync::Arc;
 
 use crate::crd::CiliumNode;
+use crate::ipam::handover::Writers;
 
 /// A serialised CiliumNode plus the few facts the run loop reads without parsing it.
 #[derive(Clone, Debug)]
@@ -14,6 +15,8 @@ pub struct StoredNode {
     instance_id: String,
     deleting: bool,
     pool_empty: bool,
+    /// Who wrote the allocation fields, from the managedFields we drop (the handover guard).
+    writers: Arc<Writers>,
 }
 
 impl StoredNode {
@@ -33,6 +36,9 @@ impl StoredNode {
             instance_id: node.spec.instance_id.clone(),
             deleting: node.metadata.deletion_timestamp.is_some(),
             pool_empty: node.spec.ipam.pool.is_empty(),
+            writers: Arc::new(Writers::from_managed_fields(
+                node.metadata.managed_fields.as_deref().unwrap_or_default(),
+            )),
         }
     }
 
@@ -48,6 +54,11 @@ impl StoredNode {
     /// Marked for deletion.
     pub fn deleting(&self) -> bool {
         self.deleting
+    }
+
+    /// Who wrote the allocation fields (from `metadata.managedFields`).
+    pub fn writers(&self) -> &Writers {
+        &self.writers
     }
 
     /// `spec.ipam.pool` is empty.

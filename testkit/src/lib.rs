@@ -14,6 +14,7 @@
 //! tools only.
 
 pub mod agent;
+pub mod cilium_signals;
 pub mod cluster;
 pub mod lease;
 pub mod prune;

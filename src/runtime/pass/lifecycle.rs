@@ -13,7 +13,7 @@ use crate::runtime::sink::{NodeRef, NodeSink, SinkError, SinkResult};
 use crate::runtime::stored::StoredNode;
 
 use super::snapshot::Snapshot;
-use super::{DONE, FAILED, Step, Verdict, finalize};
+use super::{DONE, FAILED, Step, Verdict, finalize, guard};
 
 /// The parsed node to serve, or the end of the pass.
 pub(super) async fn admit<E: Ec2, S: NodeSink>(
@@ -43,6 +43,14 @@ pub(super) async fn admit<E: Ec2, S: NodeSink>(
         None => return Err((Outcome::RetryAfter(inner.config.unhealthy_retry), None)),
         Some(false) => return Err(leave_alone(inner, name, &node).await),
     }
+    // Canary handover: a node outside `--handover-selector` is not ours; one we served is
+    // handed back (rollback), others are not written at all.
+    if !selected(inner, &node) {
+        if has_finalizer(&node) {
+            return Err(hand_back(inner, name, node).await);
+        }
+        return Err(DONE);
+    }
     // The Kubernetes Node is gone: delete the CiliumNode; the finalizer runs next.
     if snap.k8s_node == Some(false) && node.metadata.deletion_timestamp.is_none() {
         delete(inner, name, &mut node).await?;
@@ -51,9 +59,28 @@ pub(super) async fn admit<E: Ec2, S: NodeSink>(
         let r = NodeRef::of(&node);
         return Err(finalize::finalize(inner, name, &r, &node.spec.instance_id).await);
     }
+    guard::check(inner, name, &node, snap).await?;
     add_finalizer(inner, name, &mut node).await?;
     claim(inner, name, &mut node).await?;
     Ok(node)
+}
+
+fn selected<E: Ec2, S: NodeSink>(inner: &Shared<E, S>, node: &CiliumNode) -> bool {
+    let Some((key, value)) = &inner.config.handover_selector else {
+        return true;
+    };
+    node.metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(key))
+        .is_some_and(|v| v == value)
+}
+
+fn has_finalizer(node: &CiliumNode) -> bool {
+    node.metadata
+        .finalizers
+        .as_ref()
+        .is_some_and(|f| f.iter().any(|x| x == FINALIZER))
 }
 
 /// Delete the CiliumNode of a Node that is gone; go on as if the deletion was seen.
@@ -81,12 +108,7 @@ async fn add_finalizer<E: Ec2, S: NodeSink>(
     name: &str,
     node: &mut CiliumNode,
 ) -> Step<()> {
-    let has_finalizer = node
-        .metadata
-        .finalizers
-        .as_ref()
-        .is_some_and(|f| f.iter().any(|x| x == FINALIZER));
-    if has_finalizer {
+    if has_finalizer(node) {
         return Ok(());
     }
     match inner.sink.set_finalizer(&NodeRef::of(node), true).await {

@@ -11,6 +11,7 @@
 
 mod execute;
 mod finalize;
+mod guard;
 mod lifecycle;
 mod plan;
 mod report;

@@ -100,7 +100,7 @@ pub(super) async fn plan<E: Ec2, S: NodeSink>(
 /// Describe a type we have no limits for (just that type, at most once a minute).
 async fn ensure_limits<E: Ec2, S: NodeSink>(inner: &Shared<E, S>, instance_type: &str) {
     let known = |t: &str| inner.cache.read().expect("cache").limits.contains_key(t);
-    if instance_type.is_empty() || known(instance_type) {
+    if instance_type.is_empty() || known(instance_type) || !inner.config.limits_via_api {
         return;
     }
     let t = now();

@@ -1,0 +1,405 @@
+//! The handover guard's decision (pure): is another allocator serving this node right now?
+//! Fed by the pass with what the CiliumNode's `metadata.managedFields` say ([`Writers`]), Cilium
+//! operator's leader Lease ([`LeaseView`]) and the clock. Why each signal means what it means
+//! (read from Cilium's operator source) is in `docs/migrating-from-cilium.md`, "The guard".
+
+use std::time::Duration;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry;
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use serde_json::Value;
+
+use crate::crd::CILIUM_IGNORE_ANNOTATION;
+
+/// Our field manager for every write but the Cilium ignore annotation.
+pub const OWN_FIELD_MANAGER: &str = "eni-operator";
+/// Our field manager for `ipam.cilium.io/ignore` alone, so its managedFields entry dates the
+/// annotation (the main manager's time moves with every pool write).
+pub const HANDOVER_FIELD_MANAGER: &str = "eni-operator-handover";
+/// Cilium operator's leader-election Lease (`operator/cmd/root.go`, `leaderElectionResourceLockName`).
+pub const CILIUM_OPERATOR_LEASE: &str = "cilium-operator-resource-lock";
+
+/// The description Cilium's operator gives the ENIs it creates (`pkg/aws/eni/node.go`,
+/// `CreateInterface`: `"Cilium-CNI (" + instanceID + ")"`).
+pub fn cilium_eni_description(instance_id: &str) -> String {
+    format!("Cilium-CNI ({instance_id})")
+}
+
+/// Who wrote the allocation fields of a CiliumNode, and when (from `metadata.managedFields`;
+/// managedFields times have one-second resolution).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Writers {
+    /// Our own last write of the object / of its status.
+    pub own_spec: Option<Timestamp>,
+    pub own_status: Option<Timestamp>,
+    /// The latest write by another manager that owns `spec.ipam.pool` / `status.eni`.
+    pub other_pool: Option<(String, Timestamp)>,
+    pub other_eni: Option<(String, Timestamp)>,
+    /// When `ipam.cilium.io/ignore` was set, if a manager other than our main one owns it.
+    pub ignore_set_at: Option<Timestamp>,
+}
+
+impl Writers {
+    pub fn from_managed_fields(entries: &[ManagedFieldsEntry]) -> Self {
+        let mut w = Self::default();
+        for e in entries {
+            let (Some(manager), Some(time)) = (e.manager.as_deref(), e.time.as_ref()) else {
+                continue;
+            };
+            let at = time.0;
+            let status = e.subresource.as_deref() == Some("status");
+            let fields = e.fields_v1.as_ref().map(|f| &f.0);
+            let owns = |path: &[&str]| fields.is_some_and(|f| owns(f, path));
+            if manager == OWN_FIELD_MANAGER {
+                let own = if status {
+                    &mut w.own_status
+                } else {
+                    &mut w.own_spec
+                };
+                *own = (*own).max(Some(at));
+                continue;
+            }
+            let annotation = format!("f:{CILIUM_IGNORE_ANNOTATION}");
+            if owns(&["f:metadata", "f:annotations", &annotation]) {
+                w.ignore_set_at = w.ignore_set_at.max(Some(at));
+            }
+            if owns(&["f:spec", "f:ipam", "f:pool"]) {
+                later(&mut w.other_pool, manager, at);
+            }
+            if owns(&["f:status", "f:eni"]) {
+                later(&mut w.other_eni, manager, at);
+            }
+        }
+        w
+    }
+}
+
+fn owns(fields: &Value, path: &[&str]) -> bool {
+    path.iter().try_fold(fields, |v, k| v.get(*k)).is_some()
+}
+
+fn later(slot: &mut Option<(String, Timestamp)>, manager: &str, at: Timestamp) {
+    if slot.as_ref().is_none_or(|(_, t)| at > *t) {
+        *slot = Some((manager.to_string(), at));
+    }
+}
+
+/// Cilium operator's leader Lease as last read.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LeaseView {
+    pub holder: String,
+    pub acquired: Timestamp,
+    pub renewed: Timestamp,
+    pub duration: Duration,
+}
+
+impl LeaseView {
+    /// Renewed within its duration: Cilium's operator runs.
+    pub fn fresh(&self, now: Timestamp) -> bool {
+        let d = SignedDuration::try_from(self.duration).unwrap_or(SignedDuration::MAX);
+        self.renewed.checked_add(d).is_ok_and(|until| until >= now)
+    }
+}
+
+/// What the pass knows about one node.
+#[derive(Clone, Debug)]
+pub struct Signals<'a> {
+    pub writers: &'a Writers,
+    /// `ipam.cilium.io/ignore: "true"` is on the node.
+    pub cilium_ignore: bool,
+    /// We are about to set it (`--annotate-cilium-ignore`).
+    pub will_annotate: bool,
+    pub lease: Option<&'a LeaseView>,
+    /// Cilium-described ENIs on the instance we had not seen when we took the node over.
+    pub new_cilium_enis: &'a [String],
+    pub now: Timestamp,
+    /// How long a foreign pool write counts as a running allocator (`--handover-quiet`).
+    pub quiet: Duration,
+}
+
+/// Another allocator serves the node: why we think so.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum OtherAllocator {
+    /// Another field manager wrote the pool after our own last write.
+    ForeignWrite {
+        manager: String,
+        field: &'static str,
+        at: Timestamp,
+    },
+    /// Cilium's operator runs and the node is not annotated: it upserts and serves it.
+    CiliumNotIgnored { holder: String },
+    /// Cilium's leader acquired its Lease before the annotation: its node manager kept the node.
+    CiliumLeaderKnewNode {
+        holder: String,
+        acquired: Timestamp,
+        annotated: Timestamp,
+    },
+    /// ENIs with Cilium's description appeared after the handover.
+    CiliumEni { enis: Vec<String> },
+}
+
+impl std::fmt::Display for OtherAllocator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::ForeignWrite { manager, field, at } => write!(
+                f,
+                "another allocator serves this node: {manager} wrote {field} at {at}, after \
+                 eni-operator took the node over; no EC2 call until it stops"
+            ),
+            Self::CiliumNotIgnored { holder } => write!(
+                f,
+                "Cilium's operator ({holder}) is running and the node lacks \
+                 {CILIUM_IGNORE_ANNOTATION}=true: it serves this node"
+            ),
+            Self::CiliumLeaderKnewNode {
+                holder,
+                acquired,
+                annotated,
+            } => write!(
+                f,
+                "Cilium's operator leader {holder} took over at {acquired}, before \
+                 {CILIUM_IGNORE_ANNOTATION} was set at {annotated}: it keeps resyncing this node \
+                 until it restarts (kubectl rollout restart deploy/cilium-operator)"
+            ),
+            Self::CiliumEni { enis } => write!(
+                f,
+                "Cilium's operator created {} on this instance after the handover: it still \
+                 serves this node",
+                enis.join(", ")
+            ),
+        }
+    }
+}
+
+/// The guard's decision: `Some` means no mutating call for this node now.
+pub fn other_allocator(s: &Signals) -> Option<OtherAllocator> {
+    let w = s.writers;
+    let quiet = SignedDuration::try_from(s.quiet).unwrap_or(SignedDuration::MAX);
+    let recent = |at: Timestamp| s.now.duration_since(at) < quiet;
+    // Direct evidence first: a foreign write of the pool after ours.
+    // Measured against our last write of the object itself (finalizer, pool), not of its
+    // status: our own error report on the status must not hide the evidence.
+    let foreign = [
+        ("spec.ipam.pool", &w.other_pool),
+        ("status.eni", &w.other_eni),
+    ];
+    for (field, other) in foreign {
+        if let (Some((manager, at)), Some(own)) = (other, w.own_spec)
+            && *at > own
+            && recent(*at)
+        {
+            return Some(OtherAllocator::ForeignWrite {
+                manager: manager.clone(),
+                field,
+                at: *at,
+            });
+        }
+    }
+    if !s.new_cilium_enis.is_empty() {
+        return Some(OtherAllocator::CiliumEni {
+            enis: s.new_cilium_enis.to_vec(),
+        });
+    }
+    let lease = s.lease.filter(|l| l.fresh(s.now))?;
+    if !s.cilium_ignore && !s.will_annotate {
+        return Some(OtherAllocator::CiliumNotIgnored {
+            holder: lease.holder.clone(),
+        });
+    }
+    // Annotated (or about to be): the running leader still serves the node if it took over
+    // before the annotation. Set by us just now: the annotation is newer than any leader.
+    let annotated = if s.cilium_ignore {
+        w.ignore_set_at?
+    } else {
+        s.now
+    };
+    (lease.acquired < annotated).then(|| OtherAllocator::CiliumLeaderKnewNode {
+        holder: lease.holder.clone(),
+        acquired: lease.acquired,
+        annotated,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{FieldsV1, Time};
+    use serde_json::json;
+
+    fn t(s: i64) -> Timestamp {
+        Timestamp::from_second(1_800_000_000 + s).unwrap()
+    }
+
+    fn entry(manager: &str, sub: Option<&str>, at: i64, fields: Value) -> ManagedFieldsEntry {
+        ManagedFieldsEntry {
+            manager: Some(manager.into()),
+            operation: Some("Update".into()),
+            subresource: sub.map(Into::into),
+            time: Some(Time(t(at))),
+            fields_type: Some("FieldsV1".into()),
+            fields_v1: Some(FieldsV1(fields)),
+            api_version: Some("cilium.io/v2".into()),
+        }
+    }
+
+    fn pool_fields() -> Value {
+        json!({"f:spec": {"f:ipam": {"f:pool": {"f:10.0.0.5": {}}}}})
+    }
+
+    fn signals<'a>(w: &'a Writers, lease: Option<&'a LeaseView>, now: i64) -> Signals<'a> {
+        Signals {
+            writers: w,
+            cilium_ignore: true,
+            will_annotate: false,
+            lease,
+            new_cilium_enis: &[],
+            now: t(now),
+            quiet: Duration::from_secs(180),
+        }
+    }
+
+    fn lease(acquired: i64, renewed: i64) -> LeaseView {
+        LeaseView {
+            holder: "cilium-operator-abc".into(),
+            acquired: t(acquired),
+            renewed: t(renewed),
+            duration: Duration::from_secs(15),
+        }
+    }
+
+    #[test]
+    fn writers_come_from_managed_fields() {
+        let entries = [
+            entry(
+                OWN_FIELD_MANAGER,
+                None,
+                10,
+                json!({"f:metadata": {"f:finalizers": {}}}),
+            ),
+            entry(
+                OWN_FIELD_MANAGER,
+                Some("status"),
+                12,
+                json!({"f:status": {}}),
+            ),
+            entry("cilium-operator-aws", None, 20, pool_fields()),
+            entry(
+                "cilium-operator-aws",
+                Some("status"),
+                21,
+                json!({"f:status": {"f:eni": {"f:enis": {}}}}),
+            ),
+            entry(
+                "cilium-agent",
+                None,
+                30,
+                json!({"f:spec": {"f:ipam": {"f:pre-allocate": {}}}}),
+            ),
+            entry(
+                "kubectl-annotate",
+                None,
+                5,
+                json!({"f:metadata": {"f:annotations": {"f:ipam.cilium.io/ignore": {}}}}),
+            ),
+        ];
+        let w = Writers::from_managed_fields(&entries);
+        assert_eq!(w.own_spec, Some(t(10)));
+        assert_eq!(w.own_status, Some(t(12)));
+        assert_eq!(w.other_pool, Some(("cilium-operator-aws".into(), t(20))));
+        assert_eq!(w.other_eni, Some(("cilium-operator-aws".into(), t(21))));
+        assert_eq!(w.ignore_set_at, Some(t(5)));
+    }
+
+    #[test]
+    fn a_foreign_pool_write_after_ours_blocks_until_it_is_quiet() {
+        let entries = [
+            entry(OWN_FIELD_MANAGER, None, 10, pool_fields()),
+            entry("cilium-operator-aws", None, 20, pool_fields()),
+        ];
+        let w = Writers::from_managed_fields(&entries);
+        let got = other_allocator(&signals(&w, None, 30)).expect("blocked");
+        assert!(matches!(
+            got,
+            OtherAllocator::ForeignWrite {
+                field: "spec.ipam.pool",
+                ..
+            }
+        ));
+        assert!(got.to_string().contains("cilium-operator-aws"));
+        assert_eq!(
+            other_allocator(&signals(&w, None, 20 + 180)),
+            None,
+            "quiet since"
+        );
+    }
+
+    #[test]
+    fn the_previous_allocators_writes_before_our_claim_do_not_block() {
+        let entries = [
+            entry("cilium-operator-aws", None, 5, pool_fields()),
+            entry(
+                OWN_FIELD_MANAGER,
+                None,
+                10,
+                json!({"f:metadata": {"f:finalizers": {}}}),
+            ),
+        ];
+        let w = Writers::from_managed_fields(&entries);
+        assert_eq!(other_allocator(&signals(&w, None, 11)), None);
+        // Not claimed yet: Cilium is the allocator we take over from.
+        let w = Writers::from_managed_fields(&entries[..1]);
+        assert_eq!(other_allocator(&signals(&w, None, 6)), None);
+    }
+
+    #[test]
+    fn a_running_cilium_operator_serves_unannotated_nodes() {
+        let w = Writers::default();
+        let l = lease(0, 100);
+        let mut s = signals(&w, Some(&l), 105);
+        s.cilium_ignore = false;
+        assert!(matches!(
+            other_allocator(&s),
+            Some(OtherAllocator::CiliumNotIgnored { .. })
+        ));
+        // Expired Lease: Cilium's operator is gone.
+        s.now = t(200);
+        assert_eq!(other_allocator(&s), None);
+    }
+
+    #[test]
+    fn cilium_must_restart_after_the_annotation() {
+        let entries = [entry(
+            HANDOVER_FIELD_MANAGER,
+            None,
+            50,
+            json!({"f:metadata": {"f:annotations": {"f:ipam.cilium.io/ignore": {}}}}),
+        )];
+        let w = Writers::from_managed_fields(&entries);
+        let before = lease(0, 100);
+        assert!(matches!(
+            other_allocator(&signals(&w, Some(&before), 105)),
+            Some(OtherAllocator::CiliumLeaderKnewNode { .. })
+        ));
+        let restarted = lease(60, 100);
+        assert_eq!(other_allocator(&signals(&w, Some(&restarted), 105)), None);
+        // About to annotate it ourselves, Cilium running since before: blocked as well.
+        let w = Writers::default();
+        let mut s = signals(&w, Some(&before), 105);
+        s.cilium_ignore = false;
+        s.will_annotate = true;
+        assert!(matches!(
+            other_allocator(&s),
+            Some(OtherAllocator::CiliumLeaderKnewNode { .. })
+        ));
+    }
+
+    #[test]
+    fn new_cilium_enis_block() {
+        let w = Writers::default();
+        let enis = ["eni-1".to_string()];
+        let mut s = signals(&w, None, 0);
+        s.new_cilium_enis = &enis;
+        assert!(other_allocator(&s).unwrap().to_string().contains("eni-1"));
+        assert_eq!(cilium_eni_description("i-0abc"), "Cilium-CNI (i-0abc)");
+    }
+}

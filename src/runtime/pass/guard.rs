@@ -1,0 +1,120 @@
+//! Part of step 2: the handover guard. Before the first write that takes a node over and on
+//! every pass after, ask [`handover::other_allocator`] (pure) whether another allocator serves
+//! the node; if so, end the pass: no EC2 call, no pool write; the node's
+//! `status.ipam.operator-status` and one Warning Event (`OtherAllocatorActive`, counted in
+//! `eni_operator_errors_total`) say why, once per message; the node is checked again shortly.
+
+use std::time::Duration;
+
+use serde_json::json;
+use tracing::warn;
+
+use crate::crd::{CILIUM_IGNORE_ANNOTATION, CiliumNode};
+use crate::ec2::Ec2;
+use crate::ipam::handover::{self, Signals};
+use crate::ipam::ownership::is_owned_by;
+use crate::ipam::{ChangeSet, ProblemReason, Subresource, Write};
+use crate::runtime::clock;
+use crate::runtime::events::{self, EventReason};
+use crate::runtime::queue::Outcome;
+use crate::runtime::shared::Shared;
+use crate::runtime::sink::{NodeRef, NodeSink};
+
+use super::Step;
+use super::snapshot::Snapshot;
+
+/// How soon a blocked node is checked again.
+pub(super) const RECHECK: Duration = Duration::from_secs(15);
+
+pub(super) async fn check<E: Ec2, S: NodeSink>(
+    inner: &Shared<E, S>,
+    name: &str,
+    node: &CiliumNode,
+    snap: &Snapshot,
+) -> Step<()> {
+    let Some(stored) = snap.node.as_ref() else {
+        return Ok(());
+    };
+    let lease = inner.cilium_lease.read().expect("lease").clone();
+    let cilium_ignore = node
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(CILIUM_IGNORE_ANNOTATION))
+        .is_some_and(|v| v.eq_ignore_ascii_case("true"));
+    let new_enis = new_cilium_enis(inner, name, &node.spec.instance_id);
+    let signals = Signals {
+        writers: stored.writers(),
+        cilium_ignore,
+        will_annotate: inner.config.annotate_cilium_ignore,
+        lease: lease.as_ref(),
+        new_cilium_enis: &new_enis,
+        now: inner.wall_now(),
+        quiet: inner.config.handover_quiet,
+    };
+    let Some(other) = handover::other_allocator(&signals) else {
+        return Ok(());
+    };
+    let reason = ProblemReason::OtherAllocatorActive;
+    let message = format!("{}: {other}", reason.as_str());
+    inner.metrics.other_allocator_blocked.inc();
+    let said = inner.with_slot(name, |s| s.last_problem.replace(message.clone()));
+    if said.flatten().as_deref() != Some(message.as_str()) {
+        warn!(node = name, "{message}");
+        let r = NodeRef::of(node);
+        let changes = ChangeSet {
+            writes: vec![Write {
+                subresource: Subresource::Status,
+                patch: json!({"status": {"ipam": {"operator-status": {"error": message}}}}),
+                needs_resource_version: false,
+            }],
+        };
+        if let Err(e) = inner.sink.apply(&r, &changes).await {
+            warn!(node = name, error = %e, "could not report the other allocator");
+        }
+        let reason = EventReason::Problem(reason);
+        events::publish(&*inner.sink, &inner.metrics, &r, reason, message).await;
+    }
+    Err((Outcome::RetryAfter(RECHECK), None))
+}
+
+/// ENIs with Cilium's description (and without our ownership tags) that appeared on the instance since the first check, within
+/// `--handover-quiet` of their first sighting (then they are just ENIs the node has).
+fn new_cilium_enis<E: Ec2, S: NodeSink>(
+    inner: &Shared<E, S>,
+    name: &str,
+    instance: &str,
+) -> Vec<String> {
+    let description = handover::cilium_eni_description(instance);
+    let current: Vec<String> = {
+        let cache = inner.cache.read().expect("cache");
+        match cache.instance(instance) {
+            // Not described yet: no baseline to compare with.
+            Some(e) if !e.enis.is_empty() => e
+                .enis
+                .iter()
+                // Ours carry the same description (ownership.rs), and our tags.
+                .filter(|x| x.description == description)
+                .filter(|x| !is_owned_by(x, &inner.config.ipam.cluster_name))
+                .map(|x| x.id.clone())
+                .collect(),
+            _ => return Vec::new(),
+        }
+    };
+    let now = clock::now();
+    let quiet = inner.config.handover_quiet;
+    inner
+        .with_slot(name, |s| {
+            let seen = s
+                .cilium_enis
+                .get_or_insert_with(|| current.iter().map(|id| (id.clone(), None)).collect());
+            for id in &current {
+                seen.entry(id.clone()).or_insert(Some(now));
+            }
+            seen.iter()
+                .filter(|(_, t)| t.is_some_and(|t| now.duration_since(t) < quiet))
+                .map(|(id, _)| id.clone())
+                .collect()
+        })
+        .unwrap_or_default()
+}
