@@ -1,5 +1,8 @@
 # syntax=docker/dockerfile:1
 # eni-operator image: `make image` (or `docker build -t eni-operator .`).
+# Multi-arch from this one file: `docker buildx build --platform linux/amd64,linux/arm64 .`
+# runs the builder stage once per target platform (arm64 under QEMU on an amd64 host), so no
+# cross-compiler is needed; rust:*-slim and distroless/cc are published for both.
 
 FROM rust:1.95-slim-bookworm AS builder
 WORKDIR /src

@@ -11,6 +11,10 @@ MOTO_SERVER := $(VENV)/bin/moto_server
 MOTO_STAMP := $(VENV)/.moto-$(MOTO_VERSION)
 
 IMAGE ?= eni-operator:dev
+# Graviton (arm64) nodes are common: the image is built for both (one Dockerfile, no
+# cross-compiler: buildx runs the builder stage per platform, arm64 under QEMU).
+PLATFORMS ?= linux/amd64,linux/arm64
+IMAGE_OUTPUT ?=
 ARGS ?=
 
 # Tests that need the emulator find it here; the e2e scripts pin the same moto version.
@@ -43,8 +47,13 @@ fmt: ## Format the code
 crds: ## Regenerate manifests/crd/ciliumnodes.cilium.io.yaml from the Rust types
 	cargo run --locked -q -p crd-gen
 
-image: ## Build the container image $(IMAGE)
-	docker build -t $(IMAGE) .
+image: ## Build the image $(IMAGE) for $(PLATFORMS) with buildx (IMAGE_OUTPUT=--push to push), else for this machine
+	if docker buildx version > /dev/null 2>&1; then \
+		docker buildx build --platform $(PLATFORMS) -t $(IMAGE) $(IMAGE_OUTPUT) .; \
+	else \
+		echo "docker buildx not found: building for this machine's platform only"; \
+		docker build -t $(IMAGE) .; \
+	fi
 
 run: ## Run the operator against the current KUBECONFIG (extra flags: ARGS="...")
 	cargo run --locked --release -p eni-operator --bin eni-operator -- $(ARGS)

@@ -4,7 +4,7 @@
 //! `ENI_DST_MUTANT=<name>` selects the defect of a run.
 
 /// Every planted defect, by name.
-pub const ALL: [&str; 9] = [
+pub const ALL: [&str; 10] = [
     "release-used",
     "drain-is-gone",
     "reuse-burned-token",
@@ -14,6 +14,7 @@ pub const ALL: [&str; 9] = [
     "release-running-instance",
     "trust-lagging-describe",
     "no-fence",
+    "static-ip-race-won",
 ];
 
 /// Whether the defects are compiled into this build.

@@ -164,3 +164,60 @@ wire_contract!(
     pagination,
     limits_and_exhaustion,
 );
+
+/// Elastic IPs (static IPs) on the simulator: two tagged addresses and an untagged one.
+#[tokio::test]
+async fn addresses() {
+    use std::net::Ipv4Addr;
+    let (sim, world) = simulator_world();
+    let tag = || {
+        Tags::from([(
+            contract::EIP_TAG.0.to_owned(),
+            contract::EIP_TAG.1.to_owned(),
+        )])
+    };
+    let tagged = vec![
+        sim.add_address(Ipv4Addr::new(198, 51, 100, 1), tag()),
+        sim.add_address(Ipv4Addr::new(198, 51, 100, 2), tag()),
+    ];
+    let untagged = sim.add_address(Ipv4Addr::new(198, 51, 100, 3), Tags::new());
+    contract::addresses(&sim, &world, &tagged, &untagged).await;
+    sim.check_invariants().unwrap();
+}
+
+/// The same on moto (AllocateAddress through the SDK: the operator never allocates).
+#[tokio::test]
+async fn addresses_on_moto() {
+    let server = support::moto::MotoServer::start();
+    let world = support::moto::seed(server.endpoint()).await;
+    let sdk = support::moto::sdk_client(server.endpoint());
+    let allocate = |tagged: bool| {
+        let sdk = sdk.clone();
+        async move {
+            let mut req = sdk
+                .allocate_address()
+                .domain(aws_sdk_ec2::types::DomainType::Vpc);
+            if tagged {
+                req = req.tag_specifications(
+                    aws_sdk_ec2::types::TagSpecification::builder()
+                        .resource_type(aws_sdk_ec2::types::ResourceType::ElasticIp)
+                        .tags(
+                            aws_sdk_ec2::types::Tag::builder()
+                                .key(contract::EIP_TAG.0)
+                                .value(contract::EIP_TAG.1)
+                                .build(),
+                        )
+                        .build(),
+                );
+            }
+            req.send().await.unwrap().allocation_id.unwrap()
+        }
+    };
+    let tagged = vec![allocate(true).await, allocate(true).await];
+    let untagged = allocate(false).await;
+    let ec2 = eni_operator::ec2::gate::Gate::new(
+        support::moto::aws_ec2(server.endpoint()).await,
+        eni_operator::ec2::gate::GateConfig::aws_defaults(),
+    );
+    contract::addresses(&ec2, &world, &tagged, &untagged).await;
+}

@@ -714,6 +714,11 @@ fn iam_policy_grants_the_ec2_actions_with_tag_conditions() {
         "DetachNetworkInterface",
         "DeleteNetworkInterface",
         "CreateTags",
+        // Static IPs: the user's Elastic IPs are associated and disassociated, never
+        // allocated or released (no AllocateAddress / ReleaseAddress).
+        "DescribeAddresses",
+        "AssociateAddress",
+        "DisassociateAddress",
     ]
     .iter()
     .map(|a| format!("ec2:{a}"))

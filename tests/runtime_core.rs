@@ -14,6 +14,9 @@ use eni_operator::ec2::gate::{Gate, GateConfig};
 use eni_operator::ec2::{
     AddressRequest, Assigned, CreateEniRequest, Ec2, EniFilter, EniState, Instance, InstanceFilter,
     InstanceState, InstanceTypeLimits, NetworkInterface, Operation, Page, ResourceFilter, Result,
+
+    Address, AddressRequest, Assigned, CreateEniRequest, Ec2, EniFilter, EniState, Instance,
+    InstanceFilter, InstanceTypeLimits, NetworkInterface, Operation, Page, ResourceFilter, Result,
     RouteTable, SecurityGroup, Subnet, Tags, Vpc, collect_pages,
 };
 use eni_operator::ipam::ownership::ownership_tags;
@@ -463,6 +466,20 @@ impl<E: Ec2> Ec2 for Guarded<E> {
     async fn delete_network_interface(&self, e: &str) -> Result<()> {
         self.record();
         self.inner.delete_network_interface(e).await
+    }
+
+    async fn describe_addresses(&self, tags: &Tags) -> Result<Vec<Address>> {
+        self.inner.describe_addresses(tags).await
+    }
+
+    async fn associate_address(&self, a: &str, e: &str, ip: Ipv4Addr) -> Result<String> {
+        self.record();
+        self.inner.associate_address(a, e, ip).await
+    }
+
+    async fn disassociate_address(&self, a: &str) -> Result<()> {
+        self.record();
+        self.inner.disassociate_address(a).await
     }
 }
 

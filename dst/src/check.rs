@@ -40,6 +40,7 @@ pub fn always(w: &World) -> Result<(), Broken> {
 }
 
 fn always_on(w: &World) -> Result<(), Broken> {
+    crate::statics::check(w)?;
     w.view
         .borrow_mut()
         .aws_rules(&w.sim)

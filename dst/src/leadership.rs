@@ -24,9 +24,9 @@ use std::sync::{Arc, Mutex};
 use eni_operator::crd::CiliumNode;
 use eni_operator::ec2::gate::{Gate, GateConfig};
 use eni_operator::ec2::{
-    AddressRequest, Assigned, CreateEniRequest, Ec2, EniFilter, Instance, InstanceFilter,
+    Address, AddressRequest, Assigned, CreateEniRequest, Ec2, EniFilter, Instance, InstanceFilter,
     InstanceTypeLimits, NetworkInterface, Operation, Page, ResourceFilter, Result, RouteTable,
-    SecurityGroup, Subnet, Vpc,
+    SecurityGroup, Subnet, Tags, Vpc,
 };
 use eni_operator::ipam::ChangeSet;
 use eni_operator::runtime::core::{Core, CoreConfig, NodeInput};
@@ -269,6 +269,27 @@ impl<E: Ec2> Ec2 for Observed<E> {
             .before(self.role, Operation::DeleteNetworkInterface.name())
             .await;
         self.inner.delete_network_interface(eni_id).await
+    }
+
+    async fn describe_addresses(&self, tags: &Tags) -> Result<Vec<Address>> {
+        self.inner.describe_addresses(tags).await
+    }
+
+    async fn associate_address(
+        &self,
+        allocation_id: &str,
+        eni_id: &str,
+        private_ip: Ipv4Addr,
+    ) -> Result<String> {
+        self.observer.issued(Operation::AssociateAddress.name());
+        self.inner
+            .associate_address(allocation_id, eni_id, private_ip)
+            .await
+    }
+
+    async fn disassociate_address(&self, association_id: &str) -> Result<()> {
+        self.observer.issued(Operation::DisassociateAddress.name());
+        self.inner.disassociate_address(association_id).await
     }
 }
 

@@ -13,6 +13,7 @@ pub mod leadership;
 pub mod multipool;
 pub mod refusals;
 mod replay;
+pub mod statics;
 pub mod view;
 pub mod world;
 

@@ -185,6 +185,7 @@ impl World {
         ];
         let sg = sim.add_security_group(&vpc, Tags::new());
         sim.add_route_table(&vpc, true, &[]);
+        crate::statics::seed(&sim);
         let mut account = Account::draw(seed);
         account.apply(&sim, &vpc, seed);
         let prefix = rng.random_bool(0.3);
@@ -427,6 +428,9 @@ impl World {
         // spec allows, as Cilium does (docs/migrating-from-cilium.md).
         n.spec.eni.exclude_interface_tags = other_tool_tags();
         n.spec.eni.subnet_tags = self.account.subnet_tags();
+        if crate::statics::wants(self.next_node - 1) {
+            n.spec.ipam.static_ip_tags = crate::statics::tags();
+        }
         let node = self.sink.put_node(&name, &[KARPENTER]);
         if let Some(i) = node_input(kube::runtime::watcher::Event::Apply(node)) {
             self.send(i);

@@ -675,6 +675,69 @@ impl Ec2 for AwsEc2 {
         tracing::debug!(eni = eni_id, "deleted ENI");
         Ok(())
     }
+
+    // Static IPs follow Cilium's pkg/aws/ec2/ec2.go `AssociateEIP`: DescribeAddresses with one
+    // `tag:` filter per tag, then AssociateAddress with AllowReassociation false.
+    async fn describe_addresses(&self, want: &Tags) -> Result<Vec<Address>> {
+        let op = Operation::DescribeAddresses;
+        let out = self
+            .client
+            .describe_addresses()
+            .set_filters(non_empty(common_filters(&None, want)))
+            .send()
+            .await
+            .map_err(|e| map_err(op, e))?;
+        Ok(out.addresses().iter().filter_map(address).collect())
+    }
+
+    async fn associate_address(
+        &self,
+        allocation_id: &str,
+        eni_id: &str,
+        private_ip: Ipv4Addr,
+    ) -> Result<String> {
+        let op = Operation::AssociateAddress;
+        let out = self
+            .client
+            .associate_address()
+            .allocation_id(allocation_id)
+            .network_interface_id(eni_id)
+            .private_ip_address(private_ip.to_string())
+            .allow_reassociation(false)
+            .send()
+            .await
+            .map_err(|e| map_err(op, e))?;
+        Ok(s(out.association_id()))
+    }
+
+    async fn disassociate_address(&self, association_id: &str) -> Result<()> {
+        let op = Operation::DisassociateAddress;
+        self.client
+            .disassociate_address()
+            .association_id(association_id)
+            .send()
+            .await
+            .map_err(|e| map_err(op, e))?;
+        Ok(())
+    }
+}
+
+/// A VPC Elastic IP (one without an allocation ID or public IP is skipped).
+fn address(a: &sdk::Address) -> Option<Address> {
+    Some(Address {
+        allocation_id: a.allocation_id()?.to_string(),
+        public_ip: ip(a.public_ip())?,
+        association_id: a
+            .association_id()
+            .filter(|id| !id.is_empty())
+            .map(str::to_string),
+        network_interface_id: a
+            .network_interface_id()
+            .filter(|id| !id.is_empty())
+            .map(str::to_string),
+        private_ip: ip(a.private_ip_address()),
+        tags: tags(a.tags()),
+    })
 }
 
 #[cfg(test)]

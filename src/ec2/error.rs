@@ -113,6 +113,11 @@ impl Ec2Error {
         self.kind == ErrorKind::Throttled
     }
 
+    /// `AssociateAddress` met an address that is associated already (another node won it).
+    pub fn is_already_associated(&self) -> bool {
+        self.code == "Resource.AlreadyAssociated"
+    }
+
     pub fn is_not_found(&self) -> bool {
         matches!(self.kind, ErrorKind::NotFound(_))
     }

@@ -860,6 +860,32 @@ impl<E: Ec2> Ec2 for Gate<E> {
         })
         .await
     }
+    async fn describe_addresses(&self, tags: &Tags) -> Result<Vec<Address>> {
+        self.call(Operation::DescribeAddresses, || {
+            self.inner.describe_addresses(tags)
+        })
+        .await
+    }
+
+    async fn associate_address(
+        &self,
+        allocation_id: &str,
+        eni_id: &str,
+        private_ip: Ipv4Addr,
+    ) -> Result<String> {
+        self.call(Operation::AssociateAddress, || {
+            self.inner
+                .associate_address(allocation_id, eni_id, private_ip)
+        })
+        .await
+    }
+
+    async fn disassociate_address(&self, association_id: &str) -> Result<()> {
+        self.call(Operation::DisassociateAddress, || {
+            self.inner.disassociate_address(association_id)
+        })
+        .await
+    }
 }
 
 pub mod rate;

@@ -115,6 +115,23 @@ pub trait Ec2: Send + Sync + 'static {
     ) -> impl Future<Output = Result<()>> + Send;
 
     fn delete_network_interface(&self, eni_id: &str) -> impl Future<Output = Result<()>> + Send;
+
+    /// Elastic IPs carrying every one of `tags` (`DescribeAddresses` with `tag:` filters; AWS
+    /// does not paginate it).
+    fn describe_addresses(&self, tags: &Tags) -> impl Future<Output = Result<Vec<Address>>> + Send;
+
+    /// `AssociateAddress` with `AllowReassociation` false: refused with
+    /// `Resource.AlreadyAssociated` when the address is associated already. Returns the
+    /// association ID.
+    fn associate_address(
+        &self,
+        allocation_id: &str,
+        eni_id: &str,
+        private_ip: Ipv4Addr,
+    ) -> impl Future<Output = Result<String>> + Send;
+
+    fn disassociate_address(&self, association_id: &str)
+    -> impl Future<Output = Result<()>> + Send;
 }
 
 /// Walk every page of a describe, one call (and one gate token) per page.

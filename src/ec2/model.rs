@@ -29,6 +29,10 @@ pub enum Operation {
     UnassignPrivateIpAddresses,
     DetachNetworkInterface,
     DeleteNetworkInterface,
+    // Static IPs (Elastic IPs), spec.ipam.static-ip-tags.
+    DescribeAddresses,
+    AssociateAddress,
+    DisassociateAddress,
 }
 
 /// AWS's throttling buckets (per account and Region), as documented in "Request throttling for
@@ -80,7 +84,7 @@ impl Bucket {
 }
 
 impl Operation {
-    pub const ALL: [Operation; 14] = [
+    pub const ALL: [Operation; 17] = [
         Operation::DescribeInstanceTypes,
         Operation::DescribeInstances,
         Operation::DescribeNetworkInterfaces,
@@ -95,6 +99,9 @@ impl Operation {
         Operation::UnassignPrivateIpAddresses,
         Operation::DetachNetworkInterface,
         Operation::DeleteNetworkInterface,
+        Operation::DescribeAddresses,
+        Operation::AssociateAddress,
+        Operation::DisassociateAddress,
     ];
 
     /// The AWS action name, also the `operation` metrics label.
@@ -114,6 +121,9 @@ impl Operation {
             Operation::UnassignPrivateIpAddresses => "UnassignPrivateIpAddresses",
             Operation::DetachNetworkInterface => "DetachNetworkInterface",
             Operation::DeleteNetworkInterface => "DeleteNetworkInterface",
+            Operation::DescribeAddresses => "DescribeAddresses",
+            Operation::AssociateAddress => "AssociateAddress",
+            Operation::DisassociateAddress => "DisassociateAddress",
         }
     }
 
@@ -126,10 +136,14 @@ impl Operation {
             | Operation::DescribeSubnets
             | Operation::DescribeVpcs
             | Operation::DescribeSecurityGroups
-            | Operation::DescribeRouteTables => Bucket::Describe,
-            Operation::AttachNetworkInterface | Operation::DetachNetworkInterface => {
-                Bucket::GeneralMutating
-            }
+            | Operation::DescribeRouteTables
+            | Operation::DescribeAddresses => Bucket::Describe,
+            // AWS lists no bucket of their own for the address actions: they draw from the
+            // general mutating one ("Request throttling for the Amazon EC2 API").
+            Operation::AttachNetworkInterface
+            | Operation::DetachNetworkInterface
+            | Operation::AssociateAddress
+            | Operation::DisassociateAddress => Bucket::GeneralMutating,
             Operation::CreateNetworkInterface => Bucket::CreateNetworkInterface,
             Operation::ModifyNetworkInterfaceAttribute => Bucket::ModifyNetworkInterfaceAttribute,
             Operation::AssignPrivateIpAddresses => Bucket::AssignPrivateIpAddresses,
@@ -142,12 +156,15 @@ impl Operation {
     /// carried out such a call ("a timeout can hide a call that took effect"). Assign carries
     /// no idempotency token: a repeat of one that took effect assigns the addresses twice.
     /// Attach has none either: a repeat of one that took effect is refused ("in use"). Their
-    /// callers look at the ENI instead. Throttled answers were not carried out: always
-    /// repeatable.
+    /// callers look at the ENI instead. AssociateAddress (AllowReassociation false) is refused
+    /// once it took effect (`Resource.AlreadyAssociated`): its caller describes the address.
+    /// Throttled answers were not carried out: always repeatable.
     pub const fn repeatable_after_lost_answer(self) -> bool {
         !matches!(
             self,
-            Operation::AssignPrivateIpAddresses | Operation::AttachNetworkInterface
+            Operation::AssignPrivateIpAddresses
+                | Operation::AttachNetworkInterface
+                | Operation::AssociateAddress
         )
     }
 
@@ -160,6 +177,18 @@ impl fmt::Display for Operation {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.name())
     }
+}
+
+/// An Elastic IP (`DescribeAddresses`), as static IPs use it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Address {
+    pub allocation_id: String,
+    pub public_ip: Ipv4Addr,
+    /// Set while the address is associated.
+    pub association_id: Option<String>,
+    pub network_interface_id: Option<String>,
+    pub private_ip: Option<Ipv4Addr>,
+    pub tags: Tags,
 }
 
 /// One page of a paginated describe.

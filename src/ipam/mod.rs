@@ -17,6 +17,7 @@ pub mod ownership;
 pub mod plan;
 pub mod release;
 pub mod selection;
+pub mod static_ip;
 pub mod withdrawal;
 pub mod writeback;
 
@@ -142,6 +143,9 @@ pub enum ProblemReason {
     AtCapacity,
     /// The last EC2 call for the node failed (set by the runtime).
     Ec2Error,
+    /// `spec.ipam.static-ip-tags` is set and no unassociated Elastic IP carries them (set by
+    /// the runtime's static-IP step; nothing is allocated until one is found, as in Cilium).
+    NoStaticIp,
     /// Another allocator (Cilium's operator) serves the node: we leave it alone
     /// ([`handover`]).
     OtherAllocatorActive,
@@ -161,6 +165,7 @@ impl ProblemReason {
             Self::IncompleteEc2Data => "IncompleteEc2Data",
             Self::AtCapacity => "AtCapacity",
             Self::Ec2Error => "Ec2Error",
+            Self::NoStaticIp => "NoStaticIp",
             Self::OtherAllocatorActive => "OtherAllocatorActive",
         }
     }

@@ -861,6 +861,7 @@ mod tests {
             ProblemReason::IncompleteEc2Data,
             ProblemReason::AtCapacity,
             ProblemReason::Ec2Error,
+            ProblemReason::NoStaticIp,
             ProblemReason::OtherAllocatorActive,
         ];
         let names: BTreeSet<&str> = reasons.iter().map(|r| r.as_str()).collect();

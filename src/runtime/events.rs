@@ -25,6 +25,8 @@ pub enum EventReason {
     /// The Node is gone while its instance runs: its ENIs are kept (or, after the grace
     /// period, released anyway).
     EnisKept,
+    /// The finalizer disassociated a deleted node's static IP (Elastic IP).
+    StaticIpReleased,
     /// /28 prefixes were refused; single addresses were assigned instead.
     PrefixesNotGranted,
     /// The node cannot be (fully) served.
@@ -43,6 +45,7 @@ impl EventReason {
             Self::IpsReleased => "IpsReleased",
             Self::EnisReleased => "EnisReleased",
             Self::EnisKept => "EnisKept",
+            Self::StaticIpReleased => "StaticIpReleased",
             Self::PrefixesNotGranted => "PrefixesNotGranted",
             Self::Problem(p) => p.as_str(),
         }

@@ -21,7 +21,9 @@ use ipnet::Ipv4Net;
 
 use testkit::world::World;
 
+mod addresses;
 mod limits;
+pub use addresses::{EIP_TAG, addresses};
 pub use limits::limits_and_exhaustion;
 
 /// Tag the seeded world puts on the pod subnet and the pod security group.

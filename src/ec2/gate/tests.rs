@@ -167,6 +167,19 @@ impl Ec2 for Fake {
     async fn delete_network_interface(&self, _: &str) -> Result<()> {
         self.record(Operation::DeleteNetworkInterface)
     }
+
+    async fn describe_addresses(&self, _: &Tags) -> Result<Vec<Address>> {
+        self.record(Operation::DescribeAddresses).map(|_| vec![])
+    }
+
+    async fn associate_address(&self, _: &str, _: &str, _: Ipv4Addr) -> Result<String> {
+        self.record(Operation::AssociateAddress)
+            .map(|_| "eipassoc-1".to_string())
+    }
+
+    async fn disassociate_address(&self, _: &str) -> Result<()> {
+        self.record(Operation::DisassociateAddress)
+    }
 }
 
 /// For every window [t_i, t_j] of the sorted call times: calls ≤ burst + rate × (t_j − t_i).

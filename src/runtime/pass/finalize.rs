@@ -39,6 +39,7 @@ pub(super) async fn finalize<E: Ec2, S: NodeSink>(
                 if let Some(wait) = instance_holds(inner, name, r, instance).await? {
                     return Ok((Outcome::RetryAfter(wait), None));
                 }
+                super::static_ip::disassociate(inner, name, r, instance).await?;
                 release(inner, r, instance).await?;
             }
             match inner.sink.set_finalizer(r, false).await {

@@ -3,7 +3,8 @@
 //! finalizer, the Cilium ignore annotation; may end the pass) -> [`plan`] (health, hold,
 //! limits, the engine's plan, the multi-pool re-read) -> [`execute`] (the one EC2 action) ->
 //! [`write`] (desired state, change set, sink) -> [`report`] (Events, next priority, what the
-//! slot keeps). A step that ends the pass returns its [`Verdict`] as the error.
+//! slot keeps). [`static_ip`] runs between lifecycle and plan (a static IP comes before any
+//! allocation, as in Cilium). A step that ends the pass returns its [`Verdict`] as the error.
 //!
 //! State: a pass owns its node's slot from snapshot to report (the queue never runs two passes
 //! of a node at once); the EC2 cache is shared, written only by the executor and refresher.
@@ -16,6 +17,7 @@ mod plan;
 mod report;
 mod shadow;
 mod snapshot;
+mod static_ip;
 mod write;
 
 use std::time::Duration;
@@ -54,10 +56,13 @@ async fn steps<E: Ec2, S: NodeSink>(inner: &Shared<E, S>, name: &str) -> Step<Ve
     let mut snap = snapshot::take(inner, name)?;
     let mut memory = std::mem::take(&mut snap.memory);
     let node = lifecycle::admit(inner, name, &snap).await?;
-    let planned = plan::plan(inner, name, &node, &mut memory, &snap).await?;
+    let (node, statics) = static_ip::ensure(inner, name, node).await?;
+    let mut planned = plan::plan(inner, name, &node, &mut memory, &snap).await?;
+    statics.hold(&mut planned);
     let executed = execute::execute(inner, &planned, &mut memory).await;
     let written = write::write(inner, name, &node, &planned, &executed, &memory).await?;
-    Ok(report::report(inner, name, &node, planned, executed, written, memory).await)
+    let verdict = report::report(inner, name, &node, planned, executed, written, memory).await;
+    Ok(statics.verdict(verdict))
 }
 
 /// The node's ENIs without what a lagging describe may show early in a leadership and its

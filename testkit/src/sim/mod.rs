@@ -9,6 +9,7 @@
 
 mod addressing;
 mod calls;
+mod eip;
 mod faults;
 mod seeding;
 mod state;
@@ -597,5 +598,23 @@ impl Ec2 for Simulator {
             s.lagged(op, eni_id, now, |s| s.delete_network_interface(eni_id))
         })
         .await
+    }
+
+    async fn describe_addresses(&self, tags: &Tags) -> Result<Vec<Address>> {
+        self.describe_addresses_call(tags).await
+    }
+
+    async fn associate_address(
+        &self,
+        allocation_id: &str,
+        eni_id: &str,
+        private_ip: Ipv4Addr,
+    ) -> Result<String> {
+        self.associate_address_call(allocation_id, eni_id, private_ip)
+            .await
+    }
+
+    async fn disassociate_address(&self, association_id: &str) -> Result<()> {
+        self.disassociate_address_call(association_id).await
     }
 }

@@ -1,6 +1,7 @@
 //! The simulated account: resources and the EC2 rules every operation enforces. Pure and
 //! synchronous; the [`super::Simulator`] handle adds locking, throttling and injected faults.
 
+mod addresses;
 mod describe;
 mod invariants;
 mod lag;
@@ -65,6 +66,8 @@ pub(crate) struct State {
     pub(crate) detach_delay: Duration,
     /// Eventual consistency of describes (off unless `set_lag`).
     lag: lag::Lag,
+    /// Elastic IPs by allocation ID (`addresses.rs`).
+    pub(crate) addresses: BTreeMap<String, Address>,
 }
 
 fn tags_match(have: &Tags, want: &Tags) -> bool {

@@ -1,0 +1,163 @@
+//! Static IPs (Elastic IPs) for nodes that ask for one with `spec.ipam.static-ip-tags`: which
+//! address the node gets, decided from a fresh `DescribeAddresses` (pure; the runtime's
+//! `pass/static_ip.rs` makes the calls).
+//!
+//! Cilium's behaviour, followed here: the operator looks for a static IP before allocating
+//! while tags are set and `status.ipam.assigned-static-ip` is empty (cilium/cilium
+//! `pkg/ipam/node.go`, `maintainIPPool`: the `StaticIPTags` check ahead of the allocation), via
+//! `AllocateStaticIP` (`pkg/aws/eni/node.go`) -> `AssociateEIP` (`pkg/aws/ec2/ec2.go`):
+//! `DescribeAddresses` filtered by the tags, skip every address with an association, associate
+//! the first free one with the node's primary ENI, `AllowReassociation` false, and publish its
+//! public IP. Where we differ, on purpose:
+//! * an address already associated with the node's primary ENI is adopted (a restart, or an
+//!   answer or a status write that was lost), never a second one associated;
+//! * a lost race (`Resource.AlreadyAssociated`) moves on to the next free address instead of
+//!   failing the node's pass (Cilium returns the error);
+//! * the address goes to the primary ENI's primary private address, named explicitly.
+
+use std::net::Ipv4Addr;
+
+use crate::crd::CiliumNode;
+use crate::ec2::{Address, NetworkInterface, Tags};
+
+/// The tags to look for, when the node wants a static IP and has none yet.
+pub fn wanted(node: &CiliumNode) -> Option<&Tags> {
+    let tags = &node.spec.ipam.static_ip_tags;
+    let assigned = node
+        .status
+        .as_ref()
+        .is_some_and(|s| !s.ipam.assigned_static_ip.is_empty());
+    (!tags.is_empty() && !assigned).then_some(tags)
+}
+
+/// The instance's primary ENI (device index 0): the static IP goes to its primary address.
+pub fn primary_eni<'a>(
+    instance_id: &str,
+    enis: &'a [NetworkInterface],
+) -> Option<&'a NetworkInterface> {
+    enis.iter().find(|e| {
+        e.attachment
+            .as_ref()
+            .is_some_and(|a| a.instance_id == instance_id && a.device_index == 0)
+    })
+}
+
+/// What to do with the addresses a describe returned.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Decision {
+    /// An address is associated with the node's primary ENI already: publish it, associate
+    /// nothing.
+    Adopt(Ipv4Addr),
+    /// Try these free addresses in order (allocation IDs); the first that associates wins.
+    Try(Vec<(String, Ipv4Addr)>),
+    /// No free address carries the tags.
+    NoneFree,
+}
+
+pub fn decide(addresses: &[Address], primary_eni_id: &str) -> Decision {
+    let mut ours: Vec<&Address> = addresses
+        .iter()
+        .filter(|a| a.association_id.is_some())
+        .filter(|a| a.network_interface_id.as_deref() == Some(primary_eni_id))
+        .collect();
+    ours.sort_by(|a, b| a.allocation_id.cmp(&b.allocation_id));
+    if let Some(a) = ours.first() {
+        return Decision::Adopt(a.public_ip);
+    }
+    let mut free: Vec<(String, Ipv4Addr)> = addresses
+        .iter()
+        .filter(|a| a.association_id.is_none())
+        .map(|a| (a.allocation_id.clone(), a.public_ip))
+        .collect();
+    if free.is_empty() {
+        return Decision::NoneFree;
+    }
+    free.sort();
+    Decision::Try(free)
+}
+
+/// The operator-status text when no free address matches.
+pub fn none_free_message(tags: &Tags) -> String {
+    let tags: Vec<String> = tags.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    format!(
+        "no unassociated Elastic IP carries the static-ip-tags {}; retrying",
+        tags.join(",")
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::crd::CiliumNodeStatus;
+    use crate::ec2::Attachment;
+
+    fn addr(id: &str, ip: [u8; 4], eni: Option<&str>) -> Address {
+        Address {
+            allocation_id: id.into(),
+            public_ip: Ipv4Addr::from(ip),
+            association_id: eni.map(|_| format!("assoc-{id}")),
+            network_interface_id: eni.map(str::to_string),
+            private_ip: eni.map(|_| Ipv4Addr::new(10, 0, 0, 5)),
+            tags: Tags::new(),
+        }
+    }
+
+    #[test]
+    fn adopts_the_address_already_on_the_primary_eni() {
+        let a = [
+            addr("eipalloc-1", [1, 1, 1, 1], None),
+            addr("eipalloc-2", [2, 2, 2, 2], Some("eni-0")),
+        ];
+        assert_eq!(
+            decide(&a, "eni-0"),
+            Decision::Adopt(Ipv4Addr::new(2, 2, 2, 2))
+        );
+    }
+
+    #[test]
+    fn tries_free_addresses_in_order_and_skips_other_nodes_addresses() {
+        let a = [
+            addr("eipalloc-3", [3, 3, 3, 3], None),
+            addr("eipalloc-2", [2, 2, 2, 2], Some("eni-other")),
+            addr("eipalloc-1", [1, 1, 1, 1], None),
+        ];
+        assert_eq!(
+            decide(&a, "eni-0"),
+            Decision::Try(vec![
+                ("eipalloc-1".into(), Ipv4Addr::new(1, 1, 1, 1)),
+                ("eipalloc-3".into(), Ipv4Addr::new(3, 3, 3, 3)),
+            ])
+        );
+        assert_eq!(decide(&a[1..2], "eni-0"), Decision::NoneFree);
+        assert_eq!(decide(&[], "eni-0"), Decision::NoneFree);
+    }
+
+    #[test]
+    fn wanted_only_with_tags_and_nothing_assigned() {
+        let mut node = CiliumNode::new("n", Default::default());
+        assert_eq!(wanted(&node), None);
+        node.spec.ipam.static_ip_tags = Tags::from([("eip".into(), "yes".into())]);
+        assert!(wanted(&node).is_some());
+        let mut status = CiliumNodeStatus::default();
+        status.ipam.assigned_static_ip = "1.2.3.4".into();
+        node.status = Some(status);
+        assert_eq!(wanted(&node), None);
+    }
+
+    #[test]
+    fn the_primary_eni_is_device_index_zero_of_this_instance() {
+        let mut e0 = crate::ipam::testkit::eni_with_ips("eni-0", 0, "subnet-a", 0);
+        let e1 = crate::ipam::testkit::eni_with_ips("eni-1", 1, "subnet-a", 0);
+        assert_eq!(
+            primary_eni("i-1", &[e1.clone(), e0.clone()]).unwrap().id,
+            "eni-0"
+        );
+        e0.attachment = Some(Attachment {
+            id: "a".into(),
+            instance_id: "i-other".into(),
+            device_index: 0,
+            delete_on_termination: true,
+        });
+        assert!(primary_eni("i-1", &[e1, e0]).is_none());
+    }
+}

@@ -1,0 +1,285 @@
+//! Static IPs (`spec.ipam.static-ip-tags`, Cilium's Elastic IP feature) end to end through the
+//! core, against the simulator: the Elastic IP comes before any allocation, two nodes never
+//! share one and a node never gets a second (a lost race, a lost answer, a restart), a node
+//! without a free one reports it and others proceed, and a gone node's address is
+//! disassociated, never released.
+
+use std::net::Ipv4Addr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use eni_operator::crd::CiliumNode;
+use eni_operator::ec2::gate::{Gate, GateConfig};
+use eni_operator::ec2::{Address, Ec2, Operation, Result, Tags};
+use eni_operator::ipam::IpamConfig;
+use eni_operator::runtime::core::{Core, CoreConfig, NodeInput};
+use eni_operator::runtime::metrics::RuntimeMetrics;
+use testkit::cluster::{Cluster, agent_node};
+use testkit::sim::Simulator;
+use testkit::sink::MemorySink;
+use testkit::{served, wait_until};
+use tokio::sync::mpsc;
+
+fn config() -> CoreConfig {
+    CoreConfig {
+        workers: 4,
+        ipam: IpamConfig {
+            cluster_name: "test-cluster".into(),
+            ..IpamConfig::default()
+        },
+        ..CoreConfig::default()
+    }
+}
+
+type Running = (mpsc::Sender<NodeInput>, tokio::task::JoinHandle<Result<()>>);
+
+fn start(sim: &Simulator, sink: &Arc<MemorySink>) -> Running {
+    let cfg = config();
+    let cache = cfg.ec2_cache();
+    let gate = Gate::new(sim.clone(), GateConfig::aws_defaults());
+    let core = Core::new(
+        Arc::new(gate),
+        sink.clone(),
+        cfg,
+        RuntimeMetrics::default(),
+        cache,
+    );
+    let (tx, rx) = mpsc::channel(1024);
+    let task = tokio::spawn(core.run(rx, std::future::pending()));
+    (tx, task)
+}
+
+fn eip_tags() -> Tags {
+    Tags::from([("pool".to_string(), "egress".to_string())])
+}
+
+fn static_node(w: &Cluster, name: &str, instance: &str) -> CiliumNode {
+    let mut n = agent_node(w, name, instance, 4);
+    n.spec.ipam.static_ip_tags = eip_tags();
+    n
+}
+
+async fn add(sink: &MemorySink, tx: &mpsc::Sender<NodeInput>, node: &CiliumNode) {
+    let n = sink.put(node);
+    tx.send(NodeInput::Upsert(Box::new(n))).await.unwrap();
+    tx.send(NodeInput::NodePresent {
+        name: node.metadata.name.clone().unwrap(),
+        present: true,
+    })
+    .await
+    .unwrap();
+}
+
+fn assigned(sink: &MemorySink, name: &str) -> Option<String> {
+    let ip = sink.get(name)?.status?.ipam.assigned_static_ip;
+    (!ip.is_empty()).then_some(ip)
+}
+
+fn operator_error(sink: &MemorySink, name: &str) -> Option<String> {
+    sink.get(name)?.status?.ipam.operator_status.error
+}
+
+/// The Elastic IPs associated with `instance`'s primary ENI.
+fn on_primary(sim: &Simulator, instance: &str) -> Vec<Address> {
+    let primary = sim.primary_eni_id(instance).unwrap();
+    sim.addresses()
+        .into_iter()
+        .filter(|a| a.network_interface_id.as_deref() == Some(primary.as_str()))
+        .collect()
+}
+
+/// The invariant: no node has two Elastic IPs (EC2 itself holds an address to one ENI).
+fn at_most_one_each(sim: &Simulator, instances: &[&str]) {
+    for i in instances {
+        assert!(on_primary(sim, i).len() <= 1, "{i} has a second Elastic IP");
+    }
+}
+
+fn ip(a: [u8; 4]) -> Ipv4Addr {
+    Ipv4Addr::from(a)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_node_gets_a_free_tagged_eip_before_any_allocation() {
+    let w = Cluster::new();
+    w.sim.record_calls();
+    // Associated elsewhere, untagged, and free + tagged: only the last one is the node's.
+    let taken = w.sim.add_address(ip([198, 51, 100, 1]), eip_tags());
+    let other = w.instance();
+    let other_eni = w.sim.primary_eni_id(&other.id).unwrap();
+    let other_ip = w.sim.network_interface(&other_eni).unwrap().primary_ip;
+    w.sim
+        .associate_address(&taken, &other_eni, other_ip)
+        .await
+        .unwrap();
+    w.sim.add_address(ip([198, 51, 100, 2]), Tags::new());
+    w.sim.add_address(ip([198, 51, 100, 3]), eip_tags());
+    let sink = Arc::new(MemorySink::with_ciliums_crd());
+    let (tx, _task) = start(&w.sim, &sink);
+    let inst = w.instance();
+    add(&sink, &tx, &static_node(&w, "n", &inst.id)).await;
+    assert!(wait_until(|| served(&sink, "n", 4), Duration::from_secs(60)).await);
+    assert_eq!(assigned(&sink, "n").as_deref(), Some("198.51.100.3"));
+    let mine = on_primary(&w.sim, &inst.id);
+    assert_eq!(mine.len(), 1);
+    let primary = w.sim.primary_eni_id(&inst.id).unwrap();
+    assert_eq!(
+        mine[0].private_ip,
+        Some(w.sim.network_interface(&primary).unwrap().primary_ip),
+        "on the primary ENI's primary address"
+    );
+    // Before allocating (Cilium's order): the association precedes every assign or create.
+    let calls = w.sim.take_calls();
+    let first = |op| calls.iter().position(|c| c.op == op && c.answer == "ok");
+    let associated = first(Operation::AssociateAddress).expect("associated");
+    for op in [
+        Operation::CreateNetworkInterface,
+        Operation::AssignPrivateIpAddresses,
+    ] {
+        assert!(first(op).is_none_or(|i| i > associated), "{op} came first");
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn two_nodes_racing_for_the_same_eip_end_with_one_each() {
+    let w = Cluster::new();
+    // Both passes describe at once, then associate the same first free address; the slow
+    // associate makes the race certain. The loser moves on to the next address.
+    w.sim
+        .set_latency(Operation::AssociateAddress, Duration::from_millis(500));
+    w.sim.add_address(ip([203, 0, 113, 1]), eip_tags());
+    w.sim.add_address(ip([203, 0, 113, 2]), eip_tags());
+    let sink = Arc::new(MemorySink::new());
+    let (tx, _task) = start(&w.sim, &sink);
+    let (a, b) = (w.instance(), w.instance());
+    add(&sink, &tx, &static_node(&w, "a", &a.id)).await;
+    add(&sink, &tx, &static_node(&w, "b", &b.id)).await;
+    assert!(
+        wait_until(
+            || assigned(&sink, "a").is_some() && assigned(&sink, "b").is_some(),
+            Duration::from_secs(60)
+        )
+        .await
+    );
+    assert_ne!(assigned(&sink, "a"), assigned(&sink, "b"));
+    at_most_one_each(&w.sim, &[&a.id, &b.id]);
+    let stats = w.sim.stats().get(Operation::AssociateAddress);
+    assert_eq!(stats.ok, 2);
+    assert_eq!(stats.rejected, 1, "the race was run and lost once");
+    assert!(
+        wait_until(
+            || served(&sink, "a", 4) && served(&sink, "b", 4),
+            Duration::from_secs(60)
+        )
+        .await
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn no_free_eip_is_reported_and_retried_and_other_nodes_proceed() {
+    let w = Cluster::new();
+    w.sim.add_address(ip([203, 0, 113, 1]), eip_tags());
+    let sink = Arc::new(MemorySink::new());
+    let (tx, _task) = start(&w.sim, &sink);
+    let (a, b, c) = (w.instance(), w.instance(), w.instance());
+    add(&sink, &tx, &static_node(&w, "a", &a.id)).await;
+    assert!(wait_until(|| served(&sink, "a", 4), Duration::from_secs(60)).await);
+    add(&sink, &tx, &static_node(&w, "b", &b.id)).await;
+    add(&sink, &tx, &agent_node(&w, "plain", &c.id, 4)).await;
+    assert!(
+        wait_until(
+            || operator_error(&sink, "b").is_some_and(|e| e.contains("NoStaticIp")),
+            Duration::from_secs(60)
+        )
+        .await,
+        "{:?}",
+        operator_error(&sink, "b")
+    );
+    assert!(wait_until(|| served(&sink, "plain", 4), Duration::from_secs(60)).await);
+    // Nothing is allocated for "b" while it waits (Cilium's order), and it says why.
+    assert!(sink.get("b").unwrap().spec.ipam.pool.is_empty());
+    assert!(
+        sink.events("b").iter().any(|e| e.reason == "NoStaticIp"),
+        "an Event"
+    );
+    // An address turns up: the retry (backoff) takes it and the node is served.
+    w.sim.add_address(ip([203, 0, 113, 2]), eip_tags());
+    assert!(wait_until(|| served(&sink, "b", 4), Duration::from_secs(600)).await);
+    assert_eq!(assigned(&sink, "b").as_deref(), Some("203.0.113.2"));
+    assert_eq!(operator_error(&sink, "b"), None, "the error is cleared");
+    at_most_one_each(&w.sim, &[&a.id, &b.id, &c.id]);
+    assert!(on_primary(&w.sim, &c.id).is_empty());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_lost_answer_to_an_associate_is_adopted_not_doubled() {
+    let w = Cluster::new();
+    w.sim.add_address(ip([203, 0, 113, 1]), eip_tags());
+    w.sim.add_address(ip([203, 0, 113, 2]), eip_tags());
+    w.sim.inject_lost_answer(Operation::AssociateAddress, 1);
+    let sink = Arc::new(MemorySink::new());
+    let (tx, _task) = start(&w.sim, &sink);
+    let inst = w.instance();
+    add(&sink, &tx, &static_node(&w, "n", &inst.id)).await;
+    assert!(wait_until(|| served(&sink, "n", 4), Duration::from_secs(120)).await);
+    assert_eq!(assigned(&sink, "n").as_deref(), Some("203.0.113.1"));
+    assert_eq!(
+        on_primary(&w.sim, &inst.id).len(),
+        1,
+        "one address, not two"
+    );
+    assert_eq!(w.sim.stats().get(Operation::AssociateAddress).ok, 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_restart_adopts_the_eip_already_on_the_primary_eni() {
+    let w = Cluster::new();
+    let first = w.sim.add_address(ip([203, 0, 113, 1]), eip_tags());
+    w.sim.add_address(ip([203, 0, 113, 2]), eip_tags());
+    let inst = w.instance();
+    // The previous leader associated the second address and stopped before writing it.
+    let primary = w.sim.primary_eni_id(&inst.id).unwrap();
+    let private = w.sim.network_interface(&primary).unwrap().primary_ip;
+    let second = w
+        .sim
+        .addresses()
+        .into_iter()
+        .find(|a| a.allocation_id != first)
+        .unwrap();
+    w.sim
+        .associate_address(&second.allocation_id, &primary, private)
+        .await
+        .unwrap();
+    let before = w.sim.stats().get(Operation::AssociateAddress).ok;
+    let sink = Arc::new(MemorySink::new());
+    let (tx, _task) = start(&w.sim, &sink);
+    add(&sink, &tx, &static_node(&w, "n", &inst.id)).await;
+    assert!(wait_until(|| served(&sink, "n", 4), Duration::from_secs(60)).await);
+    assert_eq!(assigned(&sink, "n").as_deref(), Some("203.0.113.2"));
+    assert_eq!(w.sim.stats().get(Operation::AssociateAddress).ok, before);
+    assert_eq!(on_primary(&w.sim, &inst.id).len(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_gone_nodes_eip_is_disassociated_never_released() {
+    let w = Cluster::new();
+    let alloc = w.sim.add_address(ip([203, 0, 113, 1]), eip_tags());
+    let sink = Arc::new(MemorySink::new());
+    let (tx, _task) = start(&w.sim, &sink);
+    let inst = w.instance();
+    add(&sink, &tx, &static_node(&w, "n", &inst.id)).await;
+    assert!(wait_until(|| served(&sink, "n", 4), Duration::from_secs(60)).await);
+    assert_eq!(on_primary(&w.sim, &inst.id).len(), 1);
+    sink.set_node_exists("n", false);
+    tx.send(NodeInput::NodePresent {
+        name: "n".into(),
+        present: false,
+    })
+    .await
+    .unwrap();
+    assert!(wait_until(|| sink.get("n").is_none(), Duration::from_secs(120)).await);
+    let all = w.sim.addresses();
+    let eip = all.iter().find(|a| a.allocation_id == alloc).expect("kept");
+    assert_eq!(eip.association_id, None, "disassociated");
+    assert_eq!(w.sim.stats().get(Operation::DisassociateAddress).ok, 1);
+}
