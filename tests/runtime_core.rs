@@ -12,12 +12,9 @@ use eni_operator::crd::{
 };
 use eni_operator::ec2::gate::{Gate, GateConfig};
 use eni_operator::ec2::{
-    AddressRequest, Assigned, CreateEniRequest, Ec2, EniFilter, EniState, Instance, InstanceFilter,
-    InstanceState, InstanceTypeLimits, NetworkInterface, Operation, Page, ResourceFilter, Result,
-
     Address, AddressRequest, Assigned, CreateEniRequest, Ec2, EniFilter, EniState, Instance,
-    InstanceFilter, InstanceTypeLimits, NetworkInterface, Operation, Page, ResourceFilter, Result,
-    RouteTable, SecurityGroup, Subnet, Tags, Vpc, collect_pages,
+    InstanceFilter, InstanceState, InstanceTypeLimits, NetworkInterface, Operation, Page,
+    ResourceFilter, Result, RouteTable, SecurityGroup, Subnet, Tags, Vpc, collect_pages,
 };
 use eni_operator::ipam::ownership::ownership_tags;
 use eni_operator::ipam::{Action, IpamConfig, Release};
@@ -2322,6 +2319,7 @@ async fn two_clusters_with_the_default_name_never_collect_each_others_enis() {
             .is_empty()
     );
     assert!(a.sim.network_interface(&eni_b.id).is_some());
+}
 
 /// Token generations restart at 0 with a new process: after k refused attaches (each ENI
 /// deleted, its token spent), a restarted operator replayed the k spent tokens one by one

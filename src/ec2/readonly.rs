@@ -152,4 +152,19 @@ impl<E: Ec2> Ec2 for ReadOnlyEc2<E> {
     async fn delete_network_interface(&self, _: &str) -> Result<()> {
         self.refuse(Operation::DeleteNetworkInterface)
     }
+
+    async fn describe_addresses(
+        &self,
+        tags: &crate::ec2::Tags,
+    ) -> Result<Vec<crate::ec2::Address>> {
+        self.inner.describe_addresses(tags).await
+    }
+
+    async fn associate_address(&self, _: &str, _: &str, _: Ipv4Addr) -> Result<String> {
+        self.refuse(Operation::AssociateAddress)
+    }
+
+    async fn disassociate_address(&self, _: &str) -> Result<()> {
+        self.refuse(Operation::DisassociateAddress)
+    }
 }

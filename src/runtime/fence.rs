@@ -226,6 +226,27 @@ impl<E: Ec2> Ec2 for Fenced<E> {
         self.fence.check(Operation::DeleteNetworkInterface)?;
         self.inner.delete_network_interface(eni_id).await
     }
+    async fn describe_addresses(
+        &self,
+        tags: &crate::ec2::Tags,
+    ) -> Result<Vec<crate::ec2::Address>> {
+        self.inner.describe_addresses(tags).await
+    }
+    async fn associate_address(
+        &self,
+        allocation_id: &str,
+        eni_id: &str,
+        private_ip: Ipv4Addr,
+    ) -> Result<String> {
+        self.fence.check(Operation::AssociateAddress)?;
+        self.inner
+            .associate_address(allocation_id, eni_id, private_ip)
+            .await
+    }
+    async fn disassociate_address(&self, association_id: &str) -> Result<()> {
+        self.fence.check(Operation::DisassociateAddress)?;
+        self.inner.disassociate_address(association_id).await
+    }
 }
 
 /// A sink whose writes (patches, finalizer, annotation, delete, Events) pass the [`Fence`];
