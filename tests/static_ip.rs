@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use eni_operator::crd::CiliumNode;
 use eni_operator::ec2::gate::{Gate, GateConfig};
-use eni_operator::ec2::{Address, Ec2, Operation, Result, Tags};
+use eni_operator::ec2::{Address, Ec2, InstanceState, Operation, Result, Tags};
 use eni_operator::ipam::IpamConfig;
 use eni_operator::runtime::core::{Core, CoreConfig, NodeInput};
 use eni_operator::runtime::metrics::RuntimeMetrics;
@@ -270,6 +270,10 @@ async fn a_gone_nodes_eip_is_disassociated_never_released() {
     add(&sink, &tx, &static_node(&w, "n", &inst.id)).await;
     assert!(wait_until(|| served(&sink, "n", 4), Duration::from_secs(60)).await);
     assert_eq!(on_primary(&w.sim, &inst.id).len(), 1);
+    // The instance ends with its Node (a Node gone while its instance runs keeps its ENIs and
+    // its address for the grace period, rules §9).
+    w.sim
+        .set_instance_state(&inst.id, InstanceState::ShuttingDown);
     sink.set_node_exists("n", false);
     tx.send(NodeInput::NodePresent {
         name: "n".into(),
