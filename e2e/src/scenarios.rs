@@ -522,6 +522,23 @@ impl Suite {
 
     /// Stops agents, deletes the scenario's Nodes (the operator's finalizer must let their
     /// CiliumNodes go), then stops the operators. Stuck finalizers are removed and reported.
+    /// Ends instances as the cloud does when their nodes are removed (an ASG or Karpenter
+    /// terminates the instance, then the Node object goes). The operator keeps the ENIs of a
+    /// Node whose instance still runs (docs/rules.md §9), so a scenario that removes a node
+    /// ends its instance first.
+    async fn terminate_instances(&self, ids: Vec<String>) -> Result<()> {
+        if ids.is_empty() {
+            return Ok(());
+        }
+        self.ec2
+            .terminate_instances()
+            .set_instance_ids(Some(ids))
+            .send()
+            .await
+            .context("TerminateInstances")?;
+        Ok(())
+    }
+
     async fn cleanup(&mut self) -> Result<()> {
         let mut problems = Vec::new();
         for n in &self.nodes {
@@ -530,6 +547,10 @@ impl Suite {
             }
         }
         let names: Vec<String> = self.nodes.iter().map(|n| n.name.clone()).collect();
+        let instances = self.nodes.iter().map(|n| n.instance.id.clone()).collect();
+        if let Err(e) = self.terminate_instances(instances).await {
+            problems.push(format!("ending the instances: {e:#}"));
+        }
         for name in &names {
             // A Node left draining by a failed `draining-node` would never go.
             if let Err(e) = self.drop_node_finalizer(name, DRAIN_FINALIZER).await {
@@ -1065,6 +1086,7 @@ impl Suite {
         // The Node goes: garbage collection deletes the CiliumNode, the finalizer our ENIs.
         let name_a = self.nodes[a].name.clone();
         self.nodes[a].agent.as_ref().unwrap().stop();
+        self.terminate_instances(vec![inst_a.clone()]).await?;
         self.k8s_nodes()
             .delete(&name_a, &DeleteParams::background())
             .await?;
@@ -1209,8 +1231,9 @@ impl Suite {
             tokio::time::sleep(Duration::from_secs(2)).await;
         }
 
-        // Drained: the Node goes; its CiliumNode and our ENIs with it.
+        // Drained: the instance ends and the Node goes; its CiliumNode and our ENIs with it.
         self.nodes[a].agent.as_ref().unwrap().stop();
+        self.terminate_instances(vec![inst.clone()]).await?;
         self.drop_node_finalizer(&name, DRAIN_FINALIZER).await?;
         eventually(
             self.cfg.timeout,
