@@ -526,16 +526,23 @@ impl Suite {
     /// terminates the instance, then the Node object goes). The operator keeps the ENIs of a
     /// Node whose instance still runs (docs/rules.md §9), so a scenario that removes a node
     /// ends its instance first.
+    /// One call per instance: EC2 refuses a whole batch that names an unknown instance (as
+    /// `bad-input`'s made-up one), and such an instance has nothing to end.
     async fn terminate_instances(&self, ids: Vec<String>) -> Result<()> {
-        if ids.is_empty() {
-            return Ok(());
+        for id in ids {
+            if let Err(e) = self
+                .ec2
+                .terminate_instances()
+                .instance_ids(&id)
+                .send()
+                .await
+            {
+                let code = aws_sdk_ec2::error::ProvideErrorMetadata::code(&e);
+                if code != Some("InvalidInstanceID.NotFound") {
+                    return Err(anyhow!("TerminateInstances {id}: {e}"));
+                }
+            }
         }
-        self.ec2
-            .terminate_instances()
-            .set_instance_ids(Some(ids))
-            .send()
-            .await
-            .context("TerminateInstances")?;
         Ok(())
     }
 
