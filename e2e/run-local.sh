@@ -61,6 +61,7 @@ cleanup() {
     kill "$CP_PID" 2>/dev/null || true
     wait "$CP_PID" 2>/dev/null || true
     if [ -n "$MOTO_PID" ]; then kill "$MOTO_PID" 2>/dev/null || true; fi
+    if [ -n "${EC2_SIM_PID:-}" ]; then kill "$EC2_SIM_PID" 2>/dev/null || true; fi
     exit "$rc"
   fi
   kubectl delete nodes -l eni-operator-e2e/run --wait=false --ignore-not-found >/dev/null 2>&1 || true
@@ -114,7 +115,7 @@ kubectl get --raw /readyz >/dev/null 2>&1 || die "no API server reachable throug
 EC2_SIM_PID=""
 case "${E2E_EC2:-moto}" in moto|sim) ;; *) die "E2E_EC2 must be moto or sim (got: $E2E_EC2)" ;; esac
 if [ -z "${EC2_ENDPOINT:-}" ] && [ "${E2E_EC2:-moto}" = sim ]; then
-  cargo build --quiet -p testkit --bin ec2-sim
+  build
   rm -f "$WORK/ec2-sim.addr"
   # shellcheck disable=SC2086 # the extra flags are meant to split
   "$CARGO_TARGET_DIR/debug/ec2-sim" --listen 127.0.0.1:0 ${E2E_EC2_SIM_ARGS:-} \
