@@ -38,7 +38,7 @@ async fn shadow_core(
     let aws = AwsEc2::new(&settings.ec2.aws_client_config()).await;
     let gate = Gate::new(aws, settings.gate.gate_config());
     registry.with(|r| gate.metrics().register(r));
-    let ec2 = Arc::new(ReadOnlyEc2::new(Arc::new(gate)));
+    let ec2 = Arc::new(ReadOnlyEc2::read_only(gate));
     let kube_sink = KubeSink::new(client.clone(), Some(settings.kube.identity().to_string()));
     let sink = Arc::new(ReadOnlySink::new(Arc::new(kube_sink)));
     let metrics = registry.with(RuntimeMetrics::register);

@@ -63,7 +63,7 @@ struct Shadow {
 async fn start_shadow(w: &Cluster, sink: &Arc<MemorySink>) -> Shadow {
     let registry = MetricsRegistry::new();
     let gate = Gate::new(w.sim.clone(), GateConfig::aws_defaults());
-    let ec2 = Arc::new(ReadOnlyEc2::new(Arc::new(gate)));
+    let ec2 = Arc::new(ReadOnlyEc2::read_only(gate));
     let ro = Arc::new(ReadOnlySink::new(sink.clone()));
     let metrics = registry.with(ShadowMetrics::register);
     let book = Arc::new(
@@ -301,7 +301,7 @@ async fn the_read_only_types_refuse_every_write_and_mutating_call() {
 
     let inst = w.instance();
     let before = mutating_calls(&w.sim);
-    let ec2 = ReadOnlyEc2::new(Arc::new(w.sim.clone()));
+    let ec2 = ReadOnlyEc2::read_only(w.sim.clone());
     let eni = w.sim.primary_eni_id(&inst.id).unwrap();
     assert!(
         ec2.assign_private_ip_addresses(&eni, AddressRequest::Ips(1))

@@ -17,17 +17,13 @@
 //! when the lease moves are the stated grace (the 5 s margin covers them: the simulator answers
 //! within 0.4 s); they are not counted.
 
-use std::net::Ipv4Addr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use eni_operator::crd::CiliumNode;
 use eni_operator::ec2::gate::{Gate, GateConfig};
-use eni_operator::ec2::{
-    Address, AddressRequest, Assigned, CreateEniRequest, Ec2, EniFilter, Instance, InstanceFilter,
-    InstanceTypeLimits, NetworkInterface, Operation, Page, ResourceFilter, Result, RouteTable,
-    SecurityGroup, Subnet, Tags, Vpc,
-};
+use eni_operator::ec2::guarded::{Guarded, MutationGuard};
+use eni_operator::ec2::{Operation, Result};
 use eni_operator::ipam::ChangeSet;
 use eni_operator::runtime::core::{Core, CoreConfig, NodeInput};
 use eni_operator::runtime::fence::{Fence, Fenced, FencedSink};
@@ -35,7 +31,6 @@ use eni_operator::runtime::gc;
 use eni_operator::runtime::leader::{Elector, LeaderConfig, LeaseError, LeaseLock, LeaseRecord};
 use eni_operator::runtime::metrics::RuntimeMetrics;
 use eni_operator::runtime::sink::{NodeEvent, NodeRef, NodeSink, SinkResult};
-use ipnet::Ipv4Net;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use testkit::lease::{MemoryLease, MemoryLeaseClient};
@@ -121,10 +116,12 @@ impl Observer {
 /// An EC2 client that tells its [`Observer`] of every mutating call it issues (`Role::Issue`,
 /// right at the simulator), or that holds each call while its process is frozen
 /// (`Role::Pause`, before the operator's fence check: a freeze can fall anywhere before it).
-pub struct Observed<E> {
-    inner: E,
-    observer: Observer,
-    role: Role,
+pub type Observed<E> = Guarded<E, Watch>;
+
+/// The guard of an [`Observed`] client: its observer, and what it does before a call.
+pub struct Watch {
+    pub observer: Observer,
+    pub role: Role,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -142,154 +139,10 @@ impl Observer {
     }
 }
 
-impl<E: Ec2> Ec2 for Observed<E> {
-    async fn describe_instance_types(
-        &self,
-        types: &[String],
-        next_token: Option<String>,
-    ) -> Result<Page<InstanceTypeLimits>> {
-        self.inner.describe_instance_types(types, next_token).await
-    }
-    async fn describe_instances(
-        &self,
-        filter: &InstanceFilter,
-        next_token: Option<String>,
-    ) -> Result<Page<Instance>> {
-        self.inner.describe_instances(filter, next_token).await
-    }
-    async fn describe_network_interfaces(
-        &self,
-        filter: &EniFilter,
-        next_token: Option<String>,
-    ) -> Result<Page<NetworkInterface>> {
-        self.inner
-            .describe_network_interfaces(filter, next_token)
-            .await
-    }
-    async fn describe_subnets(
-        &self,
-        filter: &ResourceFilter,
-        next_token: Option<String>,
-    ) -> Result<Page<Subnet>> {
-        self.inner.describe_subnets(filter, next_token).await
-    }
-    async fn describe_vpcs(
-        &self,
-        filter: &ResourceFilter,
-        next_token: Option<String>,
-    ) -> Result<Page<Vpc>> {
-        self.inner.describe_vpcs(filter, next_token).await
-    }
-    async fn describe_security_groups(
-        &self,
-        filter: &ResourceFilter,
-        next_token: Option<String>,
-    ) -> Result<Page<SecurityGroup>> {
-        self.inner
-            .describe_security_groups(filter, next_token)
-            .await
-    }
-    async fn describe_route_tables(
-        &self,
-        filter: &ResourceFilter,
-        next_token: Option<String>,
-    ) -> Result<Page<RouteTable>> {
-        self.inner.describe_route_tables(filter, next_token).await
-    }
-    async fn create_network_interface(
-        &self,
-        request: &CreateEniRequest,
-    ) -> Result<NetworkInterface> {
-        self.observer
-            .before(self.role, Operation::CreateNetworkInterface.name())
-            .await;
-        self.inner.create_network_interface(request).await
-    }
-    async fn attach_network_interface(
-        &self,
-        eni_id: &str,
-        instance_id: &str,
-        device_index: u32,
-    ) -> Result<String> {
-        self.observer
-            .before(self.role, Operation::AttachNetworkInterface.name())
-            .await;
-        self.inner
-            .attach_network_interface(eni_id, instance_id, device_index)
-            .await
-    }
-    async fn set_delete_on_termination(
-        &self,
-        eni_id: &str,
-        attachment_id: &str,
-        delete_on_termination: bool,
-    ) -> Result<()> {
-        self.observer
-            .before(self.role, Operation::ModifyNetworkInterfaceAttribute.name())
-            .await;
-        self.inner
-            .set_delete_on_termination(eni_id, attachment_id, delete_on_termination)
-            .await
-    }
-    async fn assign_private_ip_addresses(
-        &self,
-        eni_id: &str,
-        request: AddressRequest,
-    ) -> Result<Assigned> {
-        self.observer
-            .before(self.role, Operation::AssignPrivateIpAddresses.name())
-            .await;
-        self.inner
-            .assign_private_ip_addresses(eni_id, request)
-            .await
-    }
-    async fn unassign_private_ip_addresses(
-        &self,
-        eni_id: &str,
-        ips: &[Ipv4Addr],
-        prefixes: &[Ipv4Net],
-    ) -> Result<()> {
-        self.observer
-            .before(self.role, Operation::UnassignPrivateIpAddresses.name())
-            .await;
-        self.inner
-            .unassign_private_ip_addresses(eni_id, ips, prefixes)
-            .await
-    }
-    async fn detach_network_interface(&self, attachment_id: &str, force: bool) -> Result<()> {
-        self.observer
-            .before(self.role, Operation::DetachNetworkInterface.name())
-            .await;
-        self.inner
-            .detach_network_interface(attachment_id, force)
-            .await
-    }
-    async fn delete_network_interface(&self, eni_id: &str) -> Result<()> {
-        self.observer
-            .before(self.role, Operation::DeleteNetworkInterface.name())
-            .await;
-        self.inner.delete_network_interface(eni_id).await
-    }
-
-    async fn describe_addresses(&self, tags: &Tags) -> Result<Vec<Address>> {
-        self.inner.describe_addresses(tags).await
-    }
-
-    async fn associate_address(
-        &self,
-        allocation_id: &str,
-        eni_id: &str,
-        private_ip: Ipv4Addr,
-    ) -> Result<String> {
-        self.observer.issued(Operation::AssociateAddress.name());
-        self.inner
-            .associate_address(allocation_id, eni_id, private_ip)
-            .await
-    }
-
-    async fn disassociate_address(&self, association_id: &str) -> Result<()> {
-        self.observer.issued(Operation::DisassociateAddress.name());
-        self.inner.disassociate_address(association_id).await
+impl MutationGuard for Watch {
+    async fn before(&self, operation: Operation) -> Result<()> {
+        self.observer.before(self.role, operation.name()).await;
+        Ok(())
     }
 }
 
@@ -361,16 +214,20 @@ pub fn build(
     fence: Fence,
     jitter: u64,
 ) -> Parts {
-    let issue = Observed {
-        inner: sim.clone(),
-        observer: observer.clone(),
-        role: Role::Issue,
-    };
-    let ec2 = Observed {
-        inner: Fenced::new(issue, fence.clone()),
-        observer: observer.clone(),
-        role: Role::Pause,
-    };
+    let issue = Observed::new(
+        sim.clone(),
+        Watch {
+            observer: observer.clone(),
+            role: Role::Issue,
+        },
+    );
+    let ec2 = Observed::new(
+        Fenced::new(issue, fence.clone()),
+        Watch {
+            observer: observer.clone(),
+            role: Role::Pause,
+        },
+    );
     let gate_config = GateConfig {
         jitter_seed: Some(jitter),
         ..GateConfig::aws_defaults()

@@ -13,6 +13,7 @@
 pub mod aws;
 pub mod error;
 pub mod gate;
+pub mod guarded;
 pub mod limits;
 pub mod model;
 pub mod readonly;

@@ -11,18 +11,13 @@
 //! in wrappers every call passes ([`Fenced`] inside the gate, so each retry is checked too;
 //! [`FencedSink`] around the sink), not in the steps that make the calls.
 
-use std::net::Ipv4Addr;
 use std::sync::{Arc, Mutex};
 
-use ipnet::Ipv4Net;
 use tokio::time::Instant;
 
 use crate::crd::CiliumNode;
-use crate::ec2::{
-    AddressRequest, Assigned, CreateEniRequest, Ec2, Ec2Error, EniFilter, ErrorKind, Instance,
-    InstanceFilter, InstanceTypeLimits, NetworkInterface, Operation, Page, ResourceFilter, Result,
-    RouteTable, SecurityGroup, Subnet, Vpc,
-};
+use crate::ec2::guarded::{Guarded, MutationGuard};
+use crate::ec2::{Ec2Error, ErrorKind, Operation, Result};
 use crate::ipam::ChangeSet;
 
 use super::sink::{NodeEvent, NodeRef, NodeSink, SinkError, SinkResult};
@@ -100,152 +95,11 @@ impl Fence {
 }
 
 /// An EC2 client whose mutating calls pass the [`Fence`] (describes do not need it).
-pub struct Fenced<E> {
-    inner: E,
-    fence: Fence,
-}
+pub type Fenced<E> = Guarded<E, Fence>;
 
-impl<E> Fenced<E> {
-    pub fn new(inner: E, fence: Fence) -> Self {
-        Self { inner, fence }
-    }
-}
-
-impl<E: Ec2> Ec2 for Fenced<E> {
-    async fn describe_instance_types(
-        &self,
-        types: &[String],
-        next_token: Option<String>,
-    ) -> Result<Page<InstanceTypeLimits>> {
-        self.inner.describe_instance_types(types, next_token).await
-    }
-    async fn describe_instances(
-        &self,
-        filter: &InstanceFilter,
-        next_token: Option<String>,
-    ) -> Result<Page<Instance>> {
-        self.inner.describe_instances(filter, next_token).await
-    }
-    async fn describe_network_interfaces(
-        &self,
-        filter: &EniFilter,
-        next_token: Option<String>,
-    ) -> Result<Page<NetworkInterface>> {
-        self.inner
-            .describe_network_interfaces(filter, next_token)
-            .await
-    }
-    async fn describe_subnets(
-        &self,
-        filter: &ResourceFilter,
-        next_token: Option<String>,
-    ) -> Result<Page<Subnet>> {
-        self.inner.describe_subnets(filter, next_token).await
-    }
-    async fn describe_vpcs(
-        &self,
-        filter: &ResourceFilter,
-        next_token: Option<String>,
-    ) -> Result<Page<Vpc>> {
-        self.inner.describe_vpcs(filter, next_token).await
-    }
-    async fn describe_security_groups(
-        &self,
-        filter: &ResourceFilter,
-        next_token: Option<String>,
-    ) -> Result<Page<SecurityGroup>> {
-        self.inner
-            .describe_security_groups(filter, next_token)
-            .await
-    }
-    async fn describe_route_tables(
-        &self,
-        filter: &ResourceFilter,
-        next_token: Option<String>,
-    ) -> Result<Page<RouteTable>> {
-        self.inner.describe_route_tables(filter, next_token).await
-    }
-    async fn create_network_interface(
-        &self,
-        request: &CreateEniRequest,
-    ) -> Result<NetworkInterface> {
-        self.fence.check(Operation::CreateNetworkInterface)?;
-        self.inner.create_network_interface(request).await
-    }
-    async fn attach_network_interface(
-        &self,
-        eni_id: &str,
-        instance_id: &str,
-        device_index: u32,
-    ) -> Result<String> {
-        self.fence.check(Operation::AttachNetworkInterface)?;
-        self.inner
-            .attach_network_interface(eni_id, instance_id, device_index)
-            .await
-    }
-    async fn set_delete_on_termination(
-        &self,
-        eni_id: &str,
-        attachment_id: &str,
-        delete_on_termination: bool,
-    ) -> Result<()> {
-        self.fence
-            .check(Operation::ModifyNetworkInterfaceAttribute)?;
-        self.inner
-            .set_delete_on_termination(eni_id, attachment_id, delete_on_termination)
-            .await
-    }
-    async fn assign_private_ip_addresses(
-        &self,
-        eni_id: &str,
-        request: AddressRequest,
-    ) -> Result<Assigned> {
-        self.fence.check(Operation::AssignPrivateIpAddresses)?;
-        self.inner
-            .assign_private_ip_addresses(eni_id, request)
-            .await
-    }
-    async fn unassign_private_ip_addresses(
-        &self,
-        eni_id: &str,
-        ips: &[Ipv4Addr],
-        prefixes: &[Ipv4Net],
-    ) -> Result<()> {
-        self.fence.check(Operation::UnassignPrivateIpAddresses)?;
-        self.inner
-            .unassign_private_ip_addresses(eni_id, ips, prefixes)
-            .await
-    }
-    async fn detach_network_interface(&self, attachment_id: &str, force: bool) -> Result<()> {
-        self.fence.check(Operation::DetachNetworkInterface)?;
-        self.inner
-            .detach_network_interface(attachment_id, force)
-            .await
-    }
-    async fn delete_network_interface(&self, eni_id: &str) -> Result<()> {
-        self.fence.check(Operation::DeleteNetworkInterface)?;
-        self.inner.delete_network_interface(eni_id).await
-    }
-    async fn describe_addresses(
-        &self,
-        tags: &crate::ec2::Tags,
-    ) -> Result<Vec<crate::ec2::Address>> {
-        self.inner.describe_addresses(tags).await
-    }
-    async fn associate_address(
-        &self,
-        allocation_id: &str,
-        eni_id: &str,
-        private_ip: Ipv4Addr,
-    ) -> Result<String> {
-        self.fence.check(Operation::AssociateAddress)?;
-        self.inner
-            .associate_address(allocation_id, eni_id, private_ip)
-            .await
-    }
-    async fn disassociate_address(&self, association_id: &str) -> Result<()> {
-        self.fence.check(Operation::DisassociateAddress)?;
-        self.inner.disassociate_address(association_id).await
+impl MutationGuard for Fence {
+    async fn before(&self, operation: Operation) -> Result<()> {
+        self.check(operation)
     }
 }
 
