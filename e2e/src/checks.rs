@@ -80,6 +80,9 @@ pub struct NodeVariant {
     /// `spec.ipam.pre-allocate` (negative: invalid input).
     pub pre_allocate: i64,
     pub min_allocate: i64,
+    /// `spec.ipam.static-ip-tags` (the agent's `--ipam-static-ip-tags`): the node wants an
+    /// Elastic IP carrying these tags.
+    pub static_ip_tags: BTreeMap<String, String>,
 }
 
 /// The CiliumNode an agent creates on first start: owned by its Node, with the IMDS facts and
@@ -113,6 +116,7 @@ pub fn cilium_node_object(
     };
     spec.ipam.pre_allocate = v.pre_allocate;
     spec.ipam.min_allocate = v.min_allocate;
+    spec.ipam.static_ip_tags = v.static_ip_tags.clone();
     let mut cn = CiliumNode::new(&name, spec);
     cn.metadata.labels = Some(BTreeMap::from([(
         RUN_LABEL.to_string(),
@@ -484,12 +488,15 @@ mod tests {
         assert_eq!(v["metadata"]["ownerReferences"][0]["kind"], "Node");
         assert_eq!(v["metadata"]["ownerReferences"][0]["uid"], "uid-1");
         assert!(v["spec"]["ipam"].get("pre-allocate").is_none());
+        assert!(v["spec"]["ipam"].get("static-ip-tags").is_none());
         let bad = NodeVariant {
             subnet_ids: Some(vec!["subnet-x".into()]),
             pre_allocate: -1,
+            static_ip_tags: BTreeMap::from([("eip".into(), "yes".into())]),
             ..Default::default()
         };
         let v = serde_json::to_value(cilium_node_object(&node, &inst(), &world(), &bad)).unwrap();
+        assert_eq!(v["spec"]["ipam"]["static-ip-tags"]["eip"], "yes");
         assert_eq!(v["spec"]["eni"]["subnet-ids"][0], "subnet-x");
         assert!(v["spec"]["eni"].get("subnet-tags").is_none());
         assert_eq!(v["spec"]["ipam"]["pre-allocate"], -1);

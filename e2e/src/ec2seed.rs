@@ -13,7 +13,7 @@ use anyhow::{Context, Result, anyhow};
 use aws_sdk_ec2::Client;
 use aws_sdk_ec2::config::{BehaviorVersion, Credentials, Region};
 use aws_sdk_ec2::types::{
-    Filter, InstanceType, NetworkInterfaceStatus, ResourceType, Tag, TagSpecification,
+    DomainType, Filter, InstanceType, NetworkInterfaceStatus, ResourceType, Tag, TagSpecification,
 };
 
 /// Tag on everything the seed creates, with the run's id as value.
@@ -23,6 +23,9 @@ pub const POD_TAG: &str = "eni-operator-e2e/pods";
 /// Ownership tags the operator puts on the ENIs it creates.
 pub const OWNER_CLUSTER_TAG: &str = "eni-operator.io/cluster-name";
 pub const OWNER_INSTANCE_TAG: &str = "eni-operator.io/instance-id";
+/// Tag on the Elastic IPs the suite seeds for `static-ip` (value: the run's id); nodes ask for
+/// it with `spec.ipam.static-ip-tags`.
+pub const EIP_TAG: &str = "eni-operator-e2e/static-ip";
 
 /// Connection settings for the EC2 endpoint.
 #[derive(Clone, Debug)]
@@ -301,6 +304,79 @@ impl World {
             tracing::warn!("TerminateInstances: {e}");
         }
     }
+}
+
+/// An Elastic IP as EC2 reports it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct EipView {
+    pub allocation_id: String,
+    pub public_ip: String,
+    pub association_id: Option<String>,
+    pub network_interface_id: Option<String>,
+    pub private_ip: Option<String>,
+}
+
+/// Allocates a VPC Elastic IP tagged `EIP_TAG=<run>` (as a user does for Cilium's static IPs).
+pub async fn allocate_eip(ec2: &Client, run_id: &str) -> Result<EipView> {
+    let out = ec2
+        .allocate_address()
+        .domain(DomainType::Vpc)
+        .tag_specifications(tags(
+            ResourceType::ElasticIp,
+            &[(EIP_TAG, run_id), (RUN_TAG, run_id)],
+        ))
+        .send()
+        .await
+        .context("AllocateAddress")?;
+    let id = out.allocation_id().context("AllocateAddress: no id")?;
+    eips(ec2, run_id)
+        .await?
+        .into_iter()
+        .find(|e| e.allocation_id == id)
+        .with_context(|| format!("{id} not listed by DescribeAddresses with its tag"))
+}
+
+/// The Elastic IPs tagged `EIP_TAG=<run>`.
+pub async fn eips(ec2: &Client, run_id: &str) -> Result<Vec<EipView>> {
+    let out = ec2
+        .describe_addresses()
+        .filters(filter(&format!("tag:{EIP_TAG}"), run_id))
+        .send()
+        .await
+        .context("DescribeAddresses")?;
+    let mut v: Vec<EipView> = out
+        .addresses()
+        .iter()
+        .map(|a| EipView {
+            allocation_id: a.allocation_id().unwrap_or_default().to_string(),
+            public_ip: a.public_ip().unwrap_or_default().to_string(),
+            association_id: a.association_id().map(String::from),
+            network_interface_id: a.network_interface_id().map(String::from),
+            private_ip: a.private_ip_address().map(String::from),
+        })
+        .collect();
+    v.sort_by(|a, b| a.allocation_id.cmp(&b.allocation_id));
+    Ok(v)
+}
+
+/// The instance's primary ENI (device index 0) and its primary private address.
+pub async fn primary_address(ec2: &Client, instance_id: &str) -> Result<(String, String)> {
+    let out = ec2
+        .describe_network_interfaces()
+        .filters(filter("attachment.instance-id", instance_id))
+        .send()
+        .await
+        .context("DescribeNetworkInterfaces")?;
+    out.network_interfaces()
+        .iter()
+        .find(|n| n.attachment().and_then(|a| a.device_index()) == Some(0))
+        .and_then(|n| {
+            Some((
+                n.network_interface_id()?.to_string(),
+                n.private_ip_address()?.to_string(),
+            ))
+        })
+        .with_context(|| format!("{instance_id} has no primary ENI"))
 }
 
 /// Creates and attaches (device index 1) an ENI with the operator's ownership tags on the pod

@@ -170,6 +170,7 @@ async fn run(a: RunArgs) -> Result<bool> {
             .iter()
             .filter(|s| !(a.in_cluster && scenarios::LOCAL_ONLY.contains(s)))
             .filter(|s| ec2_sim || !scenarios::SIM_ONLY.contains(s))
+            .filter(|s| !(ec2_sim && scenarios::NOT_ON_SIM.contains(s)))
             .map(|s| s.to_string())
             .collect()
     } else {
