@@ -15,8 +15,8 @@ use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBind
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{
     CustomResourceDefinition, JSONSchemaProps, JSONSchemaPropsOrArray, JSONSchemaPropsOrBool,
 };
+use serde::Serialize;
 use serde::de::DeserializeOwned;
-use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 const NAMESPACE: &str = "eni-operator";
@@ -57,9 +57,9 @@ fn documents_in(files: Vec<PathBuf>) -> Vec<(String, Value)> {
     for file in files {
         let name = file.file_name().unwrap().to_string_lossy().into_owned();
         let text = std::fs::read_to_string(&file).unwrap();
-        for doc in serde_yaml::Deserializer::from_str(&text) {
-            let value =
-                Value::deserialize(doc).unwrap_or_else(|e| panic!("{name}: invalid YAML: {e}"));
+        let values: Vec<Value> = serde_saphyr::from_multiple(&text)
+            .unwrap_or_else(|e| panic!("{name}: invalid YAML: {e}"));
+        for value in values {
             if !value.is_null() {
                 docs.push((name.clone(), value));
             }
@@ -212,7 +212,7 @@ fn default_apply_path_installs_no_crd() {
 #[test]
 fn kustomize_base_lists_the_default_apply_path() {
     let text = std::fs::read_to_string(root_dir().join("kustomization.yaml")).unwrap();
-    let k: Value = serde_yaml::from_str(&text).unwrap();
+    let k: Value = serde_saphyr::from_str(&text).unwrap();
     assert_eq!(k["kind"], "Kustomization");
     let listed: Vec<String> = k["resources"]
         .as_array()
@@ -227,7 +227,7 @@ fn kustomize_base_lists_the_default_apply_path() {
     assert_eq!(listed, expected);
     // The e2e overlay builds on this base.
     let overlay = std::fs::read_to_string(root_dir().join("e2e/overlay/kustomization.yaml"));
-    let overlay: Value = serde_yaml::from_str(&overlay.unwrap()).unwrap();
+    let overlay: Value = serde_saphyr::from_str(&overlay.unwrap()).unwrap();
     assert_eq!(overlay["resources"], serde_json::json!(["../.."]));
 }
 

@@ -15,7 +15,6 @@ use eni_operator::metrics::MetricsRegistry;
 use eni_operator::runtime::core::{Core, CoreConfig, NodeInput};
 use eni_operator::runtime::gc::EniGc;
 use eni_operator::runtime::metrics::RuntimeMetrics;
-use serde::Deserialize;
 use serde_json::Value;
 use testkit::agent::classic_agent_answers;
 use testkit::cluster::{Cluster, agent_node};
@@ -440,7 +439,7 @@ fn monitoring(file: &str) -> PathBuf {
 
 fn yaml(path: &Path) -> Value {
     let text = std::fs::read_to_string(path).unwrap();
-    Value::deserialize(serde_yaml::Deserializer::from_str(&text)).unwrap()
+    serde_saphyr::from_str(&text).unwrap()
 }
 
 /// (where, expression) of every query in the monitoring files.
@@ -551,8 +550,7 @@ fn the_service_monitor_scrapes_the_metrics_service() {
             continue;
         }
         let text = std::fs::read_to_string(&path).unwrap();
-        for doc in serde_yaml::Deserializer::from_str(&text) {
-            let v = Value::deserialize(doc).unwrap();
+        for v in serde_saphyr::from_multiple::<Value>(&text).unwrap() {
             if v["kind"] == "Service" {
                 services.push(v);
             }

@@ -619,8 +619,9 @@ mod tests {
     fn ciliums_crd_prunes_the_summary_and_ours_keeps_it() {
         use testkit::prune::{CILIUM_CRD_YAML, OUR_CRD_YAML};
         let as_json = |yaml: &str| -> serde_json::Value {
-            serde_yaml::Deserializer::from_str(yaml)
-                .map(|d| serde::Deserialize::deserialize(d).unwrap())
+            serde_saphyr::from_multiple::<serde_json::Value>(yaml)
+                .unwrap()
+                .into_iter()
                 .find(|v: &serde_json::Value| v["kind"] == "CustomResourceDefinition")
                 .unwrap()
         };

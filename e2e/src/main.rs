@@ -392,13 +392,11 @@ async fn agents(a: AgentsArgs) -> Result<bool> {
 
 /// The YAML documents of `text` whose `kind` is in `kinds`, re-serialised.
 fn filter_docs(text: &str, kinds: &[String]) -> Result<Vec<String>> {
-    use serde::Deserialize;
     let mut out = Vec::new();
-    for doc in serde_yaml::Deserializer::from_str(text) {
-        let v = serde_yaml::Value::deserialize(doc)?;
+    for v in serde_saphyr::from_multiple::<serde_json::Value>(text)? {
         let kind = v.get("kind").and_then(|k| k.as_str()).unwrap_or_default();
         if kinds.iter().any(|k| k == kind) {
-            out.push(serde_yaml::to_string(&v)?);
+            out.push(serde_saphyr::to_string(&v)?);
         }
     }
     Ok(out)

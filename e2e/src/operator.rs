@@ -500,13 +500,13 @@ mod tests {
     fn the_operator_accepts_the_kind_overlays_command_line() {
         use clap::Parser;
         let path = concat!(env!("CARGO_MANIFEST_DIR"), "/overlay/deployment-patch.yaml");
-        let ops: Vec<serde_yaml::Value> =
-            serde_yaml::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+        let ops: Vec<serde_json::Value> =
+            serde_saphyr::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
         let args: Vec<String> = ops
             .iter()
             .find(|op| op["path"].as_str().is_some_and(|p| p.ends_with("/args")))
             .expect("the overlay sets the container's args")["value"]
-            .as_sequence()
+            .as_array()
             .unwrap()
             .iter()
             .map(|a| {

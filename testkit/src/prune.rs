@@ -43,8 +43,8 @@ impl StructuralSchema {
 
     /// The schema of `version` in the first CustomResourceDefinition of a YAML stream.
     pub fn from_crd_yaml(yaml: &str, version: &str) -> Result<Self, String> {
-        for doc in serde_yaml::Deserializer::from_str(yaml) {
-            let v: Value = serde::Deserialize::deserialize(doc).map_err(|e| e.to_string())?;
+        let docs: Vec<Value> = serde_saphyr::from_multiple(yaml).map_err(|e| e.to_string())?;
+        for v in docs {
             if v.get("kind").and_then(Value::as_str) == Some("CustomResourceDefinition") {
                 return Self::from_crd(&v, version);
             }
