@@ -261,6 +261,23 @@ fn source(cilium: &str) -> Source {
             Source::Rename("eni_operator_ipam_interface_creation_ops_total")
         }
         "cilium_operator_ipam_nodes" => Source::Nodes,
+        // runtime::metrics_cilium: the same events Cilium counts and times.
+        "cilium_operator_ipam_resync_total" => Source::Rename("eni_operator_ipam_resync_total"),
+        "cilium_operator_ipam_allocation_duration_seconds" => {
+            Source::Histogram("eni_operator_ipam_allocation_duration_seconds")
+        }
+        "cilium_operator_ipam_release_duration_seconds" => {
+            Source::Histogram("eni_operator_ipam_release_duration_seconds")
+        }
+        "cilium_operator_ipam_background_sync_duration_seconds" => {
+            Source::Histogram("eni_operator_ipam_background_sync_duration_seconds")
+        }
+        "cilium_operator_ipam_deficit_resolver_queued_total" => {
+            Source::Rename("eni_operator_ipam_deficit_resolver_queued_total")
+        }
+        "cilium_operator_ipam_deficit_resolver_duration_seconds" => {
+            Source::Histogram("eni_operator_ipam_deficit_resolver_duration_seconds")
+        }
         "cilium_operator_ec2_api_duration_seconds" => {
             Source::Histogram("eni_operator_ec2_api_duration_seconds")
         }

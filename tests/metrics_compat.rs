@@ -207,6 +207,25 @@ async fn cilium_compat_exposes_every_cilium_family_with_its_name_type_and_labels
         ) >= 1.0
     );
     assert!(text.contains("cilium_operator_ec2_api_rate_limit_duration_seconds_count{operation="));
+    // The families filled from runtime::metrics_cilium (issue 22, part 3).
+    assert!(value("cilium_operator_ipam_resync_total ") >= 1.0);
+    assert!(
+        value("cilium_operator_ipam_background_sync_duration_seconds_count{status=\"success\"}")
+            >= 1.0
+    );
+    assert!(
+        value(
+            "cilium_operator_ipam_allocation_duration_seconds_count{type=\"createInterfaceAndAllocateIP\",status=\"success\",subnet_id=\"subnet-"
+        ) >= 1.0
+    );
+    assert!(value("cilium_operator_ipam_deficit_resolver_queued_total ") >= 1.0);
+    assert!(value("cilium_operator_ipam_deficit_resolver_duration_seconds_count ") >= 1.0);
+    assert!(
+        text.contains(
+            "cilium_operator_ipam_deficit_resolver_duration_seconds_bucket{le=\"0.005\"}"
+        ),
+        "Cilium's trigger buckets"
+    );
     assert!(
         !text.contains("cilium_operator_ipam_ip_allocation_ops_total"),
         "Cilium's counters keep their name"

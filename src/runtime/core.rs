@@ -164,6 +164,8 @@ impl<E: Ec2, S: NodeSink> Core<E, S> {
                 self.start_refresh(&mut l, refresh);
             }
             inner.metrics.queue_depth.set(l.queue.depth() as i64);
+            let pushed = l.queue.take_pushes();
+            inner.metrics.cilium.deficit_queued.inc_by(pushed);
             // Only wake for a due node when a worker is free to take it: with every worker
             // busy a due time in the past would make the select below return at once,
             // forever (a busy loop; under a paused clock, a livelock).

@@ -151,12 +151,46 @@ impl<E: Ec2> Executor<E> {
     }
 
     pub async fn execute(&self, action: &Action) -> ExecOutcome {
-        match action {
-            Action::None => ExecOutcome::default(),
-            Action::Assign(a) => self.assign(a).await,
-            Action::CreateEni(c) => self.create(c).await,
-            Action::Release(r) => self.release(r).await,
-        }
+        use crate::runtime::metrics_cilium::{ALLOCATE_IP, CREATE_INTERFACE, RELEASE_IP};
+        let start = now();
+        let (kind, out) = match action {
+            Action::None => return ExecOutcome::default(),
+            Action::Assign(a) => (ALLOCATE_IP, self.assign(a).await),
+            Action::CreateEni(c) => (CREATE_INTERFACE, self.create(c).await),
+            Action::Release(r) => (RELEASE_IP, self.release(r).await),
+        };
+        // Cilium's allocation/release latency (`pkg/ipam/node.go`: AllocationAttempt and
+        // ReleaseAttempt around each EC2 action), labelled with the ENI's subnet.
+        let eni = match (action, &out.success) {
+            (Action::Assign(a), _) => Some(a.eni_id.as_str()),
+            (Action::Release(r), _) => Some(r.eni_id.as_str()),
+            (_, Some(Success::EniCreated { eni_id, .. } | Success::EniAttached { eni_id, .. })) => {
+                Some(eni_id.as_str())
+            }
+            _ => None,
+        };
+        let subnet = match (action, eni) {
+            (Action::Assign(a), _) => a.subnet_id.clone(),
+            (_, Some(id)) => self.subnet_of(id),
+            _ => String::new(),
+        };
+        let seconds = now().saturating_duration_since(start).as_secs_f64();
+        let ok = out.error.is_none();
+        self.metrics.cilium.action(kind, ok, &subnet, seconds);
+        out
+    }
+
+    /// The subnet of an ENI the cache knows ("" otherwise).
+    fn subnet_of(&self, eni_id: &str) -> String {
+        self.cache
+            .read()
+            .expect("cache lock")
+            .instances
+            .values()
+            .flat_map(|e| &e.enis)
+            .find(|n| n.id == eni_id)
+            .map(|n| n.subnet_id.clone())
+            .unwrap_or_default()
     }
 
     async fn assign(&self, a: &Assign) -> ExecOutcome {

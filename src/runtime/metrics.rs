@@ -66,6 +66,8 @@ pub struct RuntimeMetrics {
     pub plan_nanos: Counter,
     /// Label values of the per-node and per-subnet series now exported (to remove stale ones).
     published_nodes: Arc<Mutex<BTreeSet<String>>>,
+    /// The figures behind Cilium's families that have a counterpart here.
+    pub cilium: crate::runtime::metrics_cilium::CiliumFigures,
     published_subnets: Arc<Mutex<BTreeSet<(String, String)>>>,
 }
 
@@ -102,6 +104,7 @@ impl Default for RuntimeMetrics {
             plan_nanos: Counter::default(),
             published_nodes: Arc::default(),
             published_subnets: Arc::default(),
+            cilium: Default::default(),
         }
     }
 }
@@ -121,6 +124,7 @@ impl RuntimeMetrics {
         let m = Self::default();
         m.register_node_figures(registry);
         m.register_ec2_figures(registry);
+        m.cilium.register(registry);
         m
     }
 

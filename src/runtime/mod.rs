@@ -18,6 +18,7 @@ pub mod finalizer;
 pub mod gc;
 pub mod leader;
 pub mod metrics;
+pub mod metrics_cilium;
 pub mod nodes;
 mod pass;
 pub mod queue;

@@ -85,6 +85,8 @@ pub struct DeficitQueue<K: Clone + Eq + Hash + Ord> {
     again: HashMap<K, Priority>,
     failures: HashMap<K, u32>,
     seq: u64,
+    /// `push` calls not yet counted (Cilium's trigger "queued" figure; folded ones included).
+    pushes: u64,
 }
 
 impl<K: Clone + Eq + Hash + Ord> Default for DeficitQueue<K> {
@@ -98,6 +100,7 @@ impl<K: Clone + Eq + Hash + Ord> Default for DeficitQueue<K> {
             again: HashMap::new(),
             failures: HashMap::new(),
             seq: 0,
+            pushes: 0,
         }
     }
 }
@@ -119,6 +122,7 @@ impl<K: Clone + Eq + Hash + Ord> DeficitQueue<K> {
 
     /// Ask for a pass over `node`. De-duplicated; raises the priority of a queued entry.
     pub fn push(&mut self, node: K, priority: Priority) {
+        self.pushes += 1;
         if self.running.contains(&node) {
             let p = self.again.entry(node).or_insert(priority);
             *p = (*p).max(priority);
@@ -219,6 +223,11 @@ impl<K: Clone + Eq + Hash + Ord> DeficitQueue<K> {
     /// When the earliest delayed node becomes ready.
     pub fn next_due(&self) -> Option<Instant> {
         self.due.first().map(|(at, _)| *at)
+    }
+
+    /// `push` calls since the last call of this.
+    pub fn take_pushes(&mut self) -> u64 {
+        std::mem::take(&mut self.pushes)
     }
 
     /// Nodes waiting (ready or delayed), not counting running ones.
@@ -348,6 +357,16 @@ mod tests {
         let later = now + Duration::from_secs(60);
         assert_eq!(q.pop(later), Some("a"), "kept the raised priority");
         assert_eq!(q.pop(later), Some("b"));
+    }
+
+    #[test]
+    fn every_push_is_counted_once() {
+        let mut q = DeficitQueue::new();
+        q.push("a", Priority::Routine);
+        q.push("a", Priority::Routine);
+        q.push("b", Priority::Routine);
+        assert_eq!(q.take_pushes(), 3);
+        assert_eq!(q.take_pushes(), 0);
     }
 
     #[test]

@@ -114,7 +114,14 @@ impl<E: Ec2, S> Shared<E, S> {
 
     /// List everything again. On failure the cache is unhealthy, which blocks mutations.
     pub async fn refresh_full(&self) {
-        if let Err(e) = self.refresher.full().await {
+        let start = crate::runtime::clock::now();
+        let result = self.refresher.full().await;
+        let seconds = crate::runtime::clock::now()
+            .saturating_duration_since(start)
+            .as_secs_f64();
+        // Cilium's background sync and resync count (`pkg/ipam/node_manager.go`).
+        self.metrics.cilium.background_sync(result.is_ok(), seconds);
+        if let Err(e) = result {
             warn!(error = %e, "full EC2 refresh failed; mutations blocked");
             events::count_ec2_error(&self.metrics, &e);
         }

@@ -45,6 +45,19 @@ const FAILED: Verdict = (Outcome::Failed, None);
 /// One pass over one node. Never runs twice at once for a node (the queue sees to it).
 pub(super) async fn pass<E: Ec2, S: NodeSink>(inner: &Shared<E, S>, name: &str) -> Verdict {
     inner.metrics.passes.inc();
+    let start = super::clock::now();
+    let verdict = pass_inner(inner, name).await;
+    let seconds = super::clock::now().saturating_duration_since(start);
+    // Cilium's pool-maintainer ("deficit_resolver") trigger run duration.
+    inner
+        .metrics
+        .cilium
+        .deficit_duration
+        .observe(seconds.as_secs_f64());
+    verdict
+}
+
+async fn pass_inner<E: Ec2, S: NodeSink>(inner: &Shared<E, S>, name: &str) -> Verdict {
     // A shadow core (built only from read-only types: `Core::shadow`) compares, never acts.
     if let Some(book) = &inner.shadow {
         return shadow::pass(inner, name, book).await;
