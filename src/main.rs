@@ -129,6 +129,9 @@ async fn run_operator(
     use eni_operator::runtime::{gc, source};
 
     let aws = AwsEc2::new(&settings.ec2.aws_client_config()).await;
+    tokio::spawn(eni_operator::credentials::warn_if_instance_role(
+        aws.credentials_provider(),
+    ));
     if settings.ipam.annotate_cilium_ignore {
         tracing::info!("annotating served CiliumNodes with ipam.cilium.io/ignore=true");
     }
@@ -144,7 +147,6 @@ async fn run_operator(
     registry.with(|r| ec2.metrics().register(r));
     let metrics = registry.with(RuntimeMetrics::register);
 
-    let core_config = settings.core_config();
     let sink = Arc::new(FencedSink::new(
         KubeSink::new(client.clone(), Some(settings.kube.identity().to_string())),
         fence.clone(),
@@ -157,9 +159,20 @@ async fn run_operator(
         let client = client.clone();
         let shutdown = shutdown.clone();
         let metrics = metrics.clone();
-        let settings = settings.clone();
+        let mut settings = settings.clone();
         let readiness = readiness.clone();
         async move {
+            // Only the leader reads EC2 (standbys make no EC2 call), so the name is derived
+            // here, before anything is created or collected under it.
+            // Boxed: see `work` above.
+            Box::pin(eni_operator::cluster_name::settle(
+                &mut settings,
+                &client,
+                &*ec2,
+            ))
+            .await
+            .map_err(anyhow::Error::msg)?;
+            let core_config = settings.core_config();
             readiness.set_leading(true);
             let (tx, rx) = tokio::sync::mpsc::channel(4096);
             let cache = core_config.ec2_cache();
@@ -183,7 +196,7 @@ async fn run_operator(
                             );
                         }
                         let collector = gc::EniGc::new(
-                            settings.ipam.cluster_name.clone(),
+                            settings.ipam.cluster_name().to_string(),
                             settings.runtime.eni_gc_max_per_run,
                         )
                         .with_metrics(metrics.clone())

@@ -523,7 +523,7 @@ mod tests {
         parsed
             .validate()
             .unwrap_or_else(|e| panic!("{args:?}: {e}"));
-        assert_eq!(parsed.ipam.cluster_name, "e2e");
+        assert_eq!(parsed.ipam.cluster_name.as_deref(), Some("e2e"));
     }
 
     #[test]
