@@ -1,0 +1,338 @@
+//! Trying eni-operator beside another allocator (issue 21): `shadow`.
+//!
+//! A child module of `scenarios`, so it uses the suite's harness as the other scenarios do.
+
+use anyhow::{Context, Result, ensure};
+use k8s_openapi::api::core::v1::Event;
+use kube::api::{Api, DeleteParams, ListParams};
+use serde_json::Value;
+use testkit::agent::Generation;
+
+use super::{Suite, eventually};
+use crate::checks::NodeVariant;
+use crate::faultproxy::FaultProxy;
+use crate::operator::OperatorOptions;
+use crate::other_alloc::OtherAllocator;
+
+/// Field managers of the operator's writes (`src/runtime/sink.rs`, `src/ipam/handover.rs`).
+const OUR_MANAGERS: &[&str] = &[
+    eni_operator::ipam::handover::OWN_FIELD_MANAGER,
+    eni_operator::ipam::handover::HANDOVER_FIELD_MANAGER,
+];
+
+/// `GET http://<addr><path>` over a plain TCP connection (the operator's metrics listener).
+async fn http_get(addr: &str, path: &str) -> Result<String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr)
+        .await
+        .with_context(|| format!("connecting to {addr}"))?;
+    s.write_all(format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes())
+        .await?;
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).await?;
+    let text = String::from_utf8_lossy(&raw).into_owned();
+    let (head, body) = text.split_once("\r\n\r\n").context("no HTTP header end")?;
+    ensure!(head.contains(" 200 "), "GET {path}: {head}");
+    Ok(body.to_string())
+}
+
+/// Why `node` is not yet seen in deficit by the shadow, or `Ok(())`.
+fn in_deficit(summary: &Value, node: &str) -> std::result::Result<(), String> {
+    match summary["nodes"][node]["in_deficit"].as_bool() {
+        Some(true) => Ok(()),
+        Some(false) => Err(format!(
+            "{node}: not in deficit: {}",
+            summary["nodes"][node]
+        )),
+        None => Err(format!("{node}: not in the summary yet")),
+    }
+}
+
+/// Mutating EC2 actions among those forwarded (everything but `Describe*`).
+fn mutating(forwarded: &std::collections::BTreeMap<String, usize>) -> Vec<String> {
+    forwarded
+        .iter()
+        .filter(|(a, _)| !a.starts_with("Describe"))
+        .map(|(a, n)| format!("{a} x{n}"))
+        .collect()
+}
+
+impl Suite {
+    /// The shadow's `/debug/shadow` JSON.
+    async fn shadow_summary(&self) -> Result<Value> {
+        let addr = self
+            .ops
+            .metrics_addrs()
+            .into_iter()
+            .next()
+            .context("no local operator")?;
+        Ok(serde_json::from_str(
+            &http_get(&addr, "/debug/shadow").await?,
+        )?)
+    }
+
+    /// Names, instances and zones of the nodes `idxs`, for the other allocator.
+    fn other_view(&self, idxs: &[usize]) -> Vec<(String, crate::ec2seed::Instance, usize)> {
+        idxs.iter()
+            .map(|&i| {
+                let n = &self.nodes[i];
+                let zone = usize::from(n.instance.az != self.world.zones[0]);
+                (n.name.clone(), n.instance.clone(), zone)
+            })
+            .collect()
+    }
+
+    /// Rounds of the other allocator every 2 s until `idxs` are served.
+    async fn other_serves(&self, other: &OtherAllocator, idxs: &[usize]) -> Result<()> {
+        let view = self.other_view(idxs);
+        eventually(
+            self.cfg.timeout,
+            "the other allocator to serve",
+            async || {
+                other.round(&view).await?;
+                let mut notes = Vec::new();
+                for &i in idxs {
+                    if let Err(n) = self.served_note(i).await? {
+                        notes.push(n);
+                    }
+                }
+                Ok(if notes.is_empty() {
+                    Ok(())
+                } else {
+                    Err(notes.join("; "))
+                })
+            },
+        )
+        .await
+    }
+
+    /// What the operator wrote to the API server about these nodes: managedFields naming our
+    /// field managers, our finalizer, Events it reported.
+    async fn our_writes(&self, names: &[String]) -> Result<Vec<String>> {
+        let mut found = Vec::new();
+        for name in names {
+            let Some(cn) = self.cns().get_opt(name).await? else {
+                continue;
+            };
+            for m in cn.metadata.managed_fields.iter().flatten() {
+                let manager = m.manager.as_deref().unwrap_or_default();
+                if OUR_MANAGERS.contains(&manager) {
+                    found.push(format!("{name}: managedFields name {manager}"));
+                }
+            }
+            if cn
+                .metadata
+                .finalizers
+                .iter()
+                .flatten()
+                .any(|f| f == eni_operator::crd::FINALIZER)
+            {
+                found.push(format!("{name}: our finalizer"));
+            }
+            let events: Api<Event> = Api::all(self.kube.clone());
+            let list = events
+                .list(&ListParams::default().fields(&format!("involvedObject.name={name}")))
+                .await?;
+            for e in list.items {
+                let by = e
+                    .reporting_component
+                    .clone()
+                    .or_else(|| e.source.as_ref().and_then(|s| s.component.clone()))
+                    .unwrap_or_default();
+                if by.contains("eni-operator") {
+                    found.push(format!(
+                        "{name}: Event {} by {by}",
+                        e.reason.unwrap_or_default()
+                    ));
+                }
+            }
+        }
+        Ok(found)
+    }
+
+    /// `--mode=shadow` beside a scripted other allocator (Cilium's operator, slower), nodes
+    /// churning: the shadow makes no write to the API server and no mutating EC2 call (counted
+    /// at a proxy in front of EC2 that only it uses), and `/debug/shadow` reports the deficits
+    /// the other allocator left.
+    pub(super) async fn shadow(&mut self) -> Result<()> {
+        ensure!(
+            self.ops.is_local(),
+            "shadow needs local mode: the EC2 proxy that counts its calls runs next to the suite"
+        );
+        let proxy = FaultProxy::start(&self.ops.settings.ec2_endpoint).await?;
+        let url = proxy.url();
+        self.fault_proxy = Some(proxy);
+        self.start_ops(
+            OperatorOptions {
+                ec2_endpoint: Some(url),
+                extra_args: vec!["--mode=shadow".into()],
+                ..Default::default()
+            },
+            1,
+        )
+        .await?;
+        let other = OtherAllocator::new(self.kube.clone(), self.ec2.clone(), self.world.clone());
+        let mut idxs = Vec::new();
+        for zone in [0, 1] {
+            idxs.push(
+                self.add_node(
+                    "m5.xlarge",
+                    zone,
+                    Some(Generation::Classic),
+                    2,
+                    NodeVariant::default(),
+                )
+                .await?,
+            );
+        }
+        let names = |s: &Suite, idxs: &[usize]| -> Vec<String> {
+            idxs.iter().map(|&i| s.nodes[i].name.clone()).collect()
+        };
+        // The other allocator is late: the shadow sees both nodes short of addresses first.
+        let first = names(self, &idxs);
+        eventually(
+            self.cfg.timeout,
+            "the shadow to see the deficits",
+            async || {
+                if let Some(note) = self.ops.exited_note() {
+                    return Err(super::Abort(note).into());
+                }
+                let summary = self.shadow_summary().await?;
+                let notes: Vec<String> = first
+                    .iter()
+                    .filter_map(|n| in_deficit(&summary, n).err())
+                    .collect();
+                Ok(if notes.is_empty() {
+                    Ok(())
+                } else {
+                    Err(notes.join("; "))
+                })
+            },
+        )
+        .await?;
+        self.other_serves(&other, &idxs).await?;
+
+        // Churn: a node joins (served by the other allocator only), one goes (its instance
+        // ends first, as the cloud does).
+        let joined = self
+            .add_node(
+                "m5.xlarge",
+                0,
+                Some(Generation::Classic),
+                2,
+                NodeVariant::default(),
+            )
+            .await?;
+        let gone = idxs[0];
+        if let Some(a) = self.nodes[gone].agent.take() {
+            a.stop();
+        }
+        self.terminate_instances(vec![self.nodes[gone].instance.id.clone()])
+            .await?;
+        self.k8s_nodes()
+            .delete(&self.nodes[gone].name, &DeleteParams::background())
+            .await?;
+        self.other_serves(&other, &[idxs[1], joined]).await?;
+
+        // The summary: every node seen in deficit, for a while; none now.
+        let all = names(self, &[idxs[0], idxs[1], joined]);
+        let live = names(self, &[idxs[1], joined]);
+        let summary = eventually(
+            self.cfg.timeout,
+            "the shadow to see them served",
+            async || {
+                let summary = self.shadow_summary().await?;
+                Ok(
+                    match live.iter().find(|n| in_deficit(&summary, n).is_ok()) {
+                        Some(n) => Err(format!("{n} still in deficit: {}", summary["nodes"][n])),
+                        None => Ok(summary),
+                    },
+                )
+            },
+        )
+        .await?;
+        for n in live.iter().chain(std::iter::once(&all[0])) {
+            let node = &summary["nodes"][n];
+            let (episodes, seconds) = (
+                node["deficits"].as_u64().unwrap_or(0),
+                node["deficit_seconds"].as_f64().unwrap_or(0.0),
+            );
+            // The deleted node may have left the summary; if it is there, it has its figures.
+            if n == &all[0] && node.is_null() {
+                continue;
+            }
+            ensure!(
+                episodes >= 1 && seconds > 0.0,
+                "{n}: the shadow reports no deficit ({episodes} episodes, {seconds} s): {node}"
+            );
+        }
+        ensure!(
+            summary["totals"]["deficit_seconds"].as_f64().unwrap_or(0.0) > 0.0,
+            "no deficit-seconds in the totals: {}",
+            summary["totals"]
+        );
+        ensure!(
+            summary["refused_writes"] == 0 && summary["refused_ec2_calls"] == 0,
+            "the read-only types refused calls (something tried to write): {}",
+            summary
+        );
+        tracing::info!(totals = %summary["totals"], "shadow summary");
+
+        // Zero writes, counted from the API server; zero mutating EC2 calls, counted at the
+        // proxy only the shadow talks through (the other allocator talks to EC2 directly).
+        let writes = self.our_writes(&all).await?;
+        ensure!(writes.is_empty(), "the shadow wrote: {writes:?}");
+        ensure!(
+            self.ops.leader().await?.is_none(),
+            "a leader Lease exists: the shadow took part in an election"
+        );
+        let proxy = self.fault_proxy.as_ref().expect("set above");
+        let forwarded = proxy.forwarded_all();
+        let calls = mutating(&forwarded);
+        ensure!(
+            calls.is_empty(),
+            "mutating EC2 calls by the shadow: {calls:?}"
+        );
+        ensure!(
+            forwarded.keys().any(|a| a == "DescribeNetworkInterfaces"),
+            "the shadow never read EC2 through the proxy: {forwarded:?}"
+        );
+        let other_calls = other
+            .mutating_calls
+            .load(std::sync::atomic::Ordering::SeqCst);
+        ensure!(other_calls > 0, "the other allocator made no call");
+        tracing::info!(
+            ?forwarded,
+            other_calls,
+            "shadow: EC2 calls through the proxy"
+        );
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_describes_are_not_mutating() {
+        let f = std::collections::BTreeMap::from([
+            ("DescribeInstances".to_string(), 3),
+            ("AssignPrivateIpAddresses".to_string(), 1),
+        ]);
+        assert_eq!(mutating(&f), ["AssignPrivateIpAddresses x1"]);
+    }
+
+    #[test]
+    fn deficit_reading() {
+        let s =
+            serde_json::json!({"nodes": {"a": {"in_deficit": true}, "b": {"in_deficit": false}}});
+        assert!(in_deficit(&s, "a").is_ok());
+        assert!(in_deficit(&s, "b").is_err());
+        assert!(
+            in_deficit(&s, "c")
+                .unwrap_err()
+                .contains("not in the summary")
+        );
+    }
+}
