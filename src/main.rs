@@ -22,8 +22,11 @@ async fn main() -> ExitCode {
         Ok(s) => s,
         Err(e) => return config_error(e),
     };
-    init_tracing(settings.server.log_format);
-    if settings.mode.command == Some(Command::Plan) {
+    // `plan` prints its table or JSON on stdout: its logs go to stderr, so
+    // `plan --output json | jq` reads JSON only.
+    let planning = settings.mode.command == Some(Command::Plan);
+    init_tracing(settings.server.log_format, planning);
+    if planning {
         return plan(settings).await;
     }
 
@@ -287,12 +290,14 @@ async fn connect_kube(qps: f64, burst: u32) -> anyhow::Result<kube::Client> {
     Ok(client)
 }
 
-fn init_tracing(format: LogFormat) {
+fn init_tracing(format: LogFormat, to_stderr: bool) {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
     let builder = tracing_subscriber::fmt().with_env_filter(filter);
-    match format {
-        LogFormat::Text => builder.init(),
-        LogFormat::Json => builder.json().init(),
+    match (format, to_stderr) {
+        (LogFormat::Text, false) => builder.init(),
+        (LogFormat::Json, false) => builder.json().init(),
+        (LogFormat::Text, true) => builder.with_writer(std::io::stderr).init(),
+        (LogFormat::Json, true) => builder.json().with_writer(std::io::stderr).init(),
     }
 }
 

@@ -384,6 +384,43 @@ impl Operators {
         }
     }
 
+    /// `eni-operator plan --output json` with the operators' flags (local mode): its stdout.
+    pub async fn run_plan(&self, opts: &OperatorOptions) -> Result<String> {
+        let Mode::Local {
+            bin, kubeconfig, ..
+        } = &self.mode
+        else {
+            return Err(anyhow!("plan runs the local binary: local mode only"));
+        };
+        let mut cmd = Command::new(bin);
+        cmd.arg("plan")
+            .args(self.settings.args(None, None, opts))
+            .args(["--output", "json"])
+            .stdin(Stdio::null())
+            .kill_on_drop(true);
+        if let Some(k) = kubeconfig {
+            cmd.env("KUBECONFIG", k);
+        }
+        for (k, v) in [
+            ("AWS_ACCESS_KEY_ID", "test"),
+            ("AWS_SECRET_ACCESS_KEY", "test"),
+        ] {
+            if std::env::var_os(k).is_none() {
+                cmd.env(k, v);
+            }
+        }
+        let out = tokio::time::timeout(Duration::from_secs(120), cmd.output())
+            .await
+            .context("plan did not exit within 120 s")??;
+        anyhow::ensure!(
+            out.status.success(),
+            "plan exited with {}: {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Ok(String::from_utf8(out.stdout)?)
+    }
+
     /// `127.0.0.1:<port>` of each running local operator's metrics listener (empty in-cluster).
     pub fn metrics_addrs(&self) -> Vec<String> {
         self.local

@@ -44,6 +44,7 @@ pub const ALL: &[&str] = &[
     "cilium-crd-steady-state",
     "throttled-account",
     "shadow",
+    "plan",
 ];
 
 /// Scenarios that need ec2-sim's control endpoints (`E2E_EC2=sim`): left out of the default
@@ -52,7 +53,7 @@ pub const SIM_ONLY: &[&str] = &["throttled-account"];
 
 /// Scenarios that need the operator on this machine (a fault proxy in front of EC2): left out
 /// of the default list in-cluster.
-pub const LOCAL_ONLY: &[&str] = &["attach-faults", "shadow"];
+pub const LOCAL_ONLY: &[&str] = &["attach-faults", "shadow", "plan"];
 
 /// Suite settings.
 #[derive(Clone, Debug)]
@@ -221,6 +222,7 @@ impl Suite {
             "cilium-crd-steady-state" => self.cilium_crd_steady_state().await,
             "throttled-account" => self.throttled_account().await,
             "shadow" => self.shadow().await,
+            "plan" => self.plan().await,
             other => Err(anyhow!(
                 "unknown scenario {other:?} (known: {})",
                 ALL.join(", ")

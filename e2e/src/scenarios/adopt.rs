@@ -310,6 +310,167 @@ impl Suite {
     }
 }
 
+/// One node's row of `plan --output json`, reduced to what the scenario compares.
+#[derive(Clone, Debug, PartialEq)]
+struct PlannedCreate {
+    subnet: String,
+    security_groups: Vec<String>,
+    addresses: u64,
+}
+
+/// `node`'s planned action if it is an ENI creation, else why not.
+fn planned_create(plan: &Value, node: &str) -> std::result::Result<PlannedCreate, String> {
+    let row = plan["nodes"]
+        .as_array()
+        .and_then(|rows| rows.iter().find(|r| r["node"] == node))
+        .ok_or_else(|| format!("{node}: no row in the plan"))?;
+    let a = &row["action"];
+    if a["action"] != "create-eni" {
+        return Err(format!("{node}: planned {row}, not an ENI creation"));
+    }
+    Ok(PlannedCreate {
+        subnet: a["subnet"].as_str().unwrap_or_default().to_string(),
+        security_groups: a["security_groups"]
+            .as_array()
+            .map(|g| {
+                g.iter()
+                    .filter_map(|s| s.as_str().map(String::from))
+                    .collect()
+            })
+            .unwrap_or_default(),
+        addresses: a["addresses"].as_u64().unwrap_or(0),
+    })
+}
+
+impl Suite {
+    /// The ENIs attached to `instance` at device index > 0: (subnet, sorted groups, secondary
+    /// addresses).
+    async fn secondary_enis(&self, instance: &str) -> Result<Vec<PlannedCreate>> {
+        let out = self
+            .ec2
+            .describe_network_interfaces()
+            .filters(
+                aws_sdk_ec2::types::Filter::builder()
+                    .name("attachment.instance-id")
+                    .values(instance)
+                    .build(),
+            )
+            .send()
+            .await
+            .context("DescribeNetworkInterfaces")?;
+        Ok(out
+            .network_interfaces()
+            .iter()
+            .filter(|e| e.attachment().and_then(|a| a.device_index()).unwrap_or(0) > 0)
+            .map(|e| {
+                let mut groups: Vec<String> = e
+                    .groups()
+                    .iter()
+                    .filter_map(|g| g.group_id().map(String::from))
+                    .collect();
+                groups.sort();
+                PlannedCreate {
+                    subnet: e.subnet_id().unwrap_or_default().to_string(),
+                    security_groups: groups,
+                    addresses: e
+                        .private_ip_addresses()
+                        .iter()
+                        .filter(|a| a.primary() != Some(true))
+                        .count() as u64,
+                }
+            })
+            .collect())
+    }
+
+    /// `eni-operator plan --output json` against the e2e world, then the active operator:
+    /// what the plan said per node (an ENI in subnet X with groups G and N addresses) is what
+    /// the operator then did; a second plan says nothing is left to do. Nodes without agents,
+    /// so demand stays what the plan saw (Cilium's pre-allocation).
+    pub(super) async fn plan(&mut self) -> Result<()> {
+        ensure!(
+            self.ops.is_local(),
+            "plan runs the operator's binary next to the suite: local mode only"
+        );
+        let mut idxs = Vec::new();
+        for (t, zone) in [("m5.large", 0), ("m5.xlarge", 1)] {
+            idxs.push(
+                self.add_node(t, zone, None, 0, NodeVariant::default())
+                    .await?,
+            );
+        }
+        let opts = OperatorOptions::default();
+        let text = self.ops.run_plan(&opts).await?;
+        let plan: Value = serde_json::from_str(&text)
+            .with_context(|| format!("plan --output json printed something else: {text}"))?;
+        tracing::info!(%plan, "plan");
+        let mut expected = Vec::new();
+        for &i in &idxs {
+            let name = self.nodes[i].name.clone();
+            let mut p = planned_create(&plan, &name).map_err(anyhow::Error::msg)?;
+            p.security_groups.sort();
+            ensure!(
+                p.addresses > 0,
+                "{name}: plan creates an ENI with no address"
+            );
+            expected.push((i, p));
+        }
+        // Nothing happened: a plan writes nothing and calls nothing that mutates.
+        for &i in &idxs {
+            let n = &self.nodes[i];
+            ensure!(
+                self.secondary_enis(&n.instance.id).await?.is_empty(),
+                "{}: an ENI appeared after plan",
+                n.name
+            );
+            let cn = self.cn(i).await?;
+            ensure!(
+                cn.metadata.finalizers.unwrap_or_default().is_empty()
+                    && cn.spec.ipam.pool.is_empty(),
+                "{}: plan wrote the CiliumNode",
+                n.name
+            );
+        }
+
+        self.start_ops(opts.clone(), 1).await?;
+        for (i, want) in &expected {
+            let n = &self.nodes[*i];
+            let instance = n.instance.id.clone();
+            let got = eventually(self.cfg.timeout, "the planned ENI", async || {
+                let enis = self.secondary_enis(&instance).await?;
+                let pool = self.cn(*i).await?.spec.ipam.pool.len() as u64;
+                Ok(match enis.as_slice() {
+                    [_] if pool == want.addresses => Ok(enis),
+                    _ => Err(format!(
+                        "{instance}: ENIs {enis:?}, pool {pool}, planned {want:?}"
+                    )),
+                })
+            })
+            .await?;
+            ensure!(
+                got == [want.clone()],
+                "{}: the operator did {got:?}, the plan said {want:?}",
+                n.name
+            );
+        }
+        // Settled: the plan now says there is nothing to do.
+        let text = self.ops.run_plan(&opts).await?;
+        let after: Value = serde_json::from_str(&text)?;
+        for &i in &idxs {
+            let name = &self.nodes[i].name;
+            let row = after["nodes"]
+                .as_array()
+                .and_then(|rows| rows.iter().find(|r| r["node"] == name.as_str()))
+                .cloned()
+                .unwrap_or_default();
+            ensure!(
+                row["action"]["action"] == "nothing" && row["needed"] == 0,
+                "{name}: after the operator served it the plan says {row}"
+            );
+        }
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
