@@ -45,6 +45,7 @@ pub const ALL: &[&str] = &[
     "throttled-account",
     "shadow",
     "plan",
+    "handover",
 ];
 
 /// Scenarios that need ec2-sim's control endpoints (`E2E_EC2=sim`): left out of the default
@@ -53,7 +54,7 @@ pub const SIM_ONLY: &[&str] = &["throttled-account"];
 
 /// Scenarios that need the operator on this machine (a fault proxy in front of EC2): left out
 /// of the default list in-cluster.
-pub const LOCAL_ONLY: &[&str] = &["attach-faults", "shadow", "plan"];
+pub const LOCAL_ONLY: &[&str] = &["attach-faults", "shadow", "plan", "handover"];
 
 /// Suite settings.
 #[derive(Clone, Debug)]
@@ -223,6 +224,7 @@ impl Suite {
             "throttled-account" => self.throttled_account().await,
             "shadow" => self.shadow().await,
             "plan" => self.plan().await,
+            "handover" => self.handover().await,
             other => Err(anyhow!(
                 "unknown scenario {other:?} (known: {})",
                 ALL.join(", ")

@@ -2,6 +2,8 @@
 //!
 //! A child module of `scenarios`, so it uses the suite's harness as the other scenarios do.
 
+use std::time::Duration;
+
 use anyhow::{Context, Result, ensure};
 use k8s_openapi::api::core::v1::Event;
 use kube::api::{Api, DeleteParams, ListParams};
@@ -473,6 +475,208 @@ impl Suite {
                 "{name}: after the operator served it the plan says {row}"
             );
         }
+        Ok(())
+    }
+}
+
+/// The canary label of the `handover` scenario (`--handover-selector`).
+const HANDOVER_LABEL: (&str, &str) = ("eni-operator-e2e/handover", "true");
+
+impl Suite {
+    /// Puts (`true`) or removes the canary label on node `idx`'s CiliumNode.
+    async fn set_handover_label(&self, idx: usize, on: bool) -> Result<()> {
+        let value = on.then_some(HANDOVER_LABEL.1);
+        let patch = serde_json::json!({"metadata": {"labels": {HANDOVER_LABEL.0: value}}});
+        self.cns()
+            .patch(
+                &self.nodes[idx].name,
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::Merge(&patch),
+            )
+            .await?;
+        Ok(())
+    }
+
+    async fn has_our_finalizer(&self, idx: usize) -> Result<bool> {
+        Ok(self
+            .cn(idx)
+            .await?
+            .metadata
+            .finalizers
+            .unwrap_or_default()
+            .iter()
+            .any(|f| f == eni_operator::crd::FINALIZER))
+    }
+
+    /// `ensure` that the operator never wrote node `idx` (it is the other allocator's).
+    async fn untouched(&self, idx: usize, when: &str) -> Result<()> {
+        let name = self.nodes[idx].name.clone();
+        let writes = self.our_writes(std::slice::from_ref(&name)).await?;
+        ensure!(
+            writes.is_empty(),
+            "{when}: the operator wrote {name}, which the other allocator serves: {writes:?}"
+        );
+        Ok(())
+    }
+
+    /// Nodes served by the other allocator, handed over one (canary) then all, one handed
+    /// back; the detection fires when the other allocator writes a handed-over node.
+    pub(super) async fn handover(&mut self) -> Result<()> {
+        let other = OtherAllocator::new(self.kube.clone(), self.ec2.clone(), self.world.clone());
+        let mut idxs = Vec::new();
+        for zone in [0, 1] {
+            idxs.push(
+                self.add_node(
+                    "m5.xlarge",
+                    zone,
+                    Some(Generation::Classic),
+                    2,
+                    NodeVariant::default(),
+                )
+                .await?,
+            );
+        }
+        let (a, b) = (idxs[0], idxs[1]);
+        self.other_serves(&other, &idxs).await?;
+        let selector = format!("{}={}", HANDOVER_LABEL.0, HANDOVER_LABEL.1);
+        self.start_ops(
+            OperatorOptions {
+                extra_args: vec![
+                    format!("--handover-selector={selector}"),
+                    // Cilium resyncs every minute; the script writes only when told to.
+                    "--handover-quiet=8s".into(),
+                ],
+                ..Default::default()
+            },
+            1,
+        )
+        .await?;
+
+        // Canary: the other allocator lets A go (as Cilium's operator after its restart), A
+        // gets the label, the operator takes it over and serves more pods; B stays the other
+        // allocator's, and the operator never writes it.
+        self.set_handover_label(a, true).await?;
+        eventually(self.cfg.timeout, "the canary taken over", async || {
+            Ok(if self.has_our_finalizer(a).await? {
+                Ok(())
+            } else {
+                Err("no finalizer on the canary yet".to_string())
+            })
+        })
+        .await?;
+        self.set_pods(a, 12);
+        // The script's one ENI (14 addresses on an m5.xlarge) holds 4 pods, their 2 internal
+        // endpoints and Cilium's pre-allocation of 8.
+        self.set_pods(b, 4);
+        let view_b = self.other_view(&[b]);
+        eventually(
+            self.cfg.timeout,
+            "A served by us, B by the other",
+            async || {
+                other.round(&view_b).await?;
+                let mut notes = Vec::new();
+                for i in [a, b] {
+                    if let Err(n) = self.served_note(i).await? {
+                        notes.push(n);
+                    }
+                }
+                Ok(if notes.is_empty() {
+                    Ok(())
+                } else {
+                    Err(notes.join("; "))
+                })
+            },
+        )
+        .await?;
+        self.untouched(b, "canary").await?;
+        ensure!(
+            !self.enis_for(&self.nodes[a].instance.id).await?.is_empty(),
+            "the canary was served without an ENI of ours"
+        );
+
+        // All: B too.
+        self.set_handover_label(b, true).await?;
+        self.set_pods(b, 12);
+        self.wait_served(&[a, b], self.cfg.timeout).await?;
+        ensure!(
+            self.has_our_finalizer(b).await?,
+            "B served without our finalizer"
+        );
+
+        // Detection: the other allocator writes A again (it kept serving a handed-over node).
+        // managedFields times have one-second resolution: the foreign write must come after
+        // our last one.
+        tokio::time::sleep(Duration::from_millis(1100)).await;
+        let view_a = self.other_view(&[a]);
+        other.round(&view_a).await?;
+        let name_a = self.nodes[a].name.clone();
+        eventually(self.cfg.timeout, "OtherAllocatorActive on A", async || {
+            let events = self.warning_events(&name_a).await?;
+            let status = self
+                .cn(a)
+                .await?
+                .status
+                .and_then(|s| s.ipam.operator_status.error)
+                .unwrap_or_default();
+            Ok(
+                if events.iter().any(|e| e.starts_with("OtherAllocatorActive"))
+                    && status.contains("another allocator")
+                {
+                    Ok(())
+                } else {
+                    Err(format!("events {events:?}, operator-status {status:?}"))
+                },
+            )
+        })
+        .await?;
+        // The other allocator stops: after --handover-quiet the node is served again.
+        eventually(self.cfg.timeout, "A's operator-status clear", async || {
+            let status = self
+                .cn(a)
+                .await?
+                .status
+                .and_then(|s| s.ipam.operator_status.error)
+                .unwrap_or_default();
+            Ok(if status.is_empty() {
+                Ok(())
+            } else {
+                Err(status)
+            })
+        })
+        .await?;
+
+        // Rollback of B: the label goes; the finalizer and the ignore annotation go, nothing is
+        // released (B's ENIs and addresses as they were).
+        let instance_b = self.nodes[b].instance.id.clone();
+        let before = self.instance_snapshot(&instance_b).await?;
+        let pool_before = self.cn(b).await?.spec.ipam.pool.len();
+        self.set_handover_label(b, false).await?;
+        eventually(self.cfg.timeout, "B handed back", async || {
+            let cn = self.cn(b).await?;
+            let annotated = cn
+                .metadata
+                .annotations
+                .unwrap_or_default()
+                .contains_key(eni_operator::crd::CILIUM_IGNORE_ANNOTATION);
+            Ok(if !self.has_our_finalizer(b).await? && !annotated {
+                Ok(())
+            } else {
+                Err("finalizer or annotation still on B".to_string())
+            })
+        })
+        .await?;
+        // Two resyncs: time for a wrong release to show.
+        tokio::time::sleep(self.cfg.resync * 2).await;
+        let after = self.instance_snapshot(&instance_b).await?;
+        ensure!(
+            before == after,
+            "handing B back changed its ENIs: {before:?} -> {after:?}"
+        );
+        let pool_after = self.cn(b).await?.spec.ipam.pool.len();
+        ensure!(
+            pool_after >= pool_before,
+            "B's pool shrank after the hand-back: {pool_before} -> {pool_after}"
+        );
         Ok(())
     }
 }
