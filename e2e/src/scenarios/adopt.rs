@@ -544,7 +544,7 @@ impl Suite {
                 extra_args: vec![
                     format!("--handover-selector={selector}"),
                     // Cilium resyncs every minute; the script writes only when told to.
-                    "--handover-quiet=8s".into(),
+                    "--handover-quiet=5s".into(),
                 ],
                 ..Default::default()
             },
@@ -588,6 +588,7 @@ impl Suite {
             },
         )
         .await?;
+        tracing::info!("handover: canary served by us, B by the other allocator");
         self.untouched(b, "canary").await?;
         ensure!(
             !self.enis_for(&self.nodes[a].instance.id).await?.is_empty(),
@@ -603,6 +604,7 @@ impl Suite {
             "B served without our finalizer"
         );
 
+        tracing::info!("handover: both served by us");
         // Detection: the other allocator writes A again (it kept serving a handed-over node).
         // managedFields times have one-second resolution: the foreign write must come after
         // our last one.
@@ -629,6 +631,7 @@ impl Suite {
             )
         })
         .await?;
+        tracing::info!("handover: detection fired");
         // The other allocator stops: after --handover-quiet the node is served again.
         eventually(self.cfg.timeout, "A's operator-status clear", async || {
             let status = self
@@ -645,6 +648,7 @@ impl Suite {
         })
         .await?;
 
+        tracing::info!("handover: A served again after the quiet period");
         // Rollback of B: the label goes; the finalizer and the ignore annotation go, nothing is
         // released (B's ENIs and addresses as they were).
         let instance_b = self.nodes[b].instance.id.clone();
@@ -665,8 +669,8 @@ impl Suite {
             })
         })
         .await?;
-        // Two resyncs: time for a wrong release to show.
-        tokio::time::sleep(self.cfg.resync * 2).await;
+        // One resync: time for a wrong release (the finalizer's path) to show.
+        tokio::time::sleep(self.cfg.resync).await;
         let after = self.instance_snapshot(&instance_b).await?;
         ensure!(
             before == after,
