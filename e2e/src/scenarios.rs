@@ -24,6 +24,8 @@ use crate::operator::{OperatorOptions, Operators};
 use crate::simctl::SimControl;
 use testkit::agent::{Generation, endpoints};
 
+mod adopt;
+
 /// Every scenario, in the order they run.
 pub const ALL: &[&str] = &[
     "classic-ips",
@@ -41,6 +43,9 @@ pub const ALL: &[&str] = &[
     "rbac",
     "cilium-crd-steady-state",
     "throttled-account",
+    "shadow",
+    "plan",
+    "handover",
     "static-ip",
 ];
 
@@ -50,7 +55,7 @@ pub const SIM_ONLY: &[&str] = &["throttled-account"];
 
 /// Scenarios that need the operator on this machine (a fault proxy in front of EC2): left out
 /// of the default list in-cluster.
-pub const LOCAL_ONLY: &[&str] = &["attach-faults"];
+pub const LOCAL_ONLY: &[&str] = &["attach-faults", "shadow", "plan", "handover"];
 
 /// Scenarios that need Elastic IPs and StopInstances on the wire (moto, LocalStack, AWS):
 /// left out of the default list on ec2-sim, which does not serve them.
@@ -222,6 +227,9 @@ impl Suite {
             "rbac" => self.rbac().await,
             "cilium-crd-steady-state" => self.cilium_crd_steady_state().await,
             "throttled-account" => self.throttled_account().await,
+            "shadow" => self.shadow().await,
+            "plan" => self.plan().await,
+            "handover" => self.handover().await,
             "static-ip" => self.static_ip().await,
             other => Err(anyhow!(
                 "unknown scenario {other:?} (known: {})",
