@@ -4,7 +4,7 @@
 //! `ENI_DST_MUTANT=<name>` selects the defect of a run.
 
 /// Every planted defect, by name.
-pub const ALL: [&str; 10] = [
+pub const ALL: [&str; 11] = [
     "release-used",
     "drain-is-gone",
     "reuse-burned-token",
@@ -15,6 +15,7 @@ pub const ALL: [&str; 10] = [
     "trust-lagging-describe",
     "no-fence",
     "static-ip-race-won",
+    "delete-on-watch",
 ];
 
 /// Whether the defects are compiled into this build.

@@ -13,6 +13,7 @@ pub mod leadership;
 pub mod multipool;
 pub mod refusals;
 mod replay;
+pub mod reuse;
 pub mod statics;
 pub mod view;
 pub mod world;
@@ -246,6 +247,7 @@ async fn events(w: &mut World, rng: &mut StdRng, t: u64) {
     w.agent_events(t);
     api::events(w, t);
     leadership::events(w, t);
+    reuse::events(w, t);
     if roll(rng, P_EC2_FAULT) {
         let op = *[
             Operation::CreateNetworkInterface,

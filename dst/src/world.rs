@@ -69,8 +69,11 @@ pub enum Phase {
         since: u64,
         back_at: Option<u64>,
     },
-    /// The Node is back; the agent writes a new CiliumNode once the old one is gone.
-    Returning,
+    /// The Node is back; the agent writes a new CiliumNode once the old one is gone. `late`:
+    /// it came back after the grace period had ended.
+    Returning {
+        late: bool,
+    },
 }
 
 #[derive(Debug)]
@@ -103,7 +106,12 @@ impl SimNode {
     pub fn keeps_enis(&self, t: u64, grace: u64) -> bool {
         match self.phase {
             Phase::Orphaned { since, .. } => t < since + grace,
-            Phase::Returning => true,
+            // Back after the grace period: the operator was right to start releasing (rule of
+            // issue 24 item 1: kept "up to a grace period, after which they are released"), and
+            // a release under way when the Node came back may still finish (a detach already
+            // sent, `make dst` seeds 42, 66, 75). Protected again once the node is live (its
+            // new CiliumNode is written only after the old one, and so the release, is done).
+            Phase::Returning { late } => !late,
             _ => self.running(),
         }
     }
@@ -112,7 +120,7 @@ impl SimNode {
 /// The operator process: dropped on a crash (its tasks abort), built anew on restart.
 struct Operator {
     core: SimCore,
-    _task: AbortOnDropHandle<()>,
+    task: AbortOnDropHandle<()>,
 }
 
 pub struct World {
@@ -147,6 +155,10 @@ pub struct World {
     pub leadership: Option<Leadership>,
     /// The CiliumNodes that agents of re-registering Nodes write again (Phase::Returning).
     reregister: BTreeMap<String, CiliumNode>,
+    /// The operator's process exited on its own; Kubernetes starts it again at this second.
+    exited_restart_at: Option<u64>,
+    /// Nodes deleted and registered again under their name (crate::reuse).
+    pub reuse: crate::reuse::Reuse,
 }
 
 impl World {
@@ -232,6 +244,8 @@ impl World {
             api: ApiServer::new(seed),
             leadership: Leadership::draw(seed),
             reregister: BTreeMap::new(),
+            exited_restart_at: None,
+            reuse: crate::reuse::Reuse::new(seed),
         };
         w.log(
             0,
@@ -315,7 +329,7 @@ impl World {
         );
         self.operator = Some(Operator {
             core: parts.core,
-            _task: AbortOnDropHandle::new(tokio::spawn(parts.run)),
+            task: AbortOnDropHandle::new(tokio::spawn(parts.run)),
         });
         // What the watches list at start: every Node, then every CiliumNode.
         let listing = crate::api::listing(self);
@@ -362,6 +376,25 @@ impl World {
         self.cfg.clone()
     }
 
+    /// An operator whose core ended on its own (`Core::run` returns an error when its first
+    /// EC2 listing fails after the gate's retries; src/main.rs then exits non-zero) is
+    /// restarted by Kubernetes, as a crashed one: after the kubelet's first crash-loop backoff
+    /// of 10 s. (`make dst` seed 53: the simulation left it stopped, and no node was served
+    /// again.) With election, crate::leadership restarts exited replicas.
+    fn restart_exited(&mut self, t: u64) {
+        if self.operator.as_ref().is_some_and(|o| o.task.is_finished()) {
+            self.operator = None;
+            let at = t + 10;
+            self.exited_restart_at = Some(at);
+            self.log(t, format!("operator exited; restart at t={at}s"));
+        }
+        if self.exited_restart_at.is_some_and(|at| at <= t) {
+            self.exited_restart_at = None;
+            self.restarts += 1;
+            self.start_operator(t);
+        }
+    }
+
     /// The operator crashes (every task stops wherever it awaits) and restarts with empty
     /// memory on the same EC2 and API state.
     pub fn crash_and_restart(&mut self, t: u64) {
@@ -370,6 +403,7 @@ impl World {
             return;
         }
         self.operator = None;
+        self.exited_restart_at = None;
         self.restarts += 1;
         self.log(t, "operator crashed".into());
         self.start_operator(t);
@@ -601,18 +635,19 @@ impl World {
             .iter()
             .filter(|(_, n)| match n.phase {
                 Phase::Orphaned { back_at, .. } => back_at.is_some_and(|b| b <= t),
-                Phase::Returning => true,
+                Phase::Returning { .. } => true,
                 _ => false,
             })
             .map(|(k, n)| (k.clone(), n.phase))
             .collect();
         for (name, phase) in names {
-            if matches!(phase, Phase::Orphaned { .. }) {
+            if let Phase::Orphaned { since, .. } = phase {
                 let node = self.sink.put_node(&name, &[KARPENTER]);
                 if let Some(i) = node_input(kube::runtime::watcher::Event::Apply(node)) {
                     self.send(i);
                 }
-                self.nodes.get_mut(&name).expect("known").phase = Phase::Returning;
+                let late = t >= since + NODE_GONE_GRACE;
+                self.nodes.get_mut(&name).expect("known").phase = Phase::Returning { late };
                 self.log(t, format!("{name}: Node re-registers"));
                 continue;
             }
@@ -648,8 +683,10 @@ impl World {
 
     /// One simulated second of the world: scheduled transitions, then every running agent.
     pub async fn tick(&mut self, rng: &mut StdRng, t: u64) {
+        self.restart_exited(t);
         crate::api::tick(self, t);
         crate::leadership::tick(self, t);
+        crate::reuse::tick(self, t);
         let due: Vec<(String, Phase)> = self
             .nodes
             .iter()

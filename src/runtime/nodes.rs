@@ -151,6 +151,10 @@ pub fn accept(slots: &Mutex<Slots>, input: NodeInput, cache: &RwLock<Ec2Cache>) 
                 return Accepted::default();
             };
             slot.k8s_node = Some(present);
+            if present {
+                // The grace period counts one absence of the Node; one that came back ends it.
+                slot.node_gone_since = None;
+            }
             if !present && (slot.node.is_some() || slot.invalid.is_some()) {
                 return Accepted::queue(name, Priority::Deleting);
             }
@@ -196,6 +200,29 @@ fn upsert(
             dequeue: Some(name),
             ..Accepted::default()
         };
+    }
+    // Another object under the same name (deleted and created again, its Deleted event not
+    // seen: a watch that relisted meanwhile delivers only the new one, `make dst` seed 28):
+    // nothing known of the old one (the grace period's start, memory, errors) carries over.
+    let replaced = slots
+        .get(&name)
+        .and_then(|s| s.node.as_ref())
+        .is_some_and(|old| {
+            old.uid().is_some()
+                && node.metadata.uid.is_some()
+                && old.uid() != node.metadata.uid.as_deref()
+        });
+    if replaced {
+        let old = slots.remove(&name).unwrap_or_default();
+        // What the Node and Pod watches said still holds: they are about the name.
+        slots.insert(
+            name.clone(),
+            Slot {
+                k8s_node: old.k8s_node,
+                pending_pods: old.pending_pods,
+                ..Slot::default()
+            },
+        );
     }
     let slot = slots.entry(name.clone()).or_default();
     slot.ignored = false;
@@ -361,6 +388,49 @@ mod tests {
             priority_of(&slots.lock().unwrap()["n1"]),
             Priority::Deleting
         );
+    }
+
+    /// `make dst` seed 28: a CiliumNode deleted and written again under the same name while
+    /// the watch relisted (no Deleted seen) kept the old object's grace-period start, so the
+    /// next deletion of the Node released the ENIs of its running instance at once.
+    #[test]
+    fn a_new_object_under_the_same_name_starts_afresh() {
+        let slots = Mutex::new(Slots::new());
+        let cache = cache();
+        let with_uid = |uid: &str| {
+            let mut n = node("n1", "");
+            n.metadata.uid = Some(uid.into());
+            n
+        };
+        accept(&slots, NodeInput::Upsert(with_uid("u1")), &cache);
+        let since = Instant::now();
+        slots.lock().unwrap().get_mut("n1").unwrap().node_gone_since = Some(since);
+        slots.lock().unwrap().get_mut("n1").unwrap().pending_pods = 2;
+        accept(&slots, NodeInput::Upsert(with_uid("u1")), &cache);
+        assert_eq!(
+            slots.lock().unwrap()["n1"].node_gone_since,
+            Some(since),
+            "the same object keeps what is known of it"
+        );
+        accept(&slots, NodeInput::Upsert(with_uid("u2")), &cache);
+        let s = &slots.lock().unwrap()["n1"];
+        assert_eq!(s.node_gone_since, None, "a new object starts afresh");
+        assert_eq!(s.pending_pods, 2, "the Pod watch's count is about the name");
+    }
+
+    #[test]
+    fn a_node_seen_present_again_ends_its_grace_period() {
+        let slots = Mutex::new(Slots::new());
+        accept(&slots, NodeInput::Upsert(node("n1", "")), &cache());
+        slots.lock().unwrap().get_mut("n1").unwrap().node_gone_since = Some(Instant::now());
+        let present = |present| NodeInput::NodePresent {
+            name: "n1".into(),
+            present,
+        };
+        accept(&slots, present(false), &cache());
+        assert!(slots.lock().unwrap()["n1"].node_gone_since.is_some());
+        accept(&slots, present(true), &cache());
+        assert_eq!(slots.lock().unwrap()["n1"].node_gone_since, None);
     }
 
     #[test]

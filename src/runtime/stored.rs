@@ -13,6 +13,8 @@ use crate::ipam::handover::Writers;
 pub struct StoredNode {
     json: Arc<[u8]>,
     instance_id: String,
+    /// `metadata.uid`: a new object under the same name has a new one.
+    uid: Option<String>,
     deleting: bool,
     pool_empty: bool,
     /// Who wrote the allocation fields, from the managedFields we drop (the handover guard).
@@ -34,6 +36,7 @@ impl StoredNode {
         Self {
             json: json.into(),
             instance_id: node.spec.instance_id.clone(),
+            uid: node.metadata.uid.clone(),
             deleting: node.metadata.deletion_timestamp.is_some(),
             pool_empty: node.spec.ipam.pool.is_empty(),
             writers: Arc::new(Writers::from_managed_fields(
@@ -49,6 +52,11 @@ impl StoredNode {
 
     pub fn instance_id(&self) -> &str {
         &self.instance_id
+    }
+
+    /// `metadata.uid` (`None` when the object had none, as in some tests).
+    pub fn uid(&self) -> Option<&str> {
+        self.uid.as_deref()
     }
 
     /// Marked for deletion.

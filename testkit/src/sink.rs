@@ -44,6 +44,8 @@ struct MemoryState {
     writes: BTreeMap<String, WriteCounts>,
     events: Vec<(String, NodeEvent)>,
     next_version: u64,
+    /// Objects created so far (Nodes and CiliumNodes): each gets its own uid.
+    created: u64,
     /// Kubernetes Nodes known to be gone (every other Node exists).
     gone_nodes: std::collections::BTreeSet<String>,
     /// Kubernetes Nodes put by a test, as the API server holds them (metadata only).
@@ -174,7 +176,10 @@ impl MemorySink {
                 }
             }
         } else {
-            v["metadata"]["uid"] = json!(format!("uid-{name}"));
+            // Like the API server: every new object gets a new uid, also under a name used
+            // before (a deleted CiliumNode written again).
+            s.created += 1;
+            v["metadata"]["uid"] = json!(format!("uid-{name}-{}", s.created));
         }
         v["metadata"]["resourceVersion"] = json!(s.next_version.to_string());
         self.prune(&mut v);
@@ -272,10 +277,12 @@ impl MemorySink {
     /// for one); returns it as a watch would deliver it.
     pub fn put_node(&self, name: &str, finalizers: &[&str]) -> Node {
         let mut s = self.state.lock().expect("sink lock");
+        s.created += 1;
         let node = Node {
             metadata: ObjectMeta {
                 name: Some(name.to_string()),
-                uid: Some(format!("node-uid-{name}")),
+                // A new object gets a new uid (a Node re-registered under its old name too).
+                uid: Some(format!("node-uid-{name}-{}", s.created)),
                 finalizers: Some(finalizers.iter().map(|f| f.to_string()).collect()),
                 ..ObjectMeta::default()
             },
@@ -284,6 +291,16 @@ impl MemorySink {
         s.gone_nodes.remove(name);
         s.nodes.insert(name.to_string(), node.clone());
         node
+    }
+
+    /// The Kubernetes Node of this name as the API server holds it now (put by a test).
+    pub fn node(&self, name: &str) -> Option<Node> {
+        self.state
+            .lock()
+            .expect("sink lock")
+            .nodes
+            .get(name)
+            .cloned()
     }
 
     /// `kubectl delete node`, as the API server does it: a Node with finalizers only gets a
@@ -675,7 +692,7 @@ mod tests {
         assert_eq!(sink.writes("n1").status, 1, "the write still counts");
         assert_eq!(
             sink.raw("n1").unwrap().pointer("/metadata/uid"),
-            Some(&json!("uid-n1")),
+            Some(&json!("uid-n1-1")),
             "metadata is the server's, not pruned"
         );
         // Without a schema everything is kept.

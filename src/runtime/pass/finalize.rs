@@ -58,6 +58,29 @@ pub(super) async fn finalize<E: Ec2, S: NodeSink>(
     run.await.unwrap_or_else(|end| end)
 }
 
+/// The watch said the Node is gone: is it, right now? A live GET before the CiliumNode is
+/// deleted, because the watch's Delete may be about an object that a new Node of the same
+/// name has since replaced (AWS names Nodes by private IP, and IPs are reused; a Node deleted
+/// and re-registered quickly): any Node of that name now, whatever its uid, means the name's
+/// CiliumNode is in use. A Node seen present again ends the slot's "gone" (and its grace).
+pub(super) async fn node_gone_now<E: Ec2, S: NodeSink>(
+    inner: &Shared<E, S>,
+    name: &str,
+) -> Step<bool> {
+    // Planted defect (dst-mutants): delete on the watch event alone.
+    if crate::mutants::active("delete-on-watch") {
+        return Ok(true);
+    }
+    if !node_exists(inner, name).await? {
+        return Ok(true);
+    }
+    inner.with_slot(name, |s| {
+        s.k8s_node = Some(true);
+        s.node_gone_since = None;
+    });
+    Ok(false)
+}
+
 async fn node_exists<E: Ec2, S: NodeSink>(inner: &Shared<E, S>, name: &str) -> Step<bool> {
     inner.sink.node_exists(name).await.map_err(|e| {
         warn!(node = name, error = %e, "cannot tell whether the Node exists");
@@ -151,7 +174,13 @@ pub(super) async fn invalid<E: Ec2, S: NodeSink>(
     snap: &Snapshot,
     last_instance: Option<String>,
 ) -> Verdict {
-    if snap.k8s_node == Some(false) && !invalid.deleting {
+    let gone = snap.k8s_node == Some(false)
+        && !invalid.deleting
+        && match node_gone_now(inner, name).await {
+            Ok(gone) => gone,
+            Err(verdict) => return verdict,
+        };
+    if gone {
         match inner.sink.delete(name).await {
             Ok(()) | Err(SinkError::NotFound) => {}
             Err(e) => {

@@ -52,7 +52,10 @@ pub(super) async fn admit<E: Ec2, S: NodeSink>(
         return Err(DONE);
     }
     // The Kubernetes Node is gone: delete the CiliumNode; the finalizer runs next.
-    if snap.k8s_node == Some(false) && node.metadata.deletion_timestamp.is_none() {
+    if snap.k8s_node == Some(false)
+        && node.metadata.deletion_timestamp.is_none()
+        && finalize::node_gone_now(inner, name).await?
+    {
         delete(inner, name, &mut node).await?;
     }
     if node.metadata.deletion_timestamp.is_some() {
