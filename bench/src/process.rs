@@ -256,6 +256,70 @@ pub fn cpu_share(ticks: u64, ticks_per_second: u64, window: Duration) -> (f64, f
     (secs, if w > 0.0 { secs / w } else { 0.0 })
 }
 
+/// The figures of one real-process run (one table row).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ProcessRow {
+    pub mode: String,
+    pub nodes: usize,
+    /// Until every node's demand was met (or the limit).
+    pub time: Duration,
+    pub met: bool,
+    pub bound: Duration,
+    pub peak_rss_mib: f64,
+    pub steady_rss_mib: f64,
+    /// Operator CPU (seconds, average cores) in the burst and in steady state.
+    pub cpu_burst: (f64, f64),
+    pub cpu_steady: (f64, f64),
+    /// New-node time to usable addresses, p50 and p99: quiet cluster, during the burst.
+    pub quiet: (Option<Duration>, Option<Duration>),
+    pub during_burst: (Option<Duration>, Option<Duration>),
+    /// Steady state: the operator's CiliumNode writes and mutating EC2 calls.
+    pub steady_writes: u64,
+    pub steady_mutating: u64,
+    /// The machine's load during the burst.
+    pub load: String,
+}
+
+impl ProcessRow {
+    pub fn ratio(&self) -> f64 {
+        self.time.as_secs_f64() / self.bound.as_secs_f64().max(1e-9)
+    }
+}
+
+fn pair(p: (Option<Duration>, Option<Duration>)) -> String {
+    let f = |d: Option<Duration>| d.map_or("-".into(), |d| format!("{:.2} s", d.as_secs_f64()));
+    format!("{} / {}", f(p.0), f(p.1))
+}
+
+/// One run as a Markdown table (header and its row).
+pub fn process_table(r: &ProcessRow) -> String {
+    format!(
+        "| scenario | nodes | demand met | lower bound | ratio | peak RSS | steady RSS | CPU burst \
+         | CPU steady | new node usable p50 / p99, quiet | same, during the burst | steady writes / \
+         mutating calls | machine load (burst) |\n\
+         |---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n\
+         | real process, burst, {}, AWS buckets | {} | {:.1} s{} | {:.1} s | {:.2}x | {:.0} MiB \
+         | {:.0} MiB | {:.1} s ({:.2} cores) | {:.1} s ({:.3} cores) | {} | {} | {} / {} | {} |\n",
+        r.mode,
+        r.nodes,
+        r.time.as_secs_f64(),
+        if r.met { "" } else { " (not met)" },
+        r.bound.as_secs_f64(),
+        r.ratio(),
+        r.peak_rss_mib,
+        r.steady_rss_mib,
+        r.cpu_burst.0,
+        r.cpu_burst.1,
+        r.cpu_steady.0,
+        r.cpu_steady.1,
+        pair(r.quiet),
+        pair(r.during_burst),
+        r.steady_writes,
+        r.steady_mutating,
+        r.load,
+    )
+}
+
 /// The text of every `<tag>…</tag>` element in `xml`, in order, each value once (EC2 answers
 /// repeat an instance's id inside its network interfaces' attachments).
 pub fn xml_values(xml: &str, tag: &str) -> Vec<String> {
@@ -428,6 +492,36 @@ apiserver_request_total{code="200",component="apiserver",dry_run="",group="",res
             l.describe(2),
             "1-min loadavg mean 2.00, max 3.00 on 2 cores"
         );
+    }
+
+    #[test]
+    fn process_table_has_header_and_row_of_the_same_width() {
+        let r = ProcessRow {
+            mode: "secondary IPs".into(),
+            nodes: 1000,
+            time: Duration::from_secs(650),
+            met: true,
+            bound: Duration::from_secs_f64(591.05),
+            peak_rss_mib: 80.4,
+            steady_rss_mib: 60.0,
+            cpu_burst: (120.0, 0.18),
+            cpu_steady: (1.3, 0.008),
+            quiet: (Some(Duration::from_millis(1100)), Some(Duration::from_millis(1400))),
+            during_burst: (None, None),
+            steady_writes: 0,
+            steady_mutating: 0,
+            load: "1-min loadavg mean 2.00".into(),
+        };
+        let t = process_table(&r);
+        let lines: Vec<&str> = t.lines().collect();
+        assert_eq!(lines.len(), 3, "{t}");
+        let cols = |l: &str| l.matches('|').count();
+        assert_eq!(cols(lines[0]), cols(lines[1]));
+        assert_eq!(cols(lines[0]), cols(lines[2]), "{t}");
+        assert!(lines[2].contains("| 1.10x |"), "{t}");
+        assert!(lines[2].contains("| 1.10 s / 1.40 s | - / - |"), "{t}");
+        assert!(lines[2].contains("| 0 / 0 |"), "{t}");
+        assert!(!lines[2].contains("not met"));
     }
 
     #[test]

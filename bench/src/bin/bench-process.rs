@@ -1016,7 +1016,6 @@ async fn run(
     let g = g.lock().expect("poisoned");
 
     let mode = if a.prefix { "prefix" } else { "secondary IPs" };
-    let ratio = took.as_secs_f64() / bound.as_secs_f64().max(1e-9);
     let (cpu_b, cores_b) = burst.cpu.get("operator").copied().unwrap_or_default();
     let (cpu_q, cores_q) = quiet.cpu.get("operator").copied().unwrap_or_default();
     // The operator's: the agents write nothing once every node has its addresses.
@@ -1025,27 +1024,22 @@ async fn run(
     let quiet_mutating = ec2_mutating(&quiet.ec2);
     let mut out = String::new();
     use std::fmt::Write as _;
-    let _ = writeln!(
-        out,
-        "| real process, burst, {mode}, AWS buckets | {} | {:.1} s{} | {:.1} s | {:.2}x | {:.0} MiB | {:.0} MiB | {:.1} s ({:.2} cores) | {:.1} s ({:.3} cores) | {} / {} | {} / {} | {} / {} | {burst_load} |",
-        a.nodes,
-        took.as_secs_f64(),
-        if all_met { "" } else { " (not met)" },
-        bound.as_secs_f64(),
-        ratio,
-        peak_rss,
-        steady_rss,
-        cpu_b,
-        cores_b,
-        cpu_q,
-        cores_q,
-        ms(percentile(&quiet_usable, 50.0)),
-        ms(percentile(&quiet_usable, 99.0)),
-        ms(percentile(&probe_usable, 50.0)),
-        ms(percentile(&probe_usable, 99.0)),
-        quiet_writes,
-        quiet_mutating,
-    );
+    out.push_str(&p::process_table(&p::ProcessRow {
+        mode: mode.into(),
+        nodes: a.nodes,
+        time: took,
+        met: all_met,
+        bound,
+        peak_rss_mib: peak_rss,
+        steady_rss_mib: steady_rss,
+        cpu_burst: (cpu_b, cores_b),
+        cpu_steady: (cpu_q, cores_q),
+        quiet: (percentile(&quiet_usable, 50.0), percentile(&quiet_usable, 99.0)),
+        during_burst: (percentile(&probe_usable, 50.0), percentile(&probe_usable, 99.0)),
+        steady_writes: quiet_writes,
+        steady_mutating: quiet_mutating,
+        load: burst_load.clone(),
+    }));
     out.push('\n');
     let resources = ["ciliumnodes", "nodes", "leases", "events"];
     let notes = [
