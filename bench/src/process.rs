@@ -506,7 +506,10 @@ apiserver_request_total{code="200",component="apiserver",dry_run="",group="",res
             steady_rss_mib: 60.0,
             cpu_burst: (120.0, 0.18),
             cpu_steady: (1.3, 0.008),
-            quiet: (Some(Duration::from_millis(1100)), Some(Duration::from_millis(1400))),
+            quiet: (
+                Some(Duration::from_millis(1100)),
+                Some(Duration::from_millis(1400)),
+            ),
             during_burst: (None, None),
             steady_writes: 0,
             steady_mutating: 0,

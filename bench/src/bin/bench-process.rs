@@ -1034,8 +1034,14 @@ async fn run(
         steady_rss_mib: steady_rss,
         cpu_burst: (cpu_b, cores_b),
         cpu_steady: (cpu_q, cores_q),
-        quiet: (percentile(&quiet_usable, 50.0), percentile(&quiet_usable, 99.0)),
-        during_burst: (percentile(&probe_usable, 50.0), percentile(&probe_usable, 99.0)),
+        quiet: (
+            percentile(&quiet_usable, 50.0),
+            percentile(&quiet_usable, 99.0),
+        ),
+        during_burst: (
+            percentile(&probe_usable, 50.0),
+            percentile(&probe_usable, 99.0),
+        ),
         steady_writes: quiet_writes,
         steady_mutating: quiet_mutating,
         load: burst_load.clone(),
