@@ -211,9 +211,12 @@ pub struct IpamSettings {
     /// Extra tags for the ENIs we create, k=v[,k2=v2], repeatable.
     #[arg(long, env = "ENI_OPERATOR_ENI_TAGS", value_delimiter = ',')]
     pub eni_tags: Vec<Tag>,
-    /// Cluster name, stored in the eni-operator.io/cluster-name ownership tag of created ENIs.
-    #[arg(long, env = "ENI_OPERATOR_CLUSTER_NAME", default_value = "default")]
-    pub cluster_name: String,
+    /// Cluster name, stored in the eni-operator.io/cluster-name ownership tag of created ENIs
+    /// (the ENI GC deletes by it) [default: derived at start-up from the nodes' instance tags,
+    /// aws:eks:cluster-name then kubernetes.io/cluster/<name>; all must agree, else the operator
+    /// refuses to start].
+    #[arg(long, env = "ENI_OPERATOR_CLUSTER_NAME")]
+    pub cluster_name: Option<String>,
     /// New ENIs and addresses only in these subnets (IDs, comma-separated or repeated); a
     /// node's other ENIs are still known and listed.
     #[arg(long, env = "ENI_OPERATOR_SUBNET_IDS_FILTER", value_delimiter = ',')]
@@ -441,7 +444,7 @@ impl Settings {
             }
         }
         let i = &self.ipam;
-        if i.cluster_name.is_empty() {
+        if i.cluster_name.as_deref() == Some("") {
             return err("--cluster-name must not be empty".into());
         }
         let r = &self.runtime;
@@ -593,6 +596,17 @@ impl GateSettings {
 }
 
 impl IpamSettings {
+    /// `--cluster-name`, once given or derived (`crate::cluster_name::resolve`, at start-up).
+    ///
+    /// # Panics
+    /// When neither happened: every start-up path resolves it before building the core, so
+    /// no ENI is ever tagged, or collected, under a name nobody chose.
+    pub fn cluster_name(&self) -> &str {
+        self.cluster_name
+            .as_deref()
+            .expect("--cluster-name is resolved at start-up before it is used")
+    }
+
     pub fn eni_tags(&self) -> BTreeMap<String, String> {
         Tag::map(&self.eni_tags)
     }
@@ -617,7 +631,7 @@ impl IpamSettings {
             release_delay: self.excess_ip_release_delay(),
             use_primary_address: self.aws_use_primary_address,
             eni_tags: self.eni_tags(),
-            cluster_name: self.cluster_name.clone(),
+            cluster_name: self.cluster_name().to_string(),
             ..IpamConfig::default()
         }
     }
@@ -783,7 +797,12 @@ pub(crate) mod tests {
 
     #[test]
     fn eni_gc_tags_go_on_created_enis_and_the_interval_has_a_floor() {
-        let s = parse(&["--eni-gc-tags=team=blue,env=prod", "--eni-gc-interval=1m"]).unwrap();
+        let s = parse(&[
+            "--cluster-name=c",
+            "--eni-gc-tags=team=blue,env=prod",
+            "--eni-gc-interval=1m",
+        ])
+        .unwrap();
         let gc = BTreeMap::from([
             ("team".to_string(), "blue".to_string()),
             ("env".to_string(), "prod".to_string()),
@@ -794,7 +813,12 @@ pub(crate) mod tests {
             s.runtime.eni_gc_interval(),
             Some(crate::runtime::gc::MIN_INTERVAL)
         );
-        let off = parse(&["--eni-gc-tags=team=blue", "--eni-gc-interval=0"]).unwrap();
+        let off = parse(&[
+            "--cluster-name=c",
+            "--eni-gc-tags=team=blue",
+            "--eni-gc-interval=0",
+        ])
+        .unwrap();
         assert_eq!(off.runtime.eni_gc_interval(), None);
         assert!(
             off.core_config().ipam.eni_tags.is_empty(),
@@ -837,7 +861,8 @@ pub(crate) mod tests {
         assert_eq!(s.ipam.excess_ip_release_delay(), Duration::from_secs(180));
         assert!(!s.ipam.aws_use_primary_address);
         assert!(s.ipam.eni_tags().is_empty());
-        assert_eq!(s.ipam.cluster_name, "default");
+        // No silent `default` (the GC deletes by it): unset until derived at start-up.
+        assert_eq!(s.ipam.cluster_name, None);
         assert_eq!(s.ipam.vpc_id, None);
         assert!(!s.ipam.annotate_cilium_ignore);
         assert_eq!(s.runtime.parallel_alloc_workers, 50);

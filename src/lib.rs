@@ -18,8 +18,10 @@
 
 #![forbid(unsafe_code)]
 
+pub mod cluster_name;
 pub mod config;
 pub mod crd;
+pub mod credentials;
 pub mod ec2;
 pub mod http;
 pub mod ipam;

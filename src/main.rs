@@ -22,8 +22,11 @@ async fn main() -> ExitCode {
         Ok(s) => s,
         Err(e) => return config_error(e),
     };
-    init_tracing(settings.server.log_format);
-    if settings.mode.command == Some(Command::Plan) {
+    // `plan` prints its table or JSON on stdout: its logs go to stderr, so
+    // `plan --output json | jq` reads JSON only.
+    let planning = settings.mode.command == Some(Command::Plan);
+    init_tracing(settings.server.log_format, planning);
+    if planning {
         return plan(settings).await;
     }
 
@@ -129,6 +132,9 @@ async fn run_operator(
     use eni_operator::runtime::{gc, source};
 
     let aws = AwsEc2::new(&settings.ec2.aws_client_config()).await;
+    tokio::spawn(eni_operator::credentials::warn_if_instance_role(
+        aws.credentials_provider(),
+    ));
     if settings.ipam.annotate_cilium_ignore {
         tracing::info!("annotating served CiliumNodes with ipam.cilium.io/ignore=true");
     }
@@ -144,7 +150,6 @@ async fn run_operator(
     registry.with(|r| ec2.metrics().register(r));
     let metrics = registry.with(RuntimeMetrics::register);
 
-    let core_config = settings.core_config();
     let sink = Arc::new(FencedSink::new(
         KubeSink::new(client.clone(), Some(settings.kube.identity().to_string())),
         fence.clone(),
@@ -157,9 +162,20 @@ async fn run_operator(
         let client = client.clone();
         let shutdown = shutdown.clone();
         let metrics = metrics.clone();
-        let settings = settings.clone();
+        let mut settings = settings.clone();
         let readiness = readiness.clone();
         async move {
+            // Only the leader reads EC2 (standbys make no EC2 call), so the name is derived
+            // here, before anything is created or collected under it.
+            // Boxed: see `work` above.
+            Box::pin(eni_operator::cluster_name::settle(
+                &mut settings,
+                &client,
+                &*ec2,
+            ))
+            .await
+            .map_err(anyhow::Error::msg)?;
+            let core_config = settings.core_config();
             readiness.set_leading(true);
             let (tx, rx) = tokio::sync::mpsc::channel(4096);
             let cache = core_config.ec2_cache();
@@ -183,7 +199,7 @@ async fn run_operator(
                             );
                         }
                         let collector = gc::EniGc::new(
-                            settings.ipam.cluster_name.clone(),
+                            settings.ipam.cluster_name().to_string(),
                             settings.runtime.eni_gc_max_per_run,
                         )
                         .with_metrics(metrics.clone())
@@ -274,12 +290,14 @@ async fn connect_kube(qps: f64, burst: u32) -> anyhow::Result<kube::Client> {
     Ok(client)
 }
 
-fn init_tracing(format: LogFormat) {
+fn init_tracing(format: LogFormat, to_stderr: bool) {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
     let builder = tracing_subscriber::fmt().with_env_filter(filter);
-    match format {
-        LogFormat::Text => builder.init(),
-        LogFormat::Json => builder.json().init(),
+    match (format, to_stderr) {
+        (LogFormat::Text, false) => builder.init(),
+        (LogFormat::Json, false) => builder.json().init(),
+        (LogFormat::Text, true) => builder.with_writer(std::io::stderr).init(),
+        (LogFormat::Json, true) => builder.json().with_writer(std::io::stderr).init(),
     }
 }
 

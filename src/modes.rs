@@ -34,7 +34,7 @@ async fn shadow_core(
     settings: &Settings,
     client: &kube::Client,
     registry: &MetricsRegistry,
-) -> (ShadowCore, Arc<ShadowBook>) {
+) -> anyhow::Result<(ShadowCore, Arc<ShadowBook>)> {
     let aws = AwsEc2::new(&settings.ec2.aws_client_config()).await;
     let gate = Gate::new(aws, settings.gate.gate_config());
     registry.with(|r| gate.metrics().register(r));
@@ -50,10 +50,16 @@ async fn shadow_core(
     registry.set_debug_page("shadow", move || {
         serde_json::to_value(page.summary()).unwrap_or_default()
     });
+    // Derived through the read-only client: describes only.
+    let mut settings = settings.clone();
+    // Boxed: the read-only gated client nests deeper than the compiler's layout limit.
+    Box::pin(crate::cluster_name::settle(&mut settings, client, &*ec2))
+        .await
+        .map_err(anyhow::Error::msg)?;
     let config = settings.core_config();
     let cache = config.ec2_cache();
     let core = Core::shadow(ec2, sink, config, metrics, cache, book.clone());
-    (core, book)
+    Ok((core, book))
 }
 
 /// `--mode=shadow`: runs until `shutdown`. No Lease: several shadows may run.
@@ -65,7 +71,7 @@ pub async fn run_shadow(
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
     tracing::info!("shadow mode: no writes, no mutating EC2 calls; summary at /debug/shadow");
-    let (core, _book) = shadow_core(&settings, &client, &registry).await;
+    let (core, _book) = shadow_core(&settings, &client, &registry).await?;
     readiness.set_leading(true);
     let mut warm = core.warm();
     let caches_warm = async {
@@ -89,7 +95,7 @@ pub async fn run_shadow(
 /// `eni-operator plan`: list the CiliumNodes once, plan each on a fresh EC2 view, print.
 pub async fn run_plan(settings: Settings, client: kube::Client) -> anyhow::Result<String> {
     let registry = MetricsRegistry::new();
-    let (core, book) = shadow_core(&settings, &client, &registry).await;
+    let (core, book) = shadow_core(&settings, &client, &registry).await?;
     let ar = ApiResource::erase::<CiliumNode>(&());
     let api: Api<DynamicObject> = Api::all_with(client, &ar);
     let list = api.list(&ListParams::default()).await?;

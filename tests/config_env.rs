@@ -37,7 +37,7 @@ fn env_overrides_default_and_flag_overrides_env() {
         );
     }
     let s = Settings::load_from(["eni-operator", "--cluster-name", "flag-wins"]).unwrap();
-    assert_eq!(s.ipam.cluster_name, "flag-wins");
+    assert_eq!(s.ipam.cluster_name.as_deref(), Some("flag-wins"));
     assert!(s.ipam.aws_release_excess_ips);
     assert_eq!(s.runtime.eni_gc_interval(), None);
     assert!(!s.kube.leader_election);

@@ -6,12 +6,15 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use eni_operator::crd::AllocationIp;
 use eni_operator::crd::{CILIUM_IGNORE_ANNOTATION, FINALIZER};
-use eni_operator::ec2::{Ec2, Operation};
+use eni_operator::ec2::{AddressRequest, Ec2, Operation};
 use eni_operator::ipam::IpamConfig;
 use eni_operator::runtime::core::{Core, CoreConfig, NodeInput};
 use eni_operator::runtime::metrics::RuntimeMetrics;
-use testkit::cilium_signals::{annotated_ignore, cilium_lease, cilium_pool_write, own_write};
+use testkit::cilium_signals::{
+    annotated_ignore, cilium_creates_eni_with, cilium_lease, cilium_pool_write, own_write,
+};
 use testkit::cluster::{Cluster, agent_node};
 use testkit::sim::Simulator;
 use testkit::sink::MemorySink;
@@ -291,4 +294,65 @@ async fn an_eni_cilium_creates_after_the_handover_stops_allocation() {
     assert_eq!(mutating(&w.sim), before, "detected: no EC2 mutation");
     let error = operator_error(&sink, "n").unwrap();
     assert!(error.contains(&eni), "{error}");
+}
+
+/// Cilium's operator served the node until just before the handover: its last assign is still
+/// hidden from describes (EC2's eventual consistency) when eni-operator takes the node over. The
+/// first pool write must not drop the addresses Cilium pooled (found by the e2e `handover`
+/// scenario on ec2-sim: the pool lost two addresses EC2 had, then an assign failed on the full
+/// ENI). Rule: docs/rules.md §14.3.
+#[tokio::test(start_paused = true)]
+async fn a_takeover_right_after_the_other_allocators_last_assign_keeps_its_pool() {
+    let w = Cluster::new();
+    let sink = Arc::new(MemorySink::new());
+    let (core, tx) = start(w.sim.clone(), &sink, config());
+    let inst = w.instance();
+    let eni = cilium_creates_eni_with(&w, &inst.id, 1, 4).await;
+    // The operator lists the instance before Cilium's last assign (its start-up refresh).
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    // Cilium's last round: 3 more addresses, invisible to describes for a while (as on AWS).
+    w.sim
+        .set_eventual_consistency(Duration::from_secs(25), false, 7);
+    let more = w
+        .sim
+        .assign_private_ip_addresses(&eni.id, AddressRequest::Ips(3))
+        .await
+        .expect("assign");
+    let cilium_pool: Vec<String> = eni
+        .secondary_ips
+        .iter()
+        .chain(&more.ips)
+        .map(|ip| ip.to_string())
+        .collect();
+    assert_eq!(cilium_pool.len(), 7);
+    let mut node = agent_node(&w, "n", &inst.id, 4);
+    for ip in &cilium_pool {
+        node.spec.ipam.pool.insert(
+            ip.clone(),
+            AllocationIp {
+                resource: eni.id.clone(),
+                ..Default::default()
+            },
+        );
+    }
+    // Cilium's operator wrote the pool just now and was stopped (no Lease): the handover.
+    cilium_pool_write(&mut node, core.wall_now());
+    let n = sink.put(&node);
+    tx.send(NodeInput::Upsert(Box::new(n))).await.unwrap();
+
+    // Every moment of the next two minutes: the pool keeps what Cilium gave the node.
+    for _ in 0..1200 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let pool = sink.get("n").unwrap().spec.ipam.pool;
+        for ip in &cilium_pool {
+            assert!(pool.contains_key(ip), "{ip} left the pool: {pool:?}");
+        }
+    }
+    assert!(served(&sink, "n", 7));
+    let assigns = w.sim.stats().get(Operation::AssignPrivateIpAddresses);
+    assert_eq!(
+        assigns.calls - assigns.throttled - assigns.faults,
+        assigns.ok,
+        "no assign refused (an ENI EC2 already filled): {assigns:?}"
+    );
 }

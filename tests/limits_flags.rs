@@ -110,6 +110,7 @@ fn the_flags_reach_the_core() {
     use clap::Parser;
     let s = eni_operator::config::Settings::try_parse_from([
         "eni-operator",
+        "--cluster-name=test-cluster",
         "--update-ec2-adapter-limit-via-api=false",
         "--aws-instance-limit-mapping=a1.medium=2,4,4",
         "--aws-instance-limit-mapping=c5.xlarge=4, 10 ,10;t3.large=3,6,6",
@@ -131,7 +132,7 @@ fn the_flags_reach_the_core() {
     assert_eq!(cache.limits["m5.large"].ipv4_per_eni, 10);
     assert!(cache.limits.len() > 500);
     // Defaults: the API, no overrides, nothing preloaded.
-    let d = eni_operator::config::Settings::try_parse_from(["eni-operator"])
+    let d = eni_operator::config::Settings::try_parse_from(["eni-operator", "--cluster-name=c"])
         .unwrap()
         .core_config();
     assert!(d.limits_via_api && d.limit_overrides.is_empty());

@@ -156,6 +156,12 @@ impl FaultProxy {
         c.injected.get(action).copied().unwrap_or(0)
     }
 
+    /// Every action forwarded so far, with its count.
+    pub fn forwarded_all(&self) -> BTreeMap<String, usize> {
+        let c = self.shared.counts.lock().expect("poisoned");
+        c.forwarded.clone()
+    }
+
     /// Calls of `action` forwarded so far.
     pub fn forwarded(&self, action: &str) -> usize {
         let c = self.shared.counts.lock().expect("poisoned");

@@ -12,6 +12,7 @@ mod ec2seed;
 mod faultproxy;
 mod kube_agent;
 mod operator;
+mod other_alloc;
 mod scenarios;
 mod simctl;
 

@@ -21,6 +21,8 @@ pub struct OperatorOptions {
     pub release_delay_secs: Option<u64>,
     /// The EC2 endpoint instead of the suite's (local mode: a fault proxy in front of it).
     pub ec2_endpoint: Option<String>,
+    /// Flags appended last, local mode only (e.g. `--mode=shadow`, `--handover-selector`).
+    pub extra_args: Vec<String>,
 }
 
 /// Settings shared by every operator the suite starts.
@@ -88,6 +90,7 @@ impl OperatorSettings {
         }
         a.extend(self.extra_args.iter().cloned());
         a.extend(scenario_flags(opts));
+        a.extend(opts.extra_args.iter().cloned());
         a
     }
 }
@@ -141,6 +144,8 @@ struct LocalOperator {
     identity: String,
     child: Child,
     log: PathBuf,
+    /// Its --metrics-addr port (127.0.0.1).
+    metrics_port: u16,
 }
 
 /// The operators of the current scenario.
@@ -190,9 +195,10 @@ impl Operators {
                     self.started += 1;
                     // Fixed width, so that no identity contains another.
                     let identity = format!("e2e-operator-{:04}", self.started);
+                    let metrics_port = free_port()?;
                     let args = self.settings.args(
                         Some(&identity),
-                        Some((free_port()?, free_port()?)),
+                        Some((metrics_port, free_port()?)),
                         opts,
                     );
                     std::fs::create_dir_all(&log_dir)?;
@@ -227,6 +233,7 @@ impl Operators {
                         identity,
                         child,
                         log,
+                        metrics_port,
                     });
                 }
                 Ok(())
@@ -377,6 +384,53 @@ impl Operators {
         }
     }
 
+    /// `eni-operator plan --output json` with the operators' flags (local mode): its stdout.
+    pub async fn run_plan(&self, opts: &OperatorOptions) -> Result<String> {
+        let Mode::Local {
+            bin, kubeconfig, ..
+        } = &self.mode
+        else {
+            return Err(anyhow!("plan runs the local binary: local mode only"));
+        };
+        let mut cmd = Command::new(bin);
+        cmd.arg("plan")
+            .args(self.settings.args(None, None, opts))
+            .args(["--output", "json"])
+            .stdin(Stdio::null())
+            .kill_on_drop(true);
+        if let Some(k) = kubeconfig {
+            cmd.env("KUBECONFIG", k);
+        }
+        for (k, v) in [
+            ("AWS_ACCESS_KEY_ID", "test"),
+            ("AWS_SECRET_ACCESS_KEY", "test"),
+        ] {
+            if std::env::var_os(k).is_none() {
+                cmd.env(k, v);
+            }
+        }
+        let out = tokio::time::timeout(Duration::from_secs(120), cmd.output())
+            .await
+            .context("plan did not exit within 120 s")??;
+        anyhow::ensure!(
+            out.status.success(),
+            "plan exited with {}: {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Ok(String::from_utf8(out.stdout)?)
+    }
+
+    /// `127.0.0.1:<port>` of each running local operator's metrics listener (empty in-cluster).
+    pub fn metrics_addrs(&self) -> Vec<String> {
+        self.local
+            .lock()
+            .expect("poisoned")
+            .iter()
+            .map(|o| format!("127.0.0.1:{}", o.metrics_port))
+            .collect()
+    }
+
     /// Forgets the logs of earlier scenarios.
     pub fn reset_logs(&mut self) {
         self.logs.clear();
@@ -523,7 +577,7 @@ mod tests {
         parsed
             .validate()
             .unwrap_or_else(|e| panic!("{args:?}: {e}"));
-        assert_eq!(parsed.ipam.cluster_name, "e2e");
+        assert_eq!(parsed.ipam.cluster_name.as_deref(), Some("e2e"));
     }
 
     #[test]

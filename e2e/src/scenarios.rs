@@ -24,6 +24,8 @@ use crate::operator::{OperatorOptions, Operators};
 use crate::simctl::SimControl;
 use testkit::agent::{Generation, endpoints};
 
+mod adopt;
+
 /// Every scenario, in the order they run.
 pub const ALL: &[&str] = &[
     "classic-ips",
@@ -41,6 +43,9 @@ pub const ALL: &[&str] = &[
     "rbac",
     "cilium-crd-steady-state",
     "throttled-account",
+    "shadow",
+    "plan",
+    "handover",
 ];
 
 /// Scenarios that need ec2-sim's control endpoints (`E2E_EC2=sim`): left out of the default
@@ -49,7 +54,7 @@ pub const SIM_ONLY: &[&str] = &["throttled-account"];
 
 /// Scenarios that need the operator on this machine (a fault proxy in front of EC2): left out
 /// of the default list in-cluster.
-pub const LOCAL_ONLY: &[&str] = &["attach-faults"];
+pub const LOCAL_ONLY: &[&str] = &["attach-faults", "shadow", "plan", "handover"];
 
 /// Suite settings.
 #[derive(Clone, Debug)]
@@ -217,6 +222,9 @@ impl Suite {
             "rbac" => self.rbac().await,
             "cilium-crd-steady-state" => self.cilium_crd_steady_state().await,
             "throttled-account" => self.throttled_account().await,
+            "shadow" => self.shadow().await,
+            "plan" => self.plan().await,
+            "handover" => self.handover().await,
             other => Err(anyhow!(
                 "unknown scenario {other:?} (known: {})",
                 ALL.join(", ")

@@ -72,6 +72,8 @@ impl AwsClientConfig {
 pub struct AwsEc2 {
     client: Client,
     max_results: Option<i32>,
+    /// The chain the client signs with (`crate::credentials` asks which provider answered).
+    credentials: Option<aws_credential_types::provider::SharedCredentialsProvider>,
 }
 
 impl AwsEc2 {
@@ -85,7 +87,14 @@ impl AwsEc2 {
         Self {
             client: Client::new(&sdk),
             max_results: max_results_per_call,
+            credentials: sdk.credentials_provider(),
         }
+    }
+
+    pub fn credentials_provider(
+        &self,
+    ) -> Option<aws_credential_types::provider::SharedCredentialsProvider> {
+        self.credentials.clone()
     }
 
     pub fn client(&self) -> &Client {
@@ -863,6 +872,7 @@ mod tests {
         let aws = AwsEc2 {
             client: Client::from_conf(config),
             max_results,
+            credentials: None,
         };
         (aws, recorder)
     }

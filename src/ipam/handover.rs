@@ -171,6 +171,19 @@ impl std::fmt::Display for OtherAllocator {
     }
 }
 
+/// Another allocator's last write of the node's allocation fields (`spec.ipam.pool`,
+/// `status.eni`) when it is newer than our own last write of the object: a describe that
+/// started less than the describe lag after it may not show that allocator's last calls yet, so
+/// we must not plan or write the pool from one (§14.3).
+pub fn unsettled_foreign_write(w: &Writers) -> Option<Timestamp> {
+    let other = [&w.other_pool, &w.other_eni]
+        .into_iter()
+        .flatten()
+        .map(|(_, at)| *at)
+        .max()?;
+    w.own_spec.is_none_or(|own| other > own).then_some(other)
+}
+
 /// The guard's decision: `Some` means no mutating call for this node now.
 pub fn other_allocator(s: &Signals) -> Option<OtherAllocator> {
     let w = s.writers;
@@ -223,6 +236,28 @@ pub fn other_allocator(s: &Signals) -> Option<OtherAllocator> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_foreign_allocation_write_newer_than_ours_is_unsettled() {
+        let mut w = Writers::default();
+        assert_eq!(unsettled_foreign_write(&w), None, "nobody wrote");
+        w.other_eni = Some(("cilium-operator-aws".into(), t(10)));
+        assert_eq!(
+            unsettled_foreign_write(&w),
+            Some(t(10)),
+            "never written by us"
+        );
+        w.other_pool = Some(("cilium-operator-aws".into(), t(12)));
+        assert_eq!(
+            unsettled_foreign_write(&w),
+            Some(t(12)),
+            "the later of the two"
+        );
+        w.own_spec = Some(t(12));
+        assert_eq!(unsettled_foreign_write(&w), None, "we wrote since");
+        w.own_spec = Some(t(11));
+        assert_eq!(unsettled_foreign_write(&w), Some(t(12)));
+    }
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::{FieldsV1, Time};
     use serde_json::json;
 

@@ -69,6 +69,9 @@ pub struct InstanceEntry {
     /// previous leader may have unassigned them just before it stopped (§14.1).
     pub unconfirmed_ips: BTreeSet<Ipv4Addr>,
     pub unconfirmed_prefixes: BTreeSet<Ipv4Net>,
+    /// When the listing that gave `enis` started (what it can show is older than that by up to
+    /// [`DESCRIBE_LAG`]).
+    pub listed_at: Option<Instant>,
 }
 
 /// Addresses and prefixes we unassigned from one ENI, and when.
@@ -357,6 +360,7 @@ impl Ec2Cache {
             return;
         }
         enis.sort_by(|a, b| a.id.cmp(&b.id));
+        entry.listed_at = Some(started);
         // Early in a leadership, what the listing shows is not confirmed yet (§14.1); a later
         // listing replaces the ENIs and confirms (or drops) all of it.
         entry.unconfirmed_ips.clear();

@@ -6,7 +6,8 @@
 //!
 //! Scope: the GC lists only the managed VPC(s) (`--vpc-id`, else the VPCs of the managed
 //! nodes' ENIs; none known yet: no listing at all), never region-wide: two clusters in one
-//! account that both keep the default `--cluster-name` would otherwise delete each other's
+//! account given the same `--cluster-name` (or, before it was derived, both keeping the old
+//! default `default`) would otherwise delete each other's
 //! unattached ENIs (leftovers waiting for their attach, ENIs mid-finalizer).
 //!
 //! `--eni-gc-tags`, as Cilium's operator: the GC considers only unattached ENIs carrying all of

@@ -79,13 +79,26 @@ pub async fn cilium_creates_eni(
     instance: &str,
     device_index: u32,
 ) -> String {
+    cilium_creates_eni_with(c, instance, device_index, 2)
+        .await
+        .id
+}
+
+/// [`cilium_creates_eni`] with `ips` secondary addresses; the ENI as created (the truth, whatever
+/// a lagging describe shows).
+pub async fn cilium_creates_eni_with(
+    c: &crate::cluster::Cluster,
+    instance: &str,
+    device_index: u32,
+    ips: u32,
+) -> eni_operator::ec2::NetworkInterface {
     use eni_operator::ec2::{AddressRequest, CreateEniRequest, Ec2};
     let request = CreateEniRequest {
         subnet_id: c.subnet.clone(),
         security_groups: vec![c.sg.clone()],
         description: eni_operator::ipam::handover::cilium_eni_description(instance),
         tags: Default::default(),
-        addresses: AddressRequest::Ips(2),
+        addresses: AddressRequest::Ips(ips),
         client_token: format!("cilium-{instance}-{device_index}"),
     };
     let eni = c
@@ -97,5 +110,5 @@ pub async fn cilium_creates_eni(
         .attach_network_interface(&eni.id, instance, device_index)
         .await
         .expect("attach");
-    eni.id
+    eni
 }

@@ -7,13 +7,14 @@
 use std::time::Duration;
 
 use serde_json::json;
-use tracing::warn;
+use tracing::{debug, warn};
 
 use crate::crd::{CILIUM_IGNORE_ANNOTATION, CiliumNode};
 use crate::ec2::Ec2;
 use crate::ipam::handover::{self, Signals};
 use crate::ipam::ownership::is_owned_by;
 use crate::ipam::{ChangeSet, ProblemReason, Subresource, Write};
+use crate::runtime::cache::DESCRIBE_LAG;
 use crate::runtime::clock;
 use crate::runtime::events::{self, EventReason};
 use crate::runtime::queue::Outcome;
@@ -53,7 +54,7 @@ pub(super) async fn check<E: Ec2, S: NodeSink>(
         quiet: inner.config.handover_quiet,
     };
     let Some(other) = handover::other_allocator(&signals) else {
-        return Ok(());
+        return settled(inner, name, &node.spec.instance_id, stored.writers()).await;
     };
     let reason = ProblemReason::OtherAllocatorActive;
     let message = format!("{}: {other}", reason.as_str());
@@ -76,6 +77,47 @@ pub(super) async fn check<E: Ec2, S: NodeSink>(
         events::publish(&*inner.sink, &inner.metrics, &r, reason, message).await;
     }
     Err((Outcome::RetryAfter(RECHECK), None))
+}
+
+/// Another allocator wrote the node's pool after us (a node just handed over): plan only from a
+/// listing of its instance that started at least [`DESCRIBE_LAG`] after that write, or a
+/// describe may still hide that allocator's last assigns and our pool write would drop addresses
+/// EC2 has (found by the e2e `handover` scenario on ec2-sim; docs/rules.md §14.3). The node
+/// keeps its pool meanwhile; nothing is written or called for it.
+async fn settled<E: Ec2, S: NodeSink>(
+    inner: &Shared<E, S>,
+    name: &str,
+    instance: &str,
+    writers: &handover::Writers,
+) -> Step<()> {
+    let Some(at) = handover::unsettled_foreign_write(writers) else {
+        return Ok(());
+    };
+    let now = clock::now();
+    let age = Duration::try_from(inner.wall_now().duration_since(at)).unwrap_or_default();
+    // managedFields times are truncated to the second: the write may be up to 1 s later.
+    let written = now.checked_sub(age).unwrap_or(now) + Duration::from_secs(1);
+    let trusted_from = written + DESCRIBE_LAG;
+    let listed = |inner: &Shared<E, S>| {
+        let cache = inner.cache.read().expect("cache");
+        cache.instance(instance).and_then(|e| e.listed_at)
+    };
+    if listed(inner).is_some_and(|t| t >= trusted_from) {
+        return Ok(());
+    }
+    if now < trusted_from {
+        debug!(
+            node = name,
+            "waiting for EC2 to show the other allocator's last calls"
+        );
+        return Err((Outcome::RetryAfter(trusted_from - now), None));
+    }
+    inner.refresh_instances(&[instance.to_string()], &[]).await;
+    if listed(inner).is_some_and(|t| t >= trusted_from) {
+        Ok(())
+    } else {
+        Err((Outcome::RetryAfter(RECHECK), None))
+    }
 }
 
 /// ENIs with Cilium's description (and without our ownership tags) that appeared on the instance since the first check, within
