@@ -24,7 +24,7 @@ export MOTO_VERSION
 # Every shell script, for shellcheck.
 SHELL_SCRIPTS := $(wildcard e2e/*.sh scripts/*.sh) .ci/run
 
-.PHONY: help build test lint fmt crds image run e2e e2e-local check-install bench venv dst dst-mutants
+.PHONY: help build test lint fmt crds image run e2e e2e-local check-install bench bench-process venv dst dst-mutants
 
 help: ## List the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | expand -t 16
@@ -75,6 +75,20 @@ check-install: ## Dry-run the install (kubectl apply --dry-run=server -f manifes
 BENCH_SCENARIO ?= all
 bench: ## Scale benchmark; rewrites the results in docs/benchmarks.md (smoke run: ARGS=--quick)
 	cargo run --locked -p bench -- --scenario $(BENCH_SCENARIO) --out docs/benchmarks.md --plot docs/burst.svg --shared-plot docs/shared-account.svg $(ARGS)
+
+# The real-process benchmark (docs/benchmarks.md, "Real process"): the RELEASE operator binary
+# (the one target built with --release: the figures are the shipped binary's), a real control
+# plane from KUBEBUILDER_ASSETS, ec2-sim with AWS's buckets and 300 ms / 150 ms latencies, and
+# a load generator playing N nodes' classic agents over the API server. Minutes to an hour of
+# wall time (the burst runs in real time: ~10 min at 1,000 nodes); not part of `make test`.
+# NODES=100|1000|5000; ARGS="--prefix" for prefix delegation (see `bench-process --help`).
+NODES ?= 100
+BENCH_TGT = $${CARGO_TARGET_DIR:-target}
+bench-process: ## Real-process benchmark at NODES=100|1000|5000 nodes (needs KUBEBUILDER_ASSETS); writes its rows into docs/benchmarks.md
+	@[ -n "$${KUBEBUILDER_ASSETS:-}" ] || { echo "error: KUBEBUILDER_ASSETS must name a directory with etcd, kube-apiserver, kube-controller-manager and kubectl" >&2; exit 2; }
+	cargo build --locked --release -p eni-operator --bin eni-operator
+	cargo build --locked --workspace --all-targets
+	$(BENCH_TGT)/debug/bench-process --nodes $(NODES) --operator $(BENCH_TGT)/release/eni-operator --ec2-sim $(BENCH_TGT)/debug/ec2-sim --out docs/benchmarks.md $(ARGS)
 
 # Deterministic simulation (docs/testing.md). Debug profile for the same reason as the bench:
 # tokio's paused clock (test-util) is in every debug test build already.

@@ -4,6 +4,7 @@
 //! ([`heap`]). The binary counts the heap and draws the plots.
 
 pub mod heap;
+pub mod process;
 pub mod scenario;
 
 use std::collections::BTreeMap;

@@ -517,6 +517,22 @@ fn per_new_eni(s: &Settings, prefix: bool) -> u32 {
     if prefix { l * 16 } else { l }
 }
 
+/// The burst's rate-limit lower bound (also the real-process benchmark's): the strictly
+/// necessary calls, per node create + attach + modify of each new ENI carrying its addresses
+/// (no separate assign; describes fit in their burst), at AWS's full rates, plus the chain
+/// describe + create + attach + modify.
+pub fn burst_bound(s: &Settings, nodes: usize, prefix: bool) -> Duration {
+    let enis = u64::from(enis_needed(s.ips_per_node as u32, per_new_eni(s, prefix))) * nodes as u64;
+    let necessary = per_bucket([
+        (Operation::CreateNetworkInterface, enis),
+        (Operation::AttachNetworkInterface, enis),
+        (Operation::ModifyNetworkInterfaceAttribute, enis),
+    ]);
+    let chain = s.describe_latency + 3 * s.mutating_latency;
+    let aws = GateMode::AwsFull.config();
+    lower_bound(&necessary, |b| aws.bucket_limits(b), chain)
+}
+
 /// Burst: `nodes` nodes join at once, each needing `ips_per_node` addresses.
 pub async fn burst(s: &Settings, nodes: usize, prefix: bool, mode: GateMode) -> Outcome {
     s.reset_heap_peak();
@@ -546,17 +562,8 @@ pub async fn burst(s: &Settings, nodes: usize, prefix: bool, mode: GateMode) -> 
         took,
     );
 
-    // The strictly necessary calls: per node, create + attach + modify of each new ENI,
-    // carrying the addresses (no separate assign). Describes fit in their burst.
     let enis = u64::from(enis_needed(s.ips_per_node as u32, per_new_eni(s, prefix))) * nodes as u64;
-    let necessary = per_bucket([
-        (Operation::CreateNetworkInterface, enis),
-        (Operation::AttachNetworkInterface, enis),
-        (Operation::ModifyNetworkInterfaceAttribute, enis),
-    ]);
-    let chain = s.describe_latency + 3 * s.mutating_latency;
-    let aws = GateMode::AwsFull.config();
-    row.lower_bound = Some(lower_bound(&necessary, |b| aws.bucket_limits(b), chain));
+    row.lower_bound = Some(burst_bound(s, nodes, prefix));
     let created = win
         .ok
         .get(&Operation::CreateNetworkInterface)
@@ -996,6 +1003,26 @@ pub async fn scale_down(s: &Settings, nodes: usize) -> Outcome {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn burst_bound_is_the_published_one() {
+        // docs/benchmarks.md's bounds: 3 ENIs per node with secondary IPs, 1 with prefixes;
+        // attach meters the general-mutating bucket (burst 50, 5/s).
+        let s = Settings::default();
+        let close = |nodes, prefix, want: f64| {
+            let got = burst_bound(&s, nodes, prefix).as_secs_f64();
+            assert!(
+                (got - want).abs() < 1e-6,
+                "{nodes} {prefix}: {got} != {want}"
+            );
+        };
+        // (ENIs − 50) / 5 + 0.15 + 3 × 0.3
+        close(1000, false, 591.05);
+        close(1000, true, 191.05);
+        close(5000, false, 2991.05);
+        close(5000, true, 991.05);
+        close(100, false, 51.05);
+    }
 
     fn small() -> Settings {
         Settings {

@@ -1,0 +1,1128 @@
+//! `make bench-process NODES=1000`: the real-process benchmark (docs/benchmarks.md, "Real
+//! process"). The release operator binary against a real control plane (etcd, kube-apiserver,
+//! kube-controller-manager from `KUBEBUILDER_ASSETS`, `testkit::control_plane`) and `ec2-sim`
+//! (AWS's per-account buckets, 300 ms per mutating call, 150 ms per describe), with this process
+//! as the load generator: it launches the instances in ec2-sim, creates the Nodes and
+//! CiliumNodes, and plays the classic agents over the API server (one watch on every
+//! CiliumNode; each node's decisions are `testkit::agent::ClassicAgent`'s, the model e2e's
+//! agents use; status writes at most once per 15 s per node, as Cilium's agent).
+//!
+//! Measured: time to meet demand against the simulated benchmark's bound
+//! (`scenario::burst_bound`), the operator's RSS (`/proc/PID/status`) and CPU
+//! (`/proc/PID/stat`), the API server's `apiserver_request_total` by verb, ec2-sim's
+//! `/_sim/stats` by action, per-node time to usable addresses (quiet cluster, during the burst),
+//! and a steady-state window of two resyncs. Every figure comes with the machine's load.
+//!
+//! The pure parts (parsers, percentiles, the bound, the document splice) are in
+//! `bench::process` and `bench::scenario`, unit-tested by `make test`; this binary is not run
+//! by `make test` (it takes minutes to an hour).
+
+use std::collections::{BTreeMap, HashMap};
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, anyhow, bail, ensure};
+use bench::process::{
+    self as p, Ec2Calls, Load, Requests, ec2_between, ec2_mutating, ec2_summary, percentile,
+    requests_between, requests_summary, writes_to,
+};
+use bench::scenario::{Settings, burst_bound, served};
+use bytes::Bytes;
+use clap::Parser;
+use eni_operator::crd::CiliumNode;
+use futures::{StreamExt, TryStreamExt};
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client as HttpClient;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use k8s_openapi::api::core::v1::{Namespace, Node, NodeSpec};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::runtime::WatchStreamExt;
+use kube::runtime::watcher::{self, Event};
+use testkit::agent::{ClassicAgent, endpoints};
+use testkit::control_plane::{ControlPlane, assets_from_env};
+
+/// Cilium's own CiliumNode CRD (what real clusters run; the API server prunes what it does not
+/// list).
+const CILIUM_CRD: &str = include_str!("../../../tests/fixtures/ciliumnodes.cilium.io.yaml");
+const NAMESPACE: &str = "eni-operator";
+const CLUSTER: &str = "bench";
+const ZONE: &str = "us-east-1a";
+/// The operator's node resync (its default): the steady-state window covers two.
+const RESYNC: Duration = Duration::from_secs(60);
+
+#[derive(Parser, Debug, Clone)]
+#[command(about = "Real-process benchmark: the release operator, a real API server, ec2-sim")]
+struct Args {
+    /// Nodes joining at once in the burst.
+    #[arg(long, default_value_t = 100)]
+    nodes: usize,
+    /// Prefix delegation (/28 prefixes) instead of secondary IPs.
+    #[arg(long)]
+    prefix: bool,
+    /// The operator binary (the release build).
+    #[arg(long)]
+    operator: PathBuf,
+    /// The ec2-sim binary.
+    #[arg(long)]
+    ec2_sim: PathBuf,
+    #[arg(long, default_value_t = 300)]
+    mutating_latency_ms: u64,
+    #[arg(long, default_value_t = 150)]
+    describe_latency_ms: u64,
+    /// `min-allocate` of every node (the simulated burst's 30).
+    #[arg(long, default_value_t = 30)]
+    ips_per_node: i64,
+    /// Pods every agent runs (plus router and health) once addresses are there.
+    #[arg(long, default_value_t = 10)]
+    pods: usize,
+    /// Nodes that join one at a time in the quiet cluster before the burst (latency samples).
+    #[arg(long, default_value_t = 20)]
+    quiet_samples: usize,
+    /// Nodes that join one at a time during the burst (latency samples), spread over the
+    /// bound.
+    #[arg(long, default_value_t = 10)]
+    burst_probes: usize,
+    /// Least time between two status writes of one agent (Cilium's agent: 15 s).
+    #[arg(long, default_value_t = 15)]
+    agent_min_interval_secs: u64,
+    /// Fraction of AWS's rates the operator's gate uses: 1.0 as the simulated "AWS buckets"
+    /// rows (nobody else in the account).
+    #[arg(long, default_value_t = 1.0)]
+    ec2_rate_fraction: f64,
+    /// Give up the burst after this many seconds.
+    #[arg(long, default_value_t = 4 * 3600)]
+    limit_secs: u64,
+    /// Write the result block into this Markdown document (between its markers).
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// Logs of the operator and ec2-sim go here (default: a temp directory, removed at the end).
+    #[arg(long)]
+    log_dir: Option<PathBuf>,
+}
+
+fn main() -> Result<()> {
+    let args = Args::parse();
+    let assets = assets_from_env().context(
+        "KUBEBUILDER_ASSETS is not set (a directory with etcd, kube-apiserver, kube-controller-manager, kubectl)",
+    )?;
+    for (what, path) in [("--operator", &args.operator), ("--ec2-sim", &args.ec2_sim)] {
+        ensure!(path.is_file(), "{what} {}: no such file", path.display());
+    }
+    let log_dir = match &args.log_dir {
+        Some(d) => d.clone(),
+        None => std::env::temp_dir().join(format!("bench-process-{}", std::process::id())),
+    };
+    std::fs::create_dir_all(&log_dir)?;
+    eprintln!("bench-process: logs in {}", log_dir.display());
+
+    // Every child is started from this (main) thread: their PR_SET_PDEATHSIG follows it.
+    let mut cp = ControlPlane::start(&assets).context("starting the control plane")?;
+    eprintln!("bench-process: control plane ready at {}", cp.server());
+    let mut sim = Proc::ec2_sim(&args, &log_dir)?;
+    let endpoint = sim.endpoint.clone().expect("ec2-sim prints its endpoint");
+    eprintln!("bench-process: ec2-sim at {endpoint}");
+
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let kubeconfig = cp.kubeconfig();
+    let prep = rt.block_on(prepare(&args, &kubeconfig, &endpoint));
+    let result = match prep {
+        Ok((kube, world)) => match Proc::operator(&args, &kubeconfig, &endpoint, &log_dir) {
+            Ok(op) => {
+                let r = rt.block_on(run(&args, kube, world, &op, &sim, &cp));
+                drop(op);
+                r
+            }
+            Err(e) => Err(e),
+        },
+        Err(e) => Err(e),
+    };
+    drop(rt);
+    sim.stop();
+    cp.stop();
+    if args.log_dir.is_none() && result.is_ok() {
+        let _ = std::fs::remove_dir_all(&log_dir);
+    }
+    let block = result?;
+    print!("{block}");
+    if let Some(out) = &args.out {
+        let doc = std::fs::read_to_string(out).unwrap_or_default();
+        let key = format!("{}-{}", mode_key(args.prefix), args.nodes);
+        std::fs::write(out, p::splice_block(&doc, &key, &block))?;
+        eprintln!("bench-process: wrote {}", out.display());
+    }
+    Ok(())
+}
+
+fn mode_key(prefix: bool) -> &'static str {
+    if prefix { "prefix" } else { "secondary" }
+}
+
+/// A child process, SIGTERMed (then SIGKILLed) on drop.
+struct Proc {
+    child: Child,
+    endpoint: Option<String>,
+}
+
+impl Proc {
+    fn ec2_sim(a: &Args, log_dir: &Path) -> Result<Self> {
+        let log = std::fs::File::create(log_dir.join("ec2-sim.log"))?;
+        let mut cmd = Command::new(&a.ec2_sim);
+        cmd.args([
+            "--listen",
+            "127.0.0.1:0",
+            "--mutate-latency-ms",
+            &a.mutating_latency_ms.to_string(),
+            "--describe-latency-ms",
+            &a.describe_latency_ms.to_string(),
+            // The zone the nodes are in (the others are not used).
+            "--zones",
+            ZONE,
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(log);
+        die_with_parent(&mut cmd);
+        let mut child = cmd.spawn().context("starting ec2-sim")?;
+        let stdout = child.stdout.take().context("ec2-sim stdout")?;
+        let mut line = String::new();
+        BufReader::new(stdout).read_line(&mut line)?;
+        let mut p = Proc {
+            child,
+            endpoint: None,
+        };
+        let endpoint = line.trim();
+        if !endpoint.starts_with("http://") {
+            p.stop();
+            bail!("ec2-sim printed {line:?} instead of its endpoint");
+        }
+        p.endpoint = Some(endpoint.to_owned());
+        Ok(p)
+    }
+
+    fn operator(a: &Args, kubeconfig: &Path, endpoint: &str, log_dir: &Path) -> Result<Self> {
+        let metrics = free_port()?;
+        let health = free_port()?;
+        let log = std::fs::File::create(log_dir.join("operator.log"))?;
+        let mut cmd = Command::new(&a.operator);
+        cmd.args([
+            "--cluster-name",
+            CLUSTER,
+            "--namespace",
+            NAMESPACE,
+            "--ec2-api-endpoint",
+            endpoint,
+            "--aws-region",
+            "us-east-1",
+            "--metrics-addr",
+            &format!("127.0.0.1:{metrics}"),
+            "--health-addr",
+            &format!("127.0.0.1:{health}"),
+            "--ec2-rate-fraction",
+            &a.ec2_rate_fraction.to_string(),
+        ]);
+        if a.prefix {
+            cmd.arg("--aws-enable-prefix-delegation");
+        }
+        cmd.env("KUBECONFIG", kubeconfig)
+            .env("AWS_ACCESS_KEY_ID", "bench")
+            .env("AWS_SECRET_ACCESS_KEY", "bench")
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log);
+        die_with_parent(&mut cmd);
+        let child = cmd.spawn().context("starting the operator")?;
+        Ok(Proc {
+            child,
+            endpoint: Some(format!("http://127.0.0.1:{metrics}")),
+        })
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    fn stop(&mut self) {
+        if let Ok(Some(_)) = self.child.try_wait() {
+            return;
+        }
+        if let Ok(pid) = i32::try_from(self.child.id()) {
+            // SAFETY: kill(2) on our own child, not reaped yet (try_wait above), so the pid is
+            // still ours.
+            unsafe {
+                libc::kill(pid, libc::SIGTERM);
+            }
+        }
+        let start = Instant::now();
+        while start.elapsed() < Duration::from_secs(10) {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+fn die_with_parent(cmd: &mut Command) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: runs between fork and exec and only calls prctl(2), async-signal-safe.
+    unsafe {
+        cmd.pre_exec(|| {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+}
+
+fn free_port() -> Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
+
+/// A plain HTTP client for ec2-sim and the operator's metrics.
+#[derive(Clone)]
+struct Http(HttpClient<HttpConnector, Full<Bytes>>);
+
+impl Http {
+    fn new() -> Self {
+        Self(HttpClient::builder(TokioExecutor::new()).build_http())
+    }
+
+    async fn send(&self, method: &str, url: &str, body: String) -> Result<(u16, String)> {
+        let mut req = http::Request::builder().method(method).uri(url);
+        if !body.is_empty() {
+            req = req.header("content-type", "application/x-www-form-urlencoded");
+        }
+        let resp = self
+            .0
+            .request(req.body(Full::new(Bytes::from(body)))?)
+            .await?;
+        let status = resp.status().as_u16();
+        let bytes = resp.into_body().collect().await?.to_bytes();
+        Ok((status, String::from_utf8_lossy(&bytes).into_owned()))
+    }
+
+    async fn get(&self, url: &str) -> Result<String> {
+        let (status, body) = self.send("GET", url, String::new()).await?;
+        ensure!(status == 200, "GET {url}: {status} {body}");
+        Ok(body)
+    }
+
+    /// An EC2 Query API call (ec2-sim checks no signature).
+    async fn ec2(&self, endpoint: &str, params: &[(&str, String)]) -> Result<String> {
+        let mut form = form_urlencoded::Serializer::new(String::new());
+        form.append_pair("Version", "2016-11-15");
+        for (k, v) in params {
+            form.append_pair(k, v);
+        }
+        let (status, body) = self.send("POST", endpoint, form.finish()).await?;
+        ensure!(status == 200, "EC2 {params:?}: {status} {body}");
+        Ok(body)
+    }
+}
+
+/// What was seeded in ec2-sim.
+struct World {
+    vpc: String,
+    subnet: String,
+    instances: Vec<String>,
+}
+
+async fn prepare(a: &Args, kubeconfig: &Path, endpoint: &str) -> Result<(kube::Client, World)> {
+    let kc = kube::config::Kubeconfig::read_from(kubeconfig)?;
+    let cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default()).await?;
+    let kube = kube::Client::try_from(cfg)?;
+
+    let crd: CustomResourceDefinition = serde_yaml::from_str(CILIUM_CRD)?;
+    let crds: Api<CustomResourceDefinition> = Api::all(kube.clone());
+    crds.create(&PostParams::default(), &crd).await?;
+    let ns = Namespace {
+        metadata: ObjectMeta {
+            name: Some(NAMESPACE.into()),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    Api::<Namespace>::all(kube.clone())
+        .create(&PostParams::default(), &ns)
+        .await?;
+    // The CRD is served once Established.
+    let name = crd.metadata.name.clone().unwrap_or_default();
+    let start = Instant::now();
+    loop {
+        let c = crds.get(&name).await?;
+        let established = c.status.and_then(|s| s.conditions).is_some_and(|cs| {
+            cs.iter()
+                .any(|c| c.type_ == "Established" && c.status == "True")
+        });
+        if established {
+            break;
+        }
+        ensure!(
+            start.elapsed() < Duration::from_secs(60),
+            "{name} not Established"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let cns: Api<CiliumNode> = Api::all(kube.clone());
+    let start = Instant::now();
+    while cns.list(&Default::default()).await.is_err() {
+        ensure!(
+            start.elapsed() < Duration::from_secs(60),
+            "ciliumnodes not served"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
+    // EC2: one VPC and one subnet large enough for 5,000 nodes x 30 addresses (a /13, as the
+    // simulated benchmark; AWS caps a VPC block at /16, where this would take several subnets).
+    let http = Http::new();
+    let cidr = "10.0.0.0/13".to_string();
+    let vpc = first_value(
+        &http
+            .ec2(
+                endpoint,
+                &[("Action", "CreateVpc".into()), ("CidrBlock", cidr.clone())],
+            )
+            .await?,
+        "vpcId",
+    )?;
+    let subnet = first_value(
+        &http
+            .ec2(
+                endpoint,
+                &[
+                    ("Action", "CreateSubnet".into()),
+                    ("VpcId", vpc.clone()),
+                    ("CidrBlock", cidr),
+                    ("AvailabilityZone", ZONE.into()),
+                ],
+            )
+            .await?,
+        "subnetId",
+    )?;
+    let sg = first_value(
+        &http
+            .ec2(
+                endpoint,
+                &[
+                    ("Action", "CreateSecurityGroup".into()),
+                    ("VpcId", vpc.clone()),
+                    ("GroupName", "bench".into()),
+                    ("GroupDescription", "bench".into()),
+                ],
+            )
+            .await?,
+        "groupId",
+    )?;
+    let total = a.nodes + a.quiet_samples + a.burst_probes;
+    let mut instances = Vec::with_capacity(total);
+    while instances.len() < total {
+        let n = (total - instances.len()).min(500);
+        let body = http
+            .ec2(
+                endpoint,
+                &[
+                    ("Action", "RunInstances".into()),
+                    ("ImageId", "ami-bench".into()),
+                    ("InstanceType", "m5.xlarge".into()),
+                    ("SubnetId", subnet.clone()),
+                    ("SecurityGroupId.1", sg.clone()),
+                    ("MinCount", n.to_string()),
+                    ("MaxCount", n.to_string()),
+                ],
+            )
+            .await?;
+        let ids = p::xml_values(&body, "instanceId");
+        ensure!(
+            ids.len() == n,
+            "RunInstances gave {} of {n} instances",
+            ids.len()
+        );
+        instances.extend(ids);
+    }
+    Ok((
+        kube,
+        World {
+            vpc,
+            subnet,
+            instances,
+        },
+    ))
+}
+
+fn first_value(xml: &str, tag: &str) -> Result<String> {
+    p::xml_values(xml, tag)
+        .into_iter()
+        .next()
+        .ok_or_else(|| anyhow!("no <{tag}> in {xml}"))
+}
+
+/// One node as the load generator sees it.
+#[derive(Default)]
+struct NodeState {
+    /// When its CiliumNode was created (the agent's start).
+    created: Option<Instant>,
+    /// First seen with addresses for all its endpoints (pods + router + health).
+    usable: Option<Instant>,
+    /// First seen with its whole `min-allocate`.
+    met: Option<Instant>,
+    latest: Option<CiliumNode>,
+    agent: ClassicAgent,
+    /// A new version to look at.
+    dirty: bool,
+    last_write: Option<Instant>,
+}
+
+#[derive(Default)]
+struct Gen {
+    nodes: HashMap<String, NodeState>,
+    /// The load generator's own API requests: (creates, status patches, conflicts, errors).
+    creates: u64,
+    status_patches: u64,
+    conflicts: u64,
+    errors: u64,
+}
+
+type Shared = Arc<Mutex<Gen>>;
+
+/// Applies the watch's events: latest object, first usable and met times.
+async fn watch_nodes(kube: kube::Client, g: Shared, want: usize, usable: usize) {
+    let api: Api<CiliumNode> = Api::all(kube);
+    let mut stream = watcher::watcher(api, watcher::Config::default())
+        .default_backoff()
+        .boxed();
+    loop {
+        let ev = match stream.try_next().await {
+            Ok(Some(ev)) => ev,
+            Ok(None) => return,
+            Err(e) => {
+                eprintln!("bench-process: watch: {e}");
+                continue;
+            }
+        };
+        let (Event::Apply(cn) | Event::InitApply(cn)) = ev else {
+            continue;
+        };
+        let Some(name) = cn.metadata.name.clone() else {
+            continue;
+        };
+        let now = Instant::now();
+        let mut g = g.lock().expect("poisoned");
+        let st = g.nodes.entry(name).or_default();
+        if st.usable.is_none() && served(&cn, usable) {
+            st.usable = Some(now);
+        }
+        if st.met.is_none() && served(&cn, want) {
+            st.met = Some(now);
+        }
+        st.latest = Some(cn);
+        st.dirty = true;
+    }
+}
+
+/// The classic agents: each node's `ClassicAgent` looks at its latest object and sends its
+/// status patch, at most once per `min_interval` per node (Cilium's agent updates its
+/// CiliumNode through a trigger with a 15 s minimum interval).
+async fn run_agents(kube: kube::Client, g: Shared, pods: usize, min_interval: Duration) {
+    let api: Api<CiliumNode> = Api::all(kube);
+    loop {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let now = Instant::now();
+        let patches: Vec<(String, serde_json::Value)> = {
+            let mut g = g.lock().expect("poisoned");
+            g.nodes
+                .iter_mut()
+                .filter(|(_, st)| {
+                    st.dirty
+                        && st.created.is_some()
+                        && st.last_write.is_none_or(|t| now - t >= min_interval)
+                })
+                .filter_map(|(name, st)| {
+                    st.dirty = false;
+                    let cn = st.latest.as_ref()?;
+                    let step = st.agent.step(cn, pods);
+                    let patch = step.status_patch?;
+                    st.last_write = Some(now);
+                    Some((name.clone(), patch))
+                })
+                .collect()
+        };
+        let results: Vec<(String, kube::Result<CiliumNode>)> = futures::stream::iter(patches)
+            .map(|(name, patch)| {
+                let api = api.clone();
+                async move {
+                    let r = api
+                        .patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                        .await;
+                    (name, r)
+                }
+            })
+            .buffer_unordered(16)
+            .collect()
+            .await;
+        let mut g = g.lock().expect("poisoned");
+        for (name, r) in results {
+            match r {
+                Ok(_) => g.status_patches += 1,
+                Err(e) => {
+                    if matches!(&e, kube::Error::Api(s) if s.code == 409) {
+                        g.conflicts += 1;
+                    } else {
+                        g.errors += 1;
+                        eprintln!("bench-process: agent {name}: {e}");
+                    }
+                    // A rejected write: re-read from the next object, as e2e's agents do.
+                    if let Some(st) = g.nodes.get_mut(&name) {
+                        st.agent = ClassicAgent::new();
+                        st.dirty = true;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Creates node `i`'s Node and CiliumNode (as a kubelet and a classic agent at start).
+async fn join(
+    kube: &kube::Client,
+    g: &Shared,
+    a: &Args,
+    w: &World,
+    name: &str,
+    instance: &str,
+) -> Result<()> {
+    let node = Node {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            labels: Some(BTreeMap::from([
+                ("topology.kubernetes.io/zone".into(), ZONE.into()),
+                (
+                    "node.kubernetes.io/instance-type".into(),
+                    "m5.xlarge".into(),
+                ),
+            ])),
+            ..Default::default()
+        },
+        spec: Some(NodeSpec {
+            provider_id: Some(format!("aws:///{ZONE}/{instance}")),
+            unschedulable: Some(true),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let node = Api::<Node>::all(kube.clone())
+        .create(&PostParams::default(), &node)
+        .await?;
+    let mut cn = CiliumNode::new(name, Default::default());
+    cn.spec.instance_id = instance.into();
+    cn.spec.eni.instance_type = "m5.xlarge".into();
+    cn.spec.eni.vpc_id = w.vpc.clone();
+    cn.spec.eni.availability_zone = ZONE.into();
+    cn.spec.eni.node_subnet_id = w.subnet.clone();
+    cn.spec.eni.first_interface_index = Some(1);
+    cn.spec.ipam.min_allocate = a.ips_per_node;
+    cn.metadata.owner_references = Some(vec![OwnerReference {
+        api_version: "v1".into(),
+        kind: "Node".into(),
+        name: name.into(),
+        uid: node.metadata.uid.unwrap_or_default(),
+        ..Default::default()
+    }]);
+    g.lock()
+        .expect("poisoned")
+        .nodes
+        .entry(name.into())
+        .or_default()
+        .created = Some(Instant::now());
+    Api::<CiliumNode>::all(kube.clone())
+        .create(&PostParams::default(), &cn)
+        .await?;
+    g.lock().expect("poisoned").creates += 2;
+    Ok(())
+}
+
+/// Counters of the whole system at one instant.
+struct Snap {
+    at: Instant,
+    requests: Requests,
+    ec2: Ec2Calls,
+    /// CPU ticks by process label.
+    ticks: BTreeMap<&'static str, u64>,
+    /// The load generator's requests: status patches sent (conflicts and errors included),
+    /// and creates (Node + CiliumNode per join).
+    gen_patches: u64,
+    gen_creates: u64,
+}
+
+struct Pids {
+    operator: u32,
+    sim: u32,
+    control_plane: Vec<(&'static str, u32)>,
+}
+
+fn read_ticks(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| p::parse_stat_ticks(&s))
+        .unwrap_or(0)
+}
+
+fn status_mib(pid: u32, key: &str) -> f64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| p::parse_status_mib(&s, key))
+        .unwrap_or(0.0)
+}
+
+fn loadavg() -> f64 {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|s| p::parse_loadavg(&s))
+        .map_or(0.0, |l| l[0])
+}
+
+fn ticks_per_second() -> u64 {
+    // SAFETY: sysconf(3) reads a constant of the system; no memory is passed.
+    let t = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    u64::try_from(t).unwrap_or(100).max(1)
+}
+
+async fn snap(
+    kube: &kube::Client,
+    http: &Http,
+    sim: &str,
+    pids: &Pids,
+    g: &Shared,
+) -> Result<Snap> {
+    let req = http::Request::builder().uri("/metrics").body(Vec::new())?;
+    let requests = p::parse_apiserver_requests(&kube.request_text(req).await?);
+    let stats: serde_json::Value =
+        serde_json::from_str(&http.get(&format!("{sim}/_sim/stats")).await?)?;
+    let mut ticks = BTreeMap::new();
+    ticks.insert("operator", read_ticks(pids.operator));
+    ticks.insert("ec2-sim", read_ticks(pids.sim));
+    ticks.insert("load generator", read_ticks(std::process::id()));
+    for (name, pid) in &pids.control_plane {
+        ticks.insert(*name, read_ticks(*pid));
+    }
+    let g = g.lock().expect("poisoned");
+    Ok(Snap {
+        at: Instant::now(),
+        requests,
+        ec2: p::parse_sim_stats(&stats),
+        ticks,
+        gen_patches: g.status_patches + g.conflicts + g.errors,
+        gen_creates: g.creates,
+    })
+}
+
+/// Figures of the window between two snapshots.
+struct Win {
+    secs: f64,
+    requests: Requests,
+    ec2: Ec2Calls,
+    cpu: BTreeMap<&'static str, (f64, f64)>,
+    gen_writes: u64,
+    /// The load generator's CiliumNode writes (creates and status patches).
+    gen_cn_writes: u64,
+}
+
+fn win(a: &Snap, b: &Snap) -> Win {
+    let hz = ticks_per_second();
+    let elapsed = b.at - a.at;
+    Win {
+        secs: elapsed.as_secs_f64(),
+        requests: requests_between(&a.requests, &b.requests),
+        ec2: ec2_between(&a.ec2, &b.ec2),
+        cpu: b
+            .ticks
+            .iter()
+            .map(|(k, t)| {
+                let t0 = a.ticks.get(k).copied().unwrap_or(0);
+                (*k, p::cpu_share(t.saturating_sub(t0), hz, elapsed))
+            })
+            .collect(),
+        gen_writes: (b.gen_patches - a.gen_patches) + (b.gen_creates - a.gen_creates),
+        gen_cn_writes: (b.gen_patches - a.gen_patches) + (b.gen_creates - a.gen_creates) / 2,
+    }
+}
+
+fn cpu_line(w: &Win) -> String {
+    w.cpu
+        .iter()
+        .map(|(k, (s, c))| format!("{k} {s:.1} s ({c:.2} cores)"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn ms(d: Option<Duration>) -> String {
+    d.map_or("-".into(), |d| format!("{:.2} s", d.as_secs_f64()))
+}
+
+/// Samples RSS and load every second until told to stop.
+#[derive(Default)]
+struct Sampler {
+    load: Load,
+    rss_max: f64,
+}
+
+async fn sample(pid: u32, s: Arc<Mutex<Sampler>>) {
+    loop {
+        {
+            let mut s = s.lock().expect("poisoned");
+            s.load.push(loadavg());
+            s.rss_max = s.rss_max.max(status_mib(pid, "VmRSS"));
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
+async fn wait_leader(http: &Http, metrics: &str, op: &Proc) -> Result<()> {
+    let start = Instant::now();
+    loop {
+        if let Ok(t) = http.get(&format!("{metrics}/metrics")).await
+            && t.lines().any(|l| l.trim() == "eni_operator_leader 1")
+        {
+            return Ok(());
+        }
+        ensure!(
+            start.elapsed() < Duration::from_secs(120),
+            "the operator (pid {}) did not become leader in 120 s",
+            op.pid()
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+async fn run(
+    a: &Args,
+    kube: kube::Client,
+    w: World,
+    op: &Proc,
+    sim_proc: &Proc,
+    cp: &ControlPlane,
+) -> Result<String> {
+    let http = Http::new();
+    let sim = sim_proc.endpoint.clone().expect("endpoint");
+    let metrics = op.endpoint.clone().expect("metrics");
+    let pids = Pids {
+        operator: op.pid(),
+        sim: sim_proc.pid(),
+        control_plane: ["etcd", "kube-apiserver", "kube-controller-manager"]
+            .into_iter()
+            .zip(cp.pids())
+            .collect(),
+    };
+    let load_start = loadavg();
+    wait_leader(&http, &metrics, op).await?;
+    eprintln!("bench-process: operator {} leads", op.pid());
+
+    let g: Shared = Arc::default();
+    let want = a.ips_per_node as usize;
+    let usable = endpoints(a.pods);
+    let watch = tokio::spawn(watch_nodes(kube.clone(), g.clone(), want, usable));
+    let agents = tokio::spawn(run_agents(
+        kube.clone(),
+        g.clone(),
+        a.pods,
+        Duration::from_secs(a.agent_min_interval_secs),
+    ));
+    let sampler = Arc::new(Mutex::new(Sampler::default()));
+    let sampling = tokio::spawn(sample(op.pid(), sampler.clone()));
+    let mut instances = w.instances.clone().into_iter();
+
+    // Quiet cluster: nodes join one at a time; each waits for its demand.
+    let mut quiet_usable = Vec::new();
+    let mut quiet_met = Vec::new();
+    let quiet_load_start = loadavg();
+    for i in 0..a.quiet_samples {
+        let name = format!("quiet-{i}");
+        join(
+            &kube,
+            &g,
+            a,
+            &w,
+            &name,
+            &instances.next().expect("launched"),
+        )
+        .await?;
+        let start = Instant::now();
+        loop {
+            let (u, m) = node_times(&g, &name);
+            if let (Some(u), Some(m)) = (u, m) {
+                quiet_usable.push(u);
+                quiet_met.push(m);
+                break;
+            }
+            ensure!(
+                start.elapsed() < Duration::from_secs(120),
+                "{name} not served in 120 s"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    let quiet_load = format!("1-min loadavg {quiet_load_start:.2} → {:.2}", loadavg());
+    eprintln!(
+        "bench-process: quiet cluster: usable p50 {} p99 {}",
+        ms(percentile(&quiet_usable, 50.0)),
+        ms(percentile(&quiet_usable, 99.0))
+    );
+    // Let the quiet nodes' agents write before the burst's window starts.
+    tokio::time::sleep(Duration::from_secs(a.agent_min_interval_secs + 5)).await;
+
+    // The burst.
+    let settings = Settings {
+        ips_per_node: a.ips_per_node,
+        mutating_latency: Duration::from_millis(a.mutating_latency_ms),
+        describe_latency: Duration::from_millis(a.describe_latency_ms),
+        ..Settings::default()
+    };
+    let bound = burst_bound(&settings, a.nodes + a.burst_probes, a.prefix);
+    sampler.lock().expect("poisoned").load = Load::default();
+    let before = snap(&kube, &http, &sim, &pids, &g).await?;
+    let t0 = Instant::now();
+    let names: Vec<String> = (0..a.nodes).map(|i| format!("node-{i}")).collect();
+    let burst_instances: Vec<String> = instances.by_ref().take(a.nodes).collect();
+    futures::stream::iter(names.iter().zip(&burst_instances))
+        .map(|(n, i)| join(&kube, &g, a, &w, n, i))
+        .buffer_unordered(32)
+        .try_collect::<Vec<()>>()
+        .await?;
+    let created_in = t0.elapsed();
+    eprintln!(
+        "bench-process: {} nodes created in {:.1} s; bound {:.1} s",
+        a.nodes,
+        created_in.as_secs_f64(),
+        bound.as_secs_f64()
+    );
+    // Probes: nodes joining one at a time while the burst runs, spread over the bound.
+    let probe_names: Vec<String> = (0..a.burst_probes).map(|i| format!("probe-{i}")).collect();
+    let probes = {
+        let (kube, g, a, names) = (kube.clone(), g.clone(), a.clone(), probe_names.clone());
+        let insts: Vec<String> = instances.by_ref().take(a.burst_probes).collect();
+        let w = World {
+            vpc: w.vpc.clone(),
+            subnet: w.subnet.clone(),
+            instances: vec![],
+        };
+        let every = bound / (a.burst_probes as u32 + 1);
+        tokio::spawn(async move {
+            for (i, (name, inst)) in names.iter().zip(&insts).enumerate() {
+                tokio::time::sleep_until((t0 + every * (i as u32 + 1)).into()).await;
+                if let Err(e) = join(&kube, &g, &a, &w, name, inst).await {
+                    eprintln!("bench-process: probe {name}: {e:#}");
+                }
+            }
+        })
+    };
+    let all: Vec<String> = names.iter().chain(&probe_names).cloned().collect();
+    let limit = Duration::from_secs(a.limit_secs);
+    let mut last_log = Instant::now();
+    let (took, all_met) = loop {
+        let waiting = {
+            let g = g.lock().expect("poisoned");
+            all.iter()
+                .filter(|n| g.nodes.get(*n).is_none_or(|s| s.met.is_none()))
+                .count()
+        };
+        if waiting == 0 {
+            let g = g.lock().expect("poisoned");
+            let last = all
+                .iter()
+                .filter_map(|n| g.nodes.get(n).and_then(|s| s.met))
+                .max()
+                .unwrap_or(t0);
+            break (last - t0, true);
+        }
+        if t0.elapsed() > limit {
+            break (t0.elapsed(), false);
+        }
+        if last_log.elapsed() > Duration::from_secs(30) {
+            last_log = Instant::now();
+            eprintln!(
+                "bench-process: {:.0} s: {waiting} nodes waiting; operator RSS {:.0} MiB; load {:.2}",
+                t0.elapsed().as_secs_f64(),
+                status_mib(op.pid(), "VmRSS"),
+                loadavg()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let _ = probes.await;
+    let after = snap(&kube, &http, &sim, &pids, &g).await?;
+    let burst = win(&before, &after);
+    let burst_rss_hwm = status_mib(op.pid(), "VmHWM");
+    let burst_load = sampler.lock().expect("poisoned").load.describe(cores());
+    eprintln!(
+        "bench-process: demand met in {:.1} s (bound {:.1} s)",
+        took.as_secs_f64(),
+        bound.as_secs_f64()
+    );
+
+    let (burst_usable, burst_met, probe_usable, probe_met) = {
+        let g = g.lock().expect("poisoned");
+        let times = |names: &[String], f: fn(&NodeState) -> Option<Instant>| -> Vec<Duration> {
+            names
+                .iter()
+                .filter_map(|n| {
+                    let s = g.nodes.get(n)?;
+                    Some(f(s)? - s.created?)
+                })
+                .collect()
+        };
+        (
+            times(&names, |s| s.usable),
+            times(&names, |s| s.met),
+            times(&probe_names, |s| s.usable),
+            times(&probe_names, |s| s.met),
+        )
+    };
+
+    // Steady state: in-flight passes finish, then two resyncs and a bit.
+    sampler.lock().expect("poisoned").load = Load::default();
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    let q0 = snap(&kube, &http, &sim, &pids, &g).await?;
+    tokio::time::sleep(RESYNC * 2 + Duration::from_secs(10)).await;
+    let q1 = snap(&kube, &http, &sim, &pids, &g).await?;
+    let quiet = win(&q0, &q1);
+    let steady_rss = status_mib(op.pid(), "VmRSS");
+    let peak_rss = status_mib(op.pid(), "VmHWM");
+    let steady_load = sampler.lock().expect("poisoned").load.describe(cores());
+    let rss_max_sampled = sampler.lock().expect("poisoned").rss_max;
+    for t in [watch, agents, sampling] {
+        t.abort();
+    }
+    let g = g.lock().expect("poisoned");
+
+    let mode = if a.prefix { "prefix" } else { "secondary IPs" };
+    let (cpu_b, cores_b) = burst.cpu.get("operator").copied().unwrap_or_default();
+    let (cpu_q, cores_q) = quiet.cpu.get("operator").copied().unwrap_or_default();
+    // The operator's: the agents write nothing once every node has its addresses.
+    let quiet_writes =
+        writes_to(&quiet.requests, "ciliumnodes").saturating_sub(quiet.gen_cn_writes);
+    let quiet_mutating = ec2_mutating(&quiet.ec2);
+    let mut out = String::new();
+    use std::fmt::Write as _;
+    out.push_str(&p::process_table(&p::ProcessRow {
+        mode: mode.into(),
+        nodes: a.nodes,
+        time: took,
+        met: all_met,
+        bound,
+        peak_rss_mib: peak_rss,
+        steady_rss_mib: steady_rss,
+        cpu_burst: (cpu_b, cores_b),
+        cpu_steady: (cpu_q, cores_q),
+        quiet: (
+            percentile(&quiet_usable, 50.0),
+            percentile(&quiet_usable, 99.0),
+        ),
+        during_burst: (
+            percentile(&probe_usable, 50.0),
+            percentile(&probe_usable, 99.0),
+        ),
+        steady_writes: quiet_writes,
+        steady_mutating: quiet_mutating,
+        load: burst_load.clone(),
+    }));
+    out.push('\n');
+    let resources = ["ciliumnodes", "nodes", "leases", "events"];
+    let notes = [
+        format!(
+            "burst window {:.0} s ({} nodes + {} probes joining; the {} Node + CiliumNode creates took {:.1} s); machine load: {burst_load} (1-min loadavg at the start of the run {load_start:.2}; other sessions build on this machine)",
+            burst.secs,
+            a.nodes,
+            a.burst_probes,
+            a.nodes,
+            created_in.as_secs_f64()
+        ),
+        format!(
+            "burst: EC2 calls by action (ec2-sim): {}",
+            ec2_summary(&burst.ec2)
+        ),
+        format!(
+            "burst: API requests by verb (apiserver_request_total, every client): {}",
+            requests_summary(&burst.requests, &resources)
+        ),
+        format!(
+            "burst: the load generator's own writes {} (Node and CiliumNode creates, agents' status patches sent; {} conflicts, {} errors over the whole run), so the operator's CiliumNode writes are {}",
+            burst.gen_writes,
+            g.conflicts,
+            g.errors,
+            writes_to(&burst.requests, "ciliumnodes").saturating_sub(burst.gen_cn_writes)
+        ),
+        format!("burst: CPU by process: {}", cpu_line(&burst)),
+        format!(
+            "new-node time to usable addresses ({} of its pods + router + health): quiet cluster p50 {} p99 {} ({} samples, {quiet_load}); during the burst, nodes joining one at a time p50 {} p99 {} ({} probes); the burst's own nodes p50 {} p99 {}",
+            a.pods,
+            ms(percentile(&quiet_usable, 50.0)),
+            ms(percentile(&quiet_usable, 99.0)),
+            quiet_usable.len(),
+            ms(percentile(&probe_usable, 50.0)),
+            ms(percentile(&probe_usable, 99.0)),
+            probe_usable.len(),
+            ms(percentile(&burst_usable, 50.0)),
+            ms(percentile(&burst_usable, 99.0)),
+        ),
+        format!(
+            "new-node time to its whole min-allocate ({}): quiet p50 {} p99 {}; probes p50 {} p99 {}; burst nodes p50 {} p99 {}",
+            a.ips_per_node,
+            ms(percentile(&quiet_met, 50.0)),
+            ms(percentile(&quiet_met, 99.0)),
+            ms(percentile(&probe_met, 50.0)),
+            ms(percentile(&probe_met, 99.0)),
+            ms(percentile(&burst_met, 50.0)),
+            ms(percentile(&burst_met, 99.0)),
+        ),
+        format!(
+            "steady state ({:.0} s = 2 resyncs + 10 s, from 30 s after the demand was met; {steady_load}): {quiet_writes} CiliumNode writes, {quiet_mutating} mutating EC2 calls; API requests {}; EC2 calls {}; CPU {}",
+            quiet.secs,
+            requests_summary(&quiet.requests, &resources),
+            ec2_summary(&quiet.ec2),
+            cpu_line(&quiet)
+        ),
+        format!(
+            "operator RSS: peak (VmHWM) {peak_rss:.0} MiB, at the end of the burst {burst_rss_hwm:.0} MiB, most sampled once a second {rss_max_sampled:.0} MiB, steady (VmRSS at the end) {steady_rss:.0} MiB"
+        ),
+    ];
+    for n in notes {
+        let _ = writeln!(out, "- {} nodes, {mode}: {n}", a.nodes);
+    }
+    Ok(out)
+}
+
+fn node_times(g: &Shared, name: &str) -> (Option<Duration>, Option<Duration>) {
+    let g = g.lock().expect("poisoned");
+    let Some(s) = g.nodes.get(name) else {
+        return (None, None);
+    };
+    let Some(c) = s.created else {
+        return (None, None);
+    };
+    (s.usable.map(|u| u - c), s.met.map(|m| m - c))
+}
+
+fn cores() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
