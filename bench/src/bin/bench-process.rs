@@ -353,7 +353,7 @@ async fn prepare(a: &Args, kubeconfig: &Path, endpoint: &str) -> Result<(kube::C
     let cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default()).await?;
     let kube = kube::Client::try_from(cfg)?;
 
-    let crd: CustomResourceDefinition = serde_yaml::from_str(CILIUM_CRD)?;
+    let crd: CustomResourceDefinition = serde_saphyr::from_str(CILIUM_CRD)?;
     let crds: Api<CustomResourceDefinition> = Api::all(kube.clone());
     crds.create(&PostParams::default(), &crd).await?;
     let ns = Namespace {
