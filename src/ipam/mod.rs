@@ -251,6 +251,9 @@ pub struct DesiredState {
     /// `status.ipam.operator-status.error`; `None` clears it.
     pub operator_error: Option<String>,
     pub summary: OperatorSummary,
+    /// The node's demand on the EC2 view this state was computed from (after the pass's EC2
+    /// action); `None` when its watermarks are invalid.
+    pub demand: Option<demand::Demand>,
 }
 
 /// Which endpoint a write goes to.

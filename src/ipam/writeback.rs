@@ -101,15 +101,12 @@ pub fn desired_state(
         .iter()
         .map(|e| usable_addresses(e, with_primary).len() as i64)
         .sum();
-    let (used, needed) = match demand::watermarks(node) {
-        Ok(marks) => {
-            let pd = is_prefix_delegated(config, ec2.limits, spec);
-            let max = max_allocatable(ec2.limits, spec.first_interface_index, pd);
-            let d = demand::compute(node, &marks, available, max);
-            (d.used, d.needed)
-        }
-        Err(_) => (0, 0),
-    };
+    let after = demand::watermarks(node).ok().map(|marks| {
+        let pd = is_prefix_delegated(config, ec2.limits, spec);
+        let max = max_allocatable(ec2.limits, spec.first_interface_index, pd);
+        demand::compute(node, &marks, available, max)
+    });
+    let (used, needed) = after.as_ref().map_or((0, 0), |d| (d.used, d.needed));
     DesiredState {
         summary: OperatorSummary {
             enis: attached.len() as i64,
@@ -123,6 +120,7 @@ pub fn desired_state(
         pool,
         release_ips,
         operator_error: problem.map(|p| format!("{}: {}", p.reason.as_str(), p.message)),
+        demand: after,
     }
 }
 

@@ -24,7 +24,7 @@ pub(super) async fn report<E: Ec2, S: NodeSink>(
     inner: &Shared<E, S>,
     name: &str,
     node: &CiliumNode,
-    planned: Planned,
+    mut planned: Planned,
     executed: Executed,
     written: Written,
     memory: NodeMemory,
@@ -34,6 +34,14 @@ pub(super) async fn report<E: Ec2, S: NodeSink>(
     let problem = executed.problem.as_ref();
     for (reason, message) in select_events(&executed.exec, problem, previous.as_deref()) {
         events::publish(&*inner.sink, &inner.metrics, &node_ref, reason, message).await;
+    }
+    // After a change, what the node still lacks is the demand on the updated view: requeued
+    // and remembered at the demand from before the action, a node that just got an ENI would
+    // outrank nodes with no address at all (a burst served depth first).
+    if executed.exec.changed
+        && let Some(after) = written.demand.clone()
+    {
+        planned.plan.demand = after;
     }
     let verdict = verdict(inner, name, &planned, &executed.exec, &written);
     remember(inner, name, planned, executed, written, memory);

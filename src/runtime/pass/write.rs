@@ -5,6 +5,7 @@ use tracing::{debug, warn};
 
 use crate::crd::CiliumNode;
 use crate::ec2::Ec2;
+use crate::ipam::demand::Demand;
 use crate::ipam::{self, NodeMemory};
 use crate::runtime::queue::{Outcome, Priority};
 use crate::runtime::shared::Shared;
@@ -20,6 +21,8 @@ pub(super) struct Written {
     pub again: Option<Priority>,
     /// The node as written (or the newer version a conflict returned).
     pub node: Option<CiliumNode>,
+    /// The node's demand after the pass's EC2 action (`None`: watermarks invalid).
+    pub demand: Option<Demand>,
 }
 
 pub(super) async fn write<E: Ec2, S: NodeSink>(
@@ -46,6 +49,7 @@ pub(super) async fn write<E: Ec2, S: NodeSink>(
         outcome: Outcome::Done,
         again: None,
         node: None,
+        demand: desired.demand,
     };
     if changes.is_empty() {
         return Ok(written);
