@@ -71,6 +71,13 @@ pub(super) async fn node_gone_now<E: Ec2, S: NodeSink>(
     if crate::mutants::active("delete-on-watch") {
         return Ok(true);
     }
+    // Planted defect (dst-mutants): a draining Node counted as gone (the watch's word, taken
+    // here as in `finalize`, where the live GET would otherwise catch it).
+    if crate::mutants::active("drain-is-gone")
+        && inner.with_slot(name, |s| s.k8s_node) == Some(Some(false))
+    {
+        return Ok(true);
+    }
     if !node_exists(inner, name).await? {
         return Ok(true);
     }
