@@ -370,19 +370,24 @@ impl Suite {
             if let Some(note) = self.ops.exited_note() {
                 return Err(Abort(note).into());
             }
-            let mut notes = Vec::new();
-            for &i in idxs {
-                if let Err(n) = self.served_note(i).await? {
-                    notes.push(n);
-                }
-            }
-            Ok(if notes.is_empty() {
-                Ok(())
-            } else {
-                Err(notes.join("; "))
-            })
+            self.served_notes(idxs).await
         })
         .await
+    }
+
+    /// `Ok` when every node of `idxs` is served, else what each unserved one lacks.
+    async fn served_notes(&self, idxs: &[usize]) -> Result<std::result::Result<(), String>> {
+        let mut notes = Vec::new();
+        for &i in idxs {
+            if let Err(n) = self.served_note(i).await? {
+                notes.push(n);
+            }
+        }
+        Ok(if notes.is_empty() {
+            Ok(())
+        } else {
+            Err(notes.join("; "))
+        })
     }
 
     async fn owned_enis(&self) -> Result<Vec<EniView>> {

@@ -427,8 +427,10 @@ fn terminate(child: &mut Child) {
     let _ = child.wait();
 }
 
+/// The child gets SIGKILL when this process dies, however it dies (a SIGKILLed test or
+/// benchmark leaves no API server, etcd or operator behind).
 #[cfg(target_os = "linux")]
-fn die_with_parent(cmd: &mut Command) {
+pub fn die_with_parent(cmd: &mut Command) {
     use std::os::unix::process::CommandExt;
     // SAFETY: the closure runs between fork and exec and only calls prctl(2), which is
     // async-signal-safe and touches no memory of the parent.
@@ -443,4 +445,4 @@ fn die_with_parent(cmd: &mut Command) {
 }
 
 #[cfg(not(target_os = "linux"))]
-fn die_with_parent(_cmd: &mut Command) {}
+pub fn die_with_parent(_cmd: &mut Command) {}

@@ -190,7 +190,7 @@ impl Proc {
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(log);
-        die_with_parent(&mut cmd);
+        testkit::control_plane::die_with_parent(&mut cmd);
         let mut child = cmd.spawn().context("starting ec2-sim")?;
         let stdout = child.stdout.take().context("ec2-sim stdout")?;
         let mut line = String::new();
@@ -239,7 +239,7 @@ impl Proc {
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
             .stderr(log);
-        die_with_parent(&mut cmd);
+        testkit::control_plane::die_with_parent(&mut cmd);
         let child = cmd.spawn().context("starting the operator")?;
         Ok(Proc {
             child,
@@ -277,19 +277,6 @@ impl Proc {
 impl Drop for Proc {
     fn drop(&mut self) {
         self.stop();
-    }
-}
-
-fn die_with_parent(cmd: &mut Command) {
-    use std::os::unix::process::CommandExt;
-    // SAFETY: runs between fork and exec and only calls prctl(2), async-signal-safe.
-    unsafe {
-        cmd.pre_exec(|| {
-            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
     }
 }
 

@@ -92,17 +92,7 @@ impl Suite {
             "the other allocator to serve",
             async || {
                 other.round(&view).await?;
-                let mut notes = Vec::new();
-                for &i in idxs {
-                    if let Err(n) = self.served_note(i).await? {
-                        notes.push(n);
-                    }
-                }
-                Ok(if notes.is_empty() {
-                    Ok(())
-                } else {
-                    Err(notes.join("; "))
-                })
+                self.served_notes(idxs).await
             },
         )
         .await
@@ -574,17 +564,7 @@ impl Suite {
             "A served by us, B by the other",
             async || {
                 other.round(&view_b).await?;
-                let mut notes = Vec::new();
-                for i in [a, b] {
-                    if let Err(n) = self.served_note(i).await? {
-                        notes.push(n);
-                    }
-                }
-                Ok(if notes.is_empty() {
-                    Ok(())
-                } else {
-                    Err(notes.join("; "))
-                })
+                self.served_notes(&[a, b]).await
             },
         )
         .await?;
