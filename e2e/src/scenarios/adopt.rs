@@ -164,19 +164,7 @@ impl Suite {
         )
         .await?;
         let other = OtherAllocator::new(self.kube.clone(), self.ec2.clone(), self.world.clone());
-        let mut idxs = Vec::new();
-        for zone in [0, 1] {
-            idxs.push(
-                self.add_node(
-                    "m5.xlarge",
-                    zone,
-                    Some(Generation::Classic),
-                    2,
-                    NodeVariant::default(),
-                )
-                .await?,
-            );
-        }
+        let idxs = self.two_classic_nodes().await?;
         let names = |s: &Suite, idxs: &[usize]| -> Vec<String> {
             idxs.iter().map(|&i| s.nodes[i].name.clone()).collect()
         };
@@ -509,23 +497,23 @@ impl Suite {
         Ok(())
     }
 
+    /// Two classic m5.xlarge nodes, one per zone, each with 2 pods: the nodes the shadow and
+    /// handover scenarios watch two allocators serve.
+    async fn two_classic_nodes(&mut self) -> Result<Vec<usize>> {
+        let mut idxs = Vec::new();
+        for zone in [0, 1] {
+            let variant = NodeVariant::default();
+            let kind = Some(Generation::Classic);
+            idxs.push(self.add_node("m5.xlarge", zone, kind, 2, variant).await?);
+        }
+        Ok(idxs)
+    }
+
     /// Nodes served by the other allocator, handed over one (canary) then all, one handed
     /// back; the detection fires when the other allocator writes a handed-over node.
     pub(super) async fn handover(&mut self) -> Result<()> {
         let other = OtherAllocator::new(self.kube.clone(), self.ec2.clone(), self.world.clone());
-        let mut idxs = Vec::new();
-        for zone in [0, 1] {
-            idxs.push(
-                self.add_node(
-                    "m5.xlarge",
-                    zone,
-                    Some(Generation::Classic),
-                    2,
-                    NodeVariant::default(),
-                )
-                .await?,
-            );
-        }
+        let idxs = self.two_classic_nodes().await?;
         let (a, b) = (idxs[0], idxs[1]);
         self.other_serves(&other, &idxs).await?;
         let selector = format!("{}={}", HANDOVER_LABEL.0, HANDOVER_LABEL.1);
