@@ -6,6 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use eni_operator::ec2::{InstanceState, Operation};
 use eni_operator::ipam::IpamConfig;
 use eni_operator::runtime::core::{Core, CoreConfig, NodeInput};
 use eni_operator::runtime::metrics::RuntimeMetrics;
@@ -81,4 +82,113 @@ async fn a_node_deleted_and_created_again_keeps_its_cilium_node() {
     .await
     .unwrap();
     assert!(wait_until(|| sink.raw("n").is_none(), Duration::from_secs(120)).await);
+}
+
+/// A finalizer that cannot finish (here: every DetachNetworkInterface refused, as with a
+/// missing IAM permission) says so on the object, once (operator-status, one Warning Event,
+/// `errors_total{reason="FinalizerBlocked"}`), keeps retrying, and after the grace period lets
+/// the CiliumNode go (`FinalizerLetGo`, `finalizers_let_go_total`) so that the name is free for
+/// a new instance's CiliumNode. On the old main the object stayed Terminating for ever, with
+/// one `Ec2Error` Event per retry and nothing on its status.
+#[tokio::test(start_paused = true)]
+async fn a_finalizer_that_cannot_finish_says_so_and_lets_go_after_the_grace_period() {
+    let w = Cluster::new();
+    let sink = Arc::new(MemorySink::new());
+    let cfg = CoreConfig {
+        workers: 2,
+        ipam: IpamConfig {
+            cluster_name: CLUSTER.into(),
+            ..IpamConfig::default()
+        },
+        ..CoreConfig::default()
+    };
+    let grace = cfg.node_gone_grace;
+    let metrics = RuntimeMetrics::default();
+    let cache = cfg.ec2_cache();
+    let core = Core::new(
+        Arc::new(w.sim.clone()),
+        sink.clone(),
+        cfg,
+        metrics.clone(),
+        cache,
+    );
+    let (tx, rx) = mpsc::channel(64);
+    let _task = tokio::spawn(core.clone().run(rx, std::future::pending()));
+    let inst = w.instance();
+    sink.put_node("n", &[]);
+    let stored = sink.put(&agent_node(&w, "n", &inst.id, 8));
+    tx.send(NodeInput::Upsert(Box::new(stored))).await.unwrap();
+    assert!(wait_until(|| served(&sink, "n", 8), Duration::from_secs(60)).await);
+
+    // The instance is terminated and its Node deleted, but every detach is refused.
+    w.sim.inject_error(
+        Operation::DetachNetworkInterface,
+        "UnauthorizedOperation",
+        10_000,
+    );
+    w.sim
+        .set_instance_state(&inst.id, InstanceState::Terminated);
+    sink.set_node_exists("n", false);
+    let marked = sink.begin_delete("n").expect("held by our finalizer");
+    tx.send(NodeInput::NodePresent {
+        name: "n".into(),
+        present: false,
+    })
+    .await
+    .unwrap();
+    tx.send(NodeInput::Upsert(Box::new(marked))).await.unwrap();
+    let error = |sink: &MemorySink| {
+        sink.raw("n")
+            .and_then(|v| {
+                v.pointer("/status/ipam/operator-status/error")
+                    .and_then(|e| e.as_str().map(String::from))
+            })
+            .unwrap_or_default()
+    };
+    assert!(
+        wait_until(
+            || error(&sink).starts_with("FinalizerBlocked"),
+            Duration::from_secs(120)
+        )
+        .await,
+        "reported on the object: {:?}",
+        error(&sink)
+    );
+    assert!(
+        error(&sink).contains("UnauthorizedOperation"),
+        "{}",
+        error(&sink)
+    );
+    // Retried meanwhile, reported once.
+    tokio::time::sleep(grace / 2).await;
+    let detaches = w.sim.stats().get(Operation::DetachNetworkInterface).calls;
+    assert!(detaches > 2, "retried: {detaches} detaches");
+    let reasons = |sink: &MemorySink| -> Vec<String> {
+        sink.events("n").into_iter().map(|e| e.reason).collect()
+    };
+    let blocked = |sink: &MemorySink| {
+        reasons(sink)
+            .iter()
+            .filter(|r| *r == "FinalizerBlocked")
+            .count()
+    };
+    assert_eq!(blocked(&sink), 1, "{:?}", reasons(&sink));
+    assert!(sink.raw("n").is_some(), "held within the grace period");
+    assert_eq!(
+        metrics
+            .errors
+            .get_or_create(&vec![("reason", "FinalizerBlocked".to_string())])
+            .get(),
+        1
+    );
+
+    // After the grace period the object goes; nothing of the name is held any longer.
+    assert!(wait_until(|| sink.raw("n").is_none(), grace).await);
+    assert!(
+        reasons(&sink).iter().any(|r| r == "FinalizerLetGo"),
+        "{:?}",
+        reasons(&sink)
+    );
+    assert_eq!(metrics.finalizers_let_go.get(), 1);
+    assert_eq!(blocked(&sink), 1);
 }

@@ -149,6 +149,9 @@ pub enum ProblemReason {
     /// Another allocator (Cilium's operator) serves the node: we leave it alone
     /// ([`handover`]).
     OtherAllocatorActive,
+    /// The node's CiliumNode is being deleted and our finalizer cannot finish (an EC2 or API
+    /// error, e.g. a missing IAM permission): retried until the grace period, then let go.
+    FinalizerBlocked,
 }
 
 impl ProblemReason {
@@ -167,6 +170,7 @@ impl ProblemReason {
             Self::Ec2Error => "Ec2Error",
             Self::NoStaticIp => "NoStaticIp",
             Self::OtherAllocatorActive => "OtherAllocatorActive",
+            Self::FinalizerBlocked => "FinalizerBlocked",
         }
     }
 }

@@ -123,6 +123,11 @@ pub struct Ec2Cache {
     /// Listings that started before this may not show the previous leader's last calls yet
     /// (the start of this leadership plus [`DESCRIBE_LAG`], §14.1).
     trust_listings_from: Option<Instant>,
+    /// Our last change to instances since forgotten (their CiliumNode went): a listing
+    /// started within [`DESCRIBE_LAG`] of it must not bring them back as they were (`make dst`
+    /// seed 171: the finalizer detached an ENI, the Node came back, and a lagging describe had
+    /// the new CiliumNode pooled the detached ENI's addresses).
+    forgotten_changes: BTreeMap<String, Instant>,
 }
 
 /// What is known of the instances' tags under `--instance-tags-filter`.
@@ -249,6 +254,8 @@ impl Ec2Cache {
         }
         // Neither managed nor in this listing: forget (the cache must not keep every instance
         // it ever saw).
+        self.forgotten_changes
+            .retain(|_, t| local_change_newer(Some(*t), snap.started));
         self.instances
             .retain(|id, _| self.managed.contains(id) || by_instance.contains_key(id));
         for (id, enis) in by_instance {
@@ -354,7 +361,9 @@ impl Ec2Cache {
     fn replace_instance(&mut self, id: &str, mut enis: Vec<NetworkInterface>, started: Instant) {
         let early = self.trust_listings_from.is_some_and(|t| started < t)
             && !crate::mutants::active("trust-lagging-describe");
+        let forgotten = self.forgotten_changes.remove(id);
         let entry = self.instances.entry(id.to_string()).or_default();
+        entry.local_change = entry.local_change.max(forgotten);
         if local_change_newer(entry.local_change, started) {
             // Our own change is newer than this listing (or too recent for it to show).
             return;
@@ -392,9 +401,26 @@ impl Ec2Cache {
         entry.enis = enis;
     }
 
-    /// Forget an instance (its CiliumNode was deleted).
+    /// The finalizer is releasing (detaching and deleting) these ENIs of the instance: they
+    /// are not the node's from now on, whatever a listing started before `now + DESCRIBE_LAG`
+    /// shows (a timeout can hide a detach that took effect).
+    pub fn releasing(
+        &mut self,
+        id: &str,
+        now: Instant,
+        released: impl Fn(&NetworkInterface) -> bool,
+    ) {
+        let entry = self.instances.entry(id.to_string()).or_default();
+        entry.local_change = entry.local_change.max(Some(now));
+        entry.enis.retain(|e| !released(e));
+        entry.leftovers.retain(|e| !released(e));
+    }
+
+    /// Forget an instance (its CiliumNode was deleted), but not our last change to it.
     pub fn drop_instance(&mut self, id: &str) {
-        self.instances.remove(id);
+        if let Some(t) = self.instances.remove(id).and_then(|e| e.local_change) {
+            self.forgotten_changes.insert(id.to_string(), t);
+        }
         self.managed.remove(id);
         if let Some(t) = self.instance_tags.as_mut() {
             t.tagged.remove(id);
@@ -803,6 +829,50 @@ pub(crate) mod tests {
             vec![eni("eni-a", Some(("i-a", 0)), "subnet-1")],
         ));
         assert_eq!(c.instance("i-a").unwrap().enis.len(), 1);
+    }
+
+    #[test]
+    fn a_forgotten_instance_is_not_brought_back_by_a_listing_older_than_our_release() {
+        // `make dst` seed 171: the finalizer detaches an ENI of a gone Node's instance, the
+        // Node comes back, its CiliumNode goes (the instance is forgotten) and a new one comes.
+        let t = Instant::now();
+        let s = Duration::from_secs;
+        let attached = vec![
+            eni("eni-p", Some(("i-a", 0)), "subnet-1"),
+            eni("eni-a", Some(("i-a", 1)), "subnet-1"),
+        ];
+        let mut c = Ec2Cache::new();
+        c.apply_full(snap(t, attached.clone()));
+        let only_primary = |c: &Ec2Cache| {
+            matches!(c.view("i-a", "x").instance,
+                InstanceView::Known { enis, .. } if enis.len() == 1 && enis[0].id == "eni-p")
+        };
+        c.releasing("i-a", t + s(10), |e| e.id == "eni-a");
+        // The Node is back before the CiliumNode goes: the cache no longer offers eni-a, and
+        // listings that started within the lag of the detach (showing it attached) change nothing.
+        assert!(only_primary(&c));
+        c.apply_instances(&["i-a".into()], attached.clone(), t + s(11));
+        assert!(only_primary(&c));
+        // The old CiliumNode goes (the instance is forgotten), a new one comes.
+        c.drop_instance("i-a");
+        c.apply_instances(&["i-a".into()], attached.clone(), t + s(12));
+        assert!(matches!(c.view("i-a", "x").instance, InstanceView::Unknown));
+        c.apply_full(snap(t + s(20), attached.clone()));
+        assert!(matches!(c.view("i-a", "x").instance, InstanceView::Unknown));
+        // Forgotten again (the CiliumNode went once more): still not trusted.
+        c.drop_instance("i-a");
+        c.apply_instances(&["i-a".into()], attached.clone(), t + s(25));
+        assert!(matches!(c.view("i-a", "x").instance, InstanceView::Unknown));
+        // After the lag, the listing is the truth: eni-a is no longer attached.
+        c.apply_instances(
+            &["i-a".into()],
+            attached[..1].to_vec(),
+            t + s(10) + DESCRIBE_LAG,
+        );
+        assert!(matches!(
+            c.view("i-a", "x").instance,
+            InstanceView::Known { enis, .. } if enis.len() == 1
+        ));
     }
 
     #[test]

@@ -27,6 +27,9 @@ pub enum EventReason {
     EnisKept,
     /// The finalizer disassociated a deleted node's static IP (Elastic IP).
     StaticIpReleased,
+    /// The finalizer failed for the grace period and was removed; the node's ENIs of ours are
+    /// left to the ENI GC.
+    FinalizerLetGo,
     /// /28 prefixes were refused; single addresses were assigned instead.
     PrefixesNotGranted,
     /// The node cannot be (fully) served.
@@ -46,6 +49,7 @@ impl EventReason {
             Self::EnisReleased => "EnisReleased",
             Self::EnisKept => "EnisKept",
             Self::StaticIpReleased => "StaticIpReleased",
+            Self::FinalizerLetGo => "FinalizerLetGo",
             Self::PrefixesNotGranted => "PrefixesNotGranted",
             Self::Problem(p) => p.as_str(),
         }
@@ -54,7 +58,7 @@ impl EventReason {
     pub const fn is_warning(self) -> bool {
         matches!(
             self,
-            Self::PrefixesNotGranted | Self::EnisKept | Self::Problem(_)
+            Self::PrefixesNotGranted | Self::EnisKept | Self::FinalizerLetGo | Self::Problem(_)
         )
     }
 

@@ -60,6 +60,8 @@ pub struct RuntimeMetrics {
     pub passes: Counter,
     /// Passes ended by the handover guard: another allocator serves the node.
     pub other_allocator_blocked: Counter,
+    /// Finalizers removed after failing for the grace period (their ENIs left to the GC).
+    pub finalizers_let_go: Counter,
     /// Planning decisions (`plan_node` calls) and the thread time they took, in nanoseconds:
     /// the benchmark's CPU-per-decision figure. Not exported.
     pub plans: Counter,
@@ -100,6 +102,7 @@ impl Default for RuntimeMetrics {
             errors: Family::default(),
             passes: Counter::default(),
             other_allocator_blocked: Counter::default(),
+            finalizers_let_go: Counter::default(),
             plans: Counter::default(),
             plan_nanos: Counter::default(),
             published_nodes: Arc::default(),
@@ -231,6 +234,11 @@ impl RuntimeMetrics {
             "handover_blocked_passes",
             "Passes that left a node alone because another allocator serves it",
             m.other_allocator_blocked.clone(),
+        );
+        r.register(
+            "finalizers_let_go",
+            "Finalizers removed after failing for --node-gone-grace-period (ENIs left to the GC)",
+            m.finalizers_let_go.clone(),
         );
     }
 

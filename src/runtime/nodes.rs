@@ -57,6 +57,8 @@ pub struct Slot {
     /// Since when the finalizer has seen the Kubernetes Node gone while its instance still
     /// runs (the grace period of `--node-gone-grace-period` counts from here).
     pub node_gone_since: Option<Instant>,
+    /// Since when the finalizer has been failing (it is let go after the grace period).
+    pub finalize_failing_since: Option<Instant>,
     pub last_problem: Option<String>,
     pub demand_seen: Option<Instant>,
     pub pending_pods: u32,

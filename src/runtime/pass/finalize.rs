@@ -10,7 +10,9 @@ use crate::ec2::Ec2;
 use crate::ipam::{ChangeSet, ProblemReason, Subresource, Write};
 use crate::runtime::clock;
 use crate::runtime::events::{self, EventReason};
-use crate::runtime::finalizer::{GoneNode, gone_node, instance_state, release_instance_enis};
+use crate::runtime::finalizer::{
+    GoneNode, gone_node, instance_state, releasable, release_instance_enis,
+};
 use crate::runtime::metrics;
 use crate::runtime::nodes::InvalidNode;
 use crate::runtime::queue::Outcome;
@@ -23,39 +25,130 @@ use super::{DONE, FAILED, Step, Verdict};
 /// The CiliumNode is being deleted. With its Node gone and its instance gone or stopped, give
 /// back our ENIs first; with the instance still running, keep them (the Node may come back)
 /// and look again, up to the grace period; with the Node still there (deleted by hand), touch
-/// nothing.
+/// nothing. A give-back that keeps failing is reported and, after the grace period, let go.
 pub(super) async fn finalize<E: Ec2, S: NodeSink>(
     inner: &Shared<E, S>,
     name: &str,
     r: &NodeRef,
     instance: &str,
 ) -> Verdict {
-    let run = async {
-        if r.finalizers.iter().any(|f| f == FINALIZER) {
-            // Planted defect (dst-mutants): trust the watch's "gone" instead of asking again.
-            let watch_says_gone = crate::mutants::active("drain-is-gone")
-                && inner.with_slot(name, |s| s.k8s_node) == Some(Some(false));
-            if (watch_says_gone || !node_exists(inner, name).await?) && !instance.is_empty() {
-                if let Some(wait) = instance_holds(inner, name, r, instance).await? {
-                    return Ok((Outcome::RetryAfter(wait), None));
-                }
-                super::static_ip::disassociate(inner, name, r, instance).await?;
-                release(inner, r, instance).await?;
+    if r.finalizers.iter().any(|f| f == FINALIZER) {
+        match give_back(inner, name, r, instance).await {
+            Ok(None) => {}
+            Ok(Some(wait)) => {
+                // Only failures in a row count towards letting go.
+                inner.with_slot(name, |s| s.finalize_failing_since = None);
+                return (Outcome::RetryAfter(wait), None);
             }
-            match inner.sink.set_finalizer(r, false).await {
-                Ok(_) | Err(SinkError::NotFound) => {}
-                Err(SinkError::Conflict(fresh)) => return Err(inner.conflict(name, fresh)),
-                Err(e) => {
-                    warn!(node = name, error = %e, "could not remove the finalizer");
-                    return Err(FAILED);
+            Err(failure) => {
+                if !blocked(inner, name, r, instance, &failure).await {
+                    return FAILED;
                 }
             }
         }
-        inner.slots.lock().expect("slots").remove(name);
-        inner.forget_instance(instance);
-        Ok(DONE)
+        match inner.sink.set_finalizer(r, false).await {
+            Ok(_) | Err(SinkError::NotFound) => {}
+            Err(SinkError::Conflict(fresh)) => return inner.conflict(name, fresh),
+            Err(e) => {
+                warn!(node = name, error = %e, "could not remove the finalizer");
+                return FAILED;
+            }
+        }
+    }
+    inner.slots.lock().expect("slots").remove(name);
+    inner.forget_instance(instance);
+    DONE
+}
+
+/// Give back what the node holds if its Node is gone: `Ok(Some(wait))` while its instance
+/// runs (look again then), `Err` with what failed.
+async fn give_back<E: Ec2, S: NodeSink>(
+    inner: &Shared<E, S>,
+    name: &str,
+    r: &NodeRef,
+    instance: &str,
+) -> Result<Option<std::time::Duration>, String> {
+    // Planted defect (dst-mutants): trust the watch's "gone" instead of asking again.
+    let watch_says_gone = crate::mutants::active("drain-is-gone")
+        && inner.with_slot(name, |s| s.k8s_node) == Some(Some(false));
+    let gone = watch_says_gone
+        || !inner
+            .sink
+            .node_exists(name)
+            .await
+            .map_err(|e| format!("cannot tell whether the Node exists: {e}"))?;
+    if !gone || instance.is_empty() {
+        return Ok(None);
+    }
+    if let Some(wait) = instance_holds(inner, name, r, instance).await? {
+        return Ok(Some(wait));
+    }
+    let ec2_failed = |what: &str, e: crate::ec2::Ec2Error| {
+        events::count_ec2_error(&inner.metrics, &e);
+        format!("cannot {what} of {instance}: {e}")
     };
-    run.await.unwrap_or_else(|end| end)
+    super::static_ip::disassociate(inner, name, r, instance)
+        .await
+        .map_err(|e| ec2_failed("disassociate the static IP", e))?;
+    release(inner, r, instance)
+        .await
+        .map_err(|e| ec2_failed("release the ENIs", e))?;
+    Ok(None)
+}
+
+/// The give-back failed: say so on the object (operator-status, a Warning Event, counted in
+/// `eni_operator_errors_total{reason="FinalizerBlocked"}`, once per message) and retry; once it
+/// has failed for the grace period, let the object go (true) so that a new instance with this
+/// name gets its CiliumNode; our ENIs left behind are the ENI GC's once unattached.
+async fn blocked<E: Ec2, S: NodeSink>(
+    inner: &Shared<E, S>,
+    name: &str,
+    r: &NodeRef,
+    instance: &str,
+    failure: &str,
+) -> bool {
+    let now = clock::now();
+    let since = inner
+        .with_slot(name, |s| *s.finalize_failing_since.get_or_insert(now))
+        .unwrap_or(now);
+    let grace = inner.config.node_gone_grace;
+    let (sink, m) = (&*inner.sink, &inner.metrics);
+    if now.saturating_duration_since(since) >= grace {
+        let message = format!(
+            "the finalizer has failed for {grace:?} (--node-gone-grace-period): letting the \
+             CiliumNode go; ENIs of ours left on {instance} go to the ENI GC once unattached. \
+             Last failure: {failure}"
+        );
+        // Once, however often the removal itself has to be retried.
+        let said = inner.with_slot(name, |s| s.last_problem.replace(message.clone()));
+        if said.flatten().as_deref() != Some(message.as_str()) {
+            warn!(node = name, "{message}");
+            m.finalizers_let_go.inc();
+            events::publish(sink, m, r, EventReason::FinalizerLetGo, message).await;
+        }
+        return true;
+    }
+    let reason = ProblemReason::FinalizerBlocked;
+    let message = format!(
+        "{}: {failure} (retrying; the CiliumNode is let go after {grace:?} of failures)",
+        reason.as_str()
+    );
+    warn!(node = name, "{message}");
+    let said = inner.with_slot(name, |s| s.last_problem.replace(message.clone()));
+    if said.flatten().as_deref() != Some(message.as_str()) {
+        let changes = ChangeSet {
+            writes: vec![Write {
+                subresource: Subresource::Status,
+                patch: json!({"status": {"ipam": {"operator-status": {"error": message}}}}),
+                needs_resource_version: false,
+            }],
+        };
+        if let Err(e) = sink.apply(r, &changes).await {
+            warn!(node = name, error = %e, "could not report the blocked finalizer");
+        }
+        events::publish(sink, m, r, EventReason::Problem(reason), message).await;
+    }
+    false
 }
 
 /// The watch said the Node is gone: is it, right now? A live GET before the CiliumNode is
@@ -104,7 +197,7 @@ async fn instance_holds<E: Ec2, S: NodeSink>(
     name: &str,
     r: &NodeRef,
     instance: &str,
-) -> Step<Option<std::time::Duration>> {
+) -> Result<Option<std::time::Duration>, String> {
     // Planted defect (dst-mutants): release at once, without looking at the instance.
     if crate::mutants::active("release-running-instance") {
         return Ok(None);
@@ -114,8 +207,7 @@ async fn instance_holds<E: Ec2, S: NodeSink>(
         Ok(state) => state,
         Err(e) => {
             events::count_ec2_error(m, &e);
-            warn!(node = name, error = %e, "cannot tell whether the instance still runs");
-            return Err(FAILED);
+            return Err(format!("cannot tell whether {instance} still runs: {e}"));
         }
     };
     let now = clock::now();
@@ -152,9 +244,20 @@ async fn release<E: Ec2, S: NodeSink>(
     inner: &Shared<E, S>,
     r: &NodeRef,
     instance: &str,
-) -> Step<()> {
+) -> Result<(), crate::ec2::Ec2Error> {
     let (sink, m) = (&*inner.sink, &inner.metrics);
-    match release_instance_enis(&*inner.ec2, &inner.config.ipam.cluster_name, instance).await {
+    // Describes lag behind these detaches (and a timeout can hide one that took effect): if the
+    // Node comes back, the cache must not hand its new CiliumNode a lagging listing's ENIs.
+    let cluster = &inner.config.ipam.cluster_name;
+    let mark = || {
+        let mut cache = inner.cache.write().expect("cache");
+        cache.releasing(instance, clock::now(), |e| releasable(e, cluster, instance));
+    };
+    mark();
+    let released =
+        release_instance_enis(&*inner.ec2, &inner.config.ipam.cluster_name, instance).await;
+    mark();
+    match released {
         Ok(n) => {
             m.eni_deleted(metrics::DELETED_NODE_GONE, n as u64);
             if n > 0 {
@@ -163,11 +266,7 @@ async fn release<E: Ec2, S: NodeSink>(
             }
             Ok(())
         }
-        Err(e) => {
-            events::count_ec2_error(m, &e);
-            events::publish(sink, m, r, EventReason::EC2_ERROR, e.to_string()).await;
-            Err(FAILED)
-        }
+        Err(e) => Err(e),
     }
 }
 

@@ -168,7 +168,7 @@ pub(super) async fn disassociate<E: Ec2, S: NodeSink>(
     name: &str,
     r: &NodeRef,
     instance: &str,
-) -> Step<()> {
+) -> Result<(), Ec2Error> {
     let tags = inner
         .with_slot(name, |s| {
             s.node
@@ -215,11 +215,6 @@ pub(super) async fn disassociate<E: Ec2, S: NodeSink>(
             events::publish(&*inner.sink, &inner.metrics, r, reason, message).await;
             Ok(())
         }
-        Err(e) => {
-            events::count_ec2_error(&inner.metrics, &e);
-            let reason = events::EventReason::EC2_ERROR;
-            events::publish(&*inner.sink, &inner.metrics, r, reason, e.to_string()).await;
-            Err(FAILED)
-        }
+        Err(e) => Err(e),
     }
 }
