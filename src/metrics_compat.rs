@@ -261,6 +261,12 @@ fn source(cilium: &str) -> Source {
             Source::Rename("eni_operator_ipam_interface_creation_ops_total")
         }
         "cilium_operator_ipam_nodes" => Source::Nodes,
+        "cilium_operator_ipam_interface_candidates" => {
+            Source::Rename("eni_operator_ipam_interface_candidates")
+        }
+        "cilium_operator_ipam_empty_interface_slots" => {
+            Source::Rename("eni_operator_ipam_empty_interface_slots")
+        }
         // runtime::metrics_cilium: the same events Cilium counts and times.
         "cilium_operator_ipam_resync_total" => Source::Rename("eni_operator_ipam_resync_total"),
         "cilium_operator_ipam_allocation_duration_seconds" => {

@@ -198,6 +198,15 @@ async fn cilium_compat_exposes_every_cilium_family_with_its_name_type_and_labels
         0.0
     );
     assert_eq!(value("cilium_operator_ipam_nodes{category=\"total\"}"), 1.0);
+    // One m5.large (3 interfaces, 9 secondary addresses each): 16 addresses take both ENIs of
+    // ours, so no interface slot is left; the first is full, the second has room (the primary
+    // ENI is excluded by first-interface-index 1, as Cilium's agent sets it by default).
+    assert_eq!(
+        value("cilium_operator_ipam_interface_candidates "),
+        1.0,
+        "{text}"
+    );
+    assert_eq!(value("cilium_operator_ipam_empty_interface_slots "), 0.0);
     assert!(value("cilium_operator_ipam_ip_allocation_ops{subnet_id=") >= 16.0);
     assert!(value("cilium_operator_ipam_interface_creation_ops{subnet_id=") >= 1.0);
     assert!(value("cilium_operator_ipam_available_ips_per_subnet{subnet_id=") > 0.0);

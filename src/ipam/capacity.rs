@@ -111,6 +111,36 @@ pub fn free_slots(eni: &NetworkInterface, limits: &InstanceTypeLimits) -> u32 {
     )
 }
 
+/// Cilium's two interface figures of one node (cilium/cilium `pkg/aws/eni/node.go`,
+/// `PrepareIPAllocation`, at 0007e35d0a5de7b570e4750cb12a7965b3301949; summed over nodes in
+/// `pkg/ipam/node_manager.go` `Resync` into `ipam_interface_candidates` and
+/// `ipam_empty_interface_slots`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct InterfaceStats {
+    /// ENIs usable for pods (attached, not excluded) with room for another address.
+    pub candidates: u32,
+    /// Interfaces the instance can still attach: its limit minus every attached ENI (excluded
+    /// ones and the primary included).
+    pub empty_slots: u32,
+}
+
+pub fn interface_stats(
+    instance_id: &str,
+    spec: &EniSpec,
+    enis: &[NetworkInterface],
+    limits: &InstanceTypeLimits,
+) -> InterfaceStats {
+    let attached = instance_enis(instance_id, enis);
+    let candidates = attached
+        .iter()
+        .filter(|e| !is_excluded(e, spec) && free_slots(e, limits) > 0)
+        .count();
+    InterfaceStats {
+        candidates: candidates as u32,
+        empty_slots: limits.max_enis.saturating_sub(attached.len() as u32),
+    }
+}
+
 /// The address kind a request uses.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Kind {
@@ -234,6 +264,39 @@ pub fn is_prefix_delegated(
     config.prefix_delegation
         && limits.is_some_and(InstanceTypeLimits::supports_prefix_delegation)
         && spec.disable_prefix_delegation != Some(true)
+}
+
+#[cfg(test)]
+mod interface_stats_tests {
+    use super::*;
+    use crate::ipam::testkit::{INSTANCE, eni_with_ips, limits};
+
+    #[test]
+    fn candidates_have_room_and_are_not_excluded_slots_count_every_attached_eni() {
+        let l = limits(4, 10, true);
+        let spec = EniSpec {
+            first_interface_index: Some(1),
+            ..EniSpec::default()
+        };
+        let mut enis = vec![
+            eni_with_ips("eni-p", 0, "subnet-1", 0), // excluded: below first-interface-index
+            eni_with_ips("eni-a", 1, "subnet-1", 9), // full: 9 secondary slots
+            eni_with_ips("eni-b", 2, "subnet-1", 3), // room
+        ];
+        let want = InterfaceStats {
+            candidates: 1,
+            empty_slots: 1,
+        };
+        assert_eq!(interface_stats(INSTANCE, &spec, &enis, &l), want);
+        // Without the exclusion the primary ENI has room too.
+        let all = interface_stats(INSTANCE, &EniSpec::default(), &enis, &l);
+        assert_eq!(all.candidates, 2);
+        // Another instance's ENI counts for neither figure.
+        let mut other = eni_with_ips("eni-x", 3, "subnet-1", 0);
+        other.attachment.as_mut().expect("attached").instance_id = "i-other".into();
+        enis.push(other);
+        assert_eq!(interface_stats(INSTANCE, &spec, &enis, &l), want);
+    }
 }
 
 #[cfg(test)]

@@ -31,6 +31,9 @@ pub struct RuntimeMetrics {
     pub ips_available: Gauge,
     pub ips_used: Gauge,
     pub ips_needed: Gauge,
+    /// Cilium's interface figures, summed over the served nodes.
+    pub interface_candidates: Gauge,
+    pub empty_interface_slots: Gauge,
     /// Per node (`target_node`), as Cilium's `ipam_{available,used,needed}_ips`.
     pub node_available: Family<Labels, Gauge>,
     pub node_used: Family<Labels, Gauge>,
@@ -82,6 +85,8 @@ impl Default for RuntimeMetrics {
             ips_available: Gauge::default(),
             ips_used: Gauge::default(),
             ips_needed: Gauge::default(),
+            interface_candidates: Gauge::default(),
+            empty_interface_slots: Gauge::default(),
             node_available: Family::default(),
             node_used: Family::default(),
             node_needed: Family::default(),
@@ -151,6 +156,16 @@ impl RuntimeMetrics {
             "ips_needed",
             "Addresses still to allocate",
             m.ips_needed.clone(),
+        );
+        r.register(
+            "ipam_interface_candidates",
+            "Attached ENIs usable for pods with room for another address (Cilium's figure)",
+            m.interface_candidates.clone(),
+        );
+        r.register(
+            "ipam_empty_interface_slots",
+            "Interfaces the nodes' instances can still attach (Cilium's figure)",
+            m.empty_interface_slots.clone(),
         );
         r.register(
             "ipam_available_ips",

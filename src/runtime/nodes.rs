@@ -10,6 +10,7 @@ use std::sync::{Mutex, RwLock};
 use std::time::Instant;
 
 use crate::crd::{CiliumNode, FINALIZER, IGNORE_ANNOTATION};
+use crate::ipam::capacity::InterfaceStats;
 use crate::ipam::{Demand, NodeMemory};
 
 use super::cache::Ec2Cache;
@@ -66,6 +67,8 @@ pub struct Slot {
     pub errored: bool,
     /// The last pass found every ENI full and no interface slot free.
     pub at_capacity: bool,
+    /// Cilium's interface figures from the last pass that knew the instance.
+    pub interfaces: Option<InterfaceStats>,
     /// Annotated `eni-operator.cilium.io/ignore`: only our finalizer is left to remove.
     pub ignored: bool,
     /// The handover guard: ENIs with Cilium's description on the instance, and when each was
@@ -279,6 +282,9 @@ pub struct Totals {
     pub states: BTreeMap<&'static str, i64>,
     /// (name, available, used, needed) of every served node.
     pub per_node: Vec<(String, i64, i64, i64)>,
+    /// Cilium's `interface_candidates` and `empty_interface_slots`, over the served nodes.
+    pub interface_candidates: i64,
+    pub empty_interface_slots: i64,
 }
 
 /// The `state` label of each node, in the order the metric lists them.
@@ -294,6 +300,10 @@ pub fn totals(slots: &Slots) -> Totals {
         if s.node.is_some() && !s.ignored {
             t.per_node
                 .push((name.clone(), d.available, d.used, d.needed));
+            if let Some(i) = s.interfaces {
+                t.interface_candidates += i64::from(i.candidates);
+                t.empty_interface_slots += i64::from(i.empty_slots);
+            }
         }
         t.available += d.available;
         t.used += d.used;

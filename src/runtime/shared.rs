@@ -155,6 +155,8 @@ impl<E: Ec2, S> Shared<E, S> {
         m.ips_available.set(t.available);
         m.ips_used.set(t.used);
         m.ips_needed.set(t.needed);
+        m.interface_candidates.set(t.interface_candidates);
+        m.empty_interface_slots.set(t.empty_interface_slots);
         m.publish_nodes(
             t.per_node
                 .iter()

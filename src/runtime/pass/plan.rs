@@ -8,9 +8,10 @@ use tracing::{debug, info, warn};
 
 use crate::crd::CiliumNode;
 use crate::ec2::Ec2;
+use crate::ipam::capacity::{self, InterfaceStats};
 use crate::ipam::release::{allocated_cidrs, readopted};
 use crate::ipam::withdrawal::status_lists;
-use crate::ipam::{self, Action, Generation, NodeMemory, NodePlan, Release};
+use crate::ipam::{self, Action, Generation, InstanceView, NodeMemory, NodePlan, Release};
 use crate::runtime::clock::now;
 use crate::runtime::queue::Outcome;
 use crate::runtime::shared::Shared;
@@ -28,6 +29,8 @@ pub(super) struct Planned {
     pub instance_type: String,
     /// When the pass planned (the demand latency counts from here).
     pub at: Instant,
+    /// Cilium's interface figures of the node, from the view planned against.
+    pub interfaces: Option<InterfaceStats>,
 }
 
 pub(super) async fn plan<E: Ec2, S: NodeSink>(
@@ -55,10 +58,17 @@ pub(super) async fn plan<E: Ec2, S: NodeSink>(
     {
         debug!(node = name, error = %e, "delete-on-termination retry failed");
     }
-    let mut plan = {
+    let (mut plan, interfaces) = {
         let cache = inner.cache.read().expect("cache");
         let held = super::held_back(&cache, node);
         let view = cache.view_with(&instance_id, &instance_type, held.as_deref());
+        let interfaces =
+            match (view.instance, view.limits) {
+                (InstanceView::Known { enis, .. }, Some(limits)) => Some(
+                    capacity::interface_stats(&instance_id, &node.spec.eni, enis, limits),
+                ),
+                _ => None,
+            };
         // Real (not tokio) time: planning is synchronous, so this is its CPU cost.
         let started = std::time::Instant::now();
         let plan = ipam::plan_node(
@@ -72,7 +82,7 @@ pub(super) async fn plan<E: Ec2, S: NodeSink>(
         inner.metrics.plans.inc();
         let nanos = started.elapsed().as_nanos() as u64;
         inner.metrics.plan_nanos.inc_by(nanos);
-        plan
+        (plan, interfaces)
     };
     // The action moves out of the plan (the rest of the pass needs its demand and problem).
     let action = match std::mem::replace(&mut plan.action, Action::None) {
@@ -95,6 +105,7 @@ pub(super) async fn plan<E: Ec2, S: NodeSink>(
         instance_id,
         instance_type,
         at: t,
+        interfaces,
     })
 }
 

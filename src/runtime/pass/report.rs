@@ -138,6 +138,9 @@ fn remember<E: Ec2, S: NodeSink>(
             s.not_running_until = hold;
         }
         s.memory = memory;
+        if planned.interfaces.is_some() {
+            s.interfaces = planned.interfaces;
+        }
         s.errored = problem.is_some();
         s.at_capacity = problem
             .as_ref()
