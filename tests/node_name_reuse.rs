@@ -17,8 +17,18 @@ use tokio::sync::mpsc;
 
 const CLUSTER: &str = "test-cluster";
 
-#[tokio::test(start_paused = true)]
-async fn a_node_deleted_and_created_again_keeps_its_cilium_node() {
+/// A core serving one classic node "n" (its Node present), and what the tests look at.
+struct Served {
+    w: Cluster,
+    sink: Arc<MemorySink>,
+    tx: mpsc::Sender<NodeInput>,
+    metrics: RuntimeMetrics,
+    inst: eni_operator::ec2::Instance,
+    grace: Duration,
+    _task: tokio::task::JoinHandle<eni_operator::ec2::Result<()>>,
+}
+
+async fn served_node() -> Served {
     let w = Cluster::new();
     let sink = Arc::new(MemorySink::new());
     let cfg = CoreConfig {
@@ -29,21 +39,39 @@ async fn a_node_deleted_and_created_again_keeps_its_cilium_node() {
         },
         ..CoreConfig::default()
     };
+    let grace = cfg.node_gone_grace;
+    let metrics = RuntimeMetrics::default();
     let cache = cfg.ec2_cache();
     let core = Core::new(
         Arc::new(w.sim.clone()),
         sink.clone(),
         cfg,
-        RuntimeMetrics::default(),
+        metrics.clone(),
         cache,
     );
     let (tx, rx) = mpsc::channel(64);
-    let _task = tokio::spawn(core.clone().run(rx, std::future::pending()));
+    let _task = tokio::spawn(core.run(rx, std::future::pending()));
     let inst = w.instance();
     sink.put_node("n", &[]);
     let stored = sink.put(&agent_node(&w, "n", &inst.id, 8));
     tx.send(NodeInput::Upsert(Box::new(stored))).await.unwrap();
     assert!(wait_until(|| served(&sink, "n", 8), Duration::from_secs(60)).await);
+    Served {
+        w,
+        sink,
+        tx,
+        metrics,
+        inst,
+        grace,
+        _task,
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_node_deleted_and_created_again_keeps_its_cilium_node() {
+    let Served {
+        w, sink, tx, inst, ..
+    } = served_node().await;
     let before = sink.raw("n").unwrap();
 
     // The old Node was deleted and a new one registered under the name before the watch's
@@ -92,33 +120,15 @@ async fn a_node_deleted_and_created_again_keeps_its_cilium_node() {
 /// one `Ec2Error` Event per retry and nothing on its status.
 #[tokio::test(start_paused = true)]
 async fn a_finalizer_that_cannot_finish_says_so_and_lets_go_after_the_grace_period() {
-    let w = Cluster::new();
-    let sink = Arc::new(MemorySink::new());
-    let cfg = CoreConfig {
-        workers: 2,
-        ipam: IpamConfig {
-            cluster_name: CLUSTER.into(),
-            ..IpamConfig::default()
-        },
-        ..CoreConfig::default()
-    };
-    let grace = cfg.node_gone_grace;
-    let metrics = RuntimeMetrics::default();
-    let cache = cfg.ec2_cache();
-    let core = Core::new(
-        Arc::new(w.sim.clone()),
-        sink.clone(),
-        cfg,
-        metrics.clone(),
-        cache,
-    );
-    let (tx, rx) = mpsc::channel(64);
-    let _task = tokio::spawn(core.clone().run(rx, std::future::pending()));
-    let inst = w.instance();
-    sink.put_node("n", &[]);
-    let stored = sink.put(&agent_node(&w, "n", &inst.id, 8));
-    tx.send(NodeInput::Upsert(Box::new(stored))).await.unwrap();
-    assert!(wait_until(|| served(&sink, "n", 8), Duration::from_secs(60)).await);
+    let Served {
+        w,
+        sink,
+        tx,
+        metrics,
+        inst,
+        grace,
+        _task,
+    } = served_node().await;
 
     // The instance is terminated and its Node deleted, but every detach is refused.
     w.sim.inject_error(

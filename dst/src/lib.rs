@@ -15,6 +15,7 @@ pub mod refusals;
 mod replay;
 pub mod reuse;
 pub mod statics;
+pub mod unassign_crash;
 pub mod view;
 pub mod world;
 
@@ -248,6 +249,7 @@ async fn events(w: &mut World, rng: &mut StdRng, t: u64) {
     api::events(w, t);
     leadership::events(w, t);
     reuse::events(w, t);
+    unassign_crash::events(w, t);
     if roll(rng, P_EC2_FAULT) {
         let op = *[
             Operation::CreateNetworkInterface,

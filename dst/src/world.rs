@@ -159,6 +159,8 @@ pub struct World {
     exited_restart_at: Option<u64>,
     /// Nodes deleted and registered again under their name (crate::reuse).
     pub reuse: crate::reuse::Reuse,
+    /// Crashes right after an unassign (crate::unassign_crash).
+    pub unassign_crash: crate::unassign_crash::UnassignCrash,
 }
 
 impl World {
@@ -246,6 +248,7 @@ impl World {
             reregister: BTreeMap::new(),
             exited_restart_at: None,
             reuse: crate::reuse::Reuse::new(seed),
+            unassign_crash: crate::unassign_crash::UnassignCrash::new(seed),
         };
         w.log(
             0,
