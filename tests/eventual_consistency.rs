@@ -218,6 +218,85 @@ async fn a_restarted_operator_acts_at_once_and_does_not_pool_an_address_unassign
     );
 }
 
+/// As above, but the previous operator crashed between its unassign and its pool write: the
+/// address is still in the pool, the agent had given it up (`ready-for-release`), and the node
+/// now wants more addresses than it holds. The new operator must not hand the address back to
+/// the agent (drop its release entry while the pool lists it) on a describe that lags behind
+/// the unassign: a pod would get an address EC2 has given to another instance (`make dst`
+/// seed 220, §14.1).
+#[tokio::test(start_paused = true)]
+async fn a_restarted_operator_does_not_hand_back_an_acknowledged_address_unassigned_just_before() {
+    let sim = Simulator::new();
+    let account = account(&sim);
+    let primary = sim.primary_eni_id(&account.2).unwrap();
+    let assigned = sim
+        .assign_private_ip_addresses(&primary, eni_operator::ec2::AddressRequest::Ips(4))
+        .await
+        .unwrap();
+    sim.set_eventual_consistency(Duration::from_secs(6), false, 4);
+    let gone = assigned.ips[0];
+    sim.unassign_private_ip_addresses(&primary, &[gone], &[])
+        .await
+        .unwrap();
+    let other = sim.run_instance("m5.large", &account.1, &[]);
+    assert_eq!(
+        sim.network_interface(&sim.primary_eni_id(&other.id).unwrap())
+            .unwrap()
+            .primary_ip,
+        gone,
+        "EC2 gave the address to another instance"
+    );
+    let cfg = CoreConfig {
+        workers: 2,
+        ipam: IpamConfig {
+            cluster_name: CLUSTER.into(),
+            release_excess_ips: true,
+            ..IpamConfig::default()
+        },
+        ..CoreConfig::default()
+    };
+    let (sink, _tx, _task) = serve_with(&sim, &account, cfg, |n| {
+        n.spec.eni.first_interface_index = Some(0);
+        // Four pooled, six wanted: no excess any more, so a release not yet done is withdrawn.
+        n.spec.ipam.pre_allocate = 6;
+        for ip in &assigned.ips {
+            n.spec.ipam.pool.insert(
+                ip.to_string(),
+                eni_operator::crd::AllocationIp {
+                    resource: primary.clone(),
+                    ..Default::default()
+                },
+            );
+        }
+        let status = n.status.get_or_insert_with(Default::default);
+        status
+            .ipam
+            .release_ips
+            .insert(gone.to_string(), "ready-for-release".into());
+    })
+    .await;
+
+    for _ in 0..240 {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        let Some(n) = sink.get("n") else { continue };
+        let held = sim.network_interface(&primary).unwrap().secondary_ips;
+        let release = n.status.map(|s| s.ipam.release_ips).unwrap_or_default();
+        for ip in n.spec.ipam.pool.keys() {
+            if held.iter().any(|h| h.to_string() == *ip) {
+                continue;
+            }
+            let state = release.get(ip).map(String::as_str);
+            assert!(
+                matches!(state, Some("ready-for-release" | "released")),
+                "{ip} is in the pool for the agent to use ({state:?}) while EC2 no longer has it"
+            );
+        }
+    }
+    let pool = sink.get("n").unwrap().spec.ipam.pool;
+    assert!(!pool.contains_key(&gone.to_string()), "gone from the pool");
+    assert!(pool.len() >= 6, "the node was served: pool {}", pool.len());
+}
+
 /// The core as production configures it (`--cluster-name` alone) makes its first mutating
 /// call within 5 s of its start (it becomes leader right before): no waiting for describes to
 /// catch up (§14; it waited `DESCRIBE_LAG`, 30 s, before this: every start and failover).

@@ -605,7 +605,21 @@ impl Ec2Cache {
         eni.prefixes = prefixes.into_iter().collect();
         let subnet = eni.subnet_id.clone();
         self.adjust_subnet(&subnet, before - after);
+        self.drop_elsewhere(eni_id, assigned);
         new_prefixes
+    }
+
+    /// EC2 holds an address on one ENI only: what an assign's answer names is no longer on any
+    /// other ENI, whatever a lagging listing showed (`make dst` seed 350: an address unassigned
+    /// from one ENI right before a crash was assigned to another ENI of the node; the listing
+    /// still showed it on the first, and the pool named that ENI).
+    fn drop_elsewhere(&mut self, eni_id: &str, assigned: &Assigned) {
+        for entry in self.instances.values_mut() {
+            for eni in entry.enis.iter_mut().filter(|e| e.id != eni_id) {
+                eni.secondary_ips.retain(|ip| !assigned.ips.contains(ip));
+                eni.prefixes.retain(|p| !assigned.prefixes.contains(p));
+            }
+        }
     }
 
     /// An unassign succeeded: drop those addresses and prefixes.
@@ -903,6 +917,32 @@ pub(crate) mod tests {
             c.instance("i-a").unwrap().enis[0].secondary_ips,
             [ip(20), ip(21)]
         );
+    }
+
+    #[test]
+    fn an_assigned_address_leaves_every_other_eni_a_lagging_listing_showed_it_on() {
+        let t = Instant::now();
+        let ip = |n| Ipv4Addr::new(10, 0, 0, n);
+        let mut a = eni("eni-a", Some(("i-a", 1)), "subnet-1");
+        a.secondary_ips = vec![ip(20), ip(21)];
+        let b = eni("eni-b", Some(("i-a", 2)), "subnet-1");
+        let mut c = Ec2Cache::new();
+        c.apply_full(snap(t, vec![a, b]));
+        let assigned = Assigned {
+            ips: vec![ip(20)],
+            prefixes: vec![],
+        };
+        c.merge_assigned("eni-b", &assigned, t + Duration::from_secs(1));
+        let enis = &c.instance("i-a").unwrap().enis;
+        let on = |id: &str| {
+            enis.iter()
+                .find(|e| e.id == id)
+                .unwrap()
+                .secondary_ips
+                .clone()
+        };
+        assert_eq!(on("eni-a"), [ip(21)], "EC2 moved it: not on eni-a any more");
+        assert_eq!(on("eni-b"), [ip(20)]);
     }
 
     #[test]

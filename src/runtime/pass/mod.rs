@@ -22,7 +22,7 @@ mod write;
 
 use std::time::Duration;
 
-use crate::crd::CiliumNode;
+use crate::crd::{CiliumNode, ReleaseState};
 use crate::ec2::{Ec2, NetworkInterface};
 
 use super::cache::Ec2Cache;
@@ -79,11 +79,19 @@ async fn steps<E: Ec2, S: NodeSink>(inner: &Shared<E, S>, name: &str) -> Step<Ve
 }
 
 /// The node's ENIs without what a lagging describe may show early in a leadership and its
-/// pool does not have (§14.1); `None`: the cache's own.
+/// agent may not use: not in its pool, or given up in the release handshake
+/// (`ready-for-release`, `released`: the previous leader may have unassigned it and crashed
+/// before writing the pool; handing it back to the agent would let a pod use an address EC2
+/// no longer has, `make dst` seed 220) (§14.1); `None`: the cache's own.
 fn held_back(cache: &Ec2Cache, node: &CiliumNode) -> Option<Vec<NetworkInterface>> {
     let pool = &node.spec.ipam.pool;
+    let answers = crate::ipam::release::release_answers(node);
     cache.held_back_enis(&node.spec.instance_id, |ip| {
-        pool.contains_key(&ip.to_string())
+        let given_up = matches!(
+            answers.get(ip),
+            Some(ReleaseState::ReadyForRelease | ReleaseState::Released)
+        );
+        pool.contains_key(&ip.to_string()) && !given_up
     })
 }
 
