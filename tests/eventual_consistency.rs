@@ -2,6 +2,7 @@
 //! AWS documents that a call naming a resource just created may answer that it does not exist,
 //! and that describes lag behind changes ("Eventual consistency in the Amazon EC2 API").
 
+use std::net::Ipv4Addr;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
@@ -127,6 +128,35 @@ async fn an_eni_ec2_does_not_show_yet_after_its_create_is_attached_not_created_a
     assert!(available.is_empty(), "left available: {available:?}");
 }
 
+/// The previous operator's last call, on an account whose describes lag 6 s: of four addresses
+/// on the instance's primary ENI, one unassigned; EC2 gives it to another instance at once
+/// (lowest free address first: its primary). Returns the account, the ENI, the four addresses
+/// and the one unassigned.
+async fn unassigned_just_before(
+    sim: &Simulator,
+) -> ((String, String, String), String, Vec<Ipv4Addr>, Ipv4Addr) {
+    let account = account(sim);
+    let primary = sim.primary_eni_id(&account.2).unwrap();
+    let assigned = sim
+        .assign_private_ip_addresses(&primary, eni_operator::ec2::AddressRequest::Ips(4))
+        .await
+        .unwrap();
+    sim.set_eventual_consistency(Duration::from_secs(6), false, 4);
+    let gone = assigned.ips[0];
+    sim.unassign_private_ip_addresses(&primary, &[gone], &[])
+        .await
+        .unwrap();
+    let other = sim.run_instance("m5.large", &account.1, &[]);
+    let other = sim
+        .network_interface(&sim.primary_eni_id(&other.id).unwrap())
+        .unwrap();
+    assert_eq!(
+        other.primary_ip, gone,
+        "EC2 gave the address to another instance"
+    );
+    (account, primary, assigned.ips, gone)
+}
+
 /// A new operator (restart after a crash, or a new leader) starts while describes still show an
 /// address the previous one unassigned a moment ago (and wrote its pool without). It acts at
 /// once (§14: no waiting for describes to catch up) but holds the address back (§14.1): it never
@@ -134,24 +164,8 @@ async fn an_eni_ec2_does_not_show_yet_after_its_create_is_attached_not_created_a
 #[tokio::test(start_paused = true)]
 async fn a_restarted_operator_acts_at_once_and_does_not_pool_an_address_unassigned_just_before() {
     let sim = Simulator::new();
-    let account = account(&sim);
-    let primary = sim.primary_eni_id(&account.2).unwrap();
-    let assigned = sim
-        .assign_private_ip_addresses(&primary, eni_operator::ec2::AddressRequest::Ips(4))
-        .await
-        .unwrap();
-    // The previous operator's last call: one address unassigned, its pool written without it.
-    sim.set_eventual_consistency(Duration::from_secs(6), false, 4);
-    let gone = assigned.ips[0];
-    sim.unassign_private_ip_addresses(&primary, &[gone], &[])
-        .await
-        .unwrap();
-    // EC2 gives it to another instance at once (lowest free address first: its primary).
-    let other = sim.run_instance("m5.large", &account.1, &[]);
-    let other = sim
-        .network_interface(&sim.primary_eni_id(&other.id).unwrap())
-        .unwrap();
-    assert_eq!(other.primary_ip, gone);
+    // Its pool written without the address.
+    let (account, primary, assigned, gone) = unassigned_just_before(&sim).await;
     let f = EniFilter::default();
     let shown = collect_pages(|t| sim.describe_network_interfaces(&f, t))
         .await
@@ -164,7 +178,7 @@ async fn a_restarted_operator_acts_at_once_and_does_not_pool_an_address_unassign
     );
     sim.record_calls();
     let started = tokio::time::Instant::now();
-    let kept = assigned.ips[1..].to_vec();
+    let kept = assigned[1..].to_vec();
     let (sink, _tx, _task) = serve(&sim, &account, |n| {
         n.spec.eni.first_interface_index = Some(0);
         // Three addresses pooled, five wanted: the new operator must assign at once.
@@ -227,25 +241,7 @@ async fn a_restarted_operator_acts_at_once_and_does_not_pool_an_address_unassign
 #[tokio::test(start_paused = true)]
 async fn a_restarted_operator_does_not_hand_back_an_acknowledged_address_unassigned_just_before() {
     let sim = Simulator::new();
-    let account = account(&sim);
-    let primary = sim.primary_eni_id(&account.2).unwrap();
-    let assigned = sim
-        .assign_private_ip_addresses(&primary, eni_operator::ec2::AddressRequest::Ips(4))
-        .await
-        .unwrap();
-    sim.set_eventual_consistency(Duration::from_secs(6), false, 4);
-    let gone = assigned.ips[0];
-    sim.unassign_private_ip_addresses(&primary, &[gone], &[])
-        .await
-        .unwrap();
-    let other = sim.run_instance("m5.large", &account.1, &[]);
-    assert_eq!(
-        sim.network_interface(&sim.primary_eni_id(&other.id).unwrap())
-            .unwrap()
-            .primary_ip,
-        gone,
-        "EC2 gave the address to another instance"
-    );
+    let (account, primary, assigned, gone) = unassigned_just_before(&sim).await;
     let cfg = CoreConfig {
         workers: 2,
         ipam: IpamConfig {
@@ -259,7 +255,7 @@ async fn a_restarted_operator_does_not_hand_back_an_acknowledged_address_unassig
         n.spec.eni.first_interface_index = Some(0);
         // Four pooled, six wanted: no excess any more, so a release not yet done is withdrawn.
         n.spec.ipam.pre_allocate = 6;
-        for ip in &assigned.ips {
+        for ip in &assigned {
             n.spec.ipam.pool.insert(
                 ip.to_string(),
                 eni_operator::crd::AllocationIp {
