@@ -1315,6 +1315,7 @@ impl Suite {
         self.wait_served(&[a, b], self.cfg.timeout).await?;
 
         self.ops.kill(&leader).await?;
+        let killed = Instant::now();
         for i in [a, b] {
             self.set_pods(i, 15);
         }
@@ -1330,6 +1331,13 @@ impl Suite {
         tracing::info!(%leader, %new_leader, "failover");
         self.wait_served(&[a, b], takeover + self.cfg.timeout)
             .await?;
+        // Issue 24's target (a figure, not asserted): every node served <= 20 s after the kill
+        // with a 15 s lease.
+        let seconds = killed.elapsed().as_secs_f64();
+        tracing::info!(
+            seconds,
+            "the survivor served every node this long after the SIGKILL"
+        );
         for i in [a, b] {
             self.assert_eni_count_at_most(i, 15).await?;
         }

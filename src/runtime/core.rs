@@ -136,10 +136,25 @@ impl<E: Ec2, S: NodeSink> Core<E, S> {
             cache.begin_leadership(now());
             cache.trust_listings_from()
         };
-        if config.preload_instance_types && config.limits_via_api {
-            inner.refresher.instance_types(&[]).await?;
-        }
         inner.refresher.full().await?;
+        // Every type's limits (DescribeInstanceTypes over all types: several pages, seconds on
+        // moto and on AWS) load beside the first passes, not before them, so a new leader acts
+        // as soon as EC2 is listed; a pass whose type is not known yet describes that type
+        // alone (`pass::plan::ensure_limits`). (The e2e failover: 2 s of the survivor's time.)
+        let preload = async {
+            if config.preload_instance_types
+                && config.limits_via_api
+                && let Err(e) = inner.refresher.instance_types(&[]).await
+            {
+                tracing::warn!(
+                    error = %e,
+                    "could not load every instance type's limits; each type is described when \
+                     a node needs it"
+                );
+            }
+        };
+        tokio::pin!(preload);
+        let mut preloaded = false;
         // A shadow leads nothing (several may run beside the leader).
         inner.metrics.leader.set(i64::from(inner.shadow.is_none()));
         inner.warm.send_replace(true);
@@ -179,6 +194,7 @@ impl<E: Ec2, S: NodeSink> Core<E, S> {
                 biased;
                 () = &mut shutdown => break,
                 Some(done) = l.tasks.join(), if !l.tasks.is_empty() => self.on_done(done, &mut l),
+                () = &mut preload, if !preloaded => preloaded = true,
                 _ = resync.tick() => { self.start_full(&mut l); }
                 () = clock::sleep_until(confirming), if confirming.is_some() => {
                     // Only when something is held back (otherwise the resync confirms as
