@@ -157,6 +157,19 @@ async fn unassigned_just_before(
     (account, primary, assigned.ips, gone)
 }
 
+/// Put `ips` in the node's pool, on `eni`.
+fn pool_on(n: &mut CiliumNode, eni: &str, ips: &[Ipv4Addr]) {
+    for ip in ips {
+        n.spec.ipam.pool.insert(
+            ip.to_string(),
+            eni_operator::crd::AllocationIp {
+                resource: eni.to_string(),
+                ..Default::default()
+            },
+        );
+    }
+}
+
 /// A new operator (restart after a crash, or a new leader) starts while describes still show an
 /// address the previous one unassigned a moment ago (and wrote its pool without). It acts at
 /// once (§14: no waiting for describes to catch up) but holds the address back (§14.1): it never
@@ -183,15 +196,7 @@ async fn a_restarted_operator_acts_at_once_and_does_not_pool_an_address_unassign
         n.spec.eni.first_interface_index = Some(0);
         // Three addresses pooled, five wanted: the new operator must assign at once.
         n.spec.ipam.pre_allocate = 5;
-        for ip in &kept {
-            n.spec.ipam.pool.insert(
-                ip.to_string(),
-                eni_operator::crd::AllocationIp {
-                    resource: primary.clone(),
-                    ..Default::default()
-                },
-            );
-        }
+        pool_on(n, &primary, &kept);
     })
     .await;
 
@@ -255,15 +260,7 @@ async fn a_restarted_operator_does_not_hand_back_an_acknowledged_address_unassig
         n.spec.eni.first_interface_index = Some(0);
         // Four pooled, six wanted: no excess any more, so a release not yet done is withdrawn.
         n.spec.ipam.pre_allocate = 6;
-        for ip in &assigned {
-            n.spec.ipam.pool.insert(
-                ip.to_string(),
-                eni_operator::crd::AllocationIp {
-                    resource: primary.clone(),
-                    ..Default::default()
-                },
-            );
-        }
+        pool_on(n, &primary, &assigned);
         let status = n.status.get_or_insert_with(Default::default);
         status
             .ipam

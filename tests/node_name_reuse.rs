@@ -148,11 +148,8 @@ async fn a_finalizer_that_cannot_finish_says_so_and_lets_go_after_the_grace_peri
     .unwrap();
     tx.send(NodeInput::Upsert(Box::new(marked))).await.unwrap();
     let error = |sink: &MemorySink| {
-        sink.raw("n")
-            .and_then(|v| {
-                v.pointer("/status/ipam/operator-status/error")
-                    .and_then(|e| e.as_str().map(String::from))
-            })
+        sink.get("n")
+            .and_then(|n| n.status?.ipam.operator_status.error)
             .unwrap_or_default()
     };
     assert!(
