@@ -610,15 +610,19 @@ impl Ec2Cache {
     }
 
     /// EC2 holds an address on one ENI only: what an assign's answer names is no longer on any
-    /// other ENI, whatever a lagging listing showed (`make dst` seed 350: an address unassigned
-    /// from one ENI right before a crash was assigned to another ENI of the node; the listing
-    /// still showed it on the first, and the pool named that ENI).
+    /// other ENI of the instance, whatever a lagging listing showed (`make dst` seed 350: an
+    /// address unassigned from one ENI right before a crash was assigned to another ENI of the
+    /// node; the listing still showed it on the first, and the pool named that ENI). Another
+    /// instance's lagging copy needs no pass here: it was unassigned only after that node's
+    /// agent gave it up, so §14.1 holds it back (and a scan of every instance per assign would
+    /// cost thousands of ENIs at scale).
     fn drop_elsewhere(&mut self, eni_id: &str, assigned: &Assigned) {
-        for entry in self.instances.values_mut() {
-            for eni in entry.enis.iter_mut().filter(|e| e.id != eni_id) {
-                eni.secondary_ips.retain(|ip| !assigned.ips.contains(ip));
-                eni.prefixes.retain(|p| !assigned.prefixes.contains(p));
-            }
+        let Some((entry, _)) = self.find_eni_mut(eni_id) else {
+            return;
+        };
+        for eni in entry.enis.iter_mut().filter(|e| e.id != eni_id) {
+            eni.secondary_ips.retain(|ip| !assigned.ips.contains(ip));
+            eni.prefixes.retain(|p| !assigned.prefixes.contains(p));
         }
     }
 
