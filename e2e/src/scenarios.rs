@@ -885,7 +885,6 @@ impl Suite {
             .await?;
         let mut reported = BTreeSet::new();
         eventually(self.cfg.timeout, "prefix nodes to be served", async || {
-            let mut notes = Vec::new();
             for i in [a, b] {
                 let cn = self.cn(i).await?;
                 let err = cn
@@ -895,15 +894,8 @@ impl Suite {
                 if err.is_some_and(|e| e.to_lowercase().contains("prefix")) {
                     reported.insert(self.nodes[i].name.clone());
                 }
-                if let Err(n) = self.served_note(i).await? {
-                    notes.push(n);
-                }
             }
-            Ok(if notes.is_empty() {
-                Ok(())
-            } else {
-                Err(notes.join("; "))
-            })
+            self.served_notes(&[a, b]).await
         })
         .await?;
         let mut with_prefixes = false;
