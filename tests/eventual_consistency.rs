@@ -397,3 +397,89 @@ async fn an_assign_without_an_answer_does_not_take_back_addresses_just_unassigne
         "the cache has {known:?}, EC2 {in_ec2:?}"
     );
 }
+
+/// Issue 29 item 0: an operator (re)started while its nodes' CiliumNodes exist serves every
+/// one of them within seconds, not one at once and the rest at the next resync. Three classic
+/// m5.large nodes, as production configures the core (`--cluster-name` alone: every type's
+/// limits load beside the first passes), on an account whose `DescribeInstanceTypes` takes
+/// 1.5 s (moto's figure; AWS pages it). Before the fix the second and third node's first pass
+/// met the first one's limits lookup in flight, planned without limits ("limits of instance
+/// type unknown") and waited for the 60 s rescan.
+#[tokio::test(start_paused = true)]
+async fn a_start_with_three_nodes_of_one_type_serves_each_within_five_seconds() {
+    let sim = Simulator::new();
+    let (vpc, subnet, first) = account(&sim);
+    let sg = sim.add_security_group(&vpc, Tags::new());
+    let mut instances = vec![first];
+    for _ in 0..2 {
+        instances.push(
+            sim.run_instance("m5.large", &subnet, std::slice::from_ref(&sg))
+                .id,
+        );
+    }
+    sim.set_latency(
+        Operation::DescribeInstanceTypes,
+        Duration::from_millis(1500),
+    );
+    for op in Operation::ALL {
+        if op != Operation::DescribeInstanceTypes {
+            let ms = if op.is_mutating() { 300 } else { 150 };
+            sim.set_latency(op, Duration::from_millis(ms));
+        }
+    }
+    let settings =
+        eni_operator::config::Settings::load_from(["eni-operator", "--cluster-name", CLUSTER])
+            .unwrap();
+    let cfg = settings.core_config();
+    let sink = Arc::new(MemorySink::new());
+    let (tx, rx) = mpsc::channel(64);
+    for (i, instance) in instances.iter().enumerate() {
+        let name = format!("n{i}");
+        let mut n = CiliumNode::new(&name, Default::default());
+        n.spec.instance_id = instance.clone();
+        n.spec.eni.instance_type = "m5.large".into();
+        n.spec.eni.vpc_id = vpc.clone();
+        n.spec.eni.availability_zone = "zone-a".into();
+        n.spec.eni.node_subnet_id = subnet.clone();
+        n.spec.eni.first_interface_index = Some(1);
+        n.spec.ipam.pre_allocate = 8;
+        let n = sink.put(&n);
+        // What the watches list at start: the Nodes, then the CiliumNodes.
+        tx.send(NodeInput::NodePresent {
+            name: name.clone(),
+            present: true,
+        })
+        .await
+        .unwrap();
+        tx.send(NodeInput::Upsert(Box::new(n))).await.unwrap();
+    }
+    let core = Core::new(
+        Arc::new(sim.clone()),
+        sink.clone(),
+        cfg.clone(),
+        RuntimeMetrics::default(),
+        cfg.ec2_cache(),
+    );
+    let started = tokio::time::Instant::now();
+    let _task = tokio::spawn(core.run(rx, std::future::pending()));
+    let mut served: Vec<Option<Duration>> = vec![None; instances.len()];
+    while served.iter().any(Option::is_none) && started.elapsed() < Duration::from_secs(120) {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        for (i, at) in served.iter_mut().enumerate() {
+            if at.is_none()
+                && sink
+                    .get(&format!("n{i}"))
+                    .is_some_and(|n| n.spec.ipam.pool.len() >= 8)
+            {
+                *at = Some(started.elapsed());
+            }
+        }
+    }
+    for (i, at) in served.iter().enumerate() {
+        let at = at.unwrap_or_else(|| panic!("n{i} never served: {served:?}"));
+        assert!(
+            at <= Duration::from_secs(5),
+            "n{i} was served {at:?} after the start (all: {served:?})"
+        );
+    }
+}

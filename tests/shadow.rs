@@ -421,3 +421,37 @@ async fn the_plan_table_says_what_the_active_operator_then_does() {
         assert_eq!(enis[0].secondary_ips.len(), want, "node-{i}");
     }
 }
+
+/// Issue 29 item 5: two nodes of one type whose limits are being looked up (1.5 s, moto's
+/// DescribeInstanceTypes): the shadow judges both with the limits, never "limits of instance
+/// type unknown" on the second (shown as an `error` disagreement, which docs/shadow-mode.md
+/// calls a blocker; `plan` printed the same error as the node's action). One lookup is made.
+#[tokio::test(start_paused = true)]
+async fn a_shadow_waits_for_the_limits_of_a_type_being_looked_up_instead_of_reporting_an_error() {
+    let w = Cluster::new();
+    w.sim.set_latency(
+        Operation::DescribeInstanceTypes,
+        Duration::from_millis(1500),
+    );
+    let sink = Arc::new(MemorySink::with_ciliums_crd());
+    let s = start_shadow(&w, &sink).await;
+    let names = ["node-a", "node-b"];
+    for name in names {
+        let inst = w.instance();
+        let n = sink.put(&agent_node(&w, name, &inst.id, 12));
+        s.tx.send(NodeInput::Upsert(Box::new(n))).await.unwrap();
+    }
+    let seen = wait_until(
+        || names.iter().all(|n| s.book.node(n).is_some()),
+        Duration::from_secs(30),
+    )
+    .await;
+    assert!(seen, "both planned: {:?}", s.book.summary());
+    for n in names {
+        let st = s.book.node(n).unwrap();
+        assert_eq!(st.error, None, "{n}: {st:?}");
+        assert_eq!(st.needed, 12, "{n}");
+    }
+    let summary = serde_json::to_string(&s.book.summary()).unwrap();
+    assert!(!summary.contains("unknown"), "{summary}");
+}

@@ -180,29 +180,12 @@ pub fn demand_met(w: &World) -> Result<(), Broken> {
             continue;
         }
         if n.agent.pods.len() < n.agent.target {
-            let obj = w.sink.get(name);
-            // Pod subnets that ran out excuse it if the node's status says why.
-            let foreign: Vec<String> = w.foreign.keys().cloned().collect();
-            let excuse = obj.as_ref().map(|o| {
-                let facts = crate::account::NodeFacts {
-                    zone: &o.spec.eni.availability_zone,
-                    instance_id: &n.instance_id,
-                    first_interface_index: n.first_interface_index,
-                    max_enis: n.limits.max_enis,
-                    ipv4_per_eni: n.limits.ipv4_per_eni,
-                    missing: n.agent.target - n.agent.pods.len(),
-                    operator_error: o
-                        .status
-                        .as_ref()
-                        .and_then(|s| s.ipam.operator_status.error.as_deref()),
-                    foreign: &foreign,
-                };
-                w.account.excuse(&facts, &w.sim.network_interfaces())
-            });
+            let missing = n.agent.target - n.agent.pods.len();
+            let excuse = excused(w, name, n, missing);
             if let Some(Ok(())) = excuse {
                 continue;
             }
-            let pool = obj.map(|o| o.spec.ipam.pool.len());
+            let pool = w.sink.get(name).map(|o| o.spec.ipam.pool.len());
             return Err((
                 "demand met within the settle bound",
                 format!(
@@ -216,6 +199,32 @@ pub fn demand_met(w: &World) -> Result<(), Broken> {
         }
     }
     Ok(())
+}
+
+/// Whether the account excuses `missing` addresses of node `name` (pod subnets that ran out,
+/// and its status says why); `None`: no CiliumNode.
+pub fn excused(
+    w: &World,
+    name: &str,
+    n: &crate::world::SimNode,
+    missing: usize,
+) -> Option<Result<(), String>> {
+    let obj = w.sink.get(name)?;
+    let foreign: Vec<String> = w.foreign.keys().cloned().collect();
+    let facts = crate::account::NodeFacts {
+        zone: &obj.spec.eni.availability_zone,
+        instance_id: &n.instance_id,
+        first_interface_index: n.first_interface_index,
+        max_enis: n.limits.max_enis,
+        ipv4_per_eni: n.limits.ipv4_per_eni,
+        missing,
+        operator_error: obj
+            .status
+            .as_ref()
+            .and_then(|s| s.ipam.operator_status.error.as_deref()),
+        foreign: &foreign,
+    };
+    Some(w.account.excuse(&facts, &w.sim.network_interfaces()))
 }
 
 /// No ENI of ours left `available` (two GC intervals have passed within the settle bound).

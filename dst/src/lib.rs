@@ -8,6 +8,7 @@ pub mod account;
 pub mod agent;
 pub mod api;
 pub mod check;
+pub mod first_action;
 pub mod guard;
 pub mod leadership;
 pub mod multipool;
@@ -165,6 +166,7 @@ async fn simulate(seed: u64, opts: &Options, watch: &Watch) -> Outcome {
     for _ in 0..nodes {
         w.join(&mut rng).await;
     }
+    first_action::begin(&mut w);
     let fault_end = opts.fault_minutes * 60;
     let settle_end = fault_end + opts.settle.as_secs();
     refusals::begin(&mut w);
@@ -184,7 +186,9 @@ async fn simulate(seed: u64, opts: &Options, watch: &Watch) -> Outcome {
         tokio::time::sleep(Duration::from_secs(1)).await;
         t += 1;
         watch.seconds.store(t, Ordering::Relaxed);
-        if let Err((invariant, detail)) = check::always(&w) {
+        if let Err((invariant, detail)) =
+            check::always(&w).and_then(|()| first_action::check(&mut w, t))
+        {
             violation = Some(Violation {
                 invariant,
                 detail,

@@ -161,6 +161,8 @@ pub struct World {
     pub reuse: crate::reuse::Reuse,
     /// Crashes right after an unassign (crate::unassign_crash).
     pub unassign_crash: crate::unassign_crash::UnassignCrash,
+    /// The nodes present at the start, to be served at once (crate::first_action).
+    pub first_action: crate::first_action::FirstAction,
 }
 
 impl World {
@@ -249,6 +251,7 @@ impl World {
             exited_restart_at: None,
             reuse: crate::reuse::Reuse::new(seed),
             unassign_crash: crate::unassign_crash::UnassignCrash::new(seed),
+            first_action: Default::default(),
         };
         w.log(
             0,

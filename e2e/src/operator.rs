@@ -23,6 +23,8 @@ pub struct OperatorOptions {
     pub ec2_endpoint: Option<String>,
     /// Flags appended last, local mode only (e.g. `--mode=shadow`, `--handover-selector`).
     pub extra_args: Vec<String>,
+    /// The node and EC2 resync intervals instead of the suite's (e.g. production's 60 s).
+    pub resync_secs: Option<u64>,
 }
 
 /// Settings shared by every operator the suite starts.
@@ -58,6 +60,7 @@ impl OperatorSettings {
         ports: Option<(u16, u16)>,
         opts: &OperatorOptions,
     ) -> Vec<String> {
+        let resync = opts.resync_secs.unwrap_or(self.resync_secs);
         let mut a: Vec<String> = vec![
             "--cluster-name".into(),
             self.cluster_name.clone(),
@@ -72,12 +75,12 @@ impl OperatorSettings {
             "--leader-election-lease-name".into(),
             self.lease_name.clone(),
             "--node-resync-interval".into(),
-            self.duration(self.resync_secs),
+            self.duration(resync),
             "--ec2-resync-interval".into(),
-            self.duration(self.resync_secs),
+            self.duration(resync),
             // The refresh after our own changes may not be spaced wider than the full resync.
             "--ec2-refresh-min-spacing".into(),
-            self.duration(self.resync_secs.min(2)),
+            self.duration(resync.min(2)),
             "--eni-gc-interval".into(),
             self.duration(self.gc_secs),
         ];

@@ -32,6 +32,7 @@ pub mod sink;
 pub mod source;
 pub mod stored;
 mod tasks;
+pub mod type_limits;
 
 #[cfg(test)]
 mod stand_in;

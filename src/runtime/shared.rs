@@ -2,7 +2,6 @@
 //! slots, the metrics. The slots are changed by the loop on input ([`super::nodes::accept`])
 //! and by a node's own pass; the cache by the executor and the refresher.
 
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Instant;
 
@@ -27,8 +26,8 @@ pub struct Shared<E, S> {
     pub executor: Executor<E>,
     pub config: CoreConfig,
     pub slots: Mutex<Slots>,
-    /// When each instance type's limits were last looked up.
-    pub type_lookups: Mutex<HashMap<String, Instant>>,
+    /// Lookups of instance types' limits, one per type at a time (passes wait for it).
+    pub type_lookups: super::type_limits::TypeLookups,
     pub metrics: RuntimeMetrics,
     /// True while `run` has warm caches (after the first full EC2 refresh).
     pub warm: tokio::sync::watch::Sender<bool>,
@@ -73,7 +72,7 @@ impl<E: Ec2, S> Shared<E, S> {
             executor,
             config,
             slots: Mutex::new(Slots::new()),
-            type_lookups: Mutex::new(HashMap::new()),
+            type_lookups: Default::default(),
             metrics,
             warm: tokio::sync::watch::Sender::new(false),
             cilium_lease: RwLock::new(None),

@@ -104,6 +104,11 @@ struct Args {
     /// Logs of the operator and ec2-sim go here (default: a temp directory, removed at the end).
     #[arg(long)]
     log_dir: Option<PathBuf>,
+    /// Start with the `--nodes` waiting: their Nodes, CiliumNodes and agents exist before the
+    /// operator starts (every deploy, upgrade and failover). Measures the time from the Lease
+    /// being held to each node's first usable addresses, then stops (issue 29 item 0).
+    #[arg(long)]
+    start: bool,
 }
 
 fn main() -> Result<()> {
@@ -135,6 +140,9 @@ fn main() -> Result<()> {
     let kubeconfig = cp.kubeconfig();
     let prep = rt.block_on(prepare(&args, &kubeconfig, &endpoint));
     let result = match prep {
+        Ok((kube, world)) if args.start => {
+            start_case(&args, &rt, kube, &world, (&kubeconfig, &endpoint, &log_dir))
+        }
         Ok((kube, world)) => match Proc::operator(&args, &kubeconfig, &endpoint, &log_dir) {
             Ok(op) => {
                 let r = rt.block_on(run(&args, kube, world, &op, &sim, &cp));
@@ -155,7 +163,12 @@ fn main() -> Result<()> {
     print!("{block}");
     if let Some(out) = &args.out {
         let doc = std::fs::read_to_string(out).unwrap_or_default();
-        let key = format!("{}-{}", mode_key(args.prefix), args.nodes);
+        let case = if args.start {
+            "start"
+        } else {
+            mode_key(args.prefix)
+        };
+        let key = format!("{case}-{}", args.nodes);
         std::fs::write(out, p::splice_block(&doc, &key, &block))?;
         eprintln!("bench-process: wrote {}", out.display());
     }
@@ -164,6 +177,85 @@ fn main() -> Result<()> {
 
 fn mode_key(prefix: bool) -> &'static str {
     if prefix { "prefix" } else { "secondary" }
+}
+
+/// `--start`: the nodes join, their agents write, then the operator starts (from this, the
+/// main thread: its PR_SET_PDEATHSIG follows it). Each node's wait is from the Lease being held
+/// (its holder set, polled every 50 ms) to its first usable addresses.
+fn start_case(
+    a: &Args,
+    rt: &tokio::runtime::Runtime,
+    kube: kube::Client,
+    w: &World,
+    (kubeconfig, endpoint, log_dir): (&Path, &str, &Path),
+) -> Result<String> {
+    let g: Shared = Arc::default();
+    let want = a.ips_per_node as usize;
+    let usable = endpoints(a.pods);
+    let watch = rt.spawn(watch_nodes(kube.clone(), g.clone(), want, usable));
+    let min_interval = Duration::from_secs(a.agent_min_interval_secs);
+    let agents = rt.spawn(run_agents(kube.clone(), g.clone(), a.pods, min_interval));
+    rt.block_on(async {
+        for (i, instance) in w.instances.iter().take(a.nodes).enumerate() {
+            join(&kube, &g, a, w, &format!("node-{i}"), instance).await?;
+        }
+        // The agents' first status writes land before the operator starts.
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        anyhow::Ok(())
+    })?;
+    let load_start = loadavg();
+    let op = Proc::operator(a, kubeconfig, endpoint, log_dir)?;
+    let result = rt.block_on(async {
+        let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
+            Api::namespaced(kube.clone(), NAMESPACE);
+        let start = Instant::now();
+        let held = loop {
+            let holder = leases
+                .get_opt("eni-operator")
+                .await?
+                .and_then(|l| l.spec)
+                .and_then(|s| s.holder_identity);
+            if holder.is_some_and(|h| !h.is_empty()) {
+                break Instant::now();
+            }
+            ensure!(start.elapsed() < Duration::from_secs(120), "no Lease holder in 120 s");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        let limit = Duration::from_secs(a.limit_secs.min(900));
+        let waits = loop {
+            let waits: Option<Vec<Duration>> = {
+                let g = g.lock().expect("poisoned");
+                g.nodes
+                    .values()
+                    .map(|st| st.usable.map(|u| u.saturating_duration_since(held)))
+                    .collect()
+            };
+            if let Some(w) = waits {
+                break w;
+            }
+            ensure!(held.elapsed() < limit, "nodes not served {limit:?} after the Lease");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        let pct = |q: f64| {
+            p::percentile(&waits, q).map_or("—".into(), |d| format!("{:.1} s", d.as_secs_f64()))
+        };
+        Ok(format!(
+            "Start with {n} nodes waiting (`--nodes {n} --start`{pd}): their Nodes, CiliumNodes and \
+             agents exist before the operator starts. From the Lease being held to each node's \
+             first usable addresses: p50 **{p50}**, p99 **{p99}**, max **{max}** (load {load_start:.1} \
+             at the start, {load_end:.1} at the end).\n",
+            n = a.nodes,
+            pd = if a.prefix { " --prefix" } else { "" },
+            p50 = pct(50.0),
+            p99 = pct(99.0),
+            max = pct(100.0),
+            load_end = loadavg(),
+        ))
+    });
+    watch.abort();
+    agents.abort();
+    drop(op);
+    result
 }
 
 /// A child process, SIGTERMed (then SIGKILLed) on drop.

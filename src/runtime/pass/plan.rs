@@ -2,7 +2,7 @@
 //! hold, makes sure the instance type's limits are known, asks the engine, and re-reads the
 //! CiliumNode right before a multi-pool release (§7.4).
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use tracing::{debug, info, warn};
 
@@ -16,6 +16,7 @@ use crate::runtime::clock::now;
 use crate::runtime::queue::Outcome;
 use crate::runtime::shared::Shared;
 use crate::runtime::sink::NodeSink;
+use crate::runtime::type_limits::Unresolved;
 
 use super::snapshot::Snapshot;
 use super::{DONE, FAILED, Step};
@@ -31,6 +32,8 @@ pub(super) struct Planned {
     pub at: Instant,
     /// Cilium's interface figures of the node, from the view planned against.
     pub interfaces: Option<InterfaceStats>,
+    /// The type's limits are unknown: why, and when they are looked up again.
+    pub limits: Option<Unresolved>,
 }
 
 pub(super) async fn plan<E: Ec2, S: NodeSink>(
@@ -52,7 +55,7 @@ pub(super) async fn plan<E: Ec2, S: NodeSink>(
     }
     let instance_id = node.spec.instance_id.clone();
     let instance_type = node.spec.eni.instance_type.clone();
-    ensure_limits(inner, &instance_type).await;
+    let limits = ensure_limits(inner, &instance_type).await.err();
     if !instance_id.is_empty()
         && let Some(e) = inner.executor.retry_pending(&instance_id).await
     {
@@ -106,30 +109,39 @@ pub(super) async fn plan<E: Ec2, S: NodeSink>(
         instance_type,
         at: t,
         interfaces,
+        limits,
     })
 }
 
-/// Describe a type we have no limits for (just that type, at most once a minute).
-async fn ensure_limits<E: Ec2, S: NodeSink>(inner: &Shared<E, S>, instance_type: &str) {
-    let known = |t: &str| inner.cache.read().expect("cache").limits.contains_key(t);
-    if instance_type.is_empty() || known(instance_type) || !inner.config.limits_via_api {
-        return;
+/// Make sure the type's limits are known: wait for its lookup in flight, else describe that
+/// type alone (`runtime::type_limits`). `Err`: still unknown, and when to look again.
+async fn ensure_limits<E: Ec2, S: NodeSink>(
+    inner: &Shared<E, S>,
+    instance_type: &str,
+) -> Result<(), Unresolved> {
+    if instance_type.is_empty() || !inner.config.limits_via_api {
+        return Ok(());
     }
-    let t = now();
-    {
-        let mut lookups = inner.type_lookups.lock().expect("lookups");
-        if lookups
-            .get(instance_type)
-            .is_some_and(|at| t.duration_since(*at) < Duration::from_secs(60))
-        {
-            return;
-        }
-        lookups.insert(instance_type.to_string(), t);
-    }
+    let known = || {
+        inner
+            .cache
+            .read()
+            .expect("cache")
+            .limits
+            .contains_key(instance_type)
+    };
     let types = [instance_type.to_string()];
-    if let Err(e) = inner.refresher.instance_types(&types).await {
-        debug!(instance_type, error = %e, "instance type lookup failed");
-    }
+    let lookup = inner.type_lookups.ensure(instance_type, known, || {
+        inner.refresher.instance_types(&types)
+    });
+    lookup.await.inspect_err(|u| {
+        debug!(
+            instance_type,
+            error = u.error.as_deref().unwrap_or("not in the answer"),
+            retry_in = ?u.retry_at.saturating_duration_since(now()),
+            "instance type limits unknown; the node waits for the next lookup"
+        );
+    })
 }
 
 /// §7.4 step 3, the last check before a multi-pool unassign: read the CiliumNode afresh and

@@ -110,6 +110,12 @@ fn verdict<E: Ec2, S: NodeSink>(
             d.excess,
         ));
         info!(node = name, "EC2 changed for the node");
+    } else if let Some(u) = &planned.limits
+        && outcome == Outcome::Done
+    {
+        // Planned without the type's limits: look again when they can be looked up again,
+        // not at the next rescan.
+        outcome = Outcome::RetryAfter(u.retry_at.saturating_duration_since(now()));
     }
     (outcome, again)
 }

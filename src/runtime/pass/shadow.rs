@@ -73,6 +73,15 @@ async fn steps<E: Ec2, S: NodeSink>(
             return Err(end);
         }
     };
+    if let Some(u) = planned.limits.as_ref().filter(|u| !u.invalid_type) {
+        // Our own missing data (the lookup failed), not a disagreement with the serving
+        // allocator: compare once the limits are known.
+        inner.with_slot(name, |s| s.memory = memory);
+        return Err((
+            Outcome::RetryAfter(u.retry_at.saturating_duration_since(now())),
+            None,
+        ));
+    }
     let enis = {
         let cache = inner.cache.read().expect("cache");
         match cache.view(&instance, &planned.instance_type).instance {
