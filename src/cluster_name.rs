@@ -69,6 +69,13 @@ fn named_by(instance: &str, tags: &Tags) -> Result<Option<String>, Refusal> {
     }
 }
 
+/// Whether an instance's tags name `cluster` (either tag, as [`derive`] reads them): the
+/// operator touches no instance that does not (docs/rules.md §15).
+pub fn names_cluster(tags: &Tags, cluster: &str) -> bool {
+    tags.get(EKS_TAG).is_some_and(|v| v == cluster)
+        || tags.contains_key(&format!("{K8S_TAG_PREFIX}{cluster}"))
+}
+
 /// The name every instance agrees on. `instances`: (instance ID, its tags) of the nodes'
 /// instances; those outside `scope` (`--instance-tags-filter`: another operator's nodes) are
 /// not asked. Every instance asked must name exactly one cluster, the same one.

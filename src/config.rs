@@ -234,6 +234,9 @@ pub struct IpamSettings {
     /// Put `ipam.cilium.io/ignore: "true"` on every CiliumNode we serve (so Cilium's operator leaves it to us), and remove it when we let a node go (eni-operator.cilium.io/ignore).
     #[arg(long, env = "ENI_OPERATOR_ANNOTATE_CILIUM_IGNORE", default_value_t = false, num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set)]
     pub annotate_cilium_ignore: bool,
+    /// Touch only instances EC2 shows with this cluster's tag (aws:eks:cluster-name=<--cluster-name> or kubernetes.io/cluster/<--cluster-name>); off: any instance a Node's providerID names.
+    #[arg(long, env = "ENI_OPERATOR_INSTANCE_CLUSTER_TAG_CHECK", default_value_t = true, num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set)]
+    pub instance_cluster_tag_check: bool,
 
     // Cilium's instance-limit flags (operator/option/config.go, up to 1.17).
     /// Per-type limits that win over EC2 and the built-in table, type=adapters,ipv4,ipv6
@@ -492,6 +495,9 @@ impl Settings {
                 .handover_selector
                 .as_ref()
                 .map(|t| (t.key.clone(), t.value.clone())),
+            // Every mode runs (or, for `plan`, lists) the Node watch.
+            require_node: true,
+            require_cluster_tag: self.ipam.instance_cluster_tag_check,
             ..CoreConfig::default()
         }
     }
@@ -1085,6 +1091,14 @@ pub(crate) mod tests {
         assert!(c.annotate_cilium_ignore);
         assert_eq!(c.scope.vpc_id.as_deref(), Some("vpc-9"));
         assert_eq!(c.ipam.cluster_name, "prod");
+        assert!(
+            c.require_node,
+            "the binary always checks CiliumNodes against their Nodes"
+        );
+        assert!(
+            c.require_cluster_tag,
+            "and their instances' cluster tag, unless told not to"
+        );
     }
 
     #[test]
@@ -1161,6 +1175,12 @@ pub struct HandoverSettings {
     /// Read Cilium operator's Lease at all (off: the guard relies on managedFields alone).
     #[arg(long, env = "ENI_OPERATOR_WATCH_CILIUM_LEASE", default_value_t = true, num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set)]
     pub watch_cilium_lease: bool,
+    /// Cilium's operator is not installed in this cluster: a Lease that cannot be read or is
+    /// not found does not hold nodes back. Without it the guard fails closed: until the
+    /// Lease can be read, nodes not taken over yet wait (a 404 may mean a wrong
+    /// --cilium-namespace).
+    #[arg(long, env = "ENI_OPERATOR_CILIUM_OPERATOR_ABSENT", default_value_t = false, num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set)]
+    pub cilium_operator_absent: bool,
     /// How long another field manager's write of `spec.ipam.pool` / `status.eni` after ours
     /// counts as a running second allocator (longer than Cilium's one-minute resync).
     #[arg(long, env = "ENI_OPERATOR_HANDOVER_QUIET", default_value = "3m", value_parser = parse_duration)]

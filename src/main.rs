@@ -135,9 +135,6 @@ async fn run_operator(
     tokio::spawn(eni_operator::credentials::warn_if_instance_role(
         aws.credentials_provider(),
     ));
-    if settings.ipam.annotate_cilium_ignore {
-        tracing::info!("annotating served CiliumNodes with ipam.cilium.io/ignore=true");
-    }
     // Every mutating call and write checks this process's lease right before it goes (§14.2):
     // inside the gate (each retry too) and around the sink.
     let fence = if settings.kube.leader_election {
@@ -177,6 +174,10 @@ async fn run_operator(
             .map_err(anyhow::Error::msg)?;
             let core_config = settings.core_config();
             readiness.set_leading(true);
+            // Only the leader writes (a standby says nothing of annotating, §14).
+            if settings.ipam.annotate_cilium_ignore {
+                tracing::info!("annotating served CiliumNodes with ipam.cilium.io/ignore=true");
+            }
             let (tx, rx) = tokio::sync::mpsc::channel(4096);
             let cache = core_config.ec2_cache();
             let gc_cache = cache.clone();
@@ -226,12 +227,20 @@ async fn run_operator(
             let (lease_client, lease_core) = (client.clone(), core.clone());
             let cilium_namespace = settings.handover.cilium_namespace.clone();
             let watch_lease = settings.handover.watch_cilium_lease;
+            let absent = settings.handover.cilium_operator_absent;
+            if watch_lease && !absent {
+                // Fail closed until the first read (§16).
+                core.set_cilium_lease_state(eni_operator::ipam::handover::CiliumLease::Unreadable(
+                    "Cilium operator's Lease not read yet".into(),
+                ));
+            }
             let cilium_lease = async move {
                 if watch_lease {
                     eni_operator::runtime::cilium_lease::watch(
                         lease_client,
                         &cilium_namespace,
-                        move |v| lease_core.set_cilium_lease(v),
+                        absent,
+                        move |v| lease_core.set_cilium_lease_state(v),
                     )
                     .await;
                 }

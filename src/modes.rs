@@ -97,19 +97,24 @@ pub async fn run_plan(settings: Settings, client: kube::Client) -> anyhow::Resul
     let registry = MetricsRegistry::new();
     let (core, book) = shadow_core(&settings, &client, &registry).await?;
     let ar = ApiResource::erase::<CiliumNode>(&());
-    let api: Api<DynamicObject> = Api::all_with(client, &ar);
+    let api: Api<DynamicObject> = Api::all_with(client.clone(), &ar);
     let list = api.list(&ListParams::default()).await?;
+    // Each CiliumNode is judged against its Node (§15), as the active operator does.
+    let node_inputs = source::list_nodes(client).await?;
     let mut names: Vec<String> = list
         .items
         .iter()
         .filter_map(|o| o.metadata.name.clone())
         .collect();
     names.sort();
-    let (tx, rx) = tokio::sync::mpsc::channel(list.items.len() + 1);
+    let (tx, rx) = tokio::sync::mpsc::channel(list.items.len() + node_inputs.len() + 1);
     let mut warm = core.warm();
     let done = CancellationToken::new();
     let run = tokio::spawn(core.run(rx, done.clone().cancelled_owned()));
     warm.wait_for(|w| *w).await?;
+    for input in node_inputs {
+        tx.send(input).await?;
+    }
     for obj in &list.items {
         tx.send(source::to_input(obj)).await?;
     }

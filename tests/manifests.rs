@@ -814,6 +814,20 @@ fn iam_policy_grants_the_ec2_actions_with_tag_conditions() {
             assert_eq!(vpc(c), our_vpc, "{action}: {c}");
         }
     }
+    // Attach and detach also name the instance: only instances tagged as this cluster's
+    // (EKS's tag, or the cloud provider's `kubernetes.io/cluster/<name>`; issue 29 item 1).
+    for action in ["ec2:AttachNetworkInterface", "ec2:DetachNetworkInterface"] {
+        let cs = conditions(action, "instance/");
+        assert_eq!(cs.len(), 2, "{action}: one statement per tag");
+        for c in &cs {
+            let eks = tag(c, "ec2:ResourceTag/aws:eks:cluster-name");
+            let k8s = tag(c, "ec2:ResourceTag/kubernetes.io/cluster/CLUSTER_NAME");
+            assert!(
+                eks == our_cluster || k8s == serde_json::json!(["owned", "shared"]),
+                "{action}: an instance of any cluster: {c}"
+            );
+        }
+    }
 }
 
 /// The image's dependency stage loads the whole workspace, so it needs every member's manifest

@@ -6,33 +6,32 @@ use eni_operator::runtime::core::NodeInput;
 use eni_operator::runtime::source::watch_nodes;
 use tokio::sync::mpsc;
 
+/// The Node watch delivers, per Node, what it says about its instance (providerID,
+/// InternalIP: a CiliumNode is served only for its Node's instance, docs/rules.md §15) and its
+/// presence, then `NodesListed` once the listing is complete. (It used to ask for metadata
+/// only; the facts need the spec and status, which are parsed and dropped, never kept.)
 #[tokio::test]
-async fn the_node_watch_asks_for_metadata_only() {
-    // A whole Node (images, conditions) is often 10-20 KB; only its existence matters, so the
-    // watch must ask the API server for PartialObjectMetadata.
-    let (accepts, mut seen) = mpsc::unbounded_channel::<String>();
+async fn the_node_watch_reports_each_nodes_instance_then_the_end_of_the_listing() {
     let api_server = tower::service_fn(move |req: http::Request<kube::client::Body>| {
-        let accept = req
-            .headers()
-            .get(http::header::ACCEPT)
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or_default()
-            .to_string();
         let watch = req.uri().query().unwrap_or_default().contains("watch=");
-        let _ = accepts.send(accept);
         async move {
             if watch {
                 // No further events: the watch stays open.
                 std::future::pending::<()>().await;
             }
             let list = serde_json::json!({
-                "apiVersion": "meta.k8s.io/v1",
-                "kind": "PartialObjectMetadataList",
+                "apiVersion": "v1",
+                "kind": "NodeList",
                 "metadata": {"resourceVersion": "1"},
                 "items": [{
-                    "apiVersion": "meta.k8s.io/v1",
-                    "kind": "PartialObjectMetadata",
-                    "metadata": {"name": "node-1", "resourceVersion": "1"}
+                    "apiVersion": "v1",
+                    "kind": "Node",
+                    "metadata": {"name": "node-1", "resourceVersion": "1"},
+                    "spec": {"providerID": "aws:///us-east-1a/i-0abc"},
+                    "status": {"addresses": [
+                        {"type": "InternalIP", "address": "10.0.0.5"},
+                        {"type": "Hostname", "address": "node-1"}
+                    ]}
                 }]
             });
             let body = kube::client::Body::from(serde_json::to_vec(&list).unwrap());
@@ -42,19 +41,33 @@ async fn the_node_watch_asks_for_metadata_only() {
     let client = kube::Client::new(api_server, "default");
     let (tx, mut rx) = mpsc::channel(8);
     let watch = tokio::spawn(watch_nodes(client, tx));
-    let accept = seen.recv().await.unwrap();
+    let facts = next(&mut rx).await;
+    match &facts {
+        NodeInput::NodeFacts {
+            name,
+            facts: Some(f),
+        } if name == "node-1" => {
+            assert_eq!(f.instance.as_deref(), Some("i-0abc"));
+            assert_eq!(
+                f.internal_ips,
+                vec!["10.0.0.5".parse::<std::net::Ipv4Addr>().unwrap()]
+            );
+        }
+        other => panic!("expected the facts of node-1, got {other:?}"),
+    }
+    let present = next(&mut rx).await;
     assert!(
-        accept.contains("as=PartialObjectMetadata"),
-        "the Node list asked for {accept:?}"
+        matches!(&present, NodeInput::NodePresent { name, present: true } if name == "node-1"),
+        "{present:?}"
     );
-    // A full-object watch could not even parse this answer: bound the wait.
-    let input = tokio::time::timeout(std::time::Duration::from_secs(10), rx.recv())
+    let listed = next(&mut rx).await;
+    assert!(matches!(listed, NodeInput::NodesListed), "{listed:?}");
+    watch.abort();
+}
+
+async fn next(rx: &mut mpsc::Receiver<NodeInput>) -> NodeInput {
+    tokio::time::timeout(std::time::Duration::from_secs(10), rx.recv())
         .await
         .expect("an input within 10 s")
-        .expect("a presence input");
-    assert!(
-        matches!(&input, NodeInput::NodePresent { name, present: true } if name == "node-1"),
-        "{input:?}"
-    );
-    watch.abort();
+        .expect("an input")
 }

@@ -38,7 +38,9 @@ impl Watch {
     /// The watch an input comes through.
     fn of(input: &NodeInput) -> Option<Self> {
         match input {
-            NodeInput::NodePresent { .. } => Some(Self::Nodes),
+            NodeInput::NodePresent { .. }
+            | NodeInput::NodeFacts { .. }
+            | NodeInput::NodesListed => Some(Self::Nodes),
             NodeInput::Upsert(_) | NodeInput::Invalid(_) | NodeInput::Deleted(_) => {
                 Some(Self::CiliumNodes)
             }
@@ -77,7 +79,9 @@ impl Watcher {
                 .seen(n.metadata.name.as_deref().unwrap_or_default()),
             NodeInput::Invalid(i) => self.cilium_nodes.seen(&i.node.name),
             NodeInput::Deleted(name) => self.cilium_nodes.deleted(name),
-            NodeInput::PendingPods { .. } => {}
+            NodeInput::PendingPods { .. }
+            | NodeInput::NodeFacts { .. }
+            | NodeInput::NodesListed => {}
         }
         // A closed channel is an instance that stopped (crash, lost lease): its watches went
         // with it.

@@ -434,6 +434,7 @@ mod tests {
             other_security_group: "sg-o".into(),
             image_id: "ami-1".into(),
             instances: vec![],
+            cluster_name: String::new(),
         }
     }
 

@@ -89,6 +89,10 @@ pub struct World {
     pub other_security_group: String,
     pub image_id: String,
     pub instances: Vec<Instance>,
+    /// `--cluster-name` of the operators under test: instances carry
+    /// `kubernetes.io/cluster/<it>` as EKS and Karpenter tag them (the operator touches no
+    /// instance without it). Empty: no such tag.
+    pub cluster_name: String,
 }
 
 /// An ENI as EC2 reports it, reduced to what the assertions need.
@@ -236,6 +240,7 @@ impl World {
             other_security_group: groups[1].clone(),
             image_id,
             instances: Vec::new(),
+            cluster_name: String::new(),
         })
     }
 
@@ -263,6 +268,11 @@ impl World {
         zone: usize,
     ) -> Result<Instance> {
         let subnet = self.node_subnet(zone).clone();
+        let cluster_tag = format!("kubernetes.io/cluster/{}", self.cluster_name);
+        let mut instance_tags = vec![(RUN_TAG, self.run_id.as_str())];
+        if !self.cluster_name.is_empty() {
+            instance_tags.push((cluster_tag.as_str(), "owned"));
+        }
         let out = ec2
             .run_instances()
             .image_id(&self.image_id)
@@ -271,7 +281,7 @@ impl World {
             .max_count(1)
             .subnet_id(&subnet.id)
             .security_group_ids(&self.other_security_group)
-            .tag_specifications(tags(ResourceType::Instance, &[(RUN_TAG, &self.run_id)]))
+            .tag_specifications(tags(ResourceType::Instance, &instance_tags))
             .send()
             .await
             .with_context(|| format!("RunInstances {instance_type}"))?;

@@ -196,9 +196,10 @@ async fn run(a: RunArgs) -> Result<bool> {
             .as_secs()
             % 0xffffff
     );
-    let world = ec2seed::World::seed(&ec2, &run_id)
+    let mut world = ec2seed::World::seed(&ec2, &run_id)
         .await
         .context("seeding EC2")?;
+    world.cluster_name = a.cluster_name.clone();
     tracing::info!(run_id, vpc = %world.vpc_id, zones = ?world.zones, "EC2 seeded");
 
     let settings = OperatorSettings {

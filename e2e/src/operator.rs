@@ -83,6 +83,9 @@ impl OperatorSettings {
             self.duration(resync.min(2)),
             "--eni-gc-interval".into(),
             self.duration(self.gc_secs),
+            // No Cilium operator runs in the e2e cluster (its other allocator writes as one
+            // but holds no Lease): without this the guard fails closed on the missing Lease.
+            "--cilium-operator-absent".into(),
         ];
         if let Some(id) = identity {
             a.extend(["--identity".into(), id.into()]);

@@ -101,6 +101,28 @@ impl LeaseView {
     }
 }
 
+/// Cilium operator's leader Lease as the guard knows it (§16: the guard fails closed).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum CiliumLease {
+    /// Read, and nobody holds it; or the user said Cilium's operator is absent
+    /// (`--cilium-operator-absent`).
+    Absent,
+    Held(LeaseView),
+    /// Cannot be read (not yet, an API error, or not found where Cilium's operator should
+    /// be): a node not handed over yet gets no EC2 call and no takeover write.
+    Unreadable(String),
+}
+
+impl CiliumLease {
+    /// The Lease's view when it is held.
+    pub fn view(&self) -> Option<&LeaseView> {
+        match self {
+            Self::Held(v) => Some(v),
+            _ => None,
+        }
+    }
+}
+
 /// What the pass knows about one node.
 #[derive(Clone, Debug)]
 pub struct Signals<'a> {

@@ -152,6 +152,16 @@ pub enum ProblemReason {
     /// The node's CiliumNode is being deleted and our finalizer cannot finish (an EC2 or API
     /// error, e.g. a missing IAM permission): retried until the grace period, then let go.
     FinalizerBlocked,
+    /// No Node of the CiliumNode's name exists: it is not served (§15).
+    NoNode,
+    /// The Node of the CiliumNode's name names another instance (§15).
+    InstanceMismatch,
+    /// Another live CiliumNode names the same instance: served through neither (§15).
+    InstanceNamedTwice,
+    /// EC2 shows the instance without this cluster's tag (§15).
+    NotClusterInstance,
+    /// Cilium operator's Lease cannot be read: a node not handed over yet waits (§16).
+    CiliumLeaseUnreadable,
 }
 
 impl ProblemReason {
@@ -171,6 +181,11 @@ impl ProblemReason {
             Self::NoStaticIp => "NoStaticIp",
             Self::OtherAllocatorActive => "OtherAllocatorActive",
             Self::FinalizerBlocked => "FinalizerBlocked",
+            Self::NoNode => "NoNode",
+            Self::InstanceMismatch => "InstanceMismatch",
+            Self::InstanceNamedTwice => "InstanceNamedTwice",
+            Self::NotClusterInstance => "NotClusterInstance",
+            Self::CiliumLeaseUnreadable => "CiliumLeaseUnreadable",
         }
     }
 }

@@ -8,7 +8,7 @@ use k8s_openapi::api::coordination::v1::Lease;
 use kube::Api;
 use tracing::warn;
 
-use crate::ipam::handover::{CILIUM_OPERATOR_LEASE, LeaseView};
+use crate::ipam::handover::{CILIUM_OPERATOR_LEASE, CiliumLease, LeaseView};
 
 /// How often the Lease is read (Cilium's lease duration is 15 s by default).
 pub const PERIOD: Duration = Duration::from_secs(5);
@@ -28,24 +28,49 @@ pub fn view(lease: &Lease) -> Option<LeaseView> {
     })
 }
 
-/// Read the Lease every [`PERIOD`] and hand each view to `set`; never returns.
-pub async fn watch(client: kube::Client, namespace: &str, set: impl Fn(Option<LeaseView>)) {
+/// What one read tells the guard. `read`: the Lease, `Ok(None)` when the API server answers
+/// 404, `Err` with the error. Fails closed (§16): unless the user said Cilium's operator is
+/// absent (`--cilium-operator-absent`), a Lease that cannot be read, or is not found where
+/// Cilium's operator should run, leaves every node not yet handed over alone. A 404 cannot
+/// tell "never installed" from "installed in another namespace" (the case that once disabled
+/// the guard silently); only the user can.
+pub fn state(read: Result<Option<&Lease>, String>, namespace: &str, absent: bool) -> CiliumLease {
+    let lease = format!("Lease {namespace}/{CILIUM_OPERATOR_LEASE}");
+    match read {
+        Ok(Some(l)) => view(l).map_or(CiliumLease::Absent, CiliumLease::Held),
+        Ok(None) | Err(_) if absent => CiliumLease::Absent,
+        Ok(None) => CiliumLease::Unreadable(format!(
+            "{lease} not found: Cilium's operator runs in another namespace (set              --cilium-namespace) or is not installed (set --cilium-operator-absent)"
+        )),
+        Err(e) => CiliumLease::Unreadable(format!(
+            "cannot read {lease} ({e}): it tells whether Cilium's operator runs (RBAC: get on              that Lease)"
+        )),
+    }
+}
+
+/// Read the Lease every [`PERIOD`] and hand each state to `set`; never returns.
+pub async fn watch(client: kube::Client, namespace: &str, absent: bool, set: impl Fn(CiliumLease)) {
     let api: Api<Lease> = Api::namespaced(client, namespace);
-    let mut said = false;
+    let mut said: Option<String> = None;
     loop {
-        match api.get_opt(CILIUM_OPERATOR_LEASE).await {
-            Ok(lease) => {
-                said = false;
-                set(lease.as_ref().and_then(view));
+        let read = api.get_opt(CILIUM_OPERATOR_LEASE).await;
+        let state = state(
+            read.as_ref()
+                .map(Option::as_ref)
+                .map_err(ToString::to_string),
+            namespace,
+            absent,
+        );
+        // Once per message: it repeats every few seconds.
+        match &state {
+            CiliumLease::Unreadable(why) if said.as_deref() != Some(why) => {
+                warn!("{why}; nodes not handed over yet wait");
+                said = Some(why.clone());
             }
-            Err(e) => {
-                // Keep the last view: a transient error must not look like a stopped operator.
-                if !said {
-                    warn!(error = %e, namespace, "cannot read {CILIUM_OPERATOR_LEASE}");
-                    said = true;
-                }
-            }
+            CiliumLease::Unreadable(_) => {}
+            _ => said = None,
         }
+        set(state);
         tokio::time::sleep(PERIOD).await;
     }
 }
@@ -75,5 +100,27 @@ mod tests {
         assert_eq!(v.acquired, Timestamp::from_second(100).unwrap());
         assert_eq!(v.duration, Duration::from_secs(15));
         assert!(view(&Lease::default()).is_none());
+    }
+
+    /// Issue 29 item 3: a Lease that could not be read (none at first, a 403, a 404 in the
+    /// wrong namespace) used to block nothing.
+    #[test]
+    fn an_unreadable_or_missing_lease_fails_closed_unless_cilium_is_declared_absent() {
+        let unreadable = |s: CiliumLease| matches!(s, CiliumLease::Unreadable(_));
+        let err = || Err("forbidden".to_string());
+        assert!(unreadable(state(Ok(None), "kube-system", false)));
+        assert!(unreadable(state(err(), "kube-system", false)));
+        assert_eq!(state(Ok(None), "kube-system", true), CiliumLease::Absent);
+        assert_eq!(state(err(), "kube-system", true), CiliumLease::Absent);
+        let CiliumLease::Unreadable(why) = state(Ok(None), "cilium", false) else {
+            unreachable!()
+        };
+        assert!(
+            why.contains("cilium/cilium-operator-resource-lock"),
+            "{why}"
+        );
+        assert!(why.contains("--cilium-operator-absent"), "{why}");
+        let free = Lease::default();
+        assert_eq!(state(Ok(Some(&free)), "x", false), CiliumLease::Absent);
     }
 }

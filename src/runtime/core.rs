@@ -95,6 +95,17 @@ impl<E: Ec2, S: NodeSink> Core<E, S> {
 
     /// Cilium operator's leader Lease as last read (the handover guard); `None`: absent.
     pub fn set_cilium_lease(&self, lease: Option<crate::ipam::handover::LeaseView>) {
+        use crate::ipam::handover::CiliumLease;
+        self.set_cilium_lease_state(lease.map_or(CiliumLease::Absent, CiliumLease::Held));
+    }
+
+    /// The guard's view of Cilium operator's Lease, an unreadable one included (§16).
+    pub fn set_cilium_lease_state(&self, lease: crate::ipam::handover::CiliumLease) {
+        let unreadable = matches!(lease, crate::ipam::handover::CiliumLease::Unreadable(_));
+        self.inner
+            .metrics
+            .cilium_lease_unreadable
+            .set(i64::from(unreadable));
         *self.inner.cilium_lease.write().expect("lease") = lease;
     }
 
@@ -301,6 +312,31 @@ impl<E: Ec2, S: NodeSink> Core<E, S> {
     }
 
     fn accept(&self, input: NodeInput, l: &mut Loop) {
+        // What the Nodes say (§15) goes to the identity table; a CiliumNode waiting for its
+        // Node is planned again as soon as the Node speaks.
+        match &input {
+            NodeInput::NodeFacts { name, facts } => {
+                let changed = self
+                    .inner
+                    .nodes
+                    .lock()
+                    .expect("nodes")
+                    .set(name, facts.clone());
+                let held = self.inner.slots.lock().expect("slots").contains_key(name);
+                if changed && held {
+                    // Out of any wait the refusal set: the reason may be gone.
+                    l.queue.remove(name);
+                    l.queue.push(name.clone(), self.inner.priority(name));
+                }
+                return;
+            }
+            NodeInput::NodesListed => {
+                self.inner.nodes.lock().expect("nodes").set_listed();
+                self.inner.requeue_all(&mut l.queue);
+                return;
+            }
+            _ => {}
+        }
         if let (Some(book), NodeInput::Deleted(name)) = (&self.inner.shadow, &input) {
             book.forget(name);
         }

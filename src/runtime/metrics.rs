@@ -63,6 +63,8 @@ pub struct RuntimeMetrics {
     pub passes: Counter,
     /// Passes ended by the handover guard: another allocator serves the node.
     pub other_allocator_blocked: Counter,
+    /// 1 while Cilium operator's Lease cannot be read (nodes not handed over yet wait, §16).
+    pub cilium_lease_unreadable: Gauge,
     /// Finalizers removed after failing for the grace period (their ENIs left to the GC).
     pub finalizers_let_go: Counter,
     /// Planning decisions (`plan_node` calls) and the thread time they took, in nanoseconds:
@@ -107,6 +109,7 @@ impl Default for RuntimeMetrics {
             errors: Family::default(),
             passes: Counter::default(),
             other_allocator_blocked: Counter::default(),
+            cilium_lease_unreadable: Gauge::default(),
             finalizers_let_go: Counter::default(),
             plans: Counter::default(),
             plan_nanos: Counter::default(),
@@ -249,6 +252,11 @@ impl RuntimeMetrics {
             "handover_blocked_passes",
             "Passes that left a node alone because another allocator serves it",
             m.other_allocator_blocked.clone(),
+        );
+        r.register(
+            "cilium_lease_unreadable",
+            "1 while Cilium operator's Lease cannot be read: nodes not handed over yet wait",
+            m.cilium_lease_unreadable.clone(),
         );
         r.register(
             "finalizers_let_go",

@@ -16,6 +16,7 @@ pub mod executor;
 pub mod fence;
 pub mod finalizer;
 pub mod gc;
+pub mod identity;
 pub mod leader;
 pub mod metrics;
 pub mod metrics_cilium;

@@ -31,6 +31,14 @@ pub enum NodeInput {
     NodePresent { name: String, present: bool },
     /// Pending pods scheduled to the node (surge allocation).
     PendingPods { name: String, count: u32 },
+    /// What the Node of that name says about its instance (`None`: the Node was deleted);
+    /// taken by the core's [`super::identity::Nodes`], not by the slots.
+    NodeFacts {
+        name: String,
+        facts: Option<super::identity::NodeFacts>,
+    },
+    /// The Node watch's listing is complete: a name it did not show has no Node.
+    NodesListed,
 }
 
 /// A CiliumNode that does not parse: what its metadata (and a lenient read) still tell, so its
@@ -166,6 +174,7 @@ pub fn accept(slots: &Mutex<Slots>, input: NodeInput, cache: &RwLock<Ec2Cache>) 
             Accepted::default()
         }
         NodeInput::PendingPods { name, count } => pending_pods(slots, name, count),
+        NodeInput::NodeFacts { .. } | NodeInput::NodesListed => Accepted::default(),
     }
 }
 

@@ -46,6 +46,14 @@ pub struct CoreConfig {
     /// Canary handover (`--handover-selector key=value`): serve only CiliumNodes with this
     /// label; a served node that loses it is handed back.
     pub handover_selector: Option<(String, String)>,
+    /// A Node watch feeds the core (production, shadow, `plan`): a CiliumNode is served only
+    /// once the Nodes are listed and its Node confirms its instance (§15). Off (tests and the
+    /// benchmark drive the core without one): a name no Node input spoke of is taken on trust.
+    pub require_node: bool,
+    /// EC2 must show a node's instance with this cluster's tag before any call touches it
+    /// (§15; `--instance-cluster-tag-check`). Off in tests whose simulated instances carry no
+    /// tags.
+    pub require_cluster_tag: bool,
 }
 
 impl CoreConfig {
@@ -79,6 +87,8 @@ impl Default for CoreConfig {
             limit_overrides: Vec::new(),
             handover_quiet: Duration::from_secs(180),
             handover_selector: None,
+            require_node: false,
+            require_cluster_tag: false,
         }
     }
 }

@@ -26,14 +26,19 @@ pub struct Shared<E, S> {
     pub executor: Executor<E>,
     pub config: CoreConfig,
     pub slots: Mutex<Slots>,
+    /// What each Node says about its instance (§15).
+    pub nodes: Mutex<super::identity::Nodes>,
+    /// Instances EC2 showed with this cluster's tag (§15).
+    pub confirmed_instances: Mutex<std::collections::BTreeSet<String>>,
     /// Lookups of instance types' limits, one per type at a time (passes wait for it).
     pub type_lookups: super::type_limits::TypeLookups,
     pub metrics: RuntimeMetrics,
     /// True while `run` has warm caches (after the first full EC2 refresh).
     pub warm: tokio::sync::watch::Sender<bool>,
-    /// Cilium operator's leader Lease as last read (the handover guard; `None`: absent or not
-    /// read).
-    pub cilium_lease: RwLock<Option<crate::ipam::handover::LeaseView>>,
+    /// Cilium operator's leader Lease as last read (the handover guard). `Absent` until told
+    /// otherwise: `main` starts it `Unreadable` when it reads the Lease (§16); a core driven
+    /// by tests or the benchmark has no Cilium operator.
+    pub cilium_lease: RwLock<crate::ipam::handover::CiliumLease>,
     /// Wall time at a clock instant: the guard compares managedFields and Lease times with
     /// the core's clock (paused in tests).
     pub epoch: (k8s_openapi::jiff::Timestamp, Instant),
@@ -72,10 +77,12 @@ impl<E: Ec2, S> Shared<E, S> {
             executor,
             config,
             slots: Mutex::new(Slots::new()),
+            nodes: Mutex::new(super::identity::Nodes::default()),
+            confirmed_instances: Mutex::default(),
             type_lookups: Default::default(),
             metrics,
             warm: tokio::sync::watch::Sender::new(false),
-            cilium_lease: RwLock::new(None),
+            cilium_lease: RwLock::new(crate::ipam::handover::CiliumLease::Absent),
             epoch: (k8s_openapi::jiff::Timestamp::now(), super::clock::now()),
             shadow: None,
         }
@@ -88,9 +95,17 @@ impl<E: Ec2, S> Shared<E, S> {
         self.epoch.0.saturating_add(elapsed).unwrap_or(self.epoch.0)
     }
 
-    /// The node is gone from our state: its instance too (cache and refresh spacing).
+    /// The node is gone from our state: its instance too (cache and refresh spacing), unless
+    /// another CiliumNode we hold still names it (§15: two objects naming one instance; the
+    /// other one's view must not go with this one).
     pub fn forget_instance(&self, instance: &str) {
-        if !instance.is_empty() {
+        let named = {
+            let slots = self.slots.lock().expect("slots");
+            slots
+                .values()
+                .any(|s| s.node.as_ref().is_some_and(|n| n.instance_id() == instance))
+        };
+        if !instance.is_empty() && !named {
             self.cache.write().expect("cache").drop_instance(instance);
             self.refresher.forget(instance);
         }

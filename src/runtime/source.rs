@@ -14,7 +14,7 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::Resource;
-use kube::api::{Api, ApiResource, DynamicObject, PartialObjectMeta};
+use kube::api::{Api, ApiResource, DynamicObject};
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
 use tokio::sync::mpsc;
@@ -23,6 +23,7 @@ use tracing::warn;
 use crate::crd::CiliumNode;
 
 use super::core::{InvalidNode, NodeInput};
+use super::identity::NodeFacts;
 use super::sink::NodeRef;
 
 /// Parse one CiliumNode; the error names what is wrong, for the object's operator-status.
@@ -197,10 +198,62 @@ pub async fn watch_cilium_nodes(
     }
 }
 
-/// Watch Nodes until the channel closes: presence, and absence once deleted. Metadata only:
-/// a whole Node (images, conditions) is often 10-20 KB, and only its existence matters here.
+/// What a Node says about its instance (docs/rules.md §15): the instance of its providerID,
+/// and its InternalIPs (checked against the instance's primary address when it has none).
+pub fn node_facts(node: &Node) -> NodeFacts {
+    let instance = node
+        .spec
+        .as_ref()
+        .and_then(|s| s.provider_id.as_deref())
+        .and_then(instance_from_provider_id);
+    let internal_ips = node
+        .status
+        .as_ref()
+        .and_then(|s| s.addresses.as_ref())
+        .into_iter()
+        .flatten()
+        .filter(|a| a.type_ == "InternalIP")
+        .filter_map(|a| a.address.parse().ok())
+        .collect();
+    NodeFacts {
+        instance,
+        internal_ips,
+    }
+}
+
+/// The facts input for one Node watch event (`None` for a deletion).
+fn facts_input(event: &Event<Node>) -> Option<NodeInput> {
+    let (node, facts) = match event {
+        Event::Apply(n) | Event::InitApply(n) => (n, Some(node_facts(n))),
+        Event::Delete(n) => (n, None),
+        Event::Init | Event::InitDone => return None,
+    };
+    Some(NodeInput::NodeFacts {
+        name: node.metadata.name.clone().unwrap_or_default(),
+        facts,
+    })
+}
+
+/// Every Node once, as the watch would deliver them, then `NodesListed` (`eni-operator plan`).
+pub async fn list_nodes(client: kube::Client) -> kube::Result<Vec<NodeInput>> {
+    let api: Api<Node> = Api::all(client);
+    let list = api.list(&Default::default()).await?;
+    let mut inputs = Vec::with_capacity(2 * list.items.len() + 1);
+    for node in list.items {
+        let event = Event::InitApply(node);
+        inputs.extend(facts_input(&event));
+        inputs.extend(node_input(event));
+    }
+    inputs.push(NodeInput::NodesListed);
+    Ok(inputs)
+}
+
+/// Watch Nodes until the channel closes: presence, absence once deleted, and what each says
+/// about its instance (its providerID and InternalIP: a CiliumNode is served only for its
+/// Node's instance, §15). Whole objects, parsed one event at a time and never kept: only those
+/// facts stay.
 pub async fn watch_nodes(client: kube::Client, tx: mpsc::Sender<NodeInput>) {
-    let api: Api<PartialObjectMeta<Node>> = Api::all(client);
+    let api: Api<Node> = Api::all(client);
     let mut stream = watcher::watcher(api, watcher::Config::default())
         .default_backoff()
         .boxed();
@@ -218,13 +271,26 @@ pub async fn watch_nodes(client: kube::Client, tx: mpsc::Sender<NodeInput>) {
             Event::InitDone => listed.init_done(),
             _ => Vec::new(),
         };
+        let listed_now = matches!(event, Event::InitDone);
         let mut inputs: Vec<NodeInput> = gone
             .into_iter()
-            .map(|name| NodeInput::NodePresent {
-                name,
-                present: false,
+            .flat_map(|name| {
+                [
+                    NodeInput::NodeFacts {
+                        name: name.clone(),
+                        facts: None,
+                    },
+                    NodeInput::NodePresent {
+                        name,
+                        present: false,
+                    },
+                ]
             })
             .collect();
+        inputs.extend(facts_input(&event));
+        if listed_now {
+            inputs.push(NodeInput::NodesListed);
+        }
         if let Some(input) = node_input(event) {
             if let NodeInput::NodePresent { name, present } = &input {
                 if *present {

@@ -320,6 +320,9 @@ impl Proc {
             &format!("127.0.0.1:{health}"),
             "--ec2-rate-fraction",
             &a.ec2_rate_fraction.to_string(),
+            // No Cilium operator in the benchmark's cluster: the guard need not wait for its
+            // Lease.
+            "--cilium-operator-absent",
         ]);
         if a.prefix {
             cmd.arg("--aws-enable-prefix-delegation");
@@ -529,6 +532,14 @@ async fn prepare(a: &Args, kubeconfig: &Path, endpoint: &str) -> Result<(kube::C
                     ("SecurityGroupId.1", sg.clone()),
                     ("MinCount", n.to_string()),
                     ("MaxCount", n.to_string()),
+                    // As EKS and Karpenter tag them: the operator touches no instance without
+                    // its cluster's tag.
+                    ("TagSpecification.1.ResourceType", "instance".into()),
+                    (
+                        "TagSpecification.1.Tag.1.Key",
+                        format!("kubernetes.io/cluster/{CLUSTER}"),
+                    ),
+                    ("TagSpecification.1.Tag.1.Value", "owned".into()),
                 ],
             )
             .await?;

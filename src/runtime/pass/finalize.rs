@@ -80,6 +80,32 @@ async fn give_back<E: Ec2, S: NodeSink>(
     if !gone || instance.is_empty() {
         return Ok(None);
     }
+    // Another live CiliumNode names the instance (it re-registered under another name, §15):
+    // its pods use these ENIs and that static IP. Nothing is given back; our finalizer goes.
+    let rivals = super::identity::rivals(inner, name, instance);
+    if !rivals.is_empty() {
+        tracing::info!(
+            node = name,
+            instance,
+            "the Node is gone but CiliumNode {} names its instance: nothing released",
+            rivals.join(", ")
+        );
+        return Ok(None);
+    }
+    // Only an instance of this cluster is touched (§15); one EC2 does not know any more has
+    // nothing attached to touch (our ENIs left behind are released by their tags).
+    if inner.config.require_cluster_tag {
+        let tagged = super::cluster_tag::tagged(inner, instance)
+            .await
+            .map_err(|e| format!("cannot read the tags of {instance}: {e}"))?;
+        if tagged == Some(false) {
+            warn!(
+                node = name,
+                instance, "EC2 shows the instance without this cluster's tag: nothing released"
+            );
+            return Ok(None);
+        }
+    }
     if let Some(wait) = instance_holds(inner, name, r, instance).await? {
         return Ok(Some(wait));
     }

@@ -6,20 +6,18 @@
 
 use std::time::Duration;
 
-use serde_json::json;
-use tracing::{debug, warn};
+use tracing::debug;
 
-use crate::crd::{CILIUM_IGNORE_ANNOTATION, CiliumNode};
+use crate::crd::{CILIUM_IGNORE_ANNOTATION, CiliumNode, FINALIZER};
 use crate::ec2::Ec2;
-use crate::ipam::handover::{self, Signals};
+use crate::ipam::ProblemReason;
+use crate::ipam::handover::{self, CiliumLease, Signals};
 use crate::ipam::ownership::is_owned_by;
-use crate::ipam::{ChangeSet, ProblemReason, Subresource, Write};
 use crate::runtime::cache::DESCRIBE_LAG;
 use crate::runtime::clock;
-use crate::runtime::events::{self, EventReason};
 use crate::runtime::queue::Outcome;
 use crate::runtime::shared::Shared;
-use crate::runtime::sink::{NodeRef, NodeSink};
+use crate::runtime::sink::NodeSink;
 
 use super::Step;
 use super::snapshot::Snapshot;
@@ -37,6 +35,25 @@ pub(super) async fn check<E: Ec2, S: NodeSink>(
         return Ok(());
     };
     let lease = inner.cilium_lease.read().expect("lease").clone();
+    // Fail closed (§16): without the Lease we cannot tell whether Cilium's operator serves
+    // a node we have not taken over yet. Nodes already ours go on.
+    if let CiliumLease::Unreadable(why) = &lease
+        && !handed_over(node)
+    {
+        inner.metrics.other_allocator_blocked.inc();
+        let message = format!(
+            "{why}; this node is not taken over until it can be read (or              --cilium-operator-absent says Cilium's operator is not installed)"
+        );
+        super::problem::say(
+            inner,
+            name,
+            node,
+            ProblemReason::CiliumLeaseUnreadable,
+            &message,
+        )
+        .await;
+        return Err((Outcome::RetryAfter(RECHECK), None));
+    }
     let cilium_ignore = node
         .metadata
         .annotations
@@ -48,7 +65,7 @@ pub(super) async fn check<E: Ec2, S: NodeSink>(
         writers: stored.writers(),
         cilium_ignore,
         will_annotate: inner.config.annotate_cilium_ignore,
-        lease: lease.as_ref(),
+        lease: lease.view(),
         new_cilium_enis: &new_enis,
         now: inner.wall_now(),
         quiet: inner.config.handover_quiet,
@@ -56,26 +73,16 @@ pub(super) async fn check<E: Ec2, S: NodeSink>(
     let Some(other) = handover::other_allocator(&signals) else {
         return settled(inner, name, &node.spec.instance_id, stored.writers()).await;
     };
-    let reason = ProblemReason::OtherAllocatorActive;
-    let message = format!("{}: {other}", reason.as_str());
     inner.metrics.other_allocator_blocked.inc();
-    let said = inner.with_slot(name, |s| s.last_problem.replace(message.clone()));
-    if said.flatten().as_deref() != Some(message.as_str()) {
-        warn!(node = name, "{message}");
-        let r = NodeRef::of(node);
-        let changes = ChangeSet {
-            writes: vec![Write {
-                subresource: Subresource::Status,
-                patch: json!({"status": {"ipam": {"operator-status": {"error": message}}}}),
-                needs_resource_version: false,
-            }],
-        };
-        if let Err(e) = inner.sink.apply(&r, &changes).await {
-            warn!(node = name, error = %e, "could not report the other allocator");
-        }
-        let reason = EventReason::Problem(reason);
-        events::publish(&*inner.sink, &inner.metrics, &r, reason, message).await;
-    }
+    let message = other.to_string();
+    super::problem::say(
+        inner,
+        name,
+        node,
+        ProblemReason::OtherAllocatorActive,
+        &message,
+    )
+    .await;
     Err((Outcome::RetryAfter(RECHECK), None))
 }
 
@@ -159,4 +166,12 @@ fn new_cilium_enis<E: Ec2, S: NodeSink>(
                 .collect()
         })
         .unwrap_or_default()
+}
+
+/// Taken over: our finalizer is on it (set right after this guard first lets it through).
+fn handed_over(node: &CiliumNode) -> bool {
+    node.metadata
+        .finalizers
+        .as_ref()
+        .is_some_and(|f| f.iter().any(|x| x == FINALIZER))
 }

@@ -1,7 +1,8 @@
 //! Step 2: whether the node is ours to serve now. Ends the pass for an ignored node (handed
 //! back), a node out of `--instance-tags-filter` scope (left alone), a node whose Kubernetes
-//! Node is gone (deleted) or that is being deleted ([`super::finalize`]). Otherwise makes sure
-//! of our finalizer and of Cilium's ignore annotation before EC2 is touched for the node.
+//! Node is gone (deleted) or that is being deleted ([`super::finalize`]), a node whose Node does
+//! not confirm its instance or whose instance another CiliumNode names ([`super::identity`]).
+//! Otherwise makes sure of our finalizer and of Cilium's ignore annotation before EC2 is touched for the node.
 
 use tracing::{info, warn};
 
@@ -13,7 +14,7 @@ use crate::runtime::sink::{NodeRef, NodeSink, SinkError, SinkResult};
 use crate::runtime::stored::StoredNode;
 
 use super::snapshot::Snapshot;
-use super::{DONE, FAILED, Step, Verdict, finalize, guard};
+use super::{DONE, FAILED, Step, Verdict, cluster_tag, finalize, guard, identity};
 
 /// The parsed node to serve, or the end of the pass.
 pub(super) async fn admit<E: Ec2, S: NodeSink>(
@@ -62,6 +63,8 @@ pub(super) async fn admit<E: Ec2, S: NodeSink>(
         let r = NodeRef::of(&node);
         return Err(finalize::finalize(inner, name, &r, &node.spec.instance_id).await);
     }
+    identity::check(inner, name, &node).await?;
+    cluster_tag::confirm(inner, name, &node).await?;
     guard::check(inner, name, &node, snap).await?;
     add_finalizer(inner, name, &mut node).await?;
     claim(inner, name, &mut node).await?;

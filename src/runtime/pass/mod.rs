@@ -9,11 +9,14 @@
 //! State: a pass owns its node's slot from snapshot to report (the queue never runs two passes
 //! of a node at once); the EC2 cache is shared, written only by the executor and refresher.
 
+mod cluster_tag;
 mod execute;
 mod finalize;
 mod guard;
+mod identity;
 mod lifecycle;
 mod plan;
+mod problem;
 mod report;
 mod shadow;
 mod snapshot;

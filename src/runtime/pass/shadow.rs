@@ -49,6 +49,21 @@ async fn steps<E: Ec2, S: NodeSink>(
         return Err(DONE);
     }
     let instance = node.spec.instance_id.clone();
+    // The active operator's verdict on whose instance this is (§15), as an error of ours.
+    match super::identity::judge(inner, name, &instance) {
+        None => {}
+        Some(super::identity::Refusal::Unknown) => {
+            return Err((Outcome::RetryAfter(std::time::Duration::from_secs(5)), None));
+        }
+        Some(super::identity::Refusal::Say(reason, message)) => {
+            let obs = Observation {
+                error: Some(format!("{}: {message}", reason.as_str())),
+                ..Observation::default()
+            };
+            book.observe(name, obs, now());
+            return Err(DONE);
+        }
+    }
     let in_scope = inner.cache.read().expect("cache").in_scope(&instance);
     match in_scope {
         Some(true) => {}

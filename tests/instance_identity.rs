@@ -1,0 +1,302 @@
+//! Whose instance a CiliumNode names (issue 29 item 1, docs/rules.md §15). Every Cilium
+//! agent's ServiceAccount may write CiliumNodes: `spec.instance-id` is checked against the Node
+//! of the same name, and an instance two live CiliumNodes name is served through neither and
+//! released by neither's finalizer.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use eni_operator::ec2::{Instance, Operation};
+use eni_operator::ipam::IpamConfig;
+use eni_operator::runtime::core::{Core, CoreConfig, NodeInput};
+use eni_operator::runtime::identity::NodeFacts;
+use eni_operator::runtime::metrics::RuntimeMetrics;
+use testkit::cluster::{Cluster, agent_node};
+use testkit::sink::MemorySink;
+use testkit::{served, wait_until};
+use tokio::sync::mpsc;
+
+const CLUSTER: &str = "test-cluster";
+
+struct World {
+    w: Cluster,
+    sink: Arc<MemorySink>,
+    tx: mpsc::Sender<NodeInput>,
+    metrics: RuntimeMetrics,
+    grace: Duration,
+    _task: tokio::task::JoinHandle<eni_operator::ec2::Result<()>>,
+}
+
+/// A core as the binary runs it (`require_node`: a Node watch feeds it) or as tests drive it.
+fn world(require_node: bool) -> World {
+    world_with(require_node, false)
+}
+
+fn world_with(require_node: bool, require_cluster_tag: bool) -> World {
+    let w = Cluster::new();
+    let sink = Arc::new(MemorySink::new());
+    let cfg = CoreConfig {
+        workers: 2,
+        ipam: IpamConfig {
+            cluster_name: CLUSTER.into(),
+            ..IpamConfig::default()
+        },
+        require_node,
+        require_cluster_tag,
+        ..CoreConfig::default()
+    };
+    let grace = cfg.node_gone_grace;
+    let metrics = RuntimeMetrics::default();
+    let cache = cfg.ec2_cache();
+    let core = Core::new(
+        Arc::new(w.sim.clone()),
+        sink.clone(),
+        cfg,
+        metrics.clone(),
+        cache,
+    );
+    let (tx, rx) = mpsc::channel(64);
+    let _task = tokio::spawn(core.run(rx, std::future::pending()));
+    World {
+        w,
+        sink,
+        tx,
+        metrics,
+        grace,
+        _task,
+    }
+}
+
+impl World {
+    /// The Node `name` registered for `instance` (providerID), as the watch reports it.
+    async fn node(&self, name: &str, instance: &Instance) {
+        self.sink.put_node(name, &[]);
+        let facts = NodeFacts {
+            instance: Some(instance.id.clone()),
+            internal_ips: Vec::new(),
+        };
+        self.send(NodeInput::NodeFacts {
+            name: name.into(),
+            facts: Some(facts),
+        })
+        .await;
+    }
+
+    async fn cilium_node(&self, name: &str, instance: &str) {
+        let stored = self.sink.put(&agent_node(&self.w, name, instance, 8));
+        self.send(NodeInput::Upsert(Box::new(stored))).await;
+    }
+
+    async fn send(&self, input: NodeInput) {
+        self.tx.send(input).await.unwrap();
+    }
+
+    fn error(&self, name: &str) -> String {
+        self.sink
+            .get(name)
+            .and_then(|n| n.status?.ipam.operator_status.error)
+            .unwrap_or_default()
+    }
+
+    fn reasons(&self, name: &str) -> Vec<String> {
+        self.sink
+            .events(name)
+            .into_iter()
+            .map(|e| e.reason)
+            .collect()
+    }
+
+    /// ENIs attached to the instance (its primary included).
+    fn enis_of(&self, instance: &str) -> usize {
+        self.w
+            .sim
+            .network_interfaces()
+            .iter()
+            .filter(|e| e.instance_id() == Some(instance))
+            .count()
+    }
+
+    fn errors(&self, reason: &str) -> u64 {
+        self.metrics
+            .errors
+            .get_or_create(&vec![("reason", reason.to_string())])
+            .get()
+    }
+}
+
+/// A CiliumNode without a Node, and one whose Node names another instance, get no EC2 call for
+/// the instance they name; the real node of that instance is served all the same. On the old
+/// main both forged objects had ENIs created and attached to the instances they named.
+#[tokio::test(start_paused = true)]
+async fn a_forged_cilium_node_gets_no_ec2_call() {
+    let t = world(true);
+    let (real, victim, other) = (t.w.instance(), t.w.instance(), t.w.instance());
+    t.node("n", &real).await;
+    t.node("m", &other).await;
+    t.send(NodeInput::NodesListed).await;
+    t.cilium_node("n", &real.id).await;
+    assert!(wait_until(|| served(&t.sink, "n", 8), Duration::from_secs(60)).await);
+
+    // No Node "forged": it names the victim. Node "m" is `other`'s: its CiliumNode lies.
+    t.cilium_node("forged", &victim.id).await;
+    t.cilium_node("m", &victim.id).await;
+    // And one more naming the real node's instance: it must not starve the real one.
+    t.cilium_node("squatter", &real.id).await;
+    assert!(
+        wait_until(
+            || t.error("forged").starts_with("NoNode")
+                && t.error("m").starts_with("InstanceMismatch")
+                && t.error("squatter").starts_with("NoNode"),
+            Duration::from_secs(60)
+        )
+        .await,
+        "forged: {:?}, m: {:?}, squatter: {:?}",
+        t.error("forged"),
+        t.error("m"),
+        t.error("squatter")
+    );
+    tokio::time::sleep(Duration::from_secs(180)).await;
+    assert_eq!(t.enis_of(&victim.id), 1, "only the victim's primary ENI");
+    assert_eq!(
+        t.enis_of(&other.id),
+        1,
+        "nothing for m's own instance either"
+    );
+    for name in ["forged", "m", "squatter"] {
+        let node = t.sink.get(name).unwrap();
+        assert!(node.spec.ipam.pool.is_empty(), "{name} got a pool");
+        assert!(
+            node.metadata.finalizers.unwrap_or_default().is_empty(),
+            "{name} was taken over"
+        );
+    }
+    assert!(t.reasons("forged").iter().any(|r| r == "NoNode"));
+    assert!(t.reasons("m").iter().any(|r| r == "InstanceMismatch"));
+    assert_eq!(t.errors("NoNode"), 2, "once per object");
+    assert!(served(&t.sink, "n", 8), "the real node is still served");
+    assert!(t.error("n").is_empty(), "{}", t.error("n"));
+}
+
+/// A CiliumNode created before its Node (the watch has not shown it yet) waits, then is served
+/// as soon as the Node appears; before the Nodes are listed nothing is served.
+#[tokio::test(start_paused = true)]
+async fn a_cilium_node_before_its_node_is_served_once_the_node_appears() {
+    let t = world(true);
+    let inst = t.w.instance();
+    t.cilium_node("n", &inst.id).await;
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    assert!(t.sink.get("n").unwrap().spec.ipam.pool.is_empty());
+    assert!(t.error("n").is_empty(), "not listed yet: no error");
+    t.send(NodeInput::NodesListed).await;
+    assert!(
+        wait_until(
+            || t.error("n").starts_with("NoNode"),
+            Duration::from_secs(30)
+        )
+        .await,
+        "{}",
+        t.error("n")
+    );
+    t.node("n", &inst).await;
+    assert!(wait_until(|| served(&t.sink, "n", 8), Duration::from_secs(30)).await);
+}
+
+/// Two CiliumNodes naming one running instance (it re-registered under another name; the old
+/// NotReady Node is then deleted): while both live, neither is served (loud: operator-status,
+/// Event, metric); once the old one is deleted, its finalizer releases nothing, even after the
+/// grace period, and the live one is served with the ENIs it had. On the old main the old
+/// object's finalizer detached and deleted the live node's ENIs after `--node-gone-grace-period`.
+#[tokio::test(start_paused = true)]
+async fn the_finalizer_of_a_stale_cilium_node_leaves_the_live_nodes_enis_alone() {
+    let t = world(false);
+    let inst = t.w.instance();
+    t.sink.put_node("old", &[]);
+    t.cilium_node("old", &inst.id).await;
+    assert!(wait_until(|| served(&t.sink, "old", 8), Duration::from_secs(60)).await);
+    let enis = t.enis_of(&inst.id);
+    assert!(enis > 1, "ENIs of ours on the instance");
+
+    // The instance re-registers as "new".
+    t.sink.put_node("new", &[]);
+    t.cilium_node("new", &inst.id).await;
+    assert!(
+        wait_until(
+            || t.error("new").starts_with("InstanceNamedTwice"),
+            Duration::from_secs(60)
+        )
+        .await,
+        "{}",
+        t.error("new")
+    );
+    assert!(t.reasons("new").iter().any(|r| r == "InstanceNamedTwice"));
+    assert!(t.errors("InstanceNamedTwice") >= 1);
+
+    // The old Node is deleted (a person, a remediation tool): the old CiliumNode goes.
+    t.sink.set_node_exists("old", false);
+    t.send(NodeInput::NodePresent {
+        name: "old".into(),
+        present: false,
+    })
+    .await;
+    assert!(wait_until(|| t.sink.raw("old").is_none(), Duration::from_secs(60)).await);
+    tokio::time::sleep(t.grace + Duration::from_secs(60)).await;
+    let detaches = t.w.sim.stats().get(Operation::DetachNetworkInterface).calls;
+    assert_eq!(detaches, 0, "nothing detached from a live node's instance");
+    assert_eq!(t.enis_of(&inst.id), enis, "its ENIs still attached");
+    assert!(
+        wait_until(|| served(&t.sink, "new", 8), Duration::from_secs(60)).await,
+        "the live node is served: {}",
+        t.error("new")
+    );
+    assert_eq!(
+        t.w.sim.stats().get(Operation::CreateNetworkInterface).calls,
+        (enis - 1) as u64,
+        "with the ENIs it had: none created for it"
+    );
+}
+
+/// EC2 must show the instance with this cluster's tag before anything touches it: an instance
+/// of another cluster (or none) gets no call, whatever its Node says; tagged as EKS or as the
+/// cloud provider does, it is served. On the old main the untagged instance got ENIs.
+#[tokio::test(start_paused = true)]
+async fn an_instance_without_the_cluster_tag_is_not_touched() {
+    let t = world_with(true, true);
+    let (foreign, eks, k8s) = (t.w.instance(), t.w.instance(), t.w.instance());
+    let tag = |k: &str, v: &str| [(k.to_string(), v.to_string())].into_iter().collect();
+    t.w.sim
+        .set_instance_tags(&foreign.id, tag("aws:eks:cluster-name", "another-cluster"));
+    t.w.sim
+        .set_instance_tags(&eks.id, tag("aws:eks:cluster-name", CLUSTER));
+    t.w.sim.set_instance_tags(
+        &k8s.id,
+        tag(&format!("kubernetes.io/cluster/{CLUSTER}"), "owned"),
+    );
+    for (name, inst) in [("foreign", &foreign), ("eks", &eks), ("k8s", &k8s)] {
+        t.node(name, inst).await;
+    }
+    t.send(NodeInput::NodesListed).await;
+    for (name, inst) in [("foreign", &foreign), ("eks", &eks), ("k8s", &k8s)] {
+        t.cilium_node(name, &inst.id).await;
+    }
+    assert!(wait_until(|| served(&t.sink, "eks", 8), Duration::from_secs(60)).await);
+    assert!(wait_until(|| served(&t.sink, "k8s", 8), Duration::from_secs(60)).await);
+    assert!(
+        wait_until(
+            || t.error("foreign").starts_with("NotClusterInstance"),
+            Duration::from_secs(60)
+        )
+        .await,
+        "{}",
+        t.error("foreign")
+    );
+    tokio::time::sleep(Duration::from_secs(120)).await;
+    assert_eq!(t.enis_of(&foreign.id), 1, "only its primary ENI");
+    let node = t.sink.get("foreign").unwrap();
+    assert!(node.spec.ipam.pool.is_empty());
+    assert!(
+        t.reasons("foreign")
+            .iter()
+            .any(|r| r == "NotClusterInstance")
+    );
+    assert_eq!(t.errors("NotClusterInstance"), 1, "said once");
+}

@@ -1,0 +1,99 @@
+//! The handover guard fails closed (issue 29 item 3, docs/rules.md §16): while Cilium
+//! operator's Lease cannot be read, a node not taken over yet gets no EC2 call and no takeover
+//! write; one already served goes on; the node is served once the Lease is readable (or the
+//! user says Cilium's operator is absent). On the old main an unreadable Lease blocked nothing.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use eni_operator::ec2::Operation;
+use eni_operator::ipam::IpamConfig;
+use eni_operator::ipam::handover::CiliumLease;
+use eni_operator::runtime::core::{Core, CoreConfig, NodeInput};
+use eni_operator::runtime::metrics::RuntimeMetrics;
+use testkit::cluster::{Cluster, agent_node};
+use testkit::sink::MemorySink;
+use testkit::{served, wait_until};
+use tokio::sync::mpsc;
+
+#[tokio::test(start_paused = true)]
+async fn an_unreadable_cilium_lease_holds_back_every_node_not_taken_over_yet() {
+    let w = Cluster::new();
+    let sink = Arc::new(MemorySink::new());
+    let cfg = CoreConfig {
+        workers: 2,
+        ipam: IpamConfig {
+            cluster_name: "test-cluster".into(),
+            ..IpamConfig::default()
+        },
+        ..CoreConfig::default()
+    };
+    let metrics = RuntimeMetrics::default();
+    let cache = cfg.ec2_cache();
+    let core = Core::new(
+        Arc::new(w.sim.clone()),
+        sink.clone(),
+        cfg,
+        metrics.clone(),
+        cache,
+    );
+    let (tx, rx) = mpsc::channel(64);
+    let _task = tokio::spawn(core.clone().run(rx, std::future::pending()));
+    let (a, b) = (w.instance(), w.instance());
+    for (name, inst) in [("served", &a), ("new", &b)] {
+        sink.put_node(name, &[]);
+        let n = sink.put(&agent_node(&w, name, &inst.id, 8));
+        if name == "served" {
+            tx.send(NodeInput::Upsert(Box::new(n))).await.unwrap();
+            assert!(wait_until(|| served(&sink, "served", 8), Duration::from_secs(60)).await);
+            // A 404 in --cilium-namespace from now on.
+            core.set_cilium_lease_state(CiliumLease::Unreadable(
+                "Lease kube-system/cilium-operator-resource-lock not found".into(),
+            ));
+        } else {
+            tx.send(NodeInput::Upsert(Box::new(n))).await.unwrap();
+        }
+    }
+    let error = |name: &str| {
+        sink.get(name)
+            .and_then(|n| n.status?.ipam.operator_status.error)
+            .unwrap_or_default()
+    };
+    assert!(
+        wait_until(
+            || error("new").starts_with("CiliumLeaseUnreadable"),
+            Duration::from_secs(60)
+        )
+        .await,
+        "{}",
+        error("new")
+    );
+    let attaches = w.sim.stats().get(Operation::AttachNetworkInterface).calls;
+    tokio::time::sleep(Duration::from_secs(120)).await;
+    let new = sink.get("new").unwrap();
+    assert!(
+        new.spec.ipam.pool.is_empty(),
+        "no pool for a node not taken over"
+    );
+    assert!(
+        new.metadata.finalizers.unwrap_or_default().is_empty(),
+        "not taken over"
+    );
+    assert_eq!(
+        w.sim.stats().get(Operation::AttachNetworkInterface).calls,
+        attaches,
+        "no EC2 call for it"
+    );
+    assert!(
+        sink.events("new")
+            .iter()
+            .any(|e| e.reason == "CiliumLeaseUnreadable")
+    );
+    assert_eq!(metrics.cilium_lease_unreadable.get(), 1);
+    assert!(served(&sink, "served", 8), "a node already ours goes on");
+
+    // The user says Cilium's operator is absent (or the Lease becomes readable).
+    core.set_cilium_lease_state(CiliumLease::Absent);
+    assert_eq!(metrics.cilium_lease_unreadable.get(), 0);
+    assert!(wait_until(|| served(&sink, "new", 8), Duration::from_secs(60)).await);
+}
