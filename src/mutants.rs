@@ -4,7 +4,7 @@
 //! `ENI_DST_MUTANT=<name>` selects the defect of a run.
 
 /// Every planted defect, by name.
-pub const ALL: [&str; 11] = [
+pub const ALL: [&str; 12] = [
     "release-used",
     "drain-is-gone",
     "reuse-burned-token",
@@ -16,6 +16,7 @@ pub const ALL: [&str; 11] = [
     "no-fence",
     "static-ip-race-won",
     "delete-on-watch",
+    "keep-write-answer",
 ];
 
 /// Whether the defects are compiled into this build.
