@@ -466,6 +466,64 @@ impl Settings {
         if !r.eni_gc_interval.is_zero() && r.eni_gc_max_per_run == 0 {
             return err("--eni-gc-max-per-run must be at least 1 while the GC is enabled".into());
         }
+        self.validate_durations()
+    }
+
+    /// Every duration flag within bounds (issue 29): a zero spacing once passed here and then
+    /// panicked in `tokio::time::interval` after the lease was taken (a crash loop), a zero
+    /// grace period released a running instance's ENIs as soon as its Node went, and a value
+    /// past a year overflows tokio's `Instant` arithmetic or the Lease's int32 seconds.
+    fn validate_durations(&self) -> Result<(), ConfigError> {
+        const MAX: Duration = Duration::from_secs(365 * 24 * 3600);
+        // A kubelet restart or `kubectl delete node` re-registers within seconds to minutes.
+        const MIN_GRACE: Duration = Duration::from_secs(60);
+        let (k, e, r) = (&self.kube, &self.ec2, &self.runtime);
+        // (flag, value, may it be zero: 0 disables the ENI GC)
+        let all = [
+            (
+                "--leader-election-lease-duration",
+                k.leader_election_lease_duration,
+                false,
+            ),
+            (
+                "--leader-election-renew-deadline",
+                k.leader_election_renew_deadline,
+                false,
+            ),
+            (
+                "--leader-election-retry-period",
+                k.leader_election_retry_period,
+                false,
+            ),
+            ("--ec2-connect-timeout", e.ec2_connect_timeout, false),
+            ("--ec2-operation-timeout", e.ec2_operation_timeout, false),
+            ("--ec2-resync-interval", r.ec2_resync_interval, false),
+            (
+                "--ec2-refresh-min-spacing",
+                r.ec2_refresh_min_spacing,
+                false,
+            ),
+            ("--node-resync-interval", r.node_resync_interval, false),
+            ("--eni-gc-interval", r.eni_gc_interval, true),
+            ("--node-gone-grace-period", r.node_gone_grace_period, false),
+        ];
+        for (flag, value, zero_ok) in all {
+            if value.is_zero() && !zero_ok {
+                return Err(ConfigError(format!("{flag} must be positive")));
+            }
+            if value > MAX {
+                return Err(ConfigError(format!(
+                    "{flag} ({value:?}) must not exceed a year"
+                )));
+            }
+        }
+        if r.node_gone_grace_period < MIN_GRACE {
+            return Err(ConfigError(format!(
+                "--node-gone-grace-period ({:?}) must be at least {MIN_GRACE:?}: a running \
+                 instance's ENIs are released that long after its Node object is gone",
+                r.node_gone_grace_period
+            )));
+        }
         Ok(())
     }
 
@@ -1011,6 +1069,30 @@ pub(crate) mod tests {
             let e = parse(args).expect_err(&format!("{args:?} should be rejected"));
             assert!(e.to_string().contains(needle), "{args:?}: {e}");
         }
+        // Every duration flag (issue 29): zero where that breaks the loop or the grace, and
+        // past a year (tokio's Instant arithmetic, the Lease's int32 seconds).
+        for flag in [
+            "--leader-election-lease-duration",
+            "--ec2-connect-timeout",
+            "--ec2-resync-interval",
+            "--ec2-refresh-min-spacing",
+            "--node-resync-interval",
+            "--node-gone-grace-period",
+        ] {
+            let e = parse(&[flag, "0"]).expect_err(flag);
+            assert!(e.to_string().contains(flag), "{flag}: {e}");
+        }
+        for flag in [
+            "--ec2-resync-interval",
+            "--eni-gc-interval",
+            "--node-gone-grace-period",
+        ] {
+            let e = parse(&[flag, "9000h"]).expect_err(flag);
+            assert!(e.to_string().contains(flag), "{flag}: {e}");
+        }
+        let e = parse(&["--node-gone-grace-period", "30s"]).unwrap_err();
+        assert!(e.to_string().contains("at least"), "{e}");
+        assert!(parse(&["--node-gone-grace-period", "1m"]).is_ok());
         // GC disabled: max-per-run is irrelevant.
         assert!(parse(&["--eni-gc-interval", "0", "--eni-gc-max-per-run", "0"]).is_ok());
         // Parser errors name the flag too.

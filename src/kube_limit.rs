@@ -97,7 +97,20 @@ impl<S: Service<R>, R> Service<R> for RateLimit<S> {
 
 /// In-cluster config or KUBECONFIG, with the rate limit on every request.
 pub async fn client(qps: f64, burst: u32) -> anyhow::Result<Client> {
-    let config = kube::Config::infer().await?;
+    configured(kube::Config::infer().await?, qps, burst)
+}
+
+/// `User-Agent` of every request: cluster admins tell ours apart in the API server's audit log
+/// (kube sends none of its own, which the log shows as `?`).
+pub const USER_AGENT: &str = concat!("eni-operator/", env!("CARGO_PKG_VERSION"));
+
+/// A client for `config` with our user agent and the rate limit on every request.
+pub fn configured(mut config: kube::Config, qps: f64, burst: u32) -> anyhow::Result<Client> {
+    // axum's `http` is the one kube's headers are typed with (http 1).
+    config.headers.push((
+        axum::http::header::USER_AGENT,
+        axum::http::HeaderValue::from_static(USER_AGENT),
+    ));
     Ok(kube::client::ClientBuilder::try_from(config)?
         .with_layer(&RateLimitLayer::new(qps, burst))
         .build())
@@ -107,7 +120,41 @@ pub async fn client(qps: f64, burst: u32) -> anyhow::Result<Client> {
 mod tests {
     use super::*;
     use std::time::Duration;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
     use tower::ServiceExt;
+
+    /// Issue 29: the API server sees `eni-operator/<version>`, not `?`.
+    #[tokio::test]
+    async fn requests_carry_our_user_agent() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = tokio::spawn(async move {
+            let (mut s, _) = listener.accept().await.unwrap();
+            let mut head = Vec::new();
+            let mut buf = [0u8; 1024];
+            while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                let n = s.read(&mut buf).await.unwrap();
+                if n == 0 {
+                    break;
+                }
+                head.extend_from_slice(&buf[..n]);
+            }
+            let body = r#"{"major":"1","minor":"36","gitVersion":"v1.36.2","gitCommit":"","gitTreeState":"","buildDate":"","goVersion":"","compiler":"","platform":""}"#;
+            let answer = format!(
+                "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            );
+            s.write_all(answer.as_bytes()).await.unwrap();
+            String::from_utf8_lossy(&head).to_lowercase()
+        });
+        let config = kube::Config::new(format!("http://{addr}").parse().unwrap());
+        let client = configured(config, 100.0, 100).unwrap();
+        client.apiserver_version().await.unwrap();
+        let head = server.await.unwrap();
+        let want = format!("user-agent: {}", USER_AGENT.to_lowercase());
+        assert!(head.contains(&want), "{head}");
+        assert!(USER_AGENT.starts_with("eni-operator/0."), "{USER_AGENT}");
+    }
 
     #[tokio::test(start_paused = true)]
     async fn requests_beyond_the_burst_wait_for_the_configured_rate() {

@@ -4,7 +4,7 @@
 //! `ENI_DST_MUTANT=<name>` selects the defect of a run.
 
 /// Every planted defect, by name.
-pub const ALL: [&str; 12] = [
+pub const ALL: [&str; 13] = [
     "release-used",
     "drain-is-gone",
     "reuse-burned-token",
@@ -17,6 +17,7 @@ pub const ALL: [&str; 12] = [
     "static-ip-race-won",
     "delete-on-watch",
     "limits-not-awaited",
+    "keep-write-answer",
 ];
 
 /// Whether the defects are compiled into this build.

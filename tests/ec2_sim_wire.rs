@@ -253,3 +253,87 @@ async fn bad_requests_get_aws_error_codes() {
     assert_eq!(page.items[0].id, w.instance);
     assert_eq!(page.items[0].state, InstanceState::Running);
 }
+
+/// Issue 29 item 4: a p5 launched with EFA interfaces (`RunInstances` with
+/// `NetworkInterface.N`) reads back through the real SDK with its network cards, each
+/// interface's `NetworkCardIndex` and `InterfaceType`, and no address on the `efa-only` one.
+#[tokio::test]
+async fn a_p5_with_efa_interfaces_reads_back_with_cards_and_interface_types() {
+    let w = world().await;
+    let form = format!(
+        "Action=RunInstances&InstanceType=p5.48xlarge&SubnetId={subnet}&SecurityGroupId.1={sg}\
+         &MinCount=1&MaxCount=1\
+         &NetworkInterface.1.NetworkCardIndex=0&NetworkInterface.1.DeviceIndex=0\
+         &NetworkInterface.1.InterfaceType=interface\
+         &NetworkInterface.2.NetworkCardIndex=1&NetworkInterface.2.DeviceIndex=0\
+         &NetworkInterface.2.InterfaceType=efa&NetworkInterface.2.SecurityGroupId.1={sg}\
+         &NetworkInterface.3.NetworkCardIndex=2&NetworkInterface.3.DeviceIndex=0\
+         &NetworkInterface.3.InterfaceType=efa-only&NetworkInterface.3.SecurityGroupId.1={sg}",
+        subnet = w.subnet,
+        sg = w.sg
+    );
+    let (status, body) = post(w.addr, "/", &form).await;
+    assert_eq!(status, 200, "{body}");
+    let c = client(w.addr, None).await;
+    let p5 = ["p5.48xlarge".to_owned()];
+    let types = collect_pages(|t| c.describe_instance_types(&p5, t))
+        .await
+        .unwrap();
+    assert_eq!(types[0].max_enis, 64);
+    assert_eq!(types[0].enis_per_card, vec![2; 32]);
+    assert_eq!(types[0].pod_max_enis(), 2);
+
+    let instance = body
+        .split("<instanceId>")
+        .nth(1)
+        .and_then(|s| s.split('<').next())
+        .expect("an instance")
+        .to_owned();
+    let filter = EniFilter {
+        instance_ids: vec![instance.clone()],
+        ..EniFilter::default()
+    };
+    let enis = collect_pages(|t| c.describe_network_interfaces(&filter, t))
+        .await
+        .unwrap();
+    let mut seen: Vec<(u32, u32, String, bool)> = enis
+        .iter()
+        .map(|e| {
+            let a = e.attachment.as_ref().expect("attached");
+            (
+                a.network_card_index,
+                a.device_index,
+                e.interface_type.as_str().to_owned(),
+                e.primary_ip.is_unspecified(),
+            )
+        })
+        .collect();
+    seen.sort();
+    assert_eq!(
+        seen,
+        [
+            (0, 0, "interface".to_owned(), false),
+            (1, 0, "efa".to_owned(), false),
+            (2, 0, "efa-only".to_owned(), true),
+        ]
+    );
+    let primary = enis.iter().find(|e| e.is_primary()).expect("a primary");
+    assert_eq!(primary.interface_type, InterfaceType::Interface);
+    // EC2 lists ENIs by ID, not by card: here the EFAs come first.
+    assert_ne!(enis[0].id, primary.id, "{enis:?}");
+    // Card 0 takes two interfaces: one attach at device 1, and no more.
+    let eni = c
+        .create_network_interface(&request(&w, "pods"))
+        .await
+        .unwrap();
+    c.attach_network_interface(&eni.id, &instance, 1)
+        .await
+        .unwrap();
+    let more = c
+        .create_network_interface(&request(&w, "more"))
+        .await
+        .unwrap();
+    let refused = c.attach_network_interface(&more.id, &instance, 2).await;
+    assert!(refused.is_err(), "{refused:?}");
+    assert!(!w.sim.network_interface(&eni.id).unwrap().is_primary());
+}

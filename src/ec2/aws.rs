@@ -210,7 +210,22 @@ fn instance_type_limits(info: &sdk::InstanceTypeInfo) -> InstanceTypeLimits {
         ipv6_per_eni: u(net_info.and_then(|n| n.ipv6_addresses_per_interface())),
         nitro: info.hypervisor() == Some(&sdk::InstanceTypeHypervisor::Nitro),
         bare_metal: info.bare_metal().unwrap_or(false),
+        enis_per_card: enis_per_card(net_info.map(|n| n.network_cards()).unwrap_or_default()),
     }
+}
+
+/// `NetworkCards[].MaximumNetworkInterfaces` placed by `NetworkCardIndex` (a card EC2 does not
+/// list takes none).
+fn enis_per_card(cards: &[sdk::NetworkCardInfo]) -> Vec<u32> {
+    let mut out = Vec::new();
+    for c in cards {
+        let i = u(c.network_card_index()) as usize;
+        if i >= out.len() {
+            out.resize(i + 1, 0);
+        }
+        out[i] = u(c.maximum_network_interfaces());
+    }
+    out
 }
 
 fn instance(i: &sdk::Instance) -> Instance {
@@ -281,8 +296,13 @@ fn network_interface(n: &sdk::NetworkInterface) -> NetworkInterface {
                 instance_id: s(a.instance_id()),
                 device_index: u(a.device_index()),
                 delete_on_termination: a.delete_on_termination().unwrap_or(false),
+                network_card_index: u(a.network_card_index()),
             })
         }),
+        interface_type: n
+            .interface_type()
+            .map(|t| InterfaceType::parse(t.as_str()))
+            .unwrap_or_default(),
         public_ip: n
             .association()
             .and_then(|a| a.public_ip())

@@ -27,9 +27,14 @@ static BUILTIN: LazyLock<BTreeMap<String, InstanceTypeLimits>> = LazyLock::new(|
 
 fn parse_row(line: &str) -> Option<InstanceTypeLimits> {
     let f: Vec<&str> = line.split(',').collect();
-    let [name, enis, ipv4, ipv6, hypervisor, metal] = f.as_slice() else {
+    let [name, enis, ipv4, ipv6, hypervisor, metal, cards] = f.as_slice() else {
         return None;
     };
+    let enis_per_card = cards
+        .split(';')
+        .map(str::parse)
+        .collect::<Result<Vec<u32>, _>>()
+        .ok()?;
     Some(InstanceTypeLimits {
         instance_type: (*name).to_string(),
         max_enis: enis.parse().ok()?,
@@ -37,6 +42,7 @@ fn parse_row(line: &str) -> Option<InstanceTypeLimits> {
         ipv6_per_eni: ipv6.parse().ok()?,
         nitro: *hypervisor == "nitro",
         bare_metal: *metal == "true",
+        enis_per_card,
     })
 }
 
@@ -45,6 +51,9 @@ fn parse_row(line: &str) -> Option<InstanceTypeLimits> {
 /// ```
 /// let m5 = &eni_operator::ec2::limits::builtin()["m5.large"];
 /// assert_eq!((m5.max_enis, m5.ipv4_per_eni), (3, 10));
+/// // 32 network cards of 2 interfaces each: pod ENIs go on card 0 (§5.4).
+/// let p5 = &eni_operator::ec2::limits::builtin()["p5.48xlarge"];
+/// assert_eq!((p5.max_enis, p5.enis_per_card.len(), p5.pod_max_enis()), (64, 32, 2));
 /// ```
 pub fn builtin() -> &'static BTreeMap<String, InstanceTypeLimits> {
     &BUILTIN
@@ -71,6 +80,7 @@ impl LimitOverride {
             ipv6_per_eni: self.ipv6,
             nitro: base.is_some_and(|b| b.nitro),
             bare_metal: base.is_some_and(|b| b.bare_metal),
+            enis_per_card: Vec::new(),
         }
     }
 }

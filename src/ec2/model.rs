@@ -221,9 +221,29 @@ pub struct InstanceTypeLimits {
     /// `Hypervisor == nitro`.
     pub nitro: bool,
     pub bare_metal: bool,
+    /// `NetworkInfo.NetworkCards[].MaximumNetworkInterfaces` by `NetworkCardIndex` (empty: one
+    /// card that takes every interface). p5.48xlarge: 32 cards of 2 interfaces each, 64 in all.
+    pub enis_per_card: Vec<u32>,
 }
 
 impl InstanceTypeLimits {
+    /// How many interfaces network card `card` takes.
+    pub fn card_max_enis(&self, card: u32) -> u32 {
+        match self.enis_per_card.as_slice() {
+            [] if card == 0 => self.max_enis,
+            [] => 0,
+            cards => cards.get(card as usize).copied().unwrap_or(0),
+        }
+    }
+
+    /// The interfaces pod ENIs may use: network card 0's, where they are attached (§5.1; Cilium
+    /// attaches without a `NetworkCardIndex` too, which EC2 takes as card 0). Counting the
+    /// whole instance's `MaximumNetworkInterfaces` would plan device indexes card 0 does not
+    /// have (64 on a p5.48xlarge whose card 0 takes 2).
+    pub fn pod_max_enis(&self) -> u32 {
+        self.card_max_enis(0).min(self.max_enis)
+    }
+
     /// /28 prefix delegation is available on Nitro and bare-metal types.
     pub fn supports_prefix_delegation(&self) -> bool {
         self.nitro || self.bare_metal
@@ -351,6 +371,43 @@ pub struct Attachment {
     pub instance_id: String,
     pub device_index: u32,
     pub delete_on_termination: bool,
+    /// `NetworkCardIndex` (0 on single-card types). Device indexes count per card: on a p5
+    /// every one of the 32 cards has a device index 0.
+    pub network_card_index: u32,
+}
+
+/// `InterfaceType` of a network interface. Only [`InterfaceType::Interface`] ENIs serve pods:
+/// an `efa` interface is an EFA device (with ENA addresses) for the workload's own traffic, an
+/// `efa-only` one has no IP address at all; `trunk`, `branch` and the managed kinds are not
+/// ours to use either.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum InterfaceType {
+    #[default]
+    Interface,
+    Efa,
+    EfaOnly,
+    /// Any other kind, as EC2 names it.
+    Other(String),
+}
+
+impl InterfaceType {
+    pub fn parse(s: &str) -> Self {
+        match s {
+            "" | "interface" => Self::Interface,
+            "efa" => Self::Efa,
+            "efa-only" => Self::EfaOnly,
+            other => Self::Other(other.to_string()),
+        }
+    }
+
+    pub fn as_str(&self) -> &str {
+        match self {
+            Self::Interface => "interface",
+            Self::Efa => "efa",
+            Self::EfaOnly => "efa-only",
+            Self::Other(s) => s,
+        }
+    }
 }
 
 /// A network interface (`DescribeNetworkInterfaces`, `CreateNetworkInterface`).
@@ -374,9 +431,28 @@ pub struct NetworkInterface {
     pub attachment: Option<Attachment>,
     /// Public IP of an associated Elastic IP, if any.
     pub public_ip: Option<String>,
+    pub interface_type: InterfaceType,
 }
 
 impl NetworkInterface {
+    /// An ENA `interface`: the only kind that serves pods (§5.4).
+    pub fn serves_pods(&self) -> bool {
+        self.interface_type == InterfaceType::Interface
+    }
+
+    /// The instance's primary ENI: network card 0, device index 0 (§5.4; each card of a
+    /// multi-card type has its own device index 0).
+    pub fn is_primary(&self) -> bool {
+        self.attachment
+            .as_ref()
+            .is_some_and(|a| a.device_index == 0 && a.network_card_index == 0)
+    }
+
+    /// The network card it is attached on.
+    pub fn network_card(&self) -> Option<u32> {
+        self.attachment.as_ref().map(|a| a.network_card_index)
+    }
+
     /// Whether every key/value of `selector` is among the ENI's tags (an empty selector matches
     /// nothing: it selects no ENI for exclusion).
     pub fn has_all_tags(&self, selector: &Tags) -> bool {

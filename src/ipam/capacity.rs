@@ -22,15 +22,16 @@ pub fn first_interface_index(spec: &EniSpec) -> u32 {
 }
 
 /// An ENI is excluded from pod use when its device index is below `first-interface-index`, or
-/// when its tags contain every pair of `exclude-interface-tags`. Excluded ENIs are published
-/// but never used, counted, modified or released.
+/// when its tags contain every pair of `exclude-interface-tags`, or when it is not an ENA
+/// `interface` (an `efa` or `efa-only` interface of a p4d/p5/trn instance, §5.4). Excluded ENIs
+/// are published but never used, counted, modified or released.
 ///
 pub fn is_excluded(eni: &NetworkInterface, spec: &EniSpec) -> bool {
     // An ENI without an attachment is not on the instance: treat it as unusable.
     let below_first = eni
         .device_index()
         .is_none_or(|index| index < first_interface_index(spec));
-    below_first || eni.has_all_tags(&spec.exclude_interface_tags)
+    below_first || !eni.serves_pods() || eni.has_all_tags(&spec.exclude_interface_tags)
 }
 
 /// The ENIs attached to the node's instance (C5: an ENI of another instance never counts).
@@ -68,7 +69,8 @@ pub fn offers_primary(config: &IpamConfig, spec: &EniSpec) -> bool {
 pub fn usable_addresses(eni: &NetworkInterface, with_primary: bool) -> BTreeSet<Ipv4Addr> {
     let mut set: BTreeSet<Ipv4Addr> = eni.secondary_ips.iter().copied().collect();
     set.extend(eni.prefixes.iter().flat_map(|p| prefix_addresses(*p)));
-    if with_primary {
+    // An `efa-only` interface has no IPv4 address: its "primary" (0.0.0.0) is nobody's.
+    if with_primary && !eni.primary_ip.is_unspecified() {
         set.insert(eni.primary_ip);
     } else {
         set.remove(&eni.primary_ip);
@@ -135,9 +137,14 @@ pub fn interface_stats(
         .iter()
         .filter(|e| !is_excluded(e, spec) && free_slots(e, limits) > 0)
         .count();
+    // New ENIs go on network card 0 (§5.4): its free interfaces are the empty slots.
+    let on_card0 = attached
+        .iter()
+        .filter(|e| e.network_card() == Some(0))
+        .count();
     InterfaceStats {
         candidates: candidates as u32,
-        empty_slots: limits.max_enis.saturating_sub(attached.len() as u32),
+        empty_slots: limits.pod_max_enis().saturating_sub(on_card0 as u32),
     }
 }
 
@@ -168,7 +175,8 @@ pub fn room(eni: &NetworkInterface, limits: &InstanceTypeLimits, kind: Kind) -> 
 /// # use eni_operator::ipam::capacity::max_allocatable;
 /// # use eni_operator::ec2::InstanceTypeLimits;
 /// let m5_large = InstanceTypeLimits { instance_type: "m5.large".into(), max_enis: 3,
-///     ipv4_per_eni: 10, ipv6_per_eni: 10, nitro: true, bare_metal: false };
+///     ipv4_per_eni: 10, ipv6_per_eni: 10, nitro: true, bare_metal: false,
+///     enis_per_card: vec![] };
 /// assert_eq!(max_allocatable(Some(&m5_large), Some(0), false), 27);
 /// assert_eq!(max_allocatable(Some(&m5_large), Some(1), false), 18);
 /// assert_eq!(max_allocatable(Some(&m5_large), Some(4), false), 0);
@@ -182,7 +190,7 @@ pub fn max_allocatable(
     let (Some(limits), Some(f)) = (limits, first_interface_index) else {
         return 0;
     };
-    let n = i64::from(limits.max_enis);
+    let n = i64::from(limits.pod_max_enis());
     if n < f {
         return 0;
     }
@@ -204,7 +212,8 @@ pub fn max_allocatable(
 /// # use eni_operator::ipam::capacity::node_capacity;
 /// # use eni_operator::ec2::InstanceTypeLimits;
 /// let m5_large = InstanceTypeLimits { instance_type: "m5.large".into(), max_enis: 3,
-///     ipv4_per_eni: 10, ipv6_per_eni: 10, nitro: true, bare_metal: false };
+///     ipv4_per_eni: 10, ipv6_per_eni: 10, nitro: true, bare_metal: false,
+///     enis_per_card: vec![] };
 /// assert_eq!(node_capacity(&m5_large, &[], 0, false, false), 27);
 /// assert_eq!(node_capacity(&m5_large, &[], 0, true, false), 432);
 /// ```
@@ -227,7 +236,7 @@ pub fn node_capacity(
         .iter()
         .map(|e| usable_addresses(e, with_primary).len() as i64 + i64::from(room(e, limits, kind)))
         .sum();
-    let free_slots = i64::from(limits.max_enis.saturating_sub(occupied_slots));
+    let free_slots = i64::from(limits.pod_max_enis().saturating_sub(occupied_slots));
     present + free_slots * fresh
 }
 
@@ -245,7 +254,7 @@ pub fn min_allocatable(
     let (Some(limits), Some(f)) = (limits, first_interface_index) else {
         return 8;
     };
-    let n = i64::from(limits.max_enis);
+    let n = i64::from(limits.pod_max_enis());
     if f >= n {
         return 0;
     }

@@ -29,6 +29,7 @@ fn typ(name: &str, enis: u32, ipv4: u32, nitro: bool, metal: bool) -> InstanceTy
         ipv6_per_eni: ipv4,
         nitro,
         bare_metal: metal,
+        enis_per_card: Vec::new(),
     }
 }
 

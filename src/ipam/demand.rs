@@ -95,10 +95,15 @@ pub fn pre_allocate(spec_value: i64) -> i64 {
 /// assert_eq!(needed(8, 4, 8, 0, 8), 0);
 /// ```
 pub fn needed(available: i64, used: i64, pre: i64, min: i64, max: i64) -> i64 {
-    let n0 = pre - (available - used);
-    let n1 = if min > 0 { n0.max(min - available) } else { n0 };
-    let n2 = if max > 0 && available + n1 > max {
-        max - available
+    // Saturating: release builds do not check overflow, and the inputs are an agent's numbers.
+    let n0 = pre.saturating_sub(available.saturating_sub(used));
+    let n1 = if min > 0 {
+        n0.max(min.saturating_sub(available))
+    } else {
+        n0
+    };
+    let n2 = if max > 0 && available.saturating_add(n1) > max {
+        max.saturating_sub(available)
     } else {
         n1
     };
@@ -113,15 +118,23 @@ pub fn needed(available: i64, used: i64, pre: i64, min: i64, max: i64) -> i64 {
 /// assert_eq!(excess(21, 0, 8, 0, 4), 9);
 /// ```
 pub fn excess(available: i64, used: i64, pre: i64, min: i64, above: i64) -> i64 {
-    let t = min + above;
+    let t = min.saturating_add(above);
     if used <= t && available <= t {
         0
-    } else if used <= t && used + pre <= t {
-        available - t
+    } else if used <= t && used.saturating_add(pre) <= t {
+        available.saturating_sub(t)
     } else {
-        (available - used - pre - above).max(0)
+        available
+            .saturating_sub(used)
+            .saturating_sub(pre)
+            .saturating_sub(above)
+            .max(0)
     }
 }
+
+/// Above this a watermark or a request is no node's: the largest instance holds about 50,000
+/// addresses (64 interfaces of 50, in /28s). Rejected with `InvalidSpec`, never planned with.
+pub const ABSURD: i64 = 1 << 20;
 
 /// C7: a multi-pool agent's use, recovered from its demand: max(0, requested - P). Clamping at
 /// 0 errs towards over-allocation when the agent's own pre-allocation is unknown.
@@ -161,18 +174,24 @@ pub fn watermarks(node: &CiliumNode) -> Result<Watermarks, Problem> {
             message: format!("spec.ipam.{name} is negative ({value})"),
         });
     }
+    if let Some((name, value)) = fields.iter().find(|(_, v)| *v > ABSURD) {
+        return Err(Problem {
+            reason: ProblemReason::InvalidSpec,
+            message: format!("spec.ipam.{name} is absurdly large ({value}; at most {ABSURD})"),
+        });
+    }
     if let Some(requested) = node
         .spec
         .ipam
         .pools
         .requested
         .iter()
-        .find(|r| r.pool == DEFAULT_POOL && r.needed.ipv4_addrs < 0)
+        .find(|r| r.pool == DEFAULT_POOL && !(0..=ABSURD).contains(&r.needed.ipv4_addrs))
     {
         return Err(Problem {
             reason: ProblemReason::InvalidSpec,
             message: format!(
-                "spec.ipam.pools.requested[default].needed.ipv4-addrs is negative ({})",
+                "spec.ipam.pools.requested[default].needed.ipv4-addrs is negative or absurd ({})",
                 requested.needed.ipv4_addrs
             ),
         });
@@ -351,6 +370,26 @@ mod tests {
             watermarks(&node).unwrap_err().reason,
             ProblemReason::InvalidSpec
         );
+    }
+
+    /// Issue 29: absurd numbers are rejected, and the formulas never wrap (release builds do
+    /// not check overflow; debug builds panicked here).
+    #[test]
+    fn absurd_numbers_are_invalid_and_the_formulas_saturate() {
+        let mut node = node_with(None, 0);
+        node.spec.ipam.max_above_watermark = i64::MAX;
+        let p = watermarks(&node).unwrap_err();
+        assert_eq!(p.reason, ProblemReason::InvalidSpec);
+        assert!(p.message.contains("absurd"), "{}", p.message);
+        let node = node_with(Some(i64::MAX), 0);
+        assert_eq!(
+            watermarks(&node).unwrap_err().reason,
+            ProblemReason::InvalidSpec
+        );
+        assert_eq!(needed(0, i64::MIN, i64::MAX, i64::MAX, 0), i64::MAX);
+        assert_eq!(needed(i64::MAX, 0, 8, 0, i64::MAX), 0);
+        assert_eq!(excess(i64::MAX, i64::MIN, i64::MAX, i64::MAX, i64::MAX), 0);
+        assert!(excess(i64::MAX, 0, 0, i64::MIN, 0) >= 0);
     }
 
     proptest! {

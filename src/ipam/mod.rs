@@ -24,6 +24,8 @@ pub mod writeback;
 #[cfg(test)]
 mod cilium_tables;
 #[cfg(test)]
+mod network_cards;
+#[cfg(test)]
 mod proptests;
 #[cfg(test)]
 pub(crate) mod testkit;
@@ -315,7 +317,8 @@ impl ChangeSet {
 /// # use eni_operator::ec2::*;
 /// # use eni_operator::ipam::*;
 /// # let limits = InstanceTypeLimits { instance_type: "m5.large".into(), max_enis: 3,
-/// #     ipv4_per_eni: 10, ipv6_per_eni: 10, nitro: true, bare_metal: false };
+/// #     ipv4_per_eni: 10, ipv6_per_eni: 10, nitro: true, bare_metal: false,
+/// #     enis_per_card: vec![] };
 /// # let subnet = Subnet { id: "subnet-a".into(), vpc_id: "vpc-1".into(),
 /// #     availability_zone: "az-1".into(), cidr: "10.0.0.0/20".parse().unwrap(),
 /// #     available_addresses: 100, tags: Tags::new() };
@@ -328,8 +331,9 @@ impl ChangeSet {
 /// #     primary_ip: "10.0.0.10".parse().unwrap(), secondary_ips: vec![], prefixes: vec![],
 /// #     ipv6_prefixes: vec![], security_groups: vec!["sg-1".into()], tags: Tags::new(),
 /// #     state: EniState::InUse, attachment: Some(Attachment { id: "attach-0".into(),
-/// #     instance_id: "i-1".into(), device_index: 0, delete_on_termination: true }),
-/// #     public_ip: None };
+/// #     instance_id: "i-1".into(), device_index: 0, delete_on_termination: true,
+/// #     network_card_index: 0 }),
+/// #     public_ip: None, interface_type: Default::default() };
 /// # let mut enis = vec![primary];
 /// # let (security_groups, cooldown) = (BTreeMap::new(), BTreeMap::new());
 /// # let mut node = CiliumNode::new("node-1", CiliumNodeSpec::default());
@@ -375,7 +379,8 @@ pub fn plan_node(
 /// # use eni_operator::ec2::*;
 /// # use eni_operator::ipam::*;
 /// # let limits = InstanceTypeLimits { instance_type: "m5.large".into(), max_enis: 3,
-/// #     ipv4_per_eni: 10, ipv6_per_eni: 10, nitro: true, bare_metal: false };
+/// #     ipv4_per_eni: 10, ipv6_per_eni: 10, nitro: true, bare_metal: false,
+/// #     enis_per_card: vec![] };
 /// # let subnet = Subnet { id: "subnet-a".into(), vpc_id: "vpc-1".into(),
 /// #     availability_zone: "az-1".into(), cidr: "10.0.0.0/20".parse().unwrap(),
 /// #     available_addresses: 100, tags: Tags::new() };
@@ -388,8 +393,9 @@ pub fn plan_node(
 /// #     primary_ip: "10.0.0.10".parse().unwrap(), secondary_ips: vec![], prefixes: vec![],
 /// #     ipv6_prefixes: vec![], security_groups: vec!["sg-1".into()], tags: Tags::new(),
 /// #     state: EniState::InUse, attachment: Some(Attachment { id: "attach-0".into(),
-/// #     instance_id: "i-1".into(), device_index: 0, delete_on_termination: true }),
-/// #     public_ip: None };
+/// #     instance_id: "i-1".into(), device_index: 0, delete_on_termination: true,
+/// #     network_card_index: 0 }),
+/// #     public_ip: None, interface_type: Default::default() };
 /// # let mut enis = vec![primary];
 /// # let (security_groups, cooldown) = (BTreeMap::new(), BTreeMap::new());
 /// # let mut node = CiliumNode::new("node-1", CiliumNodeSpec::default());
@@ -433,7 +439,8 @@ pub fn desired_state(
 /// # use eni_operator::ec2::*;
 /// # use eni_operator::ipam::*;
 /// # let limits = InstanceTypeLimits { instance_type: "m5.large".into(), max_enis: 3,
-/// #     ipv4_per_eni: 10, ipv6_per_eni: 10, nitro: true, bare_metal: false };
+/// #     ipv4_per_eni: 10, ipv6_per_eni: 10, nitro: true, bare_metal: false,
+/// #     enis_per_card: vec![] };
 /// # let subnet = Subnet { id: "subnet-a".into(), vpc_id: "vpc-1".into(),
 /// #     availability_zone: "az-1".into(), cidr: "10.0.0.0/20".parse().unwrap(),
 /// #     available_addresses: 100, tags: Tags::new() };
@@ -446,8 +453,9 @@ pub fn desired_state(
 /// #     primary_ip: "10.0.0.10".parse().unwrap(), secondary_ips: vec![], prefixes: vec![],
 /// #     ipv6_prefixes: vec![], security_groups: vec!["sg-1".into()], tags: Tags::new(),
 /// #     state: EniState::InUse, attachment: Some(Attachment { id: "attach-0".into(),
-/// #     instance_id: "i-1".into(), device_index: 0, delete_on_termination: true }),
-/// #     public_ip: None };
+/// #     instance_id: "i-1".into(), device_index: 0, delete_on_termination: true,
+/// #     network_card_index: 0 }),
+/// #     public_ip: None, interface_type: Default::default() };
 /// # let mut enis = vec![primary];
 /// # let (security_groups, cooldown) = (BTreeMap::new(), BTreeMap::new());
 /// # let mut node = CiliumNode::new("node-1", CiliumNodeSpec::default());

@@ -189,9 +189,12 @@ fn to_u32(n: i64) -> u32 {
 
 impl Allocation {
     fn new(demand: &Demand, marks: &Watermarks, max: i64, pending: u32, pd: bool) -> Self {
-        let surge = (i64::from(pending) - demand.needed).max(0);
-        let mut cap = demand.needed + marks.max_above_watermark + surge;
-        let under_max = (max > 0).then(|| to_u32(max - demand.available));
+        let surge = i64::from(pending).saturating_sub(demand.needed).max(0);
+        let mut cap = demand
+            .needed
+            .saturating_add(marks.max_above_watermark)
+            .saturating_add(surge);
+        let under_max = (max > 0).then(|| to_u32(max.saturating_sub(demand.available)));
         if let Some(m) = under_max {
             cap = cap.min(i64::from(m));
         }
@@ -229,7 +232,7 @@ fn allocate(
         return (Action::None, None);
     }
     let mut ordered: Vec<&NetworkInterface> = usable.to_vec();
-    ordered.sort_by_key(|e| (e.device_index(), e.id.clone()));
+    ordered.sort_by_key(|e| (e.network_card(), e.device_index(), e.id.clone()));
     let mut any_room = false;
     for eni in ordered {
         let slots = free_slots(eni, limits);
@@ -258,7 +261,7 @@ fn allocate(
             .cloned()
             .collect::<Vec<_>>(),
         f,
-        limits.max_enis,
+        limits.pod_max_enis(),
     ) else {
         let problem = if any_room {
             Problem {
@@ -271,7 +274,7 @@ fn allocate(
                 reason: ProblemReason::AtCapacity,
                 message: format!(
                     "instance is at capacity: {} ENIs with no free address slot",
-                    limits.max_enis
+                    limits.pod_max_enis()
                 ),
             }
         };

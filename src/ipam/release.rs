@@ -216,6 +216,23 @@ pub fn readopted(release: &Release, allocated: &BTreeSet<Ipv4Net>) -> bool {
     })
 }
 
+/// §7.4 step 3, the fresh copy's other refusals (issue 29): the node is classic now (a
+/// downgrade, or an agent that reports `used`: a multi-pool release's "dropped CIDR" means
+/// nothing to a classic agent, which releases only by the handshake), or an address of the
+/// release is in its `status.ipam.used`. `Some(reason)`: do not unassign.
+pub fn fresh_copy_refuses(release: &Release, fresh: &CiliumNode) -> Option<&'static str> {
+    if super::demand::generation(fresh) != super::Generation::MultiPool {
+        return Some("the node is classic now");
+    }
+    let used = fresh.status.as_ref().map(|s| &s.ipam.used);
+    let in_use = used.is_some_and(|u| {
+        u.keys()
+            .filter_map(|ip| ip.parse::<Ipv4Addr>().ok())
+            .any(|ip| release.cidrs().any(|c| c.contains(&ip)))
+    });
+    in_use.then_some("an address of it is in use")
+}
+
 impl NodeMemory {
     pub fn new() -> Self {
         Self::default()
@@ -861,6 +878,31 @@ mod tests {
             readopted(&release, &BTreeSet::from([net("10.0.1.0/28")])),
             "covers the /32"
         );
+    }
+
+    /// Issue 29: the re-read refuses a copy that is classic now or uses an address of it.
+    #[test]
+    fn a_fresh_copy_that_is_classic_or_uses_the_addresses_refuses_the_unassign() {
+        use crate::crd::{IpamPoolDemand, IpamPoolRequest};
+        let release = Release {
+            eni_id: "eni-1".into(),
+            ips: vec![ip("10.0.1.5")],
+            prefixes: vec![net("10.0.2.16/28")],
+        };
+        let mut multi = node();
+        multi.spec.ipam.pools.requested = vec![IpamPoolRequest {
+            pool: DEFAULT_POOL.into(),
+            needed: IpamPoolDemand {
+                ipv4_addrs: 8,
+                ..Default::default()
+            },
+            ..Default::default()
+        }];
+        assert_eq!(fresh_copy_refuses(&release, &multi), None);
+        assert!(fresh_copy_refuses(&release, &node()).is_some(), "classic");
+        let mut used = multi.clone();
+        set_used(&mut used, &["10.0.2.20"]);
+        assert!(fresh_copy_refuses(&release, &used).is_some(), "in use");
     }
 
     #[test]

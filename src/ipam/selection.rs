@@ -209,29 +209,38 @@ pub fn select_security_groups(
         }
         return Ok(found.into_iter().collect());
     }
+    // The primary ENI is card 0's device 0: on a multi-card instance every card has a device
+    // 0, often an EFA interface whose groups are the EFA's (all traffic to itself), §5.4.
+    // An EFA primary's groups are the EFA's (all traffic to and from itself): never inherited.
     let primary: BTreeSet<String> = enis
         .iter()
-        .find(|e| e.device_index() == Some(0))
+        .find(|e| e.is_primary() && e.serves_pods())
         .map(|e| e.security_groups.iter().cloned().collect())
         .unwrap_or_default();
     if primary.is_empty() {
         return Err(Problem {
             reason: ProblemReason::NoSecurityGroups,
             message: "failed to get security group ids: no security-groups, no \
-                      security-group-tags, and the primary ENI has none"
+                      security-group-tags, and the primary ENI (network card 0, device 0, \
+                      an ENA interface) has none"
                 .into(),
         });
     }
     Ok(primary.into_iter().collect())
 }
 
-/// The lowest device index >= `first` used by no ENI of the instance and below the instance's
-/// interface limit; `None` when no slot is free.
+/// The lowest device index >= `first` on network card 0 (where new ENIs are attached, §5.4)
+/// used by no ENI of the instance and below card 0's interface limit `max_enis`; `None` when
+/// no slot is free. ENIs on other cards (EFA interfaces) neither block nor count.
 pub fn next_device_index(enis: &[NetworkInterface], first: u32, max_enis: u32) -> Option<u32> {
-    if enis.len() >= max_enis as usize {
+    let card0: Vec<&NetworkInterface> = enis
+        .iter()
+        .filter(|e| e.network_card().unwrap_or(0) == 0)
+        .collect();
+    if card0.len() >= max_enis as usize {
         return None;
     }
-    let used: BTreeSet<u32> = enis.iter().filter_map(|e| e.device_index()).collect();
+    let used: BTreeSet<u32> = card0.iter().filter_map(|e| e.device_index()).collect();
     (first..max_enis).find(|i| !used.contains(i))
 }
 

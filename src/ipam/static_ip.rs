@@ -30,7 +30,9 @@ pub fn wanted(node: &CiliumNode) -> Option<&Tags> {
     (!tags.is_empty() && !assigned).then_some(tags)
 }
 
-/// The instance's primary ENI (device index 0): the static IP goes to its primary address.
+/// The instance's primary ENI (network card 0, device index 0; every card of a multi-card
+/// instance has a device 0, often an EFA interface, §5.4): the static IP goes to its primary
+/// address.
 pub fn primary_eni<'a>(
     instance_id: &str,
     enis: &'a [NetworkInterface],
@@ -39,6 +41,7 @@ pub fn primary_eni<'a>(
         e.attachment
             .as_ref()
             .is_some_and(|a| a.instance_id == instance_id && a.device_index == 0)
+            && e.is_primary()
     })
 }
 
@@ -157,6 +160,7 @@ mod tests {
             instance_id: "i-other".into(),
             device_index: 0,
             delete_on_termination: true,
+            network_card_index: 0,
         });
         assert!(primary_eni("i-1", &[e1, e0]).is_none());
     }

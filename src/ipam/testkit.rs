@@ -8,8 +8,8 @@ use ipnet::Ipv4Net;
 
 use crate::crd::{CiliumNode, CiliumNodeSpec, CiliumNodeStatus};
 use crate::ec2::{
-    Attachment, EniState, Instance, InstanceState, InstanceTypeLimits, NetworkInterface,
-    RouteTable, SecurityGroup, Subnet, Tags, Vpc,
+    Attachment, EniState, Instance, InstanceState, InstanceTypeLimits, InterfaceType,
+    NetworkInterface, RouteTable, SecurityGroup, Subnet, Tags, Vpc,
 };
 
 use super::{Ec2View, InstanceView};
@@ -41,6 +41,7 @@ pub fn limits(max_enis: u32, ipv4_per_eni: u32, nitro: bool) -> InstanceTypeLimi
         ipv6_per_eni: 0,
         nitro,
         bare_metal: false,
+        enis_per_card: Vec::new(),
     }
 }
 
@@ -65,8 +66,10 @@ pub fn eni(id: &str, device_index: u32, subnet: &str) -> NetworkInterface {
             instance_id: INSTANCE.into(),
             device_index,
             delete_on_termination: true,
+            network_card_index: 0,
         }),
         public_ip: None,
+        interface_type: InterfaceType::Interface,
     }
 }
 

@@ -698,7 +698,14 @@ impl Ec2Cache {
     pub fn used_device_indices(&self, instance_id: &str) -> BTreeSet<u32> {
         self.instances
             .get(instance_id)
-            .map(|e| e.enis.iter().filter_map(|n| n.device_index()).collect())
+            .map(|e| {
+                // Only network card 0's: where new ENIs are attached (§5.4).
+                e.enis
+                    .iter()
+                    .filter(|n| n.network_card() == Some(0))
+                    .filter_map(|n| n.device_index())
+                    .collect()
+            })
             .unwrap_or_default()
     }
 
@@ -730,7 +737,7 @@ pub fn next_free_index(used: &BTreeSet<u32>, after: u32) -> u32 {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use crate::ec2::Tags;
+    use crate::ec2::{InterfaceType, Tags};
     use std::time::Duration;
 
     pub(crate) fn eni(id: &str, instance: Option<(&str, u32)>, subnet: &str) -> NetworkInterface {
@@ -757,8 +764,10 @@ pub(crate) mod tests {
                 instance_id: i.into(),
                 device_index: d,
                 delete_on_termination: true,
+                network_card_index: 0,
             }),
             public_ip: None,
+            interface_type: InterfaceType::Interface,
         }
     }
 
@@ -832,6 +841,7 @@ pub(crate) mod tests {
             instance_id: "i-a".into(),
             device_index: 1,
             delete_on_termination: false,
+            network_card_index: 0,
         };
         c.add_attached_eni(new, attach, t + Duration::from_secs(5));
         assert_eq!(c.subnets["subnet-1"].available_addresses, 199);
@@ -1021,6 +1031,7 @@ pub(crate) mod tests {
             instance_id: "i-a".into(),
             device_index: 1,
             delete_on_termination: false,
+            network_card_index: 0,
         };
         c.add_attached_eni(
             owned("eni-left", "i-a", "prod"),

@@ -130,6 +130,15 @@ impl<E: Ec2, S: NodeSink> Core<E, S> {
         slots.get(name).map(|s| s.demand.clone())
     }
 
+    /// The resourceVersion of the copy of a node the core plans with, and whether it is
+    /// marked for deletion (for the simulation's "no agent update lost" check, §12.1).
+    pub fn stored_version(&self, name: &str) -> Option<(String, bool)> {
+        let slots = self.inner.slots.lock().expect("slots");
+        let stored = slots.get(name)?.node.as_ref()?;
+        let version = stored.node().metadata.resource_version.unwrap_or_default();
+        Some((version, stored.deleting()))
+    }
+
     /// Run until `shutdown` completes (or the future is dropped: every worker is aborted with
     /// it, which is how a lost lease stops all mutating work at once).
     pub async fn run(

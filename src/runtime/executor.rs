@@ -500,6 +500,7 @@ impl<E: Ec2> Executor<E> {
             instance_id: instance_id.to_string(),
             device_index: index,
             delete_on_termination: false,
+            network_card_index: 0,
         };
         self.cache().add_attached_eni(eni, attachment, now());
         self.metrics.enis_attached.inc();

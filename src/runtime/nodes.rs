@@ -6,6 +6,7 @@
 //! runs two passes of one node at once, so a slot has one writer per node at a time.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, RwLock};
 use std::time::Instant;
 
@@ -82,6 +83,17 @@ pub struct Slot {
     /// The handover guard: ENIs with Cilium's description on the instance, and when each was
     /// first seen after the first check (`None`: there already, before we took the node over).
     pub cilium_enis: Option<BTreeMap<String, Option<Instant>>>,
+    /// The number of the watch delivery `node` came from (0: none yet). A pass takes it
+    /// right before a write and keeps the write's answer only if it has not moved (§12.1).
+    pub delivery: u64,
+}
+
+/// Watch deliveries, numbered across all slots (a slot removed and made again never sees a
+/// number twice). Only compared for equality, so a seeded simulation stays deterministic.
+static DELIVERIES: AtomicU64 = AtomicU64::new(0);
+
+fn next_delivery() -> u64 {
+    DELIVERIES.fetch_add(1, Ordering::Relaxed) + 1
 }
 
 /// By name, ordered: the resync requeues nodes in this order, and a seeded simulation must
@@ -204,6 +216,7 @@ fn upsert(
             let slot = slots.entry(name.clone()).or_default();
             slot.ignored = true;
             slot.node = Some(stored);
+            slot.delivery = next_delivery();
             return Accepted::queue(name, Priority::Deleting);
         }
         return Accepted {
@@ -245,6 +258,7 @@ fn upsert(
     slot.invalid = None;
     let instance = node.spec.instance_id.clone();
     slot.node = Some(stored);
+    slot.delivery = next_delivery();
     let p = priority_of(slot);
     let unknown = {
         let mut cache = cache.write().expect("cache");

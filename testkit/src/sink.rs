@@ -83,6 +83,9 @@ pub struct MemorySink {
     schema: Option<StructuralSchema>,
     /// Faults the next writes meet, one each, in order.
     faults: Mutex<std::collections::VecDeque<WriteFault>>,
+    /// How long the answers to the next `apply`s take after they are committed, one each
+    /// (a slow response: the watch may deliver later writes before it arrives).
+    slow_answers: Mutex<std::collections::VecDeque<std::time::Duration>>,
 }
 
 impl MemorySink {
@@ -113,6 +116,16 @@ impl MemorySink {
     /// Forget the injected write faults not met yet.
     pub fn drop_write_faults(&self) {
         self.faults.lock().expect("faults").clear();
+        self.slow_answers.lock().expect("slow answers").clear();
+    }
+
+    /// The answer to the operator's next change set (`apply`) comes `delay` after its writes
+    /// were committed (tokio time).
+    pub fn inject_slow_answer(&self, delay: std::time::Duration) {
+        self.slow_answers
+            .lock()
+            .expect("slow answers")
+            .push_back(delay);
     }
 
     fn next_fault(&self) -> Option<WriteFault> {
@@ -456,7 +469,12 @@ impl MemorySink {
 
 impl NodeSink for MemorySink {
     async fn apply(&self, node: &NodeRef, changes: &ChangeSet) -> SinkResult<Option<CiliumNode>> {
-        self.faulty_write(&node.name, || self.apply_now(node, changes))
+        let answer = self.faulty_write(&node.name, || self.apply_now(node, changes));
+        let slow = self.slow_answers.lock().expect("slow answers").pop_front();
+        if let Some(delay) = slow {
+            tokio::time::sleep(delay).await;
+        }
+        answer
     }
 
     async fn event(&self, node: &NodeRef, event: NodeEvent) {

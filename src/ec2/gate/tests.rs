@@ -69,6 +69,7 @@ fn eni() -> NetworkInterface {
         state: EniState::Available,
         attachment: None,
         public_ip: None,
+        interface_type: InterfaceType::Interface,
     }
 }
 

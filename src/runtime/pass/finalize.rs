@@ -46,9 +46,10 @@ pub(super) async fn finalize<E: Ec2, S: NodeSink>(
                 }
             }
         }
+        let ticket = inner.ticket(name);
         match inner.sink.set_finalizer(r, false).await {
             Ok(_) | Err(SinkError::NotFound) => {}
-            Err(SinkError::Conflict(fresh)) => return inner.conflict(name, fresh),
+            Err(SinkError::Conflict(fresh)) => return inner.conflict(name, fresh, ticket),
             Err(e) => {
                 warn!(node = name, error = %e, "could not remove the finalizer");
                 return FAILED;

@@ -95,6 +95,7 @@ async fn delete<E: Ec2, S: NodeSink>(
     name: &str,
     node: &mut CiliumNode,
 ) -> Step<()> {
+    let ticket = inner.ticket(name);
     match inner.sink.delete(name).await {
         Ok(()) | Err(SinkError::NotFound) => {}
         Err(e) => {
@@ -105,7 +106,7 @@ async fn delete<E: Ec2, S: NodeSink>(
     node.metadata.deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
         k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
     ));
-    inner.store(name, node);
+    inner.store(name, node, ticket);
     Ok(())
 }
 
@@ -117,17 +118,18 @@ async fn add_finalizer<E: Ec2, S: NodeSink>(
     if has_finalizer(node) {
         return Ok(());
     }
+    let ticket = inner.ticket(name);
     match inner.sink.set_finalizer(&NodeRef::of(node), true).await {
         Ok(Some(n)) => *node = n,
         Ok(None) => {}
         Err(SinkError::NotFound) => return Err(DONE),
-        Err(SinkError::Conflict(fresh)) => return Err(inner.conflict(name, fresh)),
+        Err(SinkError::Conflict(fresh)) => return Err(inner.conflict(name, fresh, ticket)),
         Err(e) => {
             warn!(node = name, error = %e, "could not add the finalizer");
             return Err(FAILED);
         }
     }
-    inner.store(name, node);
+    inner.store(name, node, ticket);
     Ok(())
 }
 
@@ -137,10 +139,11 @@ async fn claim<E: Ec2, S: NodeSink>(
     name: &str,
     node: &mut CiliumNode,
 ) -> Step<()> {
+    let ticket = inner.ticket(name);
     match mark_cilium_ignore(inner, node, true).await {
         Ok(Some(n)) => {
             *node = n;
-            inner.store(name, node);
+            inner.store(name, node, ticket);
             Ok(())
         }
         Ok(None) => Ok(()),
@@ -201,9 +204,10 @@ async fn leave_alone<E: Ec2, S: NodeSink>(
     if !r.finalizers.iter().any(|f| f == FINALIZER) {
         return DONE;
     }
+    let ticket = inner.ticket(name);
     match inner.sink.set_finalizer(&r, false).await {
         Ok(_) | Err(SinkError::NotFound) => DONE,
-        Err(SinkError::Conflict(fresh)) => inner.conflict(name, fresh),
+        Err(SinkError::Conflict(fresh)) => inner.conflict(name, fresh, ticket),
         Err(e) => {
             warn!(node = name, error = %e, "could not remove the finalizer");
             FAILED

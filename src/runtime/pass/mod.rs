@@ -104,18 +104,50 @@ impl<E: Ec2, S: NodeSink> Shared<E, S> {
         slots.get_mut(name).map(f)
     }
 
-    /// Keep this version of the node (one we wrote, or a fresher one a conflict returned).
-    fn store(&self, name: &str, node: &CiliumNode) {
+    /// The slot's watch delivery number, taken right before a write (see [`Ticket`]).
+    fn ticket(&self, name: &str) -> Ticket {
+        Ticket(self.with_slot(name, |s| s.delivery))
+    }
+
+    /// Keep this version of the node (one we wrote, or a fresher one a conflict returned),
+    /// unless the watch delivered another since `ticket` was taken (§12.1).
+    fn store(&self, name: &str, node: &CiliumNode, ticket: Ticket) {
         // Serialised before the slots lock is taken.
         let stored = StoredNode::new(node);
-        self.with_slot(name, |s| s.node = Some(stored));
+        self.with_slot(name, |s| {
+            if ticket.holds(s) {
+                s.node = Some(stored);
+            }
+        });
     }
 
     /// A write met a newer version: keep it and try again shortly.
-    fn conflict(&self, name: &str, fresh: Option<Box<CiliumNode>>) -> Verdict {
+    fn conflict(&self, name: &str, fresh: Option<Box<CiliumNode>>, ticket: Ticket) -> Verdict {
         if let Some(f) = fresh {
-            self.store(name, &f);
+            self.store(name, &f, ticket);
         }
         (Outcome::RetryAfter(Duration::from_millis(500)), None)
+    }
+}
+
+/// The slot's watch delivery number right before a write. The answer to the write (or the
+/// object a conflict or a failed write's re-read returns) goes into the slot only while that
+/// number holds: an agent's update the watch delivered meanwhile may be newer than the answer
+/// (its write landed after ours) and the watch would never deliver it again. resourceVersions
+/// are opaque (Kubernetes promises no numeric order), so the watch's own order decides: an
+/// object it delivered after our write was sent is kept, and if that one is older than our
+/// answer, the watch delivers our write's own event next (§12.1).
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Ticket(Option<u64>);
+
+impl Ticket {
+    /// Nothing delivered since the ticket was taken (and the slot is the same).
+    fn holds(self, slot: &Slot) -> bool {
+        // Planted defect (dst-mutants): the write's answer always wins (the behaviour before
+        // issue 29).
+        if crate::mutants::active("keep-write-answer") {
+            return true;
+        }
+        self.0 == Some(slot.delivery)
     }
 }

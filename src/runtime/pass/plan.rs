@@ -9,7 +9,7 @@ use tracing::{debug, info, warn};
 use crate::crd::CiliumNode;
 use crate::ec2::Ec2;
 use crate::ipam::capacity::{self, InterfaceStats};
-use crate::ipam::release::{allocated_cidrs, readopted};
+use crate::ipam::release::{allocated_cidrs, fresh_copy_refuses, readopted};
 use crate::ipam::withdrawal::status_lists;
 use crate::ipam::{self, Action, Generation, InstanceView, NodeMemory, NodePlan, Release};
 use crate::runtime::clock::now;
@@ -169,6 +169,10 @@ async fn check_multi_pool_release<E: Ec2, S: NodeSink>(
         // The slot keeps the watched copy: the watch delivers this update (or a newer one)
         // and re-plans; storing our read could overwrite a newer watched version.
         info!(node = name, eni = %planned.eni_id, "the agent took back CIDRs planned for release; not releasing");
+        return Ok(None);
+    }
+    if let Some(why) = fresh_copy_refuses(planned, &fresh) {
+        info!(node = name, eni = %planned.eni_id, "not releasing CIDRs: {why}");
         return Ok(None);
     }
     if !crate::mutants::active("unassign-before-withdraw")

@@ -152,7 +152,8 @@ fn remember<E: Ec2, S: NodeSink>(
             .as_ref()
             .is_some_and(|p| p.reason == ProblemReason::AtCapacity);
         s.last_problem = problem.map(|p| p.message);
-        if stored.is_some() {
+        // An agent's update the watch delivered during the write stays (§12.1).
+        if stored.is_some() && written.ticket.holds(s) {
             s.node = stored;
         }
         match (s.demand_seen, met) {

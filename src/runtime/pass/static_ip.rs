@@ -67,12 +67,21 @@ pub(super) async fn ensure<E: Ec2, S: NodeSink>(
         cache
             .instance(instance)
             .and_then(|e| static_ip::primary_eni(instance, &e.enis))
-            .map(|e| (e.id.clone(), e.primary_ip))
+            .map(|e| (e.id.clone(), e.primary_ip, e.interface_type.clone()))
     };
     // The instance is not known yet: the plan step asks for it; the static IP comes next pass.
-    let Some((eni_id, private_ip)) = primary else {
+    let Some((eni_id, private_ip, kind)) = primary else {
         return Ok((node, StaticIp::default()));
     };
+    // Never on an EFA interface (§5.4): a node whose primary ENI is one says so.
+    if kind != crate::ec2::InterfaceType::Interface {
+        let message = format!(
+            "the primary ENI {eni_id} is an `{}` interface; a static IP goes on an ENA \
+             `interface` only",
+            kind.as_str()
+        );
+        return Ok((node, blocked(ProblemReason::NoStaticIp, message)));
+    }
     match assign(inner, &tags, &eni_id, private_ip).await {
         Ok(Some(ip)) => {
             info!(node = name, %ip, eni = %eni_id, "static IP assigned");
@@ -147,14 +156,15 @@ async fn publish<E: Ec2, S: NodeSink>(
             needs_resource_version: false,
         }],
     };
+    let ticket = inner.ticket(name);
     match inner.sink.apply(&NodeRef::of(&node), &changes).await {
         Ok(Some(written)) => {
-            inner.store(name, &written);
+            inner.store(name, &written, ticket);
             Ok(written)
         }
         Ok(None) => Ok(writeback::apply(&node, &changes)),
         Err(SinkError::NotFound) => Err(super::DONE),
-        Err(SinkError::Conflict(fresh)) => Err(inner.conflict(name, fresh)),
+        Err(SinkError::Conflict(fresh)) => Err(inner.conflict(name, fresh, ticket)),
         // The next pass describes and adopts the address: nothing is associated twice.
         Err(_) => Err(FAILED),
     }

@@ -21,6 +21,8 @@ pub(super) struct Written {
     pub again: Option<Priority>,
     /// The node as written (or the newer version a conflict returned).
     pub node: Option<CiliumNode>,
+    /// The slot's watch delivery right before the write: `node` is kept only if it holds.
+    pub ticket: super::Ticket,
     /// The node's demand after the pass's EC2 action (`None`: watermarks invalid).
     pub demand: Option<Demand>,
 }
@@ -49,6 +51,7 @@ pub(super) async fn write<E: Ec2, S: NodeSink>(
         outcome: Outcome::Done,
         again: None,
         node: None,
+        ticket: inner.ticket(name),
         demand: desired.demand,
     };
     if changes.is_empty() {

@@ -92,6 +92,7 @@ fn extra_types() -> Vec<InstanceTypeLimits> {
         ipv6_per_eni: 15,
         nitro: true,
         bare_metal: false,
+        enis_per_card: Vec::new(),
     }]
 }
 
@@ -156,6 +157,7 @@ fn configure(sim: &Simulator, a: &Args) -> Result<(), String> {
             ipv6_per_eni: ips,
             nitro,
             bare_metal: false,
+            enis_per_card: Vec::new(),
         });
     }
     Ok(())

@@ -26,7 +26,7 @@ use tokio::time::Instant;
 
 pub use calls::Call;
 pub use faults::{Fault, OpStats, SimStats};
-pub use seeding::{SeedError, resume_token};
+pub use seeding::{Efa, SeedError, resume_token};
 
 use self::calls::CallLog;
 use self::faults::Faults;
@@ -47,6 +47,7 @@ pub fn default_instance_types() -> Vec<InstanceTypeLimits> {
         ipv6_per_eni: ips,
         nitro,
         bare_metal: metal,
+        enis_per_card: Vec::new(),
     };
     vec![
         t("m5.large", 3, 10, true, false),
@@ -58,6 +59,12 @@ pub fn default_instance_types() -> Vec<InstanceTypeLimits> {
         t("t3.medium", 3, 6, true, false),
         t("t3.large", 3, 12, true, false),
         t("t2.medium", 3, 6, false, false),
+        // 32 network cards of 2 interfaces each (DescribeInstanceTypes, us-east-1): pod ENIs
+        // fit on card 0 only, beside the primary.
+        InstanceTypeLimits {
+            enis_per_card: vec![2; 32],
+            ..t("p5.48xlarge", 64, 50, true, false)
+        },
     ]
 }
 
@@ -306,13 +313,13 @@ impl Simulator {
             .unwrap_or_else(|e| panic!("run_instance: {}", e.message))
     }
 
-    /// The ENI at device index 0 of an instance.
+    /// The ENI at device index 0 of network card 0 of an instance.
     pub fn primary_eni_id(&self, instance_id: &str) -> Option<String> {
         self.lock()
             .state
             .enis
             .values()
-            .find(|r| r.eni.instance_id() == Some(instance_id) && r.eni.device_index() == Some(0))
+            .find(|r| r.eni.instance_id() == Some(instance_id) && r.eni.is_primary())
             .map(|r| r.eni.id.clone())
     }
 

@@ -143,6 +143,21 @@ impl Simulator {
         groups: &[String],
         tags: Tags,
     ) -> Result<Instance, SeedError> {
+        self.try_run_instance_with_efas(instance_type, subnet_id, groups, tags, &[])
+    }
+
+    /// `RunInstances` with EFA interfaces beside the primary (p4d, p5, trn: one per network
+    /// card, as AWS's EFA guide launches them). The EFAs are made first, so their IDs sort
+    /// before the primary's: EC2 lists ENIs by ID, not by card, and nothing may take the first
+    /// ENI at a device index 0 for the primary.
+    pub fn try_run_instance_with_efas(
+        &self,
+        instance_type: &str,
+        subnet_id: &str,
+        groups: &[String],
+        tags: Tags,
+        efas: &[Efa],
+    ) -> Result<Instance, SeedError> {
         let mut inner = self.lock();
         let st = &mut inner.state;
         if !st.types.contains_key(instance_type) {
@@ -181,6 +196,12 @@ impl Simulator {
             tags,
         };
         st.instances.insert(id.clone(), instance.clone());
+        for efa in efas {
+            if let Err(e) = st.add_efa(&id, subnet_id, efa) {
+                st.instances.remove(&id);
+                return refuse("InvalidParameterValue", e.message);
+            }
+        }
         let primary = st
             .create_network_interface(&CreateEniRequest {
                 subnet_id: subnet_id.to_owned(),
@@ -214,5 +235,47 @@ impl Simulator {
             available_addresses: rec.pool.available(),
             ..rec.subnet.clone()
         })
+    }
+}
+
+/// An EFA interface launched with an instance. An `efa` interface is an ENA interface with the
+/// EFA device: it has an IPv4 address; an `efa-only` one has none (EC2 User Guide, "Elastic
+/// Fabric Adapter", "EFA-only interfaces"). Neither serves pods.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Efa {
+    pub card: u32,
+    pub device_index: u32,
+    pub efa_only: bool,
+    pub groups: Vec<String>,
+}
+
+impl super::state::State {
+    /// Create `efa` in the instance's subnet and attach it where it says.
+    pub(crate) fn add_efa(
+        &mut self,
+        instance_id: &str,
+        subnet_id: &str,
+        efa: &Efa,
+    ) -> eni_operator::ec2::Result<()> {
+        let eni = self.create_network_interface(&CreateEniRequest {
+            subnet_id: subnet_id.to_owned(),
+            security_groups: efa.groups.clone(),
+            description: "EFA".to_owned(),
+            tags: Tags::new(),
+            addresses: AddressRequest::Ips(0),
+            client_token: String::new(),
+        })?;
+        let rec = self.enis.get_mut(&eni.id).expect("just created");
+        if efa.efa_only {
+            rec.eni.interface_type = InterfaceType::EfaOnly;
+            let ip = std::mem::replace(&mut rec.eni.primary_ip, std::net::Ipv4Addr::UNSPECIFIED);
+            if let Some(sn) = self.subnets.get_mut(subnet_id) {
+                sn.pool.release_ip(ip);
+            }
+        } else {
+            rec.eni.interface_type = InterfaceType::Efa;
+        }
+        let attachment = self.attach_on_card(&eni.id, instance_id, efa.device_index, efa.card)?;
+        self.set_delete_on_termination(&eni.id, &attachment, true)
     }
 }

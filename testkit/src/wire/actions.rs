@@ -137,7 +137,18 @@ pub async fn describe_instance_types(sim: &Simulator, p: &Params) -> Answer {
                 .node("networkInfo", |x| {
                     x.leaf("maximumNetworkInterfaces", t.max_enis)
                         .leaf("ipv4AddressesPerInterface", t.ipv4_per_eni)
-                        .leaf("ipv6AddressesPerInterface", t.ipv6_per_eni);
+                        .leaf("ipv6AddressesPerInterface", t.ipv6_per_eni)
+                        .leaf("maximumNetworkCards", t.enis_per_card.len().max(1));
+                    // EC2 lists every card, a single-card type too.
+                    let cards: Vec<(usize, u32)> = if t.enis_per_card.is_empty() {
+                        vec![(0, t.max_enis)]
+                    } else {
+                        t.enis_per_card.iter().copied().enumerate().collect()
+                    };
+                    x.list("networkCards", &cards, |x, &(i, n)| {
+                        x.leaf("networkCardIndex", i)
+                            .leaf("maximumNetworkInterfaces", n);
+                    });
                 });
         });
         next_token(x, page.next_token);
@@ -214,9 +225,8 @@ fn eni_xml(x: &mut Xml, e: &NetworkInterface) {
         .leaf("requesterManaged", false)
         .leaf("status", e.state.as_str())
         .leaf("macAddress", &e.mac)
-        .leaf("privateIpAddress", e.primary_ip)
         .leaf("sourceDestCheck", true)
-        .leaf("interfaceType", "interface")
+        .leaf("interfaceType", e.interface_type.as_str())
         .list("groupSet", &e.security_groups, |x, g| {
             x.leaf("groupId", g).leaf("groupName", g);
         });
@@ -231,7 +241,7 @@ fn eni_xml(x: &mut Xml, e: &NetworkInterface) {
                 .leaf("instanceId", &a.instance_id)
                 .leaf("instanceOwnerId", OWNER)
                 .leaf("deviceIndex", a.device_index)
-                .leaf("networkCardIndex", 0)
+                .leaf("networkCardIndex", a.network_card_index)
                 .leaf("status", status)
                 .leaf("deleteOnTermination", a.delete_on_termination);
         });
@@ -242,8 +252,14 @@ fn eni_xml(x: &mut Xml, e: &NetworkInterface) {
         });
     }
     x.tags(&e.tags);
-    let addresses =
-        std::iter::once((e.primary_ip, true)).chain(e.secondary_ips.iter().map(|ip| (*ip, false)));
+    // An `efa-only` interface has no IPv4 address at all.
+    let primary = (!e.primary_ip.is_unspecified()).then_some((e.primary_ip, true));
+    if primary.is_some() {
+        x.leaf("privateIpAddress", e.primary_ip);
+    }
+    let addresses = primary
+        .into_iter()
+        .chain(e.secondary_ips.iter().map(|ip| (*ip, false)));
     x.list("privateIpAddressesSet", addresses, |x, (ip, primary)| {
         x.leaf("privateIpAddress", ip).leaf("primary", primary);
     })
@@ -661,10 +677,11 @@ pub fn run_instances(sim: &Simulator, p: &Params) -> Answer {
     let subnet = p.require("SubnetId")?;
     let groups = p.list("SecurityGroupId");
     let tags = p.tag_specification("instance");
+    let efas = efa_interfaces(p)?;
     let n = count(p, "MaxCount")?.unwrap_or(1).max(1);
     let mut launched = Vec::new();
     for _ in 0..n {
-        match sim.try_run_instance(instance_type, subnet, &groups, tags.clone()) {
+        match sim.try_run_instance_with_efas(instance_type, subnet, &groups, tags.clone(), &efas) {
             Ok(i) => launched.push(i),
             Err(e) => {
                 for i in &launched {
@@ -680,6 +697,37 @@ pub fn run_instances(sim: &Simulator, p: &Params) -> Answer {
             .list("groupSet", std::iter::empty::<()>(), |_, _| {})
             .list("instancesSet", &launched, instance_xml);
     })
+}
+
+/// `NetworkInterface.N.{NetworkCardIndex,DeviceIndex,InterfaceType,SecurityGroupId.M}` of
+/// `RunInstances`: the EFA interfaces (`efa`, `efa-only`) launched beside the primary, as AWS's
+/// EFA guide launches a p5 (one per network card). An `interface` entry is the primary itself
+/// (the `SubnetId` and `SecurityGroupId.N` of the call).
+fn efa_interfaces(p: &Params) -> Result<Vec<crate::sim::Efa>, WireError> {
+    let mut out = Vec::new();
+    for n in p.indexes("NetworkInterface") {
+        let key = |k: &str| format!("NetworkInterface.{n}.{k}");
+        let efa_only = match p.get(&key("InterfaceType")).unwrap_or("interface") {
+            "interface" => continue,
+            "efa" => false,
+            "efa-only" => true,
+            other => {
+                return Err(WireError::client(
+                    "InvalidParameterValue",
+                    format!("Value ({other}) for parameter InterfaceType is invalid."),
+                ));
+            }
+        };
+        let index =
+            |k: &str| -> Result<u32, WireError> { Ok(p.int(&key(k))?.unwrap_or(0).max(0) as u32) };
+        out.push(crate::sim::Efa {
+            card: index("NetworkCardIndex")?,
+            device_index: index("DeviceIndex")?,
+            efa_only,
+            groups: p.list(&key("SecurityGroupId")),
+        });
+    }
+    Ok(out)
 }
 
 /// Delete-on-termination ENIs go with the instance; the others become `available`.

@@ -67,7 +67,7 @@ impl Params {
     }
 
     /// The indexes `n` of `prefix.n.<anything>`, in order.
-    fn indexes(&self, prefix: &str) -> Vec<u32> {
+    pub fn indexes(&self, prefix: &str) -> Vec<u32> {
         let start = format!("{prefix}.");
         let mut idx: Vec<u32> = self
             .0

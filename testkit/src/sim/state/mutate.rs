@@ -187,6 +187,7 @@ impl State {
             state: EniState::Available,
             attachment: None,
             public_ip: None,
+            interface_type: InterfaceType::Interface,
         };
         self.enis.insert(
             id.clone(),
@@ -213,6 +214,20 @@ impl State {
         eni_id: &str,
         instance_id: &str,
         device_index: u32,
+    ) -> Result<String> {
+        // `NetworkCardIndex` left out, as the operator (and Cilium) send it: EC2 takes card 0.
+        self.attach_on_card(eni_id, instance_id, device_index, 0)
+    }
+
+    /// Attach at `device_index` of network card `card`. EC2 counts device indexes per card and
+    /// limits each card to its `NetworkCards[].MaximumNetworkInterfaces` (and the instance to
+    /// its `MaximumNetworkInterfaces`).
+    pub(crate) fn attach_on_card(
+        &mut self,
+        eni_id: &str,
+        instance_id: &str,
+        device_index: u32,
+        card: u32,
     ) -> Result<String> {
         let op = Operation::AttachNetworkInterface;
         let eni = self.eni(op, eni_id)?.eni.clone();
@@ -250,10 +265,33 @@ impl State {
             .get(&inst.instance_type)
             .cloned()
             .unwrap_or_else(|| panic!("instance type {} is seeded", inst.instance_type));
+        if card >= limits.enis_per_card.len().max(1) as u32 {
+            return Err(aws_err(
+                op,
+                "InvalidParameterValue",
+                format!(
+                    "Network card index '{card}' is not valid for instance type {}.",
+                    limits.instance_type
+                ),
+            ));
+        }
+        let all = self.enis_of_instance(instance_id).count() as u32;
         let attached: Vec<u32> = self
             .enis_of_instance(instance_id)
+            .filter(|r| r.eni.network_card() == Some(card))
             .filter_map(|r| r.eni.device_index())
             .collect();
+        if all >= limits.max_enis {
+            return Err(aws_err(
+                op,
+                "AttachmentLimitExceeded",
+                format!(
+                    "Interface count {} exceeds the limit for {}",
+                    all + 1,
+                    limits.instance_type
+                ),
+            ));
+        }
         if attached.contains(&device_index) {
             return Err(aws_err(
                 op,
@@ -263,12 +301,12 @@ impl State {
                 ),
             ));
         }
-        if attached.len() as u32 >= limits.max_enis {
+        if attached.len() as u32 >= limits.card_max_enis(card) {
             return Err(aws_err(
                 op,
                 "AttachmentLimitExceeded",
                 format!(
-                    "Interface count {} exceeds the limit for {}",
+                    "Interface count {} on network card {card} exceeds the limit for {}",
                     attached.len() + 1,
                     limits.instance_type
                 ),
@@ -298,6 +336,7 @@ impl State {
             instance_id: instance_id.to_owned(),
             device_index,
             delete_on_termination: false,
+            network_card_index: card,
         });
         rec.eni.state = EniState::InUse;
         Ok(attachment_id)
@@ -345,6 +384,17 @@ impl State {
                 op,
                 "InvalidParameterValue",
                 "The request must assign at least one address or prefix.",
+            ));
+        }
+        // An efa-only interface has no IPv4 address and takes none (EC2 User Guide,
+        // "EFA-only interfaces": no IP addresses).
+        if eni.interface_type == InterfaceType::EfaOnly {
+            return Err(aws_err(
+                op,
+                "InvalidParameterValue",
+                format!(
+                    "The network interface {eni_id} is an EFA-only interface and has no IP addresses."
+                ),
             ));
         }
         let (limit, prefixes_ok) = self.eni_limits(&eni);
@@ -419,7 +469,7 @@ impl State {
             .ok_or_else(|| attachment_not_found(op, attachment_id))?;
         let delay = self.detach_delay;
         let rec = self.enis.get_mut(&eni_id).expect("found above");
-        if rec.eni.device_index() == Some(0) {
+        if rec.eni.is_primary() {
             return Err(aws_err(
                 op,
                 "OperationNotPermitted",

@@ -1,0 +1,136 @@
+//! Issue 29 item 2: an agent's update the watch delivers while a pass's write is in flight is
+//! not overwritten by that write's answer (docs/rules.md §12.1).
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use eni_operator::crd::{CiliumNode, IpamPoolDemand, IpamPoolRequest};
+use eni_operator::ipam::{ChangeSet, IpamConfig};
+use eni_operator::runtime::core::{Core, CoreConfig, NodeInput};
+use eni_operator::runtime::metrics::RuntimeMetrics;
+use eni_operator::runtime::sink::{NodeEvent, NodeRef, NodeSink, SinkResult};
+use testkit::cluster::{Cluster, agent_node};
+use testkit::sim::Simulator;
+use testkit::sink::MemorySink;
+use tokio::sync::mpsc;
+
+/// The API server, with an agent that answers the operator's next write at once: its update
+/// lands right after the operator's (a newer version) and the watch delivers it before the
+/// operator's answer arrives (a slow response; the operator's pass then still publishes its
+/// Event and ends).
+struct RacingSink {
+    inner: Arc<MemorySink>,
+    /// The agent's update and where the watch delivers it; taken by the next write.
+    race: Mutex<Option<(mpsc::Sender<NodeInput>, i64)>>,
+}
+
+impl NodeSink for RacingSink {
+    async fn apply(&self, node: &NodeRef, changes: &ChangeSet) -> SinkResult<Option<CiliumNode>> {
+        let answer = self.inner.apply(node, changes).await;
+        let race = self.race.lock().unwrap().take();
+        if let Some((tx, requested)) = race {
+            let theirs = self
+                .inner
+                .update(&node.name, |n| set_requested(n, requested))
+                .expect("the node exists");
+            tx.send(NodeInput::Upsert(Box::new(theirs))).await.unwrap();
+            // The answer is slow: the core's event loop takes the watch's event in first.
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        answer
+    }
+    async fn event(&self, node: &NodeRef, event: NodeEvent) {
+        self.inner.event(node, event).await;
+    }
+    async fn set_finalizer(&self, node: &NodeRef, present: bool) -> SinkResult<Option<CiliumNode>> {
+        self.inner.set_finalizer(node, present).await
+    }
+    async fn set_annotation(
+        &self,
+        node: &NodeRef,
+        key: &str,
+        value: Option<&str>,
+    ) -> SinkResult<Option<CiliumNode>> {
+        self.inner.set_annotation(node, key, value).await
+    }
+    async fn delete(&self, name: &str) -> SinkResult<()> {
+        self.inner.delete(name).await
+    }
+    async fn node_exists(&self, name: &str) -> SinkResult<bool> {
+        self.inner.node_exists(name).await
+    }
+    async fn fetch(&self, name: &str) -> SinkResult<Option<CiliumNode>> {
+        self.inner.fetch(name).await
+    }
+}
+
+fn set_requested(n: &mut CiliumNode, requested: i64) {
+    n.spec.ipam.pools.requested = vec![IpamPoolRequest {
+        pool: "default".into(),
+        needed: IpamPoolDemand {
+            ipv4_addrs: requested,
+            ..Default::default()
+        },
+        ..Default::default()
+    }];
+}
+
+fn pool_size(sink: &MemorySink) -> usize {
+    sink.get("mp").map_or(0, |n| n.spec.ipam.pool.len())
+}
+
+/// Multi-pool (the issue's case): the agent raises `requested` right after a pass's write; with
+/// the pass's answer stored over it, the operator would plan with the older `requested` (needed
+/// 0) and leave the node short until the agent happened to write again.
+#[tokio::test(start_paused = true)]
+async fn an_agent_update_delivered_during_a_write_is_not_overwritten_by_its_answer() {
+    let w = Cluster::new();
+    let memory = Arc::new(MemorySink::new());
+    let sink = Arc::new(RacingSink {
+        inner: memory.clone(),
+        race: Mutex::new(None),
+    });
+    let cfg = CoreConfig {
+        workers: 2,
+        ipam: IpamConfig {
+            cluster_name: "test-cluster".into(),
+            ..IpamConfig::default()
+        },
+        ..CoreConfig::default()
+    };
+    let cache = cfg.ec2_cache();
+    let core: Core<Simulator, RacingSink> = Core::new(
+        Arc::new(w.sim.clone()),
+        sink.clone(),
+        cfg,
+        RuntimeMetrics::default(),
+        cache,
+    );
+    let (tx, rx) = mpsc::channel(1024);
+    let _task = tokio::spawn(core.run(rx, std::future::pending()));
+
+    // An m5.large with first-interface-index 1: 2 ENIs x 9 addresses. 10 requested with the
+    // default pre-allocation of 8: 10 addresses wanted.
+    let inst = w.instance();
+    let mut n = agent_node(&w, "mp", &inst.id, 0);
+    set_requested(&mut n, 10);
+    let n = memory.put(&n);
+    tx.send(NodeInput::Upsert(Box::new(n))).await.unwrap();
+    assert!(
+        testkit::wait_until(|| pool_size(&memory) == 10, Duration::from_secs(60)).await,
+        "first demand met: pool {}",
+        pool_size(&memory)
+    );
+
+    // The agent wants 13; the operator's write for them is answered by the agent at once
+    // with 18 (its pods keep coming).
+    *sink.race.lock().unwrap() = Some((tx.clone(), 18));
+    let n = memory.update("mp", |n| set_requested(n, 13)).unwrap();
+    tx.send(NodeInput::Upsert(Box::new(n))).await.unwrap();
+    assert!(
+        testkit::wait_until(|| pool_size(&memory) == 18, Duration::from_secs(120)).await,
+        "the agent's 18 (delivered during the operator's write) is met: pool {}",
+        pool_size(&memory)
+    );
+    assert!(sink.race.lock().unwrap().is_none(), "the race happened");
+}
