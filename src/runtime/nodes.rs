@@ -74,6 +74,8 @@ pub struct Slot {
     /// The handover guard: ENIs with Cilium's description on the instance, and when each was
     /// first seen after the first check (`None`: there already, before we took the node over).
     pub cilium_enis: Option<BTreeMap<String, Option<Instant>>>,
+    /// Routine successes not yet published as Events (see [`super::events::Folded`]).
+    pub folded: super::events::Folded,
 }
 
 /// By name, ordered: the resync requeues nodes in this order, and a seeded simulation must

@@ -20,6 +20,7 @@ use crate::runtime::events::{self, EventReason};
 use crate::runtime::queue::Outcome;
 use crate::runtime::shared::Shared;
 use crate::runtime::sink::{NodeRef, NodeSink};
+use crate::runtime::status::WaitReason;
 
 use super::Step;
 use super::snapshot::Snapshot;
@@ -59,6 +60,10 @@ pub(super) async fn check<E: Ec2, S: NodeSink>(
     let reason = ProblemReason::OtherAllocatorActive;
     let message = format!("{}: {other}", reason.as_str());
     inner.metrics.other_allocator_blocked.inc();
+    let (waits, retry) = (WaitReason::OtherAllocator, clock::now() + RECHECK);
+    inner
+        .status
+        .wait(name, waits, other.to_string(), Some(retry));
     let said = inner.with_slot(name, |s| s.last_problem.replace(message.clone()));
     if said.flatten().as_deref() != Some(message.as_str()) {
         warn!(node = name, "{message}");
