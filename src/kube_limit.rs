@@ -9,7 +9,6 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{Context, Poll, ready};
 
 use governor::clock::Clock;
@@ -17,12 +16,13 @@ use kube::Client;
 use tower::{Layer, Service};
 
 use crate::ec2::gate::{Limiter, TokioClock, limiter};
+use crate::kube_metrics::{KubeClientMetrics, RequestMetricsLayer};
 
 /// Builds [`RateLimit`] services sharing one bucket.
 #[derive(Clone)]
 pub struct RateLimitLayer {
     limiter: Arc<Limiter>,
-    waits: Arc<AtomicU64>,
+    metrics: KubeClientMetrics,
 }
 
 impl RateLimitLayer {
@@ -30,13 +30,19 @@ impl RateLimitLayer {
     pub fn new(qps: f64, burst: u32) -> Self {
         Self {
             limiter: Arc::new(limiter(burst, qps)),
-            waits: Arc::new(AtomicU64::new(0)),
+            metrics: KubeClientMetrics::default(),
         }
+    }
+
+    /// Count the waits in `metrics` (exported ones).
+    pub fn with_metrics(mut self, metrics: KubeClientMetrics) -> Self {
+        self.metrics = metrics;
+        self
     }
 
     /// How many times a request had to wait for a token.
     pub fn waits(&self) -> u64 {
-        self.waits.load(Ordering::Relaxed)
+        self.metrics.rate_limiter_waits.get()
     }
 }
 
@@ -47,7 +53,7 @@ impl<S> Layer<S> for RateLimitLayer {
         RateLimit {
             inner,
             limiter: self.limiter.clone(),
-            waits: self.waits.clone(),
+            metrics: self.metrics.clone(),
             sleep: None,
             permitted: false,
         }
@@ -58,7 +64,7 @@ impl<S> Layer<S> for RateLimitLayer {
 pub struct RateLimit<S> {
     inner: S,
     limiter: Arc<Limiter>,
-    waits: Arc<AtomicU64>,
+    metrics: KubeClientMetrics,
     sleep: Option<Pin<Box<tokio::time::Sleep>>>,
     /// A token was taken for the next call.
     permitted: bool,
@@ -81,8 +87,11 @@ impl<S: Service<R>, R> Service<R> for RateLimit<S> {
             match self.limiter.check() {
                 Ok(()) => self.permitted = true,
                 Err(not_until) => {
-                    self.waits.fetch_add(1, Ordering::Relaxed);
                     let wait = not_until.wait_time_from(TokioClock.now());
+                    self.metrics.rate_limiter_waits.inc();
+                    self.metrics
+                        .rate_limiter_wait_seconds
+                        .inc_by(wait.as_secs_f64());
                     self.sleep = Some(Box::pin(tokio::time::sleep(wait)));
                 }
             }
@@ -95,24 +104,32 @@ impl<S: Service<R>, R> Service<R> for RateLimit<S> {
     }
 }
 
-/// In-cluster config or KUBECONFIG, with the rate limit on every request.
-pub async fn client(qps: f64, burst: u32) -> anyhow::Result<Client> {
-    configured(kube::Config::infer().await?, qps, burst)
+/// In-cluster config or KUBECONFIG, with the rate limit on every request; requests and the
+/// limiter's waits counted in `metrics` ([`crate::kube_metrics`]).
+pub async fn client(qps: f64, burst: u32, metrics: KubeClientMetrics) -> anyhow::Result<Client> {
+    configured(kube::Config::infer().await?, qps, burst, metrics)
 }
 
 /// `User-Agent` of every request: cluster admins tell ours apart in the API server's audit log
 /// (kube sends none of its own, which the log shows as `?`).
 pub const USER_AGENT: &str = concat!("eni-operator/", env!("CARGO_PKG_VERSION"));
 
-/// A client for `config` with our user agent and the rate limit on every request.
-pub fn configured(mut config: kube::Config, qps: f64, burst: u32) -> anyhow::Result<Client> {
+/// A client for `config` with our user agent, the rate limit on every request, and `metrics`.
+pub fn configured(
+    mut config: kube::Config,
+    qps: f64,
+    burst: u32,
+    metrics: KubeClientMetrics,
+) -> anyhow::Result<Client> {
     // axum's `http` is the one kube's headers are typed with (http 1).
     config.headers.push((
         axum::http::header::USER_AGENT,
         axum::http::HeaderValue::from_static(USER_AGENT),
     ));
+    // The outer layer waits for a token; the inner one times the request alone.
     Ok(kube::client::ClientBuilder::try_from(config)?
-        .with_layer(&RateLimitLayer::new(qps, burst))
+        .with_layer(&RequestMetricsLayer(metrics.clone()))
+        .with_layer(&RateLimitLayer::new(qps, burst).with_metrics(metrics))
         .build())
 }
 
@@ -148,7 +165,7 @@ mod tests {
             String::from_utf8_lossy(&head).to_lowercase()
         });
         let config = kube::Config::new(format!("http://{addr}").parse().unwrap());
-        let client = configured(config, 100.0, 100).unwrap();
+        let client = configured(config, 100.0, 100, KubeClientMetrics::default()).unwrap();
         client.apiserver_version().await.unwrap();
         let head = server.await.unwrap();
         let want = format!("user-agent: {}", USER_AGENT.to_lowercase());

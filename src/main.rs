@@ -18,6 +18,11 @@ const API_SERVER_PROBE_INTERVAL: Duration = Duration::from_secs(5);
 
 #[tokio::main]
 async fn main() -> ExitCode {
+    // `status` reads a running operator: none of the operator's settings apply.
+    if std::env::args_os().nth(1).is_some_and(|a| a == "status") {
+        init_tracing(LogFormat::Text, true);
+        return eni_operator::status_cli::main(std::env::args_os().skip(1)).await;
+    }
     let settings = match Settings::load() {
         Ok(s) => s,
         Err(e) => return config_error(e),
@@ -48,7 +53,7 @@ async fn main() -> ExitCode {
     };
 
     let client = tokio::select! {
-        result = connect_kube(settings.kube.k8s_client_qps, settings.kube.k8s_client_burst) => match result {
+        result = connect_kube(settings.kube.k8s_client_qps, settings.kube.k8s_client_burst, &registry) => match result {
             Ok(c) => c,
             Err(e) => return fail(format!("cannot reach the Kubernetes API server: {e}")),
         },
@@ -94,11 +99,16 @@ async fn main() -> ExitCode {
 
 /// `eni-operator plan`: no HTTP server, no Lease; prints the plan on stdout, exits 0.
 async fn plan(settings: Settings) -> ExitCode {
-    let client =
-        match connect_kube(settings.kube.k8s_client_qps, settings.kube.k8s_client_burst).await {
-            Ok(c) => c,
-            Err(e) => return fail(format!("cannot reach the Kubernetes API server: {e}")),
-        };
+    let client = match connect_kube(
+        settings.kube.k8s_client_qps,
+        settings.kube.k8s_client_burst,
+        &MetricsRegistry::new(),
+    )
+    .await
+    {
+        Ok(c) => c,
+        Err(e) => return fail(format!("cannot reach the Kubernetes API server: {e}")),
+    };
     match eni_operator::modes::run_plan(settings, client).await {
         Ok(text) => {
             print!("{text}");
@@ -161,6 +171,7 @@ async fn run_operator(
         let metrics = metrics.clone();
         let mut settings = settings.clone();
         let readiness = readiness.clone();
+        let registry = registry.clone();
         async move {
             // Only the leader reads EC2 (standbys make no EC2 call), so the name is derived
             // here, before anything is created or collected under it.
@@ -182,6 +193,11 @@ async fn run_operator(
             let cache = core_config.ec2_cache();
             let gc_cache = cache.clone();
             let core = Core::new(ec2.clone(), sink, core_config, metrics.clone(), cache);
+            let book = core.status_book();
+            registry.set_debug_page("nodes", move || {
+                let page = book.page(eni_operator::runtime::clock::now());
+                serde_json::to_value(page).unwrap_or_default()
+            });
             let mut warm = core.warm();
             let caches_warm = async {
                 if warm.wait_for(|w| *w).await.is_ok() {
@@ -290,8 +306,14 @@ async fn run_operator(
 
 /// In-cluster config or KUBECONFIG, rate-limited (`--k8s-client-qps`/`--k8s-client-burst`),
 /// checked with one cheap call so a bad config fails now.
-async fn connect_kube(qps: f64, burst: u32) -> anyhow::Result<kube::Client> {
-    let client = eni_operator::kube_limit::client(qps, burst).await?;
+async fn connect_kube(
+    qps: f64,
+    burst: u32,
+    registry: &MetricsRegistry,
+) -> anyhow::Result<kube::Client> {
+    use eni_operator::kube_metrics::KubeClientMetrics;
+    let metrics = registry.with(KubeClientMetrics::register);
+    let client = eni_operator::kube_limit::client(qps, burst, metrics).await?;
     let version = tokio::time::timeout(API_SERVER_CHECK_TIMEOUT, client.apiserver_version())
         .await
         .map_err(|_| anyhow::anyhow!("no answer within {API_SERVER_CHECK_TIMEOUT:?}"))??;

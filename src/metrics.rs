@@ -30,7 +30,7 @@
 
 use std::sync::{Arc, RwLock};
 
-use prometheus_client::encoding::text::encode;
+use prometheus_client::encoding::text::{encode_eof, encode_registry};
 use prometheus_client::metrics::info::Info;
 use prometheus_client::registry::{Metric, Registry};
 
@@ -43,6 +43,8 @@ pub const PREFIX: &str = "eni_operator";
 #[derive(Clone)]
 pub struct MetricsRegistry {
     inner: Arc<RwLock<Registry>>,
+    /// Families under their own standard names, without the prefix (`process_*`).
+    unprefixed: Arc<RwLock<Registry>>,
     /// JSON pages served at `/debug/<name>` on the metrics listener (e.g. `shadow`).
     debug: Arc<RwLock<DebugPages>>,
     /// `--metrics-compat`.
@@ -67,8 +69,13 @@ impl MetricsRegistry {
             "eni-operator build information",
             Info::new(vec![("version", env!("CARGO_PKG_VERSION"))]),
         );
+        let mut unprefixed = Registry::default();
+        unprefixed
+            .sub_registry_with_prefix("process")
+            .register_collector(Box::new(crate::process_metrics::ProcessCollector));
         Self {
             inner: Arc::new(RwLock::new(registry)),
+            unprefixed: Arc::new(RwLock::new(unprefixed)),
             debug: Arc::default(),
             compat: MetricsCompat::None,
         }
@@ -128,9 +135,13 @@ impl MetricsRegistry {
     /// The OpenMetrics text exposition of everything registered.
     pub fn encode(&self) -> String {
         let guard = self.inner.read().unwrap_or_else(|e| e.into_inner());
+        let plain = self.unprefixed.read().unwrap_or_else(|e| e.into_inner());
         let mut out = String::new();
         // Writing into a String cannot fail; an encoder error would be a bug in a metric.
-        if let Err(e) = encode(&mut out, &guard) {
+        let encoded = encode_registry(&mut out, &guard)
+            .and_then(|()| encode_registry(&mut out, &plain))
+            .and_then(|()| encode_eof(&mut out));
+        if let Err(e) = encoded {
             tracing::error!(error = %e, "encoding metrics failed");
         }
         out
@@ -157,6 +168,8 @@ mod tests {
             "{text}"
         );
         assert!(text.ends_with("# EOF\n"));
+        assert_eq!(text.matches("# EOF").count(), 1, "{text}");
+        assert!(text.contains("\nprocess_resident_memory_bytes "), "{text}");
 
         let clone = registry.clone();
         let gauge: Gauge = Gauge::default();

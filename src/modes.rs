@@ -59,6 +59,11 @@ async fn shadow_core(
     let config = settings.core_config();
     let cache = config.ec2_cache();
     let core = Core::shadow(ec2, sink, config, metrics, cache, book.clone());
+    // The same per-node status as the active operator's, from the same passes.
+    let status = core.status_book();
+    registry.set_debug_page("nodes", move || {
+        serde_json::to_value(status.page(crate::runtime::clock::now())).unwrap_or_default()
+    });
     Ok((core, book))
 }
 
@@ -170,9 +175,12 @@ pub fn plan_table(summary: &Summary, names: &[String]) -> String {
         rows.push(match summary.nodes.get(n) {
             Some(s) => [
                 n.clone(),
-                s.instance.clone(),
-                s.mode.to_string(),
-                format!("{}/{}/{}", s.available, s.used, s.needed),
+                s.figures.instance.clone(),
+                s.figures.mode.to_string(),
+                format!(
+                    "{}/{}/{}",
+                    s.figures.available, s.figures.used, s.figures.needed
+                ),
                 match &s.error {
                     Some(e) => format!("error: {e}"),
                     None => action_text(&s.would),
@@ -207,11 +215,11 @@ pub fn plan_json(summary: &Summary, names: &[String]) -> serde_json::Value {
         .map(|n| match summary.nodes.get(n) {
             Some(s) => serde_json::json!({
                 "node": n,
-                "instance": s.instance,
-                "mode": s.mode,
-                "available": s.available,
-                "used": s.used,
-                "needed": s.needed,
+                "instance": s.figures.instance,
+                "mode": s.figures.mode,
+                "available": s.figures.available,
+                "used": s.figures.used,
+                "needed": s.figures.needed,
                 "action": s.would,
                 "error": s.error,
             }),

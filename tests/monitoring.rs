@@ -49,6 +49,22 @@ async fn scrape_after_a_small_run() -> (String, String) {
     let gate = Arc::new(Gate::new(sim.clone(), GateConfig::aws_defaults()));
     registry.with(|r| gate.metrics().register(r));
     let metrics = registry.with(RuntimeMetrics::register);
+    // The Kubernetes client's families, as `main` registers them (no client here: one
+    // request is played through the layer).
+    let kube = registry.with(eni_operator::kube_metrics::KubeClientMetrics::register);
+    kube.rate_limiter_waits.inc();
+    {
+        use tower::{Layer, ServiceExt};
+        let svc = eni_operator::kube_metrics::RequestMetricsLayer(kube.clone()).layer(
+            tower::service_fn(|_: http::Request<()>| async {
+                Ok::<_, std::convert::Infallible>(http::Response::new(()))
+            }),
+        );
+        let req = http::Request::patch("/apis/cilium.io/v2/ciliumnodes/a/status")
+            .body(())
+            .unwrap();
+        svc.oneshot(req).await.unwrap();
+    }
 
     let sink = Arc::new(MemorySink::new());
     let cfg = CoreConfig {
@@ -532,6 +548,26 @@ async fn every_exported_metric_is_documented_in_the_readme() {
     assert!(families.len() > 20, "{families:?}");
     for f in families {
         assert!(readme.contains(f), "README.md does not document {f}");
+    }
+}
+
+/// Issue 30: per-node waits, the Kubernetes client's requests and rate limiter, and the
+/// standard process metrics are exported.
+#[tokio::test(start_paused = true)]
+async fn the_waiting_kube_client_and_process_families_are_exported() {
+    let (text, _) = scrape_after_a_small_run().await;
+    for series in [
+        "eni_operator_nodes_waiting{reason=\"throttled\"} ",
+        "eni_operator_kube_client_requests_total{verb=\"patch\",resource=\"ciliumnodes/status\",code=\"200\"} 1",
+        "eni_operator_kube_client_request_duration_seconds_count{verb=\"patch\",resource=\"ciliumnodes/status\"} 1",
+        "eni_operator_kube_client_rate_limiter_waits_total 1",
+        "eni_operator_kube_client_rate_limiter_wait_seconds_total ",
+        "\nprocess_cpu_seconds_total ",
+        "\nprocess_resident_memory_bytes ",
+        "\nprocess_open_fds ",
+        "\nprocess_start_time_seconds ",
+    ] {
+        assert!(text.contains(series), "no {series} in\n{text}");
     }
 }
 

@@ -124,7 +124,7 @@ async fn a_shadow_writes_nothing_and_measures_the_other_allocators_deficits() {
     for n in &names {
         let st = s.book.node(n).unwrap();
         assert!(st.in_deficit, "{n}: {st:?}");
-        assert_eq!(st.needed, 12, "{n}");
+        assert_eq!(st.figures.needed, 12, "{n}");
         assert!(
             matches!(st.would, eni_operator::runtime::shadow::Would::CreateEni { ref subnet, .. } if *subnet == w.subnet),
             "{n} would get an ENI in the node's subnet: {st:?}"
@@ -183,8 +183,8 @@ async fn a_shadow_writes_nothing_and_measures_the_other_allocators_deficits() {
         let st = &sum.nodes[n];
         assert!(!st.in_deficit, "{n}: {st:?}");
         assert_eq!(st.deficits, 1, "{n}");
-        assert_eq!(st.needed, 0, "{n}");
-        assert_eq!(st.available, 12, "{n}");
+        assert_eq!(st.figures.needed, 0, "{n}");
+        assert_eq!(st.figures.available, 12, "{n}");
         assert_eq!(st.enis_created_by_other, 2, "{n}: {st:?}");
         assert_eq!(
             st.disagreements.get(&Kind::WouldCreateEni),

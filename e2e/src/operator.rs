@@ -427,6 +427,27 @@ impl Operators {
         Ok(String::from_utf8(out.stdout)?)
     }
 
+    /// `eni-operator status --address <address> --output json` (local mode): the page it read.
+    pub async fn run_status(&self, address: &str) -> Result<eni_operator::runtime::status::Page> {
+        let Mode::Local { bin, .. } = &self.mode else {
+            return Err(anyhow!("status runs the local binary: local mode only"));
+        };
+        let mut cmd = Command::new(bin);
+        cmd.args(["status", "--address", address, "--output", "json"])
+            .stdin(Stdio::null())
+            .kill_on_drop(true);
+        let out = tokio::time::timeout(Duration::from_secs(30), cmd.output())
+            .await
+            .context("status did not exit within 30 s")??;
+        anyhow::ensure!(
+            out.status.success(),
+            "status exited with {}: {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Ok(serde_json::from_slice(&out.stdout)?)
+    }
+
     /// `127.0.0.1:<port>` of each running local operator's metrics listener (empty in-cluster).
     pub fn metrics_addrs(&self) -> Vec<String> {
         self.local

@@ -22,9 +22,11 @@ use crate::faultproxy::{Fault, FaultProxy};
 use crate::kube_agent::{AgentHandle, spawn_agent};
 use crate::operator::{OperatorOptions, Operators};
 use crate::simctl::SimControl;
+use eni_operator::runtime::status::WaitReason;
 use testkit::agent::{Generation, endpoints};
 
 mod adopt;
+mod status;
 
 /// Every scenario, in the order they run.
 pub const ALL: &[&str] = &[
@@ -1898,7 +1900,10 @@ impl Suite {
             idxs.push((i, pods));
         }
         let nodes: Vec<usize> = idxs.iter().map(|(i, _)| *i).collect();
-        self.wait_served(&nodes, self.cfg.timeout).await?;
+        // `eni-operator status` while they are served: it says why every waiting node waits,
+        // and a throttled node says so.
+        let seen = self.wait_served_reading_status(&nodes).await?;
+        self.assert_status_showed(&seen, WaitReason::Throttled)?;
         let throttled = sim.throttled().await? - before;
         ensure!(
             throttled > 0,

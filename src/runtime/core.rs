@@ -119,6 +119,11 @@ impl<E: Ec2, S: NodeSink> Core<E, S> {
         self.inner.shadow.clone()
     }
 
+    /// Per-node status (`/debug/nodes`).
+    pub fn status_book(&self) -> Arc<super::status::StatusBook> {
+        self.inner.status.clone()
+    }
+
     /// Becomes true once [`Core::run`] has rebuilt its EC2 view and starts serving nodes.
     pub fn warm(&self) -> tokio::sync::watch::Receiver<bool> {
         self.inner.warm.subscribe()
@@ -188,6 +193,9 @@ impl<E: Ec2, S: NodeSink> Core<E, S> {
         };
         let mut resync = clock::ticks(config.resync_interval).await;
         let mut rescan = clock::ticks(config.node_rescan_interval).await;
+        inner
+            .status
+            .set_next_rescan(now() + config.node_rescan_interval);
         let mut confirm_tick = clock::ticks(config.instance_refresh_spacing).await;
         // The first full listing that can confirm what was held back (§14.1).
         let mut confirming = trust_from;
@@ -224,7 +232,11 @@ impl<E: Ec2, S: NodeSink> Core<E, S> {
                         .then(|| now() + Duration::from_secs(1));
                 }
                 // Re-plan every node on the cached view, between full EC2 refreshes.
-                _ = rescan.tick() => self.inner.requeue_all(&mut l.queue),
+                _ = rescan.tick() => {
+                    let next = now() + config.node_rescan_interval;
+                    self.inner.status.set_next_rescan(next);
+                    self.inner.requeue_all(&mut l.queue);
+                }
                 _ = confirm_tick.tick() => l.schedule.confirm_tick(),
                 input = inputs.recv(), if inputs_open => match input {
                     None => inputs_open = false,
@@ -299,8 +311,12 @@ impl<E: Ec2, S: NodeSink> Core<E, S> {
                     l.schedule.changed(i);
                 }
                 if let Some(p) = again {
-                    l.queue.push(name, p);
+                    l.queue.push(name.clone(), p);
                 }
+                let (failed, t) = (outcome == Outcome::Failed, now());
+                self.inner
+                    .status
+                    .end(&name, failed, l.queue.due(&name, t), t);
                 if l.queue.depth() == 0 && l.workers == 0 {
                     self.inner.publish_totals();
                 }
@@ -351,12 +367,17 @@ impl<E: Ec2, S: NodeSink> Core<E, S> {
         }
         let a = nodes::accept(&self.inner.slots, input, &self.inner.cache);
         if let Some(name) = a.dequeue {
+            self.inner.status.forget(&name);
             l.queue.remove(&name);
         }
         if let Some(instance) = a.forget {
             self.inner.forget_instance(&instance);
         }
         if let Some((instance, name)) = a.wait {
+            let why = format!("instance {instance} is not in the EC2 view yet; described next");
+            self.inner
+                .status
+                .waits_now(&name, super::status::WaitReason::InstanceNotListed, why);
             l.schedule.wait(instance, name);
         }
         if let Some((name, p)) = a.queue {

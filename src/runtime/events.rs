@@ -96,3 +96,153 @@ pub async fn publish<S: NodeSink>(
 pub fn count_ec2_error(metrics: &RuntimeMetrics, e: &Ec2Error) {
     metrics.error(&e.code);
 }
+
+/// How long routine successes of a node may wait to be published (a node whose demand keeps
+/// changing never settles).
+pub const FOLD_MAX: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// A node's routine successes (ENIs created or attached, addresses allocated or released)
+/// folded into one Normal Event per kind, published when the node settles (a pass with no EC2
+/// change) or after [`FOLD_MAX`]. Every success used to be its own Event, through the same
+/// client budget (`--k8s-client-qps`) as the CiliumNode writes pods wait for: a burst of
+/// 1,000 nodes made several Events per node (docs/benchmarks.md). Warnings are never folded.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Folded {
+    since: Option<std::time::Instant>,
+    /// Per kind, in the order first seen: calls, addresses, ENIs.
+    kinds: Vec<(EventReason, u32, u32, Vec<String>)>,
+}
+
+impl Folded {
+    /// Fold one success in.
+    pub fn add(&mut self, success: &super::executor::Success, now: std::time::Instant) {
+        use super::executor::Success as S;
+        let (reason, eni, addresses) = match success {
+            S::EniCreated { eni_id, addresses } => (EventReason::EniCreated, eni_id, addresses),
+            S::EniAttached { eni_id, addresses } => (EventReason::EniAttached, eni_id, addresses),
+            S::IpsAllocated { eni_id, addresses } => (EventReason::IpsAllocated, eni_id, addresses),
+            S::IpsReleased { eni_id, addresses } => (EventReason::IpsReleased, eni_id, addresses),
+        };
+        self.since.get_or_insert(now);
+        let i = match self.kinds.iter().position(|k| k.0 == reason) {
+            Some(i) => i,
+            None => {
+                self.kinds.push((reason, 0, 0, Vec::new()));
+                self.kinds.len() - 1
+            }
+        };
+        let k = &mut self.kinds[i];
+        k.1 += 1;
+        k.2 += addresses;
+        if !k.3.contains(eni) {
+            k.3.push(eni.clone());
+        }
+    }
+
+    /// The Events to publish now: everything folded once the node `settled` or the oldest
+    /// success is [`FOLD_MAX`] old; none otherwise.
+    pub fn take(&mut self, settled: bool, now: std::time::Instant) -> Vec<(EventReason, String)> {
+        let due = self
+            .since
+            .is_some_and(|s| settled || now.saturating_duration_since(s) >= FOLD_MAX);
+        if !due {
+            return Vec::new();
+        }
+        self.since = None;
+        std::mem::take(&mut self.kinds)
+            .into_iter()
+            .map(|(reason, calls, addresses, enis)| {
+                let on = enis.join(", ");
+                let message = match reason {
+                    EventReason::EniCreated if calls == 1 => {
+                        format!("created and attached {on} with {addresses} addresses")
+                    }
+                    EventReason::EniCreated => {
+                        format!(
+                            "created and attached {calls} ENIs ({on}) with {addresses} addresses"
+                        )
+                    }
+                    EventReason::EniAttached => format!(
+                        "attached {on} (left unattached earlier) with {addresses} addresses"
+                    ),
+                    EventReason::IpsAllocated if calls == 1 => {
+                        format!("allocated {addresses} addresses on {on}")
+                    }
+                    EventReason::IpsAllocated => {
+                        format!("allocated {addresses} addresses in {calls} calls on {on}")
+                    }
+                    _ if calls == 1 => format!("released {addresses} addresses from {on}"),
+                    _ => format!("released {addresses} addresses in {calls} calls from {on}"),
+                };
+                (reason, message)
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::runtime::executor::Success;
+    use std::time::{Duration, Instant};
+
+    #[test]
+    fn routine_successes_make_one_event_per_kind_when_the_node_settles() {
+        let t0 = Instant::now();
+        let mut f = Folded::default();
+        let created = Success::EniCreated {
+            eni_id: "eni-1".into(),
+            addresses: 8,
+        };
+        let allocated = |eni: &str| Success::IpsAllocated {
+            eni_id: eni.into(),
+            addresses: 4,
+        };
+        f.add(&created, t0);
+        assert!(f.take(false, t0).is_empty(), "still changing");
+        f.add(&allocated("eni-1"), t0 + Duration::from_secs(1));
+        f.add(&allocated("eni-2"), t0 + Duration::from_secs(2));
+        let events = f.take(true, t0 + Duration::from_secs(3));
+        assert_eq!(
+            events,
+            [
+                (
+                    EventReason::EniCreated,
+                    "created and attached eni-1 with 8 addresses".to_string()
+                ),
+                (
+                    EventReason::IpsAllocated,
+                    "allocated 8 addresses in 2 calls on eni-1, eni-2".to_string()
+                ),
+            ]
+        );
+        assert!(
+            f.take(true, t0 + Duration::from_secs(4)).is_empty(),
+            "taken"
+        );
+        assert_eq!(f, Folded::default());
+    }
+
+    #[test]
+    fn a_node_that_never_settles_still_gets_its_events_after_the_fold_limit() {
+        let t0 = Instant::now();
+        let mut f = Folded::default();
+        let released = Success::IpsReleased {
+            eni_id: "eni-1".into(),
+            addresses: 2,
+        };
+        f.add(&released, t0);
+        assert!(
+            f.take(false, t0 + FOLD_MAX - Duration::from_secs(1))
+                .is_empty()
+        );
+        let events = f.take(false, t0 + FOLD_MAX);
+        assert_eq!(
+            events,
+            [(
+                EventReason::IpsReleased,
+                "released 2 addresses from eni-1".to_string()
+            )]
+        );
+    }
+}

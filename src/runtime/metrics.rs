@@ -71,6 +71,8 @@ pub struct RuntimeMetrics {
     /// the benchmark's CPU-per-decision figure. Not exported.
     pub plans: Counter,
     pub plan_nanos: Counter,
+    /// Nodes waiting, by `reason` (`runtime::status::WaitReason`).
+    pub nodes_waiting: Family<Labels, Gauge>,
     /// Label values of the per-node and per-subnet series now exported (to remove stale ones).
     published_nodes: Arc<Mutex<BTreeSet<String>>>,
     /// The figures behind Cilium's families that have a counterpart here.
@@ -113,6 +115,7 @@ impl Default for RuntimeMetrics {
             finalizers_let_go: Counter::default(),
             plans: Counter::default(),
             plan_nanos: Counter::default(),
+            nodes_waiting: Family::default(),
             published_nodes: Arc::default(),
             published_subnets: Arc::default(),
             cilium: Default::default(),
@@ -149,6 +152,11 @@ impl RuntimeMetrics {
             m.queue_depth.clone(),
         );
         r.register("nodes", "Managed nodes by state", m.nodes.clone());
+        r.register(
+            "nodes_waiting",
+            "Nodes waiting, by reason (eni-operator status says why and until when)",
+            m.nodes_waiting.clone(),
+        );
         r.register(
             "ips_available",
             "Addresses in all pools",

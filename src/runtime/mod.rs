@@ -31,6 +31,7 @@ pub mod shadow;
 mod shared;
 pub mod sink;
 pub mod source;
+pub mod status;
 pub mod stored;
 mod tasks;
 pub mod type_limits;

@@ -86,6 +86,8 @@ pub struct Slot {
     /// The number of the watch delivery `node` came from (0: none yet). A pass takes it
     /// right before a write and keeps the write's answer only if it has not moved (§12.1).
     pub delivery: u64,
+    /// Routine successes not yet published as Events (see [`super::events::Folded`]).
+    pub folded: super::events::Folded,
 }
 
 /// Watch deliveries, numbered across all slots (a slot removed and made again never sees a

@@ -225,6 +225,15 @@ impl<K: Clone + Eq + Hash + Ord> DeficitQueue<K> {
         self.due.first().map(|(at, _)| *at)
     }
 
+    /// When `node` gets a worker again: its delay's end, `now` if it is ready, `None` if it is
+    /// not queued (the next input or rescan).
+    pub fn due(&self, node: &K, now: Instant) -> Option<Instant> {
+        match self.delayed.get(node) {
+            Some((at, _)) => Some(*at),
+            None => self.queued.contains_key(node).then_some(now),
+        }
+    }
+
     /// `push` calls since the last call of this.
     pub fn take_pushes(&mut self) -> u64 {
         std::mem::take(&mut self.pushes)

@@ -20,8 +20,9 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 use serde::Serialize;
 
+use super::status::Figures;
 use crate::ec2::NetworkInterface;
-use crate::ipam::{Action, Generation, NodePlan};
+use crate::ipam::{Action, NodePlan};
 
 type Labels = Vec<(&'static str, String)>;
 
@@ -66,59 +67,15 @@ impl Kind {
     }
 }
 
-/// What eni-operator would do for a node now: the engine's action, without EC2 types.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
-#[serde(tag = "action", rename_all = "kebab-case")]
-pub enum Would {
-    #[default]
-    Nothing,
-    Assign {
-        eni: String,
-        subnet: String,
-        addresses: u32,
-    },
-    CreateEni {
-        subnet: String,
-        security_groups: Vec<String>,
-        addresses: u32,
-    },
-    Release {
-        eni: String,
-        addresses: u32,
-    },
-}
+/// What eni-operator would do for a node now (shared with `/debug/nodes`).
+pub use super::status::Would;
 
-impl Would {
-    pub fn of(action: &Action) -> Self {
-        match action {
-            Action::None => Would::Nothing,
-            Action::Assign(a) => Would::Assign {
-                eni: a.eni_id.clone(),
-                subnet: a.subnet_id.clone(),
-                addresses: a.request.addresses(),
-            },
-            Action::CreateEni(c) => {
-                let first = c.attempts.first();
-                Would::CreateEni {
-                    subnet: first.map(|r| r.subnet_id.clone()).unwrap_or_default(),
-                    security_groups: first.map(|r| r.security_groups.clone()).unwrap_or_default(),
-                    addresses: first.map_or(0, |r| r.addresses.addresses()),
-                }
-            }
-            Action::Release(r) => Would::Release {
-                eni: r.eni_id.clone(),
-                addresses: (r.ips.len() + 16 * r.prefixes.len()) as u32,
-            },
-        }
-    }
-
-    fn kind(&self) -> Option<Kind> {
-        match self {
-            Would::Nothing => None,
-            Would::Assign { .. } => Some(Kind::WouldAssign),
-            Would::CreateEni { .. } => Some(Kind::WouldCreateEni),
-            Would::Release { .. } => Some(Kind::WouldRelease),
-        }
+fn would_kind(w: &Would) -> Option<Kind> {
+    match w {
+        Would::Nothing => None,
+        Would::Assign { .. } => Some(Kind::WouldAssign),
+        Would::CreateEni { .. } => Some(Kind::WouldCreateEni),
+        Would::Release { .. } => Some(Kind::WouldRelease),
     }
 }
 
@@ -147,11 +104,7 @@ impl EniSeen {
 /// One pass's view of a node: the CiliumNode as the serving allocator left it, and our plan.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Observation {
-    pub instance: String,
-    pub mode: &'static str,
-    pub available: i64,
-    pub used: i64,
-    pub needed: i64,
+    pub figures: Figures,
     pub would: Would,
     pub error: Option<String>,
     /// `None`: the instance is not in the EC2 cache (its ENIs are unknown).
@@ -165,16 +118,8 @@ impl Observation {
         action: &Action,
         enis: Option<Vec<EniSeen>>,
     ) -> Self {
-        let d = &plan.demand;
         Self {
-            instance: instance.to_string(),
-            mode: match d.generation {
-                Generation::Classic => "classic",
-                Generation::MultiPool => "multi-pool",
-            },
-            available: d.available,
-            used: d.used,
-            needed: d.needed.max(0),
+            figures: Figures::of(instance, plan),
             would: Would::of(action),
             error: plan.problem.as_ref().map(|p| p.message.clone()),
             enis,
@@ -192,11 +137,9 @@ pub struct Disagreement {
 /// The comparison figures of one node (the JSON of `/debug/shadow` per node).
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct NodeState {
-    pub instance: String,
-    pub mode: &'static str,
-    pub available: i64,
-    pub used: i64,
-    pub needed: i64,
+    /// The figures `/debug/nodes` shows too.
+    #[serde(flatten)]
+    pub figures: Figures,
     pub in_deficit: bool,
     /// Deficit episodes seen (needed > 0 after none).
     pub deficits: u64,
@@ -233,7 +176,7 @@ impl NodeState {
             added = now.saturating_duration_since(last).as_secs_f64();
             self.deficit_seconds += added;
         }
-        let short = obs.needed > 0;
+        let short = obs.figures.needed > 0;
         if let Some(since) = self.deficit_since {
             // The current episode, up to now (it may end now).
             let episode = now.saturating_duration_since(since).as_secs_f64();
@@ -251,9 +194,9 @@ impl NodeState {
         self.in_deficit = short;
 
         // The plan: a new kind of action (or a new error) is a disagreement.
-        let kind = obs.would.kind();
+        let kind = would_kind(&obs.would);
         if let Some(k) = kind
-            && kind != self.would.kind()
+            && kind != would_kind(&self.would)
         {
             match &obs.would {
                 Would::CreateEni { .. } => self.would_create_enis += 1,
@@ -316,11 +259,7 @@ impl NodeState {
         for d in &out {
             *self.disagreements.entry(d.kind).or_default() += 1;
         }
-        self.instance = obs.instance;
-        self.mode = obs.mode;
-        self.available = obs.available;
-        self.used = obs.used;
-        self.needed = obs.needed;
+        self.figures = obs.figures;
         self.would = obs.would;
         self.error = obs.error;
         (out, added)
@@ -455,11 +394,11 @@ impl ShadowBook {
             // One structured line per disagreement (a shadow writes no Events).
             tracing::info!(
                 node = name,
-                instance = state.instance,
+                instance = state.figures.instance,
                 kind = d.kind.as_str(),
-                available = state.available,
-                used = state.used,
-                needed = state.needed,
+                available = state.figures.available,
+                used = state.figures.used,
+                needed = state.figures.needed,
                 detail = d.detail,
                 "shadow: eni-operator would act otherwise"
             );
@@ -548,11 +487,12 @@ mod tests {
 
     fn obs(needed: i64, would: Would, enis: Vec<EniSeen>) -> Observation {
         Observation {
-            instance: "i-1".into(),
-            mode: "classic",
-            available: 0,
-            used: 0,
-            needed,
+            figures: Figures {
+                instance: "i-1".into(),
+                mode: "classic".into(),
+                needed,
+                ..Figures::default()
+            },
             would,
             error: None,
             enis: Some(enis),

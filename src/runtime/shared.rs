@@ -44,6 +44,8 @@ pub struct Shared<E, S> {
     pub epoch: (k8s_openapi::jiff::Timestamp, Instant),
     /// Set only by `Core::shadow` (read-only sink and EC2 client): passes compare, never act.
     pub shadow: Option<Arc<super::shadow::ShadowBook>>,
+    /// Per-node status (`/debug/nodes`): what each node waits for, its last action and error.
+    pub status: Arc<super::status::StatusBook>,
 }
 
 impl<E: Ec2, S> Shared<E, S> {
@@ -69,6 +71,8 @@ impl<E: Ec2, S> Shared<E, S> {
             config.instance_refresh_spacing,
         );
         let executor = Executor::new(ec2.clone(), cache.clone()).with_metrics(metrics.clone());
+        let epoch = (k8s_openapi::jiff::Timestamp::now(), super::clock::now());
+        let status = super::status::StatusBook::new(metrics.nodes_waiting.clone(), epoch);
         Self {
             ec2,
             sink,
@@ -83,8 +87,9 @@ impl<E: Ec2, S> Shared<E, S> {
             metrics,
             warm: tokio::sync::watch::Sender::new(false),
             cilium_lease: RwLock::new(crate::ipam::handover::CiliumLease::Absent),
-            epoch: (k8s_openapi::jiff::Timestamp::now(), super::clock::now()),
+            epoch,
             shadow: None,
+            status: Arc::new(status),
         }
     }
 

@@ -1096,6 +1096,7 @@ async fn run(
     tokio::time::sleep(RESYNC * 2 + Duration::from_secs(10)).await;
     let q1 = snap(&kube, &http, &sim, &pids, &g).await?;
     let quiet = win(&q0, &q1);
+    let events = cilium_node_events(&kube).await?;
     let steady_rss = status_mib(op.pid(), "VmRSS");
     let peak_rss = status_mib(op.pid(), "VmHWM");
     let steady_load = sampler.lock().expect("poisoned").load.describe(cores());
@@ -1195,9 +1196,42 @@ async fn run(
         format!(
             "operator RSS: peak (VmHWM) {peak_rss:.0} MiB, at the end of the burst {burst_rss_hwm:.0} MiB, most sampled once a second {rss_max_sampled:.0} MiB, steady (VmRSS at the end) {steady_rss:.0} MiB"
         ),
+        {
+            let all_nodes = a.nodes + a.quiet_samples + a.burst_probes;
+            let total: u64 = events.values().sum();
+            format!(
+                "Events on CiliumNodes by the end of the steady window: {total} ({:.2} per node over {all_nodes} nodes; {}); Event writes to the API server during the burst: {} ({:.2} per node)",
+                total as f64 / all_nodes.max(1) as f64,
+                events
+                    .iter()
+                    .map(|(k, n)| format!("{k} {n}"))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                writes_to(&burst.requests, "events"),
+                writes_to(&burst.requests, "events") as f64 / all_nodes.max(1) as f64,
+            )
+        },
     ];
     for n in notes {
         let _ = writeln!(out, "- {} nodes, {mode}: {n}", a.nodes);
+    }
+    Ok(out)
+}
+
+/// Events about CiliumNodes, by "type reason".
+async fn cilium_node_events(kube: &kube::Client) -> Result<BTreeMap<String, u64>> {
+    let api: kube::Api<k8s_openapi::api::core::v1::Event> = kube::Api::all(kube.clone());
+    let mut out = BTreeMap::new();
+    for e in api.list(&Default::default()).await? {
+        if e.involved_object.kind.as_deref() != Some("CiliumNode") {
+            continue;
+        }
+        let key = format!(
+            "{} {}",
+            e.type_.unwrap_or_default(),
+            e.reason.unwrap_or_default()
+        );
+        *out.entry(key).or_default() += 1;
     }
     Ok(out)
 }

@@ -15,6 +15,7 @@ use crate::checks::NodeVariant;
 use crate::faultproxy::FaultProxy;
 use crate::operator::OperatorOptions;
 use crate::other_alloc::OtherAllocator;
+use eni_operator::runtime::status::WaitReason;
 
 /// Field managers of the operator's writes (`src/runtime/sink.rs`, `src/ipam/handover.rs`).
 const OUR_MANAGERS: &[&str] = &[
@@ -600,6 +601,30 @@ impl Suite {
         })
         .await?;
         tracing::info!("handover: detection fired");
+        // `eni-operator status` says why A waits, and when it is looked at again.
+        eventually(
+            self.cfg.timeout,
+            "status: A waits for the other allocator",
+            async || {
+                let Some(page) = self.status_page().await? else {
+                    return Ok(Err("no status page yet".to_string()));
+                };
+                let unexplained = super::status::unexplained(&page);
+                let a = page.nodes.get(&name_a).and_then(|n| n.waiting.clone());
+                Ok(match a {
+                    Some(w) if w.reason == WaitReason::OtherAllocator && unexplained.is_empty() => {
+                        println!(
+                            "     status: {name_a} waits: {}: {}",
+                            w.reason.as_str(),
+                            w.detail
+                        );
+                        Ok(())
+                    }
+                    other => Err(format!("A waits {other:?}; unexplained: {unexplained:?}")),
+                })
+            },
+        )
+        .await?;
         // The other allocator stops: after --handover-quiet the node is served again.
         eventually(self.cfg.timeout, "A's operator-status clear", async || {
             let status = self

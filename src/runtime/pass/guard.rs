@@ -18,6 +18,7 @@ use crate::runtime::clock;
 use crate::runtime::queue::Outcome;
 use crate::runtime::shared::Shared;
 use crate::runtime::sink::NodeSink;
+use crate::runtime::status::WaitReason;
 
 use super::Step;
 use super::snapshot::Snapshot;
@@ -75,6 +76,10 @@ pub(super) async fn check<E: Ec2, S: NodeSink>(
     };
     inner.metrics.other_allocator_blocked.inc();
     let message = other.to_string();
+    let retry = clock::now() + RECHECK;
+    inner
+        .status
+        .wait(name, WaitReason::OtherAllocator, message.clone(), Some(retry));
     super::problem::say(
         inner,
         name,

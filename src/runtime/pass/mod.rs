@@ -49,7 +49,10 @@ const FAILED: Verdict = (Outcome::Failed, None);
 pub(super) async fn pass<E: Ec2, S: NodeSink>(inner: &Shared<E, S>, name: &str) -> Verdict {
     inner.metrics.passes.inc();
     let start = super::clock::now();
-    let verdict = pass_inner(inner, name).await;
+    inner.status.begin(name, start);
+    // The gate reports throttled answers to the node's status through this scope.
+    let book = inner.status.clone();
+    let verdict = super::status::scope(book, name.to_string(), pass_inner(inner, name)).await;
     let seconds = super::clock::now().saturating_duration_since(start);
     // Cilium's pool-maintainer ("deficit_resolver") trigger run duration.
     inner
@@ -70,6 +73,11 @@ async fn pass_inner<E: Ec2, S: NodeSink>(inner: &Shared<E, S>, name: &str) -> Ve
 
 async fn steps<E: Ec2, S: NodeSink>(inner: &Shared<E, S>, name: &str) -> Step<Verdict> {
     let mut snap = snapshot::take(inner, name)?;
+    if let Some(invalid) = &snap.invalid {
+        let (status, error) = (&inner.status, invalid.error.clone());
+        status.error(name, error.clone(), super::clock::now());
+        status.wait(name, super::status::WaitReason::Error, error, None);
+    }
     let mut memory = std::mem::take(&mut snap.memory);
     let node = lifecycle::admit(inner, name, &snap).await?;
     let (node, statics) = static_ip::ensure(inner, name, node).await?;

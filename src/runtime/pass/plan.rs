@@ -17,6 +17,7 @@ use crate::runtime::queue::Outcome;
 use crate::runtime::shared::Shared;
 use crate::runtime::sink::NodeSink;
 use crate::runtime::type_limits::Unresolved;
+use crate::runtime::status::WaitReason;
 
 use super::snapshot::Snapshot;
 use super::{DONE, FAILED, Step};
@@ -46,16 +47,34 @@ pub(super) async fn plan<E: Ec2, S: NodeSink>(
     let t = now();
     if !inner.cache.read().expect("cache").healthy {
         // Never act on an EC2 view we could not refresh (§1.2).
+        let why = "the last full EC2 refresh failed: nothing changes on a stale view";
+        let retry = t + inner.config.unhealthy_retry;
+        inner
+            .status
+            .wait(name, WaitReason::Ec2Unavailable, why, Some(retry));
         return Err((Outcome::RetryAfter(inner.config.unhealthy_retry), None));
     }
     if let Some(until) = snap.hold
         && until > t
     {
+        let why = "the instance was not running; left alone until then";
+        inner
+            .status
+            .wait(name, WaitReason::NotRunning, why, Some(until));
         return Err((Outcome::RetryAfter(until - t), None));
     }
     let instance_id = node.spec.instance_id.clone();
     let instance_type = node.spec.eni.instance_type.clone();
     let limits = ensure_limits(inner, &instance_type).await.err();
+    if let Some(u) = &limits {
+        let why = match &u.error {
+            Some(e) => format!("limits of instance type {instance_type:?} unknown: {e}"),
+            None => format!("limits of instance type {instance_type:?} unknown"),
+        };
+        inner
+            .status
+            .wait(name, WaitReason::LimitsUnknown, why, Some(u.retry_at));
+    }
     if !instance_id.is_empty()
         && let Some(e) = inner.executor.retry_pending(&instance_id).await
     {
@@ -85,6 +104,12 @@ pub(super) async fn plan<E: Ec2, S: NodeSink>(
         inner.metrics.plans.inc();
         let nanos = started.elapsed().as_nanos() as u64;
         inner.metrics.plan_nanos.inc_by(nanos);
+        if held.is_some() && plan.demand.needed > 0 && matches!(plan.action, Action::None) {
+            let why = "addresses an early listing shows are held back until a later listing \
+                       confirms them (§14.1)";
+            let until = cache.trust_listings_from();
+            inner.status.wait(name, WaitReason::HeldBack, why, until);
+        }
         (plan, interfaces)
     };
     // The action moves out of the plan (the rest of the pass needs its demand and problem).

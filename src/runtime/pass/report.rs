@@ -6,13 +6,14 @@ use tracing::info;
 
 use crate::crd::CiliumNode;
 use crate::ec2::Ec2;
-use crate::ipam::{NodeMemory, Problem, ProblemReason};
+use crate::ipam::{Action, NodeMemory, Problem, ProblemReason};
 use crate::runtime::clock::now;
 use crate::runtime::events::{self, EventReason};
-use crate::runtime::executor::{ExecOutcome, Success};
+use crate::runtime::executor::ExecOutcome;
 use crate::runtime::queue::{Outcome, Priority};
 use crate::runtime::shared::Shared;
 use crate::runtime::sink::{NodeRef, NodeSink};
+use crate::runtime::status::{Figures, WaitReason, Would};
 use crate::runtime::stored::StoredNode;
 
 use super::Verdict;
@@ -32,7 +33,17 @@ pub(super) async fn report<E: Ec2, S: NodeSink>(
     let node_ref = NodeRef::of(written.node.as_ref().unwrap_or(node));
     let previous = inner.with_slot(name, |s| s.last_problem.clone()).flatten();
     let problem = executed.problem.as_ref();
-    for (reason, message) in select_events(&executed.exec, problem, previous.as_deref()) {
+    let mut out = select_events(&executed.exec, problem, previous.as_deref());
+    // Routine successes: folded, one Event per kind once the node settles.
+    let (exec, t) = (&executed.exec, now());
+    let folded = inner.with_slot(name, |s| {
+        if let Some(success) = &exec.success {
+            s.folded.add(success, t);
+        }
+        s.folded.take(!exec.changed, t)
+    });
+    out.extend(folded.unwrap_or_default());
+    for (reason, message) in out {
         events::publish(&*inner.sink, &inner.metrics, &node_ref, reason, message).await;
     }
     // After a change, what the node still lacks is the demand on the updated view: requeued
@@ -44,38 +55,20 @@ pub(super) async fn report<E: Ec2, S: NodeSink>(
         planned.plan.demand = after;
     }
     let verdict = verdict(inner, name, &planned, &executed.exec, &written);
+    record_status(inner, name, &planned, &executed, &memory);
     remember(inner, name, planned, executed, written, memory);
     verdict
 }
 
-/// The Events of a pass: its success, a /28 fallback, and its problem when that changed from
-/// `previous` (the last problem's message).
+/// The Events a pass publishes at once: a /28 fallback, and its problem when that changed
+/// from `previous` (the last problem's message). Its success is folded
+/// ([`events::Folded`]).
 pub(super) fn select_events(
     exec: &ExecOutcome,
     problem: Option<&Problem>,
     previous: Option<&str>,
 ) -> Vec<(EventReason, String)> {
     let mut events = Vec::new();
-    if let Some(s) = &exec.success {
-        events.push(match s {
-            Success::EniCreated { eni_id, addresses } => (
-                EventReason::EniCreated,
-                format!("created and attached {eni_id} with {addresses} addresses"),
-            ),
-            Success::EniAttached { eni_id, addresses } => (
-                EventReason::EniAttached,
-                format!("attached {eni_id} (left unattached earlier) with {addresses} addresses"),
-            ),
-            Success::IpsAllocated { eni_id, addresses } => (
-                EventReason::IpsAllocated,
-                format!("allocated {addresses} addresses on {eni_id}"),
-            ),
-            Success::IpsReleased { eni_id, addresses } => (
-                EventReason::IpsReleased,
-                format!("released {addresses} addresses from {eni_id}"),
-            ),
-        });
-    }
     if let Some(w) = &exec.warning {
         events.push((EventReason::PrefixesNotGranted, w.clone()));
     }
@@ -118,6 +111,40 @@ fn verdict<E: Ec2, S: NodeSink>(
         outcome = Outcome::RetryAfter(u.retry_at.saturating_duration_since(now()));
     }
     (outcome, again)
+}
+
+/// The node's status (`/debug/nodes`): figures, the action, and why it waits if it does.
+fn record_status<E: Ec2, S: NodeSink>(
+    inner: &Shared<E, S>,
+    name: &str,
+    planned: &Planned,
+    executed: &Executed,
+    memory: &NodeMemory,
+) {
+    let (status, t) = (&inner.status, now());
+    let would = Would::of(&planned.action);
+    let figures = Figures::of(&planned.instance_id, &planned.plan);
+    status.observed(name, figures, would.clone());
+    let exec = &executed.exec;
+    if exec.success.is_some() {
+        status.acted(name, would, t);
+    }
+    if exec.not_running {
+        let (why, until) = (
+            "the instance is not running",
+            t + inner.config.not_running_hold,
+        );
+        status.wait(name, WaitReason::NotRunning, why, Some(until));
+    } else if let Some(p) = &executed.problem {
+        status.error(name, p.message.clone(), t);
+        let throttled = exec.error.as_ref().is_some_and(|e| e.is_throttled());
+        let reason = WaitReason::of_problem(p.reason, throttled);
+        status.wait(name, reason, p.message.clone(), None);
+    } else if matches!(planned.action, Action::None) && memory.proposed().next().is_some() {
+        let n = memory.proposed().count();
+        let why = format!("{n} addresses marked-for-release; the agent has not answered");
+        status.wait(name, WaitReason::ReleaseAnswer, why, None);
+    }
 }
 
 /// What the slot keeps of the pass.
@@ -172,6 +199,7 @@ fn remember<E: Ec2, S: NodeSink>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::runtime::executor::Success;
 
     fn problem(reason: ProblemReason, message: &str) -> Problem {
         Problem {
@@ -181,7 +209,7 @@ mod tests {
     }
 
     #[test]
-    fn a_success_and_a_prefix_fallback_each_make_an_event() {
+    fn a_prefix_fallback_makes_an_event_at_once_and_a_success_is_folded() {
         let exec = ExecOutcome {
             success: Some(Success::IpsAllocated {
                 eni_id: "eni-1".into(),
@@ -192,8 +220,7 @@ mod tests {
         };
         let events = select_events(&exec, None, None);
         let reasons: Vec<_> = events.iter().map(|e| e.0.as_str()).collect();
-        assert_eq!(reasons, ["IpsAllocated", "PrefixesNotGranted"]);
-        assert_eq!(events[0].1, "allocated 16 addresses on eni-1");
+        assert_eq!(reasons, ["PrefixesNotGranted"]);
     }
 
     #[test]

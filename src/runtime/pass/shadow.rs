@@ -31,6 +31,7 @@ async fn steps<E: Ec2, S: NodeSink>(
 ) -> Step<Verdict> {
     let Ok(mut snap) = snapshot::take(inner, name) else {
         book.forget(name);
+        inner.status.forget(name);
         return Err(DONE);
     };
     if let Some(invalid) = &snap.invalid {
@@ -105,6 +106,12 @@ async fn steps<E: Ec2, S: NodeSink>(
         }
     };
     let obs = Observation::of(&instance, &planned.plan, &planned.action, enis);
+    inner
+        .status
+        .observed(name, obs.figures.clone(), obs.would.clone());
+    if let Some(e) = &obs.error {
+        inner.status.error(name, e.clone(), planned.at);
+    }
     book.observe(name, obs, planned.at);
     let demand = planned.plan.demand.clone();
     inner.with_slot(name, |s| {
