@@ -32,3 +32,4 @@ pub mod metrics_compat;
 pub mod modes;
 pub mod mutants;
 pub mod runtime;
+pub mod uninstall;
