@@ -45,7 +45,10 @@ need() {
 }
 
 binaries() {
-  need rustup:rustup cargo-zigbuild:'pip install cargo-zigbuild' zig:'pip install ziglang'
+  need rustup:rustup cargo-zigbuild:'pip install cargo-zigbuild'
+  # zig itself, or the ziglang package of the python3 in PATH (cargo-zigbuild runs either).
+  command -v zig >/dev/null 2>&1 || python3 -c 'import ziglang' 2>/dev/null \
+    || die "missing: zig (pip install ziglang)"
   local t args=()
   for t in "${TARGETS[@]}"; do
     rustup target add "${t%%:*}" >/dev/null
