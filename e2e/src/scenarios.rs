@@ -25,6 +25,7 @@ use crate::simctl::SimControl;
 use testkit::agent::{Generation, endpoints};
 
 mod adopt;
+mod helm;
 
 /// Every scenario, in the order they run.
 pub const ALL: &[&str] = &[
@@ -47,6 +48,7 @@ pub const ALL: &[&str] = &[
     "plan",
     "handover",
     "static-ip",
+    "helm-install",
 ];
 
 /// Scenarios that need ec2-sim's control endpoints (`E2E_EC2=sim`): left out of the default
@@ -55,7 +57,17 @@ pub const SIM_ONLY: &[&str] = &["throttled-account"];
 
 /// Scenarios that need the operator on this machine (a fault proxy in front of EC2): left out
 /// of the default list in-cluster.
-pub const LOCAL_ONLY: &[&str] = &["attach-faults", "shadow", "plan", "handover"];
+pub const LOCAL_ONLY: &[&str] = &[
+    "attach-faults",
+    "shadow",
+    "plan",
+    "handover",
+    "helm-install",
+];
+
+/// Scenarios that need `helm` (the path in `HELM`): left out of the default list, with a NOT RUN
+/// line, when it is not set.
+pub const NEEDS_HELM: &[&str] = &["helm-install"];
 
 /// Scenarios that need Elastic IPs and StopInstances on the wire (moto, LocalStack, AWS):
 /// left out of the default list on ec2-sim, which does not serve them.
@@ -231,6 +243,7 @@ impl Suite {
             "plan" => self.plan().await,
             "handover" => self.handover().await,
             "static-ip" => self.static_ip().await,
+            "helm-install" => self.helm_install().await,
             other => Err(anyhow!(
                 "unknown scenario {other:?} (known: {})",
                 ALL.join(", ")
