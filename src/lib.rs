@@ -35,3 +35,4 @@ pub mod mutants;
 pub mod process_metrics;
 pub mod runtime;
 pub mod status_cli;
+pub mod uninstall;

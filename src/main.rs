@@ -27,12 +27,15 @@ async fn main() -> ExitCode {
         Ok(s) => s,
         Err(e) => return config_error(e),
     };
-    // `plan` prints its table or JSON on stdout: its logs go to stderr, so
-    // `plan --output json | jq` reads JSON only.
+    // `plan` prints its table or JSON on stdout (`uninstall` its report): their logs go to
+    // stderr, so `plan --output json | jq` reads JSON only.
     let planning = settings.mode.command == Some(Command::Plan);
-    init_tracing(settings.server.log_format, planning);
+    init_tracing(settings.server.log_format, settings.mode.command.is_some());
     if planning {
         return plan(settings).await;
+    }
+    if settings.mode.command == Some(Command::Uninstall) {
+        return uninstall(settings).await;
     }
 
     let shutdown = CancellationToken::new();
@@ -112,6 +115,26 @@ async fn plan(settings: Settings) -> ExitCode {
     match eni_operator::modes::run_plan(settings, client).await {
         Ok(text) => {
             print!("{text}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => fail(format!("{e:#}")),
+    }
+}
+
+/// `eni-operator uninstall` (src/uninstall.rs): prints what it removed, exits 0.
+async fn uninstall(settings: Settings) -> ExitCode {
+    // Long enough for the Lease of an operator stopped just before to lapse.
+    let wait = settings.kube.leader_election_lease_duration * 4;
+    let client =
+        match connect_kube(settings.kube.k8s_client_qps, settings.kube.k8s_client_burst).await {
+            Ok(c) => c,
+            Err(e) => return fail(format!("cannot reach the Kubernetes API server: {e}")),
+        };
+    let namespace = settings.kube.namespace().to_string();
+    let lease = &settings.kube.leader_election_lease_name;
+    match eni_operator::uninstall::run(client, &namespace, lease, wait).await {
+        Ok(report) => {
+            print!("{report}");
             ExitCode::SUCCESS
         }
         Err(e) => fail(format!("{e:#}")),

@@ -348,6 +348,13 @@ fn configmap_sets_only_real_settings() {
         unsafe { std::env::set_var(key, value) };
     }
     let settings = Settings::load_from(["eni-operator"]).unwrap_or_else(|e| panic!("{e}"));
+    // No value below its floor: the operator would raise it with a warning at every start (the
+    // manifests once set ENI_OPERATOR_ENI_GC_INTERVAL "5m", under the 6m floor).
+    assert_eq!(
+        settings.runtime.eni_gc_interval(),
+        Some(settings.runtime.eni_gc_interval),
+        "--eni-gc-interval below its floor"
+    );
     // Unset: derived at start-up from the nodes' instance tags (the GC deletes by it, so no
     // value shipped here may stand for every cluster); a user's value would reach the setting.
     assert!(!data.contains_key("ENI_OPERATOR_CLUSTER_NAME"));
@@ -470,6 +477,78 @@ fn deployment_is_hardened_and_uses_the_service_account() {
             .as_ref()
             .unwrap()
     ));
+}
+
+/// The operator gives nodes their pod network, so it must be scheduled where none exists yet
+/// (issue 31): it tolerates every taint (Cilium recommends `node.cilium.io/agent-not-ready` with
+/// `NoExecute`, which a `NoSchedule` toleration does not cover), runs on Linux nodes only, never
+/// two replicas on one node, spread over zones; host networking with the node's DNS.
+#[test]
+fn deployment_schedules_before_the_pod_network_exists() {
+    use k8s_openapi::api::core::v1::Toleration;
+    let o = objects();
+    let pod = o.deployments[0]
+        .spec
+        .as_ref()
+        .unwrap()
+        .template
+        .spec
+        .clone()
+        .unwrap();
+    let tolerations = pod.tolerations.unwrap_or_default();
+    let tolerates = |key: &str, effect: &str| {
+        tolerations.iter().any(|t: &Toleration| {
+            t.operator.as_deref() == Some("Exists")
+                && t.key.as_deref().is_none_or(|k| k == key)
+                && t.effect.as_deref().is_none_or(|e| e == effect)
+        })
+    };
+    for (key, effect) in [
+        ("node.cilium.io/agent-not-ready", "NoExecute"),
+        ("node.cilium.io/agent-not-ready", "NoSchedule"),
+        ("node.kubernetes.io/not-ready", "NoExecute"),
+        ("node.kubernetes.io/network-unavailable", "NoSchedule"),
+        ("node-role.kubernetes.io/control-plane", "NoSchedule"),
+    ] {
+        assert!(tolerates(key, effect), "does not tolerate {key}:{effect}");
+    }
+    assert_eq!(
+        pod.node_selector
+            .unwrap_or_default()
+            .get("kubernetes.io/os")
+            .map(String::as_str),
+        Some("linux")
+    );
+    let anti = pod.affinity.unwrap().pod_anti_affinity.unwrap();
+    let required = anti
+        .required_during_scheduling_ignored_during_execution
+        .unwrap_or_default();
+    assert!(
+        required
+            .iter()
+            .any(|t| t.topology_key == "kubernetes.io/hostname"),
+        "replicas on distinct nodes is required, not preferred"
+    );
+    let spread: Vec<String> = pod
+        .topology_spread_constraints
+        .unwrap_or_default()
+        .into_iter()
+        .map(|c| c.topology_key)
+        .collect();
+    assert!(
+        spread.contains(&"topology.kubernetes.io/zone".to_string()),
+        "{spread:?}"
+    );
+    assert!(
+        spread.contains(&"kubernetes.io/hostname".to_string()),
+        "{spread:?}"
+    );
+    assert_eq!(pod.host_network, Some(true));
+    assert_eq!(pod.dns_policy.as_deref(), Some("Default"));
+    assert_eq!(
+        pod.priority_class_name.as_deref(),
+        Some("system-cluster-critical")
+    );
 }
 
 /// Default ports of Cilium's components (Cilium docs, "Firewall Rules" and the Helm values):

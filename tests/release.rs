@@ -44,16 +44,22 @@ fn the_binary_reports_its_version() {
 
 #[test]
 fn manifests_reference_this_versions_image_tag() {
-    let deployment = read("manifests/05-deployment.yaml");
-    let images: Vec<&str> = deployment
-        .lines()
-        .filter_map(|l| l.trim().strip_prefix("image:"))
-        .map(str::trim)
-        .collect();
-    assert!(!images.is_empty());
-    for image in images {
-        assert!(!image.ends_with(":latest"), "{image}");
-        assert!(image.ends_with(&format!(":v{VERSION}")), "{image}");
+    // The shadow's too: it named `:latest` until it became the chart's output.
+    for file in [
+        "manifests/05-deployment.yaml",
+        "manifests/shadow/05-deployment.yaml",
+    ] {
+        let deployment = read(file);
+        let images: Vec<&str> = deployment
+            .lines()
+            .filter_map(|l| l.trim().strip_prefix("image:"))
+            .map(|i| i.trim().trim_matches('"'))
+            .collect();
+        assert!(!images.is_empty(), "{file}");
+        for image in images {
+            assert!(!image.ends_with(":latest"), "{file}: {image}");
+            assert!(image.ends_with(&format!(":v{VERSION}")), "{file}: {image}");
+        }
     }
 }
 

@@ -172,6 +172,13 @@ async fn run(a: RunArgs) -> Result<bool> {
             .filter(|s| !(a.in_cluster && scenarios::LOCAL_ONLY.contains(s)))
             .filter(|s| ec2_sim || !scenarios::SIM_ONLY.contains(s))
             .filter(|s| !(ec2_sim && scenarios::NOT_ON_SIM.contains(s)))
+            .filter(|s| {
+                let run = !scenarios::NEEDS_HELM.contains(s) || std::env::var_os("HELM").is_some();
+                if !run {
+                    println!("NOT RUN {s}: HELM is not set (the path of a helm binary)");
+                }
+                run
+            })
             .map(|s| s.to_string())
             .collect()
     } else {

@@ -27,6 +27,7 @@ use testkit::agent::{Generation, endpoints};
 
 mod adopt;
 mod status;
+mod helm;
 
 /// Every scenario, in the order they run.
 pub const ALL: &[&str] = &[
@@ -50,6 +51,7 @@ pub const ALL: &[&str] = &[
     "handover",
     "static-ip",
     "start-with-nodes",
+    "helm-install",
 ];
 
 /// Scenarios that need ec2-sim's control endpoints (`E2E_EC2=sim`): left out of the default
@@ -58,7 +60,17 @@ pub const SIM_ONLY: &[&str] = &["throttled-account"];
 
 /// Scenarios that need the operator on this machine (a fault proxy in front of EC2): left out
 /// of the default list in-cluster.
-pub const LOCAL_ONLY: &[&str] = &["attach-faults", "shadow", "plan", "handover"];
+pub const LOCAL_ONLY: &[&str] = &[
+    "attach-faults",
+    "shadow",
+    "plan",
+    "handover",
+    "helm-install",
+];
+
+/// Scenarios that need `helm` (the path in `HELM`): left out of the default list, with a NOT RUN
+/// line, when it is not set.
+pub const NEEDS_HELM: &[&str] = &["helm-install"];
 
 /// Scenarios that need Elastic IPs and StopInstances on the wire (moto, LocalStack, AWS):
 /// left out of the default list on ec2-sim, which does not serve them.
@@ -235,6 +247,7 @@ impl Suite {
             "handover" => self.handover().await,
             "static-ip" => self.static_ip().await,
             "start-with-nodes" => self.start_with_nodes().await,
+            "helm-install" => self.helm_install().await,
             other => Err(anyhow!(
                 "unknown scenario {other:?} (known: {})",
                 ALL.join(", ")

@@ -1,0 +1,57 @@
+{{/*
+The release's full name: the release name when it already names the chart (eni-operator,
+eni-operator-shadow), else <release>-eni-operator. It names every object and is the pods'
+app.kubernetes.io/name label, the one selector label: it stays what the plain manifests used
+(app.kubernetes.io/name: eni-operator), so an install made from them can be upgraded in place
+(a Deployment's selector cannot change).
+*/}}
+{{- define "eni-operator.fullname" -}}
+{{- if contains .Chart.Name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "eni-operator.shadow" -}}
+{{- if eq .Values.mode "shadow" -}}true{{- end -}}
+{{- end -}}
+
+{{- define "eni-operator.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "eni-operator.fullname" . }}
+{{- end -}}
+
+{{- define "eni-operator.labels" -}}
+{{ include "eni-operator.selectorLabels" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: eni-operator
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+{{- end -}}
+
+{{- define "eni-operator.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- default (include "eni-operator.fullname" .) .Values.serviceAccount.name -}}
+{{- else -}}
+{{- required "serviceAccount.name is required when serviceAccount.create is false" .Values.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{/* repository:tag, or repository@digest when a digest is set (the release pins it). */}}
+{{- define "eni-operator.image" -}}
+{{- if .Values.image.digest -}}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest -}}
+{{- else -}}
+{{- printf "%s:%s" .Values.image.repository (default (printf "v%s" .Chart.AppVersion) .Values.image.tag) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* A map of tags as the operator's flags take them: k=v,k2=v2 (sorted by key). */}}
+{{- define "eni-operator.tags" -}}
+{{- $pairs := list -}}
+{{- range $k, $v := . -}}
+{{- $pairs = append $pairs (printf "%s=%s" $k $v) -}}
+{{- end -}}
+{{- join "," $pairs -}}
+{{- end -}}
