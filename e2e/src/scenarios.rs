@@ -25,6 +25,7 @@ use crate::simctl::SimControl;
 use testkit::agent::{Generation, endpoints};
 
 mod adopt;
+mod real_cilium;
 
 /// Every scenario, in the order they run.
 pub const ALL: &[&str] = &[
@@ -47,11 +48,12 @@ pub const ALL: &[&str] = &[
     "plan",
     "handover",
     "static-ip",
+    "cilium-operator",
 ];
 
 /// Scenarios that need ec2-sim's control endpoints (`E2E_EC2=sim`): left out of the default
 /// list on other endpoints (moto and LocalStack never throttle).
-pub const SIM_ONLY: &[&str] = &["throttled-account"];
+pub const SIM_ONLY: &[&str] = &["throttled-account", "cilium-operator"];
 
 /// Scenarios that need the operator on this machine (a fault proxy in front of EC2): left out
 /// of the default list in-cluster.
@@ -231,6 +233,7 @@ impl Suite {
             "plan" => self.plan().await,
             "handover" => self.handover().await,
             "static-ip" => self.static_ip().await,
+            "cilium-operator" => self.cilium_operator().await,
             other => Err(anyhow!(
                 "unknown scenario {other:?} (known: {})",
                 ALL.join(", ")
