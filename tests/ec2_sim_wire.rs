@@ -336,4 +336,277 @@ async fn a_p5_with_efa_interfaces_reads_back_with_cards_and_interface_types() {
     let refused = c.attach_network_interface(&more.id, &instance, 2).await;
     assert!(refused.is_err(), "{refused:?}");
     assert!(!w.sim.network_interface(&eni.id).unwrap().is_primary());
+/// A raw request with extra headers; returns the status and the body.
+async fn raw(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &str,
+    body: &str,
+) -> (u16, String) {
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let req = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/x-www-form-urlencoded\r\nContent-Length: {}\r\n{headers}Connection: close\r\n\r\n{body}",
+        body.len()
+    );
+    s.write_all(req.as_bytes()).await.unwrap();
+    let mut answer = String::new();
+    s.read_to_string(&mut answer).await.unwrap();
+    let status = answer.split_whitespace().nth(1).unwrap().parse().unwrap();
+    (status, answer.split_once("\r\n\r\n").unwrap().1.to_owned())
+}
+
+/// What Cilium's operator sends (1.20, `pkg/aws/api`): `DescribeNetworkInterfaces` filtered by
+/// `private-ip-address` with a wildcard, several subnets in one filter, `tag-key`,
+/// `attachment.device-index`; AWS documents every one of them, ec2-sim refused the first
+/// ("The filter 'private-ip-address' is invalid") and with it Cilium's whole first resync.
+#[tokio::test]
+async fn eni_filters_take_aws_names_several_values_and_wildcards() {
+    let w = world().await;
+    let other = w.sim.add_subnet(
+        &w.sim.instance(&w.instance).unwrap().vpc_id,
+        "us-east-1a",
+        "10.0.16.0/20".parse().unwrap(),
+        Tags::new(),
+    );
+    let a = w
+        .sim
+        .create_network_interface(&request(&w, "a"))
+        .await
+        .unwrap();
+    let mut rb = request(&w, "b");
+    rb.subnet_id = other.clone();
+    let b = w.sim.create_network_interface(&rb).await.unwrap();
+    let ids = |body: &str| -> Vec<String> {
+        body.split("<networkInterfaceId>")
+            .skip(1)
+            .map(|s| s.split('<').next().unwrap().to_owned())
+            .collect()
+    };
+    let q = |filters: &str| format!("Action=DescribeNetworkInterfaces{filters}");
+    let (status, body) = post(
+        w.addr,
+        "/",
+        &q("&Filter.1.Name=private-ip-address&Filter.1.Value.1=*"),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(ids(&body).len(), 3, "{body}");
+    let (_, body) = post(
+        w.addr,
+        "/",
+        &q(&format!(
+            "&Filter.1.Name=private-ip-address&Filter.1.Value.1={}",
+            b.primary_ip
+        )),
+    )
+    .await;
+    assert_eq!(ids(&body), [b.id.clone()]);
+    let (_, body) = post(
+        w.addr,
+        "/",
+        &q(&format!(
+            "&Filter.1.Name=subnet-id&Filter.1.Value.1={}&Filter.1.Value.2={other}\
+             &Filter.2.Name=private-ip-address&Filter.2.Value.1=10.0.*",
+            w.subnet
+        )),
+    )
+    .await;
+    assert_eq!(ids(&body).len(), 3, "{body}");
+    let (_, body) = post(
+        w.addr,
+        "/",
+        &q("&Filter.1.Name=tag-key&Filter.1.Value.1=t&Filter.2.Name=description&Filter.2.Value.1=*"),
+    )
+    .await;
+    let mut got = ids(&body);
+    got.sort();
+    let mut want = vec![a.id.clone(), b.id.clone()];
+    want.sort();
+    assert_eq!(got, want, "{body}");
+    let (_, body) = post(
+        w.addr,
+        "/",
+        &q("&Filter.1.Name=attachment.device-index&Filter.1.Value.1=0"),
+    )
+    .await;
+    assert_eq!(ids(&body).len(), 1, "the instance's primary ENI: {body}");
+}
+
+/// The instance metadata service on ec2-sim's port, as Cilium's operator reads it: an IMDSv2
+/// token, the identity document's Region, and its instance's MAC, VPC and subnet.
+#[tokio::test]
+async fn the_metadata_endpoint_serves_the_identity_document_and_the_vpc() {
+    let w = world().await;
+    let (status, token) = raw(
+        w.addr,
+        "PUT",
+        "/latest/api/token",
+        "X-aws-ec2-metadata-token-ttl-seconds: 21600\r\n",
+        "",
+    )
+    .await;
+    assert_eq!(status, 200, "{token}");
+    assert!(!token.is_empty());
+    let (status, _) = raw(w.addr, "PUT", "/latest/api/token", "", "").await;
+    assert_eq!(
+        status, 400,
+        "AWS refuses a token request without a lifetime"
+    );
+    let doc: serde_json::Value =
+        serde_json::from_str(&get(w.addr, "/latest/dynamic/instance-identity/document").await)
+            .unwrap();
+    assert_eq!(doc["region"], "us-east-1", "{doc}");
+    assert_eq!(doc["instanceId"], w.instance.as_str(), "{doc}");
+    let inst = w.sim.instance(&w.instance).unwrap();
+    assert_eq!(
+        get(w.addr, "/latest/meta-data/instance-id").await,
+        w.instance
+    );
+    assert_eq!(
+        get(w.addr, "/latest/meta-data/instance-type").await,
+        "m5.24xlarge"
+    );
+    assert_eq!(
+        get(w.addr, "/latest/meta-data/placement/availability-zone").await,
+        "us-east-1a"
+    );
+    let mac = get(w.addr, "/latest/meta-data/mac").await;
+    assert!(mac.contains(':'), "{mac}");
+    let base = format!("/latest/meta-data/network/interfaces/macs/{mac}");
+    assert_eq!(get(w.addr, &format!("{base}/vpc-id")).await, inst.vpc_id);
+    assert_eq!(get(w.addr, &format!("{base}/subnet-id")).await, w.subnet);
+    let (status, _) = raw(w.addr, "GET", "/latest/meta-data/nothing-here", "", "").await;
+    assert_eq!(status, 404);
+}
+
+/// Two clients (access keys) on one account: ec2-sim counts each one's calls and keeps each
+/// mutating call with the instance it touched, so a test can tell two allocators apart.
+#[tokio::test]
+async fn calls_are_recorded_per_client_with_the_instance_they_touched() {
+    let w = world().await;
+    let eni = w
+        .sim
+        .create_network_interface(&request(&w, "x"))
+        .await
+        .unwrap();
+    let auth = |key: &str| {
+        format!(
+            "Authorization: AWS4-HMAC-SHA256 Credential={key}/20260101/us-east-1/ec2/aws4_request, SignedHeaders=host, Signature=0\r\n"
+        )
+    };
+    let (status, body) = raw(
+        w.addr,
+        "POST",
+        "/",
+        &auth("CILIUM"),
+        &format!(
+            "Action=AttachNetworkInterface&NetworkInterfaceId={}&InstanceId={}&DeviceIndex=1&NetworkCardIndex=0",
+            eni.id, w.instance
+        ),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    let (status, _) = raw(
+        w.addr,
+        "POST",
+        "/",
+        &auth("OURS"),
+        &format!(
+            "Action=AssignPrivateIpAddresses&NetworkInterfaceId={}&SecondaryPrivateIpAddressCount=2",
+            eni.id
+        ),
+    )
+    .await;
+    assert_eq!(status, 200);
+    raw(w.addr, "POST", "/", &auth("OURS"), "Action=DescribeSubnets").await;
+    let r: serde_json::Value = serde_json::from_str(&get(w.addr, "/_sim/clients").await).unwrap();
+    assert_eq!(
+        r["clients"]["CILIUM"]["AttachNetworkInterface"]["ok"], 1,
+        "{r}"
+    );
+    assert_eq!(r["clients"]["OURS"]["DescribeSubnets"]["calls"], 1, "{r}");
+    assert!(
+        r["clients"]["CILIUM"].get("DescribeSubnets").is_none(),
+        "{r}"
+    );
+    let m = r["mutating"].as_array().unwrap();
+    assert_eq!(m.len(), 2, "{r}");
+    assert_eq!(m[0]["client"], "CILIUM");
+    assert_eq!(m[1]["client"], "OURS");
+    assert_eq!(m[1]["action"], "AssignPrivateIpAddresses");
+    assert_eq!(
+        m[1]["instance"],
+        w.instance.as_str(),
+        "the ENI's instance: {r}"
+    );
+    assert_eq!(post(w.addr, "/_sim/clients/reset", "").await.0, 204);
+    let r: serde_json::Value = serde_json::from_str(&get(w.addr, "/_sim/clients").await).unwrap();
+    assert!(r["mutating"].as_array().unwrap().is_empty());
+}
+
+/// Elastic IPs on the wire (Cilium's and our static IPs): DescribeAddresses by tag, then
+/// AssociateAddress with an ENI's primary address.
+#[tokio::test]
+async fn elastic_ips_are_described_by_tag_and_associated() {
+    let w = world().await;
+    let alloc = w.sim.add_address(
+        "198.51.100.7".parse().unwrap(),
+        Tags::from([("pool".to_owned(), "a".to_owned())]),
+    );
+    w.sim
+        .add_address("198.51.100.8".parse().unwrap(), Tags::new());
+    let (status, body) = post(
+        w.addr,
+        "/",
+        "Action=DescribeAddresses&Filter.1.Name=tag:pool&Filter.1.Value.1=a",
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    assert!(
+        body.contains(&alloc) && !body.contains("198.51.100.8"),
+        "{body}"
+    );
+    let eni = w.sim.primary_eni_id(&w.instance).unwrap();
+    let (status, body) = post(
+        w.addr,
+        "/",
+        &format!("Action=AssociateAddress&AllocationId={alloc}&NetworkInterfaceId={eni}"),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("<associationId>"), "{body}");
+    let a = w
+        .sim
+        .addresses()
+        .into_iter()
+        .find(|a| a.allocation_id == alloc)
+        .unwrap();
+    assert_eq!(a.network_interface_id.as_deref(), Some(eni.as_str()));
+}
+
+/// A VPC made through the wire (`CreateVpc`) has its main route table, as on AWS: Cilium's
+/// operator found none ("numRouteTables=0") and warned that the node's and the pod subnets
+/// were "not in the same route tables".
+#[tokio::test]
+async fn a_new_vpc_has_its_main_route_table() {
+    let w = world().await;
+    let (status, body) = post(w.addr, "/", "Action=CreateVpc&CidrBlock=10.9.0.0%2F16").await;
+    assert_eq!(status, 200, "{body}");
+    let vpc = body
+        .split("<vpcId>")
+        .nth(1)
+        .and_then(|s| s.split('<').next())
+        .unwrap()
+        .to_owned();
+    let (status, body) = post(
+        w.addr,
+        "/",
+        &format!("Action=DescribeRouteTables&Filter.1.Name=vpc-id&Filter.1.Value.1={vpc}"),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    // One table (its association names it again).
+    assert_eq!(body.matches("<ownerId>").count(), 1, "{body}");
+    assert!(body.contains("<main>true</main>"), "{body}");
 }

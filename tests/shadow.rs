@@ -237,6 +237,66 @@ async fn a_shadow_writes_nothing_and_measures_the_other_allocators_deficits() {
     );
 }
 
+/// A deficit ends on the serving allocator's CiliumNode write that serves it, also when that
+/// write tops up an ENI the shadow already knows (no new ENI to notice): the shadow describes
+/// the instance when the CiliumNode names an address its copy of the ENI lacks, instead of
+/// waiting for its next full listing (a minute here; it used to end the deficit there).
+#[tokio::test(start_paused = true)]
+async fn a_deficit_ends_on_the_write_that_tops_up_a_known_eni() {
+    let w = Cluster::new();
+    let sink = Arc::new(MemorySink::with_ciliums_crd());
+    let other = OtherAllocator::new(w.sim.clone(), &w.subnet, std::slice::from_ref(&w.sg));
+    let s = start_shadow(&w, &sink).await;
+    let inst = w.instance();
+    let n = sink.put(&agent_node(&w, "n1", &inst.id, 4));
+    s.tx.send(NodeInput::Upsert(Box::new(n))).await.unwrap();
+    assert!(wait_until(|| s.book.node("n1").is_some(), Duration::from_secs(30)).await);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    // First round: a new ENI (noticed through its ID).
+    for n in other.round(&sink, &["n1".to_string()]).await {
+        s.tx.send(NodeInput::Upsert(Box::new(n))).await.unwrap();
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let st = s.book.node("n1").unwrap();
+    assert!(!st.in_deficit, "served by the new ENI: {st:?}");
+    let first = st.deficit_seconds;
+    let pool = sink.get("n1").unwrap().spec.ipam.pool.len() as i64;
+    assert!(pool < 9, "the ENI has room for a top-up: {pool}");
+    // The user raises min-allocate by one: short again, by one address.
+    let n = sink
+        .update("n1", |n| n.spec.ipam.min_allocate = pool + 1)
+        .unwrap();
+    s.tx.send(NodeInput::Upsert(Box::new(n))).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let st = s.book.node("n1").unwrap();
+    assert!(st.in_deficit, "{st:?}");
+    assert_eq!(st.deficits, 2, "{st:?}");
+    // Second round: one address assigned to the ENI the shadow knows, and the pool written.
+    let calls = other.mutating_calls();
+    for n in other.round(&sink, &["n1".to_string()]).await {
+        s.tx.send(NodeInput::Upsert(Box::new(n))).await.unwrap();
+    }
+    assert_eq!(other.mutating_calls(), calls + 1, "one top-up, no new ENI");
+    assert_eq!(
+        sink.get("n1").unwrap().spec.ipam.pool.len() as i64,
+        pool + 1
+    );
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let st = s.book.node("n1").unwrap();
+    assert!(
+        !st.in_deficit,
+        "the top-up's write ends the deficit, not the next full listing: {st:?}"
+    );
+    assert_eq!(st.available, pool + 1, "{st:?}");
+    let episode = st.deficit_seconds - first;
+    assert!(
+        (3.0..=3.5).contains(&episode),
+        "the second episode ends at the write, 3 s after it began: {episode} s, {st:?}"
+    );
+    assert!((3.0..=3.5).contains(&st.longest_deficit_seconds), "{st:?}");
+    assert_eq!(sink.total_writes().total(), 0, "shadow writes");
+}
+
 /// The other allocator puts its ENIs in another subnet with another security group than eni-operator
 /// would: both choices are disagreements, once per ENI it attached.
 #[tokio::test(start_paused = true)]

@@ -8,6 +8,7 @@
 //!   local mode applies only the Namespace, ServiceAccount and RBAC from `manifests/`).
 
 mod checks;
+mod cilium_op;
 mod ec2seed;
 mod faultproxy;
 mod kube_agent;

@@ -28,6 +28,7 @@ use testkit::agent::{Generation, endpoints};
 mod adopt;
 mod status;
 mod helm;
+mod real_cilium;
 
 /// Every scenario, in the order they run.
 pub const ALL: &[&str] = &[
@@ -52,11 +53,12 @@ pub const ALL: &[&str] = &[
     "static-ip",
     "start-with-nodes",
     "helm-install",
+    "cilium-operator",
 ];
 
 /// Scenarios that need ec2-sim's control endpoints (`E2E_EC2=sim`): left out of the default
 /// list on other endpoints (moto and LocalStack never throttle).
-pub const SIM_ONLY: &[&str] = &["throttled-account"];
+pub const SIM_ONLY: &[&str] = &["throttled-account", "cilium-operator"];
 
 /// Scenarios that need the operator on this machine (a fault proxy in front of EC2): left out
 /// of the default list in-cluster.
@@ -248,6 +250,7 @@ impl Suite {
             "static-ip" => self.static_ip().await,
             "start-with-nodes" => self.start_with_nodes().await,
             "helm-install" => self.helm_install().await,
+            "cilium-operator" => self.cilium_operator().await,
             other => Err(anyhow!(
                 "unknown scenario {other:?} (known: {})",
                 ALL.join(", ")

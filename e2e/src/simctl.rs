@@ -71,4 +71,22 @@ impl SimControl {
         ensure!(status == 204, "reset-throttling answered {status}");
         Ok(())
     }
+
+    /// Calls per client (access key ID) and every mutating call with its instance
+    /// (`GET /_sim/clients`, see `testkit::wire::clients`).
+    pub async fn clients(&self) -> Result<testkit::wire::clients::Record> {
+        let (status, body) = self.call(Method::GET, "/_sim/clients").await?;
+        ensure!(status == 200, "GET /_sim/clients answered {status}");
+        Ok(serde_json::from_slice(&body)?)
+    }
+
+    /// The instance the metadata endpoint describes.
+    pub async fn set_metadata_instance(&self, instance_id: &str) -> Result<()> {
+        let q = format!("/_sim/metadata?instance-id={instance_id}");
+        let (status, body) = self.call(Method::POST, &q).await?;
+        if status != 204 {
+            bail!("{q}: {status} {}", String::from_utf8_lossy(&body));
+        }
+        Ok(())
+    }
 }

@@ -75,8 +75,10 @@ async fn steps<E: Ec2, S: NodeSink>(
         }
     }
     // The serving allocator's changes reach our cache only through describes (we make none of
-    // our own to confirm): describe the instance when its CiliumNode names an ENI we do not know.
-    if knows_fewer_enis(inner, &node) {
+    // our own to confirm): describe the instance when its CiliumNode names an ENI, address or
+    // prefix we do not know, so that a deficit ends on the write that serves it, not at our
+    // next full listing (docs/shadow-mode.md).
+    if names_unknown(inner, &node) {
         inner
             .refresh_instances(std::slice::from_ref(&instance), &[])
             .await;
@@ -122,22 +124,39 @@ async fn steps<E: Ec2, S: NodeSink>(
     Ok(DONE)
 }
 
-/// The CiliumNode lists an ENI the EC2 cache does not have on its instance.
-fn knows_fewer_enis<E: Ec2, S: NodeSink>(
-    inner: &Shared<E, S>,
-    node: &crate::crd::CiliumNode,
-) -> bool {
-    let Some(status) = &node.status else {
-        return false;
-    };
+/// The CiliumNode lists an ENI the EC2 cache does not have on its instance, or an address or
+/// prefix (in `status.eni.enis` or the pool) that the cache's copy of the ENI lacks: the
+/// serving allocator changed EC2 since our last describe of the instance.
+fn names_unknown<E: Ec2, S: NodeSink>(inner: &Shared<E, S>, node: &crate::crd::CiliumNode) -> bool {
     let cache = inner.cache.read().expect("cache");
     let view = cache.view(&node.spec.instance_id, &node.spec.eni.instance_type);
-    match view.instance {
-        crate::ipam::InstanceView::Known { enis, .. } => status
-            .eni
-            .enis
-            .keys()
-            .any(|id| !enis.iter().any(|e| &e.id == id)),
-        _ => false,
-    }
+    let crate::ipam::InstanceView::Known { enis, .. } = view.instance else {
+        return false;
+    };
+    let lacks = |eni: &str, addr: &str| -> bool {
+        let Some(e) = enis.iter().find(|e| e.id == eni) else {
+            return true;
+        };
+        if let Ok(ip) = addr.parse::<std::net::Ipv4Addr>() {
+            return ip != e.primary_ip
+                && !e.secondary_ips.contains(&ip)
+                && !e.prefixes.iter().any(|p| p.contains(&ip));
+        }
+        addr.parse::<ipnet::Ipv4Net>()
+            .is_ok_and(|net| !e.prefixes.contains(&net))
+    };
+    let in_status = node.status.as_ref().is_some_and(|s| {
+        s.eni.enis.iter().any(|(id, entry)| {
+            !enis.iter().any(|e| &e.id == id)
+                || entry.addresses.iter().any(|a| lacks(id, a))
+                || entry.prefixes.iter().any(|p| lacks(id, p))
+        })
+    });
+    in_status
+        || node
+            .spec
+            .ipam
+            .pool
+            .iter()
+            .any(|(ip, a)| !a.resource.is_empty() && lacks(&a.resource, ip))
 }

@@ -70,6 +70,10 @@ struct Args {
     /// Extra instance type: NAME=ENIS:IPV4_PER_ENI[:xen] (repeatable; Nitro unless `xen`).
     #[arg(long = "instance-type", value_name = "NAME=ENIS:IPS[:xen]")]
     instance_types: Vec<String>,
+    /// The instance the metadata endpoint (`/latest/...` on the same port) describes; default:
+    /// the running instance with the smallest ID (`POST /_sim/metadata?instance-id=` changes it).
+    #[arg(long)]
+    metadata_instance: Option<String>,
 }
 
 fn split_pair(s: &str) -> Result<(&str, &str), String> {
@@ -172,6 +176,7 @@ async fn main() -> std::io::Result<()> {
         std::process::exit(2);
     }
     let (addr, task) = Server::new(sim, args.zones.clone())
+        .with_metadata_instance(args.metadata_instance.clone())
         .spawn(&args.listen)
         .await?;
     let mut out = std::io::stdout().lock();

@@ -227,6 +227,11 @@ impl Simulator {
         self.peek().state.instances.get(instance_id).cloned()
     }
 
+    /// Every instance's ID, smallest first (terminated ones included).
+    pub fn instance_ids(&self) -> Vec<String> {
+        self.peek().state.instances.keys().cloned().collect()
+    }
+
     /// A subnet as `DescribeSubnets` would show it, without going through the API.
     pub fn subnet(&self, subnet_id: &str) -> Option<Subnet> {
         let inner = self.peek();

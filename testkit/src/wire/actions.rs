@@ -13,7 +13,7 @@ use super::{Answer, Body, WireError};
 use crate::sim::{Simulator, resume_token};
 
 /// The account ID every resource is owned by.
-const OWNER: &str = "000000000000";
+pub(super) const OWNER: &str = "000000000000";
 
 fn body(f: impl FnOnce(&mut Xml) + Send + 'static) -> Answer {
     Ok(Box::new(f) as Body)
@@ -271,43 +271,156 @@ fn eni_xml(x: &mut Xml, e: &NetworkInterface) {
     });
 }
 
+/// AWS's filter values: `*` matches any run of characters, `?` one; otherwise equality.
+pub(super) fn glob(pattern: &str, text: &str) -> bool {
+    fn go(p: &[char], t: &[char]) -> bool {
+        match p.split_first() {
+            None => t.is_empty(),
+            Some(('*', rest)) => (0..=t.len()).any(|i| go(rest, &t[i..])),
+            Some(('?', rest)) => !t.is_empty() && go(rest, &t[1..]),
+            Some((c, rest)) => t.first() == Some(c) && go(rest, &t[1..]),
+        }
+    }
+    let p: Vec<char> = pattern.chars().collect();
+    let t: Vec<char> = text.chars().collect();
+    go(&p, &t)
+}
+
+fn is_glob(v: &str) -> bool {
+    v.contains(['*', '?'])
+}
+
+/// The fields an ENI filter names (EC2 API reference, DescribeNetworkInterfaces, "Filter"),
+/// or `None` for a filter name AWS does not know.
+fn eni_field(e: &NetworkInterface, name: &str) -> Option<Vec<String>> {
+    let att = e.attachment.as_ref();
+    let ips = || {
+        std::iter::once(e.primary_ip)
+            .chain(e.secondary_ips.iter().copied())
+            .map(|ip| ip.to_string())
+            .collect()
+    };
+    Some(match name {
+        "network-interface-id" => vec![e.id.clone()],
+        "vpc-id" => vec![e.vpc_id.clone()],
+        "subnet-id" => vec![e.subnet_id.clone()],
+        "availability-zone" => vec![e.availability_zone.clone()],
+        "description" => vec![e.description.clone()],
+        "mac-address" => vec![e.mac.clone()],
+        "owner-id" => vec![OWNER.to_owned()],
+        "status" => vec![e.state.as_str().to_owned()],
+        "interface-type" => vec!["interface".to_owned()],
+        "requester-managed" => vec!["false".to_owned()],
+        "source-dest-check" => vec!["true".to_owned()],
+        "group-id" | "group-name" => e.security_groups.clone(),
+        "private-ip-address" | "addresses.private-ip-address" => ips(),
+        "addresses.primary" => vec!["true".to_owned(), "false".to_owned()],
+        "ipv4-prefix" => e.prefixes.iter().map(|p| p.to_string()).collect(),
+        "tag-key" => e.tags.keys().cloned().collect(),
+        "tag-value" => e.tags.values().cloned().collect(),
+        "attachment.instance-id" => att.map(|a| a.instance_id.clone()).into_iter().collect(),
+        "attachment.attachment-id" => att.map(|a| a.id.clone()).into_iter().collect(),
+        "attachment.device-index" => att
+            .map(|a| a.device_index.to_string())
+            .into_iter()
+            .collect(),
+        "attachment.network-card-index" => att.map(|_| "0".to_owned()).into_iter().collect(),
+        "attachment.instance-owner-id" => att.map(|_| OWNER.to_owned()).into_iter().collect(),
+        "attachment.delete-on-termination" => att
+            .map(|a| a.delete_on_termination.to_string())
+            .into_iter()
+            .collect(),
+        "attachment.status" => att
+            .map(|_| {
+                match e.state {
+                    EniState::Attaching => "attaching",
+                    EniState::Detaching => "detaching",
+                    _ => "attached",
+                }
+                .to_owned()
+            })
+            .into_iter()
+            .collect(),
+        n => match n.strip_prefix("tag:") {
+            Some(k) => e.tags.get(k).cloned().into_iter().collect(),
+            None => return None,
+        },
+    })
+}
+
+/// `DescribeNetworkInterfaces` with every filter AWS documents for the fields ec2-sim holds,
+/// several values per filter (any matches) and `*`/`?` wildcards. Filters the simulator's own
+/// path takes (one exact value) narrow the listing there; every filter is then applied to the
+/// page, as AWS applies filters after paging (a page may come back short, even empty, with a
+/// `nextToken`).
 pub async fn describe_network_interfaces(sim: &Simulator, p: &Params) -> Answer {
     let ids = p.list("NetworkInterfaceId");
     let max = max_results(p, !ids.is_empty())?;
-    let mut instance_ids = Vec::new();
-    let mut subnet_ids = Vec::new();
-    let mut state = None;
-    let f = filters(p, |name, values| {
-        match name {
-            "attachment.instance-id" => instance_ids.extend(values.iter().cloned()),
-            "subnet-id" => subnet_ids.extend(values.iter().cloned()),
-            "status" => {
-                let [v] = values else {
-                    return Err(invalid("status", &values.join(",")));
-                };
-                let s = EniState::parse(v);
-                if s == EniState::Unknown {
-                    return Err(invalid("status", v));
-                }
-                state = Some(s);
-            }
-            _ => return Ok(false),
-        }
-        Ok(true)
-    })?;
-    let filter = EniFilter {
-        ids,
-        vpc_id: f.vpc_id,
-        instance_ids,
-        subnet_ids,
-        tags: f.tags,
-        state,
+    let all = p.filters();
+    let probe = NetworkInterface {
+        id: String::new(),
+        subnet_id: String::new(),
+        vpc_id: String::new(),
+        availability_zone: String::new(),
+        mac: String::new(),
+        description: String::new(),
+        primary_ip: std::net::Ipv4Addr::UNSPECIFIED,
+        secondary_ips: vec![],
+        prefixes: vec![],
+        ipv6_prefixes: vec![],
+        security_groups: vec![],
+        tags: Tags::new(),
+        state: EniState::Available,
+        attachment: None,
+        public_ip: None,
     };
-    let page = cut(
+    let mut filter = EniFilter {
+        ids,
+        ..EniFilter::default()
+    };
+    for (name, values) in &all {
+        if eni_field(&probe, name).is_none() {
+            return Err(WireError::client(
+                "InvalidParameterValue",
+                format!("The filter '{name}' is invalid"),
+            ));
+        }
+        let exact = match values.as_slice() {
+            [v] if !is_glob(v) => Some(v.clone()),
+            _ => None,
+        };
+        match (name.as_str(), exact) {
+            ("attachment.instance-id", _) if !values.iter().any(|v| is_glob(v)) => {
+                filter.instance_ids.extend(values.iter().cloned())
+            }
+            ("subnet-id", _) if !values.iter().any(|v| is_glob(v)) => {
+                filter.subnet_ids.extend(values.iter().cloned())
+            }
+            ("vpc-id", Some(v)) => filter.vpc_id = Some(v),
+            ("status", Some(v)) => {
+                let s = EniState::parse(&v);
+                if s == EniState::Unknown {
+                    return Err(invalid("status", &v));
+                }
+                filter.state = Some(s);
+            }
+            (n, Some(v)) if n.starts_with("tag:") => {
+                filter.tags.insert(n["tag:".len()..].to_owned(), v);
+            }
+            _ => {}
+        }
+    }
+    let mut page = cut(
         sim.describe_network_interfaces(&filter, token(p)).await?,
         max,
         |e| &e.id,
     );
+    page.items.retain(|e| {
+        all.iter().all(|(name, values)| {
+            let have = eni_field(e, name).unwrap_or_default();
+            values.iter().any(|v| have.iter().any(|h| glob(v, h)))
+        })
+    });
     body(move |x| {
         x.list("networkInterfaceSet", &page.items, eni_xml);
         next_token(x, page.next_token);
@@ -595,6 +708,64 @@ pub async fn delete_network_interface(sim: &Simulator, p: &Params) -> Answer {
     return_true()
 }
 
+// ---- Elastic IPs (static IPs: Cilium's `spec.ipam.static-ip-tags`, ours) ----
+
+/// `DescribeAddresses` with `tag:KEY` filters (AWS: every other filter too; ec2-sim: tags).
+pub async fn describe_addresses(sim: &Simulator, p: &Params) -> Answer {
+    let f = filters(p, |_, _| Ok(false))?;
+    if f.vpc_id.is_some() {
+        return Err(WireError::client(
+            "InvalidParameterValue",
+            "The filter 'vpc-id' is invalid",
+        ));
+    }
+    let ids = p.list("AllocationId");
+    let addresses: Vec<Address> = sim
+        .describe_addresses(&f.tags)
+        .await?
+        .into_iter()
+        .filter(|a| ids.is_empty() || ids.contains(&a.allocation_id))
+        .collect();
+    body(move |x| {
+        x.list("addressesSet", &addresses, |x, a| {
+            x.leaf("publicIp", a.public_ip)
+                .leaf("allocationId", &a.allocation_id)
+                .leaf("domain", "vpc")
+                .opt("associationId", a.association_id.as_ref())
+                .opt("networkInterfaceId", a.network_interface_id.as_ref())
+                .opt("privateIpAddress", a.private_ip)
+                .leaf("networkInterfaceOwnerId", OWNER)
+                .tags(&a.tags);
+        });
+    })
+}
+
+/// `AssociateAddress` of an allocation with an ENI's private address (the ENI's primary when
+/// none is named, as AWS).
+pub async fn associate_address(sim: &Simulator, p: &Params) -> Answer {
+    let allocation = p.require("AllocationId")?;
+    let eni = p.require("NetworkInterfaceId")?;
+    let private = match p.get("PrivateIpAddress") {
+        Some(a) => a
+            .parse::<Ipv4Addr>()
+            .map_err(|_| invalid("PrivateIpAddress", a))?,
+        None => {
+            sim.network_interface(eni)
+                .ok_or_else(|| {
+                    WireError::client(
+                        "InvalidNetworkInterfaceID.NotFound",
+                        format!("The networkInterface ID '{eni}' does not exist"),
+                    )
+                })?
+                .primary_ip
+        }
+    };
+    let association = sim.associate_address(allocation, eni, private).await?;
+    body(move |x| {
+        x.leaf("return", "true").leaf("associationId", association);
+    })
+}
+
 // ---- seeding (not throttled, not counted) ----
 
 pub fn describe_availability_zones(zones: &[String], _p: &Params) -> Answer {
@@ -625,6 +796,11 @@ pub fn describe_images(_p: &Params) -> Answer {
 pub fn create_vpc(sim: &Simulator, p: &Params) -> Answer {
     let block = cidr(p, "CidrBlock")?;
     let id = sim.add_vpc(block, &[]);
+    // AWS gives every new VPC its main route table (VPC User Guide, "Route tables": "Your VPC
+    // has an implicit router, and you use route tables... When you create a VPC, it
+    // automatically has a main route table"); subnets without an explicit association use it.
+    // Cilium's operator compares the route tables of the node's and the pod subnets.
+    sim.add_route_table(&id, true, &[]);
     let vpc = Vpc {
         id,
         primary_cidr: block,

@@ -17,19 +17,21 @@
 //! Adding an action is one line in [`dispatch`] and one function in `actions`.
 
 mod actions;
+pub mod clients;
+mod imds;
 mod query;
 mod xml;
 
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::{RawQuery, State};
-use axum::http::{HeaderValue, StatusCode, header};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{get, post, put};
 use eni_operator::ec2::model::{Bucket, Operation};
 use eni_operator::ec2::{Ec2Error, ErrorKind};
 
@@ -115,6 +117,10 @@ pub struct Server {
     /// Availability zones `DescribeAvailabilityZones` lists (the simulator takes any name).
     zones: Arc<Vec<String>>,
     requests: Arc<AtomicU64>,
+    /// Calls per client (access key ID) and every mutating call (`clients`).
+    clients: Arc<clients::ClientLog>,
+    /// The instance the metadata endpoint describes (`imds`); `None`: the first running one.
+    metadata_instance: Arc<Mutex<Option<String>>>,
 }
 
 impl Server {
@@ -123,7 +129,21 @@ impl Server {
             sim,
             zones: Arc::new(zones),
             requests: Arc::new(AtomicU64::new(0)),
+            clients: Arc::default(),
+            metadata_instance: Arc::default(),
         }
+    }
+
+    /// The instance the metadata endpoint describes (default: the running one with the
+    /// smallest ID).
+    pub fn with_metadata_instance(self, instance_id: Option<String>) -> Self {
+        *self.metadata_instance.lock().expect("metadata") = instance_id;
+        self
+    }
+
+    /// The per-client record so far.
+    pub fn client_record(&self) -> clients::Record {
+        self.clients.snapshot()
     }
 
     /// The HTTP routes: the EC2 endpoint at `/` and the control plane under `/_sim/`.
@@ -134,6 +154,18 @@ impl Server {
             .route("/_sim/bucket", post(set_bucket))
             .route("/_sim/reset-throttling", post(reset_throttling))
             .route("/_sim/fault", post(inject_fault))
+            .route("/_sim/clients", get(client_record))
+            .route("/_sim/clients/reset", post(reset_clients))
+            .route("/_sim/metadata", post(imds::set_instance))
+            // The instance metadata service (IMDSv2 token, identity document, meta-data).
+            .route("/latest/api/token", put(imds::token))
+            .route(
+                "/latest/dynamic/instance-identity/document",
+                get(imds::identity),
+            )
+            .route("/latest/meta-data", get(imds::meta_data))
+            .route("/latest/meta-data/", get(imds::meta_data))
+            .route("/latest/meta-data/{*path}", get(imds::meta_data))
             .with_state(self)
     }
 
@@ -180,6 +212,8 @@ async fn dispatch(s: &Server, action: &str, p: &Params) -> Answer {
         "UnassignPrivateIpAddresses" => a::unassign_private_ip_addresses(&s.sim, p).await,
         "DetachNetworkInterface" => a::detach_network_interface(&s.sim, p).await,
         "DeleteNetworkInterface" => a::delete_network_interface(&s.sim, p).await,
+        "DescribeAddresses" => a::describe_addresses(&s.sim, p).await,
+        "AssociateAddress" => a::associate_address(&s.sim, p).await,
         // Seeding (not throttled, not counted).
         "DescribeAvailabilityZones" => a::describe_availability_zones(&s.zones, p),
         "DescribeImages" => a::describe_images(p),
@@ -206,17 +240,62 @@ fn xml_response(status: u16, body: Vec<u8>) -> Response {
     r
 }
 
-async fn ec2(State(s): State<Server>, RawQuery(query): RawQuery, body: Bytes) -> Response {
+async fn ec2(
+    State(s): State<Server>,
+    headers: HeaderMap,
+    RawQuery(query): RawQuery,
+    body: Bytes,
+) -> Response {
     let p = Params::parse(query.as_deref(), &body);
     let request_id = s.request_id();
-    let result = match p.require("Action") {
-        Ok(action) => dispatch(&s, action, &p).await.map(|b| (action, b)),
-        Err(e) => Err(e),
+    let action = p.require("Action").map(str::to_owned);
+    let instance = action
+        .as_deref()
+        .ok()
+        .filter(|a| clients::is_mutating(a))
+        .and_then(|_| touched_instance(&s.sim, &p));
+    let result = match &action {
+        Ok(action) => dispatch(&s, action, &p).await,
+        Err(e) => Err(e.clone()),
     };
-    match result {
-        Ok((action, body)) => xml_response(200, Xml::answer(action, &request_id, body)),
-        Err(e) => xml_response(e.status, Xml::error(&e.code, &e.message, &request_id)),
+    if let Ok(action) = &action {
+        let answer = result.as_ref().map_or_else(|e| e.code.as_str(), |_| "ok");
+        s.clients
+            .record(&clients::client_of(&headers), action, answer, instance);
     }
+    match (action, result) {
+        (Ok(action), Ok(body)) => xml_response(200, Xml::answer(&action, &request_id, body)),
+        (_, Err(e)) => xml_response(e.status, Xml::error(&e.code, &e.message, &request_id)),
+        (Err(e), _) => xml_response(e.status, Xml::error(&e.code, &e.message, &request_id)),
+    }
+}
+
+/// The instance a mutating call touches: named by it, or its ENI's attachment before the call.
+fn touched_instance(sim: &Simulator, p: &Params) -> Option<String> {
+    if let Some(i) = p.get("InstanceId") {
+        return Some(i.to_owned());
+    }
+    let eni = p.get("NetworkInterfaceId")?;
+    sim.network_interface(eni)?
+        .attachment
+        .map(|a| a.instance_id)
+}
+
+/// `GET /_sim/clients`: calls per client and action, and every mutating call (`clients`).
+async fn client_record(State(s): State<Server>) -> Response {
+    let mut r = serde_json::to_string(&s.clients.snapshot())
+        .unwrap_or_default()
+        .into_response();
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    r
+}
+
+async fn reset_clients(State(s): State<Server>) -> Response {
+    s.clients.reset();
+    StatusCode::NO_CONTENT.into_response()
 }
 
 fn control_error(message: String) -> Response {

@@ -1,0 +1,256 @@
+//! Cilium's real operator on the suite's world (issue 32): `cilium-operator`.
+//!
+//! `cilium-operator-aws` (from `CILIUM_OPERATOR`, and `CILIUM_OPERATOR_116` when set) runs with
+//! only flags and environment against the control plane and ec2-sim (its EC2 endpoint and its
+//! instance metadata endpoint), and serves classic CiliumNodes written by our agent simulators.
+//! Without the binary the scenario prints NOT RUN. A child module of `scenarios`.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, ensure};
+use testkit::agent::Generation;
+use testkit::wire::clients::Record;
+
+use super::{Abort, Suite, eventually};
+use crate::checks::NodeVariant;
+use crate::cilium_op::{self, CiliumOperator, Version};
+use crate::simctl::SimControl;
+
+/// Where the suite's logs go (`E2E_WORK_DIR`, as `make e2e-local` sets it).
+pub fn work_dir() -> std::path::PathBuf {
+    std::env::var_os("E2E_WORK_DIR")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| "e2e/.work".into())
+}
+
+/// The versions whose binaries are given, 1.20 first.
+pub fn versions() -> Vec<Version> {
+    [Version::V120, Version::V116]
+        .into_iter()
+        .filter(|v| v.binary().is_some())
+        .collect()
+}
+
+/// Mutating calls by anyone but `client` on `instances`.
+pub fn mutating_by_others(r: &Record, client: &str, instances: &[String]) -> Vec<String> {
+    r.mutating
+        .iter()
+        .filter(|c| c.client != client)
+        .filter(|c| {
+            c.instance
+                .as_ref()
+                .is_none_or(|i| instances.iter().any(|x| x == i))
+        })
+        .map(|c| {
+            format!(
+                "{} {} by {} at {} ms",
+                c.action, c.answer, c.client, c.at_ms
+            )
+        })
+        .collect()
+}
+
+impl Suite {
+    /// The real operator's process died: stop waiting.
+    fn cilium_exited(op: &mut CiliumOperator) -> Result<()> {
+        match op.exited() {
+            Some(note) => Err(Abort(note).into()),
+            None => Ok(()),
+        }
+    }
+
+    /// Waits until `idxs` are served while Cilium's operator runs; how long that took.
+    pub(super) async fn wait_served_by_cilium(
+        &self,
+        op: &std::sync::Mutex<CiliumOperator>,
+        idxs: &[usize],
+        what: &str,
+    ) -> Result<Duration> {
+        let t0 = Instant::now();
+        eventually(self.cfg.timeout, what, async || {
+            Self::cilium_exited(&mut op.lock().expect("op"))?;
+            self.served_notes(idxs).await
+        })
+        .await
+        .with_context(|| {
+            let op = op.lock().expect("op");
+            format!("Cilium's operator log: {}", op.tail(6))
+        })?;
+        Ok(t0.elapsed())
+    }
+
+    /// `cilium-operator`: for each version given, three m5.large nodes with classic agents
+    /// (our simulator) are served by Cilium's operator alone, then one node's demand grows past
+    /// its first ENI. Every mutating EC2 call on their instances is Cilium's (ec2-sim's record
+    /// per access key), its ENIs carry its description and tags, and the suite's invariants
+    /// (no address on two nodes, pools on their instances, no in-use address released) hold.
+    pub(super) async fn cilium_operator(&mut self) -> Result<()> {
+        let versions = versions();
+        if versions.is_empty() {
+            println!(
+                "NOT RUN cilium-operator: CILIUM_OPERATOR is not set (a path to Cilium's cilium-operator-aws; see e2e/README.md)"
+            );
+            return Ok(());
+        }
+        let sim = SimControl::connect(&self.ops.settings.ec2_endpoint)
+            .await
+            .context("Cilium's operator needs ec2-sim's metadata endpoint")?;
+        for v in versions {
+            self.cilium_operator_version(&sim, v).await?;
+        }
+        Ok(())
+    }
+
+    async fn cilium_operator_version(&mut self, sim: &SimControl, v: Version) -> Result<()> {
+        let mut idxs = Vec::new();
+        for (zone, pods) in [(0, 4), (1, 8), (0, 12)] {
+            idxs.push(
+                self.add_node(
+                    "m5.large",
+                    zone,
+                    Some(Generation::Classic),
+                    pods,
+                    NodeVariant::default(),
+                )
+                .await?,
+            );
+        }
+        let instances: Vec<String> = idxs
+            .iter()
+            .map(|&i| self.nodes[i].instance.id.clone())
+            .collect();
+        // The operator "runs on" the first node: its metadata names that instance and VPC.
+        sim.set_metadata_instance(&instances[0]).await?;
+        let start = Instant::now();
+        let op = CiliumOperator::start(
+            v,
+            &self.kube,
+            &self.ops.settings.ec2_endpoint,
+            &self.cfg.cluster_name,
+            &work_dir(),
+            &[],
+        )
+        .await?;
+        let op = std::sync::Mutex::new(op);
+        let body = async {
+            let first = self
+                .wait_served_by_cilium(&op, &idxs, "Cilium's operator to serve three nodes")
+                .await?;
+            println!(
+                "     cilium-operator {v}: three nodes served {:.1}s after its start",
+                first.as_secs_f64()
+            );
+            let holder = cilium_op::lease_holder(&self.kube).await?;
+            ensure!(holder.is_some(), "Cilium's operator holds no Lease");
+            // More demand than its first ENI holds (16 endpoints + 8 spare, capped at the m5.large's 18
+            // secondary addresses): a second ENI.
+            self.set_pods(idxs[2], 14);
+            let grew = self
+                .wait_served_by_cilium(&op, &[idxs[2]], "Cilium's operator to serve 14 pods")
+                .await?;
+            println!(
+                "     cilium-operator {v}: 14 pods (a second ENI) served {:.1}s after the demand",
+                grew.as_secs_f64()
+            );
+            let record = sim.clients().await?;
+            let others = mutating_by_others(&record, cilium_op::ACCESS_KEY, &instances);
+            ensure!(
+                others.is_empty(),
+                "mutating EC2 calls on the nodes' instances by someone else: {others:?}"
+            );
+            let mine = record
+                .mutating
+                .iter()
+                .filter(|c| c.client == cilium_op::ACCESS_KEY)
+                .count();
+            ensure!(
+                mine > 0,
+                "ec2-sim recorded no mutating call by Cilium's operator"
+            );
+            let calls = record
+                .clients
+                .get(cilium_op::ACCESS_KEY)
+                .cloned()
+                .unwrap_or_default();
+            println!(
+                "     cilium-operator {v}: its EC2 calls: {}",
+                calls
+                    .iter()
+                    .map(|(a, c)| format!("{a} {}", c.calls))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+            for inst in &instances {
+                let enis = crate::ec2seed::instance_enis(&self.ec2, inst).await?;
+                for e in enis.iter().filter(|e| e.device_index.unwrap_or(0) > 0) {
+                    ensure!(
+                        e.tags.get("io.cilium/cilium-managed").map(String::as_str) == Some("true"),
+                        "{}: an ENI without Cilium's tags on {inst}: {:?}",
+                        e.id,
+                        e.tags
+                    );
+                }
+            }
+            // Its dashboards' figures: cilium_operator_ipam_available_ips per node is the pool
+            // its CiliumNode publishes (Cilium's `pkg/ipam/node.go` stats).
+            let port = op.lock().expect("op").metrics_port;
+            let text = cilium_op::http_get(port, "/metrics").await?;
+            for &i in &idxs {
+                let name = &self.nodes[i].name;
+                let pool = self.cn(i).await?.spec.ipam.pool.len();
+                let want =
+                    format!("cilium_operator_ipam_available_ips{{target_node=\"{name}\"}} {pool}");
+                ensure!(
+                    text.lines().any(|l| l == want),
+                    "{want} not in Cilium's /metrics: {:?}",
+                    text.lines()
+                        .filter(|l| l.starts_with("cilium_operator_ipam_available_ips"))
+                        .collect::<Vec<_>>()
+                );
+            }
+            let errors = op.lock().expect("op").log_lines("level=error");
+            if !errors.is_empty() {
+                tracing::warn!(
+                    "Cilium's operator logged {} errors, first: {}",
+                    errors.len(),
+                    errors[0]
+                );
+            }
+            Ok(())
+        }
+        .await;
+        let op = op.into_inner().expect("op");
+        let stop = op.stop(Duration::from_secs(15)).await;
+        tracing::info!(version = %v, secs = start.elapsed().as_secs_f64(), "Cilium's operator stopped");
+        cilium_op::delete_lease(&self.kube).await?;
+        body.and(stop)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use testkit::wire::clients::MutatingCall;
+
+    #[test]
+    fn only_other_clients_calls_on_the_instances_count() {
+        let call = |client: &str, instance: Option<&str>| MutatingCall {
+            at_ms: 1,
+            client: client.into(),
+            action: "AssignPrivateIpAddresses".into(),
+            answer: "ok".into(),
+            instance: instance.map(String::from),
+        };
+        let r = Record {
+            clients: Default::default(),
+            mutating: vec![
+                call("CILIUM", Some("i-1")),
+                call("ours", Some("i-9")),
+                call("ours", Some("i-1")),
+                call("ours", None),
+            ],
+        };
+        let found = mutating_by_others(&r, "CILIUM", &["i-1".into()]);
+        assert_eq!(found.len(), 2, "{found:?}");
+    }
+}
