@@ -224,6 +224,7 @@ mod tests {
                 instance_id: INSTANCE.into(),
                 device_index: index,
                 delete_on_termination: true,
+                network_card_index: 0,
             }),
             vpc_id: "vpc".into(),
             availability_zone: "zone-a".into(),
@@ -233,6 +234,7 @@ mod tests {
             ipv6_prefixes: vec![],
             security_groups: vec![],
             tags: Tags::new(),
+            interface_type: Default::default(),
             public_ip: None,
         }
     }

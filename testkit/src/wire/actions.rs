@@ -373,6 +373,7 @@ pub async fn describe_network_interfaces(sim: &Simulator, p: &Params) -> Answer 
         state: EniState::Available,
         attachment: None,
         public_ip: None,
+        interface_type: Default::default(),
     };
     let mut filter = EniFilter {
         ids,
