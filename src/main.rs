@@ -21,7 +21,8 @@ async fn main() -> ExitCode {
     // `status` reads a running operator: none of the operator's settings apply.
     if std::env::args_os().nth(1).is_some_and(|a| a == "status") {
         init_tracing(LogFormat::Text, true);
-        return eni_operator::status_cli::main(std::env::args_os().skip(1)).await;
+        let args = std::iter::once("eni-operator status".into()).chain(std::env::args_os().skip(2));
+        return eni_operator::status_cli::main(args).await;
     }
     let settings = match Settings::load() {
         Ok(s) => s,

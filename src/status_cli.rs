@@ -17,7 +17,7 @@ use crate::runtime::status::Page;
 #[derive(Parser, Debug)]
 #[command(name = "eni-operator status")]
 pub struct StatusArgs {
-    /// The operator's metrics address (`--metrics-bind-address`), e.g. after
+    /// The operator's metrics address (`--metrics-addr`), e.g. after
     /// `kubectl -n kube-system port-forward deploy/eni-operator 9751`.
     #[arg(
         long,
