@@ -91,13 +91,14 @@ pub fn args(
         // With their defaults SIGTERM hung once (README).
         "--remove-cilium-node-taints=false".into(),
         "--set-cilium-is-up-condition=false".into(),
-        "--enable-lb-ipam=false".into(),
         format!("--operator-prometheus-serve-addr=127.0.0.1:{metrics_port}"),
         "--enable-metrics".into(),
         format!("--operator-api-serve-addr=127.0.0.1:{health_port}"),
     ]
     .into();
     if version == Version::V120 {
+        // 1.16 knows none of these three (it refuses to start on an unknown flag).
+        a.push("--enable-lb-ipam=false".into());
         a.push("--enable-gops=false".into());
         a.push(format!(
             "--shell-sock-path={}",
@@ -279,6 +280,7 @@ mod tests {
         let b = args(Version::V116, Path::new("/k"), "c", 1, 2, Path::new("/w"));
         assert!(!b.iter().any(|x| x.starts_with("--enable-gops")));
         assert!(!b.iter().any(|x| x.starts_with("--shell-sock-path")));
+        assert!(!b.iter().any(|x| x.starts_with("--enable-lb-ipam")));
         assert_eq!(
             dechunk("5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n"),
             "hello world"
