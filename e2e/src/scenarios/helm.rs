@@ -248,8 +248,11 @@ impl Suite {
 
         // 2. helm install, with what this test's EC2 endpoint and timings need.
         let (metrics, health) = (free_port()?, free_port()?);
+        // Its own cluster name: the ENIs this scenario leaves attached (uninstall does not
+        // release them) are never counted by the next scenarios' checks.
+        let cluster = &self.cfg.cluster_name;
         let values = format!(
-            r#"clusterName: {cluster}
+            r#"clusterName: {cluster}-helm
 region: {region}
 leaderElection: {{leaseName: {LEASE}}}
 ports: {{metrics: {metrics}, health: {health}}}
@@ -265,9 +268,6 @@ extraEnv:
   - {{name: AWS_SECRET_ACCESS_KEY, value: test}}
   - {{name: RUST_LOG, value: info}}
 "#,
-            // Its own cluster name: the ENIs this scenario leaves attached (uninstall does not
-            // release them) are never counted by the next scenarios' checks.
-            cluster = format!("{}-helm", self.cfg.cluster_name),
             region = self.ops.settings.region,
             endpoint = self.ops.settings.ec2_endpoint,
         );
