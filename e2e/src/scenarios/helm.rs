@@ -257,6 +257,8 @@ region: {region}
 leaderElection: {{leaseName: {LEASE}}}
 ports: {{metrics: {metrics}, health: {health}}}
 logFormat: text
+# No Cilium operator in the test cluster: the handover guard would otherwise fail closed.
+ciliumOperatorAbsent: true
 eni:
   ec2APIEndpoint: "{endpoint}"
 extraArgs:
@@ -350,6 +352,12 @@ extraEnv:
         tracing::info!(log = %log.display(), "operator started as the chart's Deployment");
 
         let served = async {
+            // The instance carries the release's cluster tag, as EKS tags its nodes: the
+            // operator touches no instance of another cluster (issue 29 item 1).
+            let suite_cluster = std::mem::replace(
+                &mut self.world.cluster_name,
+                format!("{}-helm", self.cfg.cluster_name),
+            );
             let idx = self
                 .add_node(
                     "m5.large",
@@ -358,7 +366,9 @@ extraEnv:
                     5,
                     NodeVariant::default(),
                 )
-                .await?;
+                .await;
+            self.world.cluster_name = suite_cluster;
+            let idx = idx?;
             self.wait_served(&[idx], self.cfg.timeout).await?;
             let cn = self.cn(idx).await?;
             ensure!(
