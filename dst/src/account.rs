@@ -204,7 +204,7 @@ fn free_addresses<'a>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use eni_operator::ec2::{Attachment, EniState};
+    use eni_operator::ec2::{Attachment, EniState, InterfaceType};
     use std::net::Ipv4Addr;
 
     const INSTANCE: &str = "i-1";
@@ -224,6 +224,7 @@ mod tests {
                 instance_id: INSTANCE.into(),
                 device_index: index,
                 delete_on_termination: true,
+                network_card_index: 0,
             }),
             vpc_id: "vpc".into(),
             availability_zone: "zone-a".into(),
@@ -234,6 +235,7 @@ mod tests {
             security_groups: vec![],
             tags: Tags::new(),
             public_ip: None,
+            interface_type: InterfaceType::Interface,
         }
     }
 

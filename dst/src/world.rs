@@ -161,6 +161,8 @@ pub struct World {
     pub reuse: crate::reuse::Reuse,
     /// Crashes right after an unassign (crate::unassign_crash).
     pub unassign_crash: crate::unassign_crash::UnassignCrash,
+    /// Slow answers to the operator's writes (crate::slow_answer).
+    pub slow_answer: crate::slow_answer::SlowAnswer,
 }
 
 impl World {
@@ -249,6 +251,7 @@ impl World {
             exited_restart_at: None,
             reuse: crate::reuse::Reuse::new(seed),
             unassign_crash: crate::unassign_crash::UnassignCrash::new(seed),
+            slow_answer: crate::slow_answer::SlowAnswer::new(seed),
         };
         w.log(
             0,
@@ -330,13 +333,14 @@ impl World {
             // Retry jitter from the seed (one stream per operator start): a seed replays exactly.
             self.jitter_seed(u64::from(self.restarts)),
         );
+        let core = Some(parts.core.clone());
         self.operator = Some(Operator {
             core: parts.core,
             task: AbortOnDropHandle::new(tokio::spawn(parts.run)),
         });
         // What the watches list at start: every Node, then every CiliumNode.
         let listing = crate::api::listing(self);
-        self.api.connect(parts.tx, &listing);
+        self.api.connect_core(core, parts.tx, &listing);
         self.report_pending(true);
         if t > 0 {
             self.log(t, format!("operator restarted ({})", self.restarts));
