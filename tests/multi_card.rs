@@ -129,7 +129,7 @@ async fn a_p5_is_served_on_card_0_and_its_efa_interfaces_are_left_alone() {
     assert_eq!(ours.len(), 1, "{ours:?}");
     let att = ours[0].attachment.as_ref().unwrap();
     assert_eq!((att.network_card_index, att.device_index), (0, 1));
-    assert_eq!(ours[0].security_groups, [w.sg.clone()]);
+    assert_eq!(ours[0].security_groups, std::slice::from_ref(&w.sg));
     // The static IP is on the primary ENI (card 0, device 0), never on an EFA.
     let primary_eni = w.sim.primary_eni_id(&a.id).unwrap();
     let on: Vec<Option<String>> = w

@@ -204,7 +204,7 @@ fn free_addresses<'a>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use eni_operator::ec2::{Attachment, EniState};
+    use eni_operator::ec2::{Attachment, EniState, InterfaceType};
     use std::net::Ipv4Addr;
 
     const INSTANCE: &str = "i-1";
@@ -236,6 +236,7 @@ mod tests {
             tags: Tags::new(),
             interface_type: Default::default(),
             public_ip: None,
+            interface_type: InterfaceType::Interface,
         }
     }
 

@@ -13,6 +13,8 @@
 //! Every choice here comes from a stream of its own, seeded from the run's seed, so adding this
 //! model does not move the rest of the run's schedule.
 
+use std::collections::BTreeMap;
+
 use eni_operator::runtime::core::NodeInput;
 use eni_operator::runtime::source::{Listed, to_input};
 use kube::api::DynamicObject;
@@ -21,6 +23,7 @@ use rand::{Rng, SeedableRng};
 use testkit::sink::WriteFault;
 use tokio::sync::mpsc;
 
+use crate::leadership::SimCore;
 use crate::world::{Phase, World};
 
 /// Per mille per simulated second, while the faults last.
@@ -54,6 +57,11 @@ struct Watcher {
     tx: mpsc::Sender<NodeInput>,
     nodes: Listed,
     cilium_nodes: Listed,
+    /// The core they deliver to (for [`check`]) and the newest resourceVersion of each
+    /// CiliumNode delivered to it (`MemorySink` numbers versions in order; the operator may
+    /// not rely on that, the harness may).
+    core: Option<SimCore>,
+    delivered: BTreeMap<String, u64>,
 }
 
 impl Watcher {
@@ -74,11 +82,20 @@ impl Watcher {
                     self.nodes.deleted(name);
                 }
             }
-            NodeInput::Upsert(n) => self
-                .cilium_nodes
-                .seen(n.metadata.name.as_deref().unwrap_or_default()),
+            NodeInput::Upsert(n) => {
+                let name = n.metadata.name.clone().unwrap_or_default();
+                let version = n.metadata.resource_version.as_deref().unwrap_or_default();
+                if let Ok(v) = version.parse::<u64>() {
+                    let newest = self.delivered.entry(name.clone()).or_default();
+                    *newest = (*newest).max(v);
+                }
+                self.cilium_nodes.seen(&name);
+            }
             NodeInput::Invalid(i) => self.cilium_nodes.seen(&i.node.name),
-            NodeInput::Deleted(name) => self.cilium_nodes.deleted(name),
+            NodeInput::Deleted(name) => {
+                self.delivered.remove(name);
+                self.cilium_nodes.deleted(name);
+            }
             NodeInput::PendingPods { .. }
             | NodeInput::NodeFacts { .. }
             | NodeInput::NodesListed => {}
@@ -145,10 +162,23 @@ impl ApiServer {
 
     /// A new operator instance starts its watches: each lists first.
     pub fn connect(&mut self, tx: mpsc::Sender<NodeInput>, listing: &Listing) {
+        self.connect_core(None, tx, listing);
+    }
+
+    /// As [`Self::connect`], for `core` (whose copies [`check`] compares with what it was
+    /// delivered).
+    pub fn connect_core(
+        &mut self,
+        core: Option<SimCore>,
+        tx: mpsc::Sender<NodeInput>,
+        listing: &Listing,
+    ) {
         let mut w = Watcher {
             tx,
             nodes: Listed::default(),
             cilium_nodes: Listed::default(),
+            core,
+            delivered: BTreeMap::new(),
         };
         w.relist(Watch::Nodes, &listing.nodes);
         w.relist(Watch::CiliumNodes, &listing.cilium_nodes);
@@ -233,6 +263,39 @@ pub fn events(w: &mut World, t: u64) {
             w.log(t, format!("api watches {ended:?} end; relist at t={back}s"));
         }
     }
+}
+
+/// No agent update lost (§12.1): a running core's copy of a CiliumNode is never older than the
+/// newest version its watch delivered (a pass's write answer stored over an agent's update
+/// delivered meanwhile would be, and the watch never delivers that update again). Copies
+/// marked for deletion are the finalizer's own (it stores the object it deleted).
+pub fn check(w: &World) -> Result<(), crate::check::Broken> {
+    for watcher in &w.api.watchers {
+        let Some(core) = watcher.core.as_ref().filter(|_| !watcher.tx.is_closed()) else {
+            continue;
+        };
+        // Inputs still queued: the core has not taken in what was delivered (a frozen
+        // replica's loop is not polled, crate::leadership::Freeze).
+        if watcher.tx.capacity() != watcher.tx.max_capacity() {
+            continue;
+        }
+        for (name, newest) in &watcher.delivered {
+            let Some((version, false)) = core.stored_version(name) else {
+                continue;
+            };
+            let held = version.parse::<u64>().unwrap_or(0);
+            if held < *newest {
+                return Err((
+                    "no agent update lost",
+                    format!(
+                        "{name}: the operator plans with version {held}, its watch delivered \
+                         {newest}"
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Watches whose backoff is over list again (also after the faults stop).

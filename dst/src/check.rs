@@ -29,6 +29,9 @@ pub fn ours(e: &NetworkInterface) -> bool {
 pub fn always(w: &World) -> Result<(), Broken> {
     // Every call and write since the last second, whatever else changed (crate::leadership).
     crate::leadership::check(w)?;
+    // A core's copies against what its watch delivered (crate::api; not a function of the
+    // inputs below: a pass's write answer changes only the core's memory).
+    crate::api::check(w)?;
     // The same inputs as at the last pass give the same answer (crate::view).
     let inputs = View::inputs(w);
     if w.view.borrow().passed.as_ref() == Some(&inputs) {

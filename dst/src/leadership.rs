@@ -500,9 +500,9 @@ pub fn tick(w: &mut World, t: u64) {
         if r.connected {
             continue;
         }
-        if let Some((_, tx)) = r.published.lock().expect("published").as_ref() {
+        if let Some((core, tx)) = r.published.lock().expect("published").as_ref() {
             r.connected = true;
-            connect.push((r.identity.clone(), tx.clone()));
+            connect.push((r.identity.clone(), core.clone(), tx.clone()));
         }
     }
     for line in lines {
@@ -513,8 +513,8 @@ pub fn tick(w: &mut World, t: u64) {
     }
     if !connect.is_empty() {
         let listing = crate::api::listing(w);
-        for (id, tx) in connect {
-            w.api.connect(tx, &listing);
+        for (id, core, tx) in connect {
+            w.api.connect_core(Some(core), tx, &listing);
             w.log(t, format!("replica {id} leads; its watches list"));
         }
     }

@@ -15,6 +15,7 @@ pub mod multipool;
 pub mod refusals;
 mod replay;
 pub mod reuse;
+pub mod slow_answer;
 pub mod statics;
 pub mod unassign_crash;
 pub mod view;
@@ -254,6 +255,7 @@ async fn events(w: &mut World, rng: &mut StdRng, t: u64) {
     leadership::events(w, t);
     reuse::events(w, t);
     unassign_crash::events(w, t);
+    slow_answer::events(w, t);
     if roll(rng, P_EC2_FAULT) {
         let op = *[
             Operation::CreateNetworkInterface,

@@ -163,6 +163,8 @@ pub struct World {
     pub unassign_crash: crate::unassign_crash::UnassignCrash,
     /// The nodes present at the start, to be served at once (crate::first_action).
     pub first_action: crate::first_action::FirstAction,
+    /// Slow answers to the operator's writes (crate::slow_answer).
+    pub slow_answer: crate::slow_answer::SlowAnswer,
 }
 
 impl World {
@@ -252,6 +254,7 @@ impl World {
             reuse: crate::reuse::Reuse::new(seed),
             unassign_crash: crate::unassign_crash::UnassignCrash::new(seed),
             first_action: Default::default(),
+            slow_answer: crate::slow_answer::SlowAnswer::new(seed),
         };
         w.log(
             0,
@@ -333,13 +336,14 @@ impl World {
             // Retry jitter from the seed (one stream per operator start): a seed replays exactly.
             self.jitter_seed(u64::from(self.restarts)),
         );
+        let core = Some(parts.core.clone());
         self.operator = Some(Operator {
             core: parts.core,
             task: AbortOnDropHandle::new(tokio::spawn(parts.run)),
         });
         // What the watches list at start: every Node, then every CiliumNode.
         let listing = crate::api::listing(self);
-        self.api.connect(parts.tx, &listing);
+        self.api.connect_core(core, parts.tx, &listing);
         self.report_pending(true);
         if t > 0 {
             self.log(t, format!("operator restarted ({})", self.restarts));
