@@ -33,14 +33,15 @@ pub(super) enum Refusal {
     Say(ProblemReason, String),
 }
 
-/// The instance's primary private address as EC2 lists it.
+/// The instance's primary private address as EC2 lists it: its primary ENI's, card 0 device 0
+/// (on an instance with several network cards another card's device 0 may be an EFA).
 fn primary_ip<E: Ec2, S: NodeSink>(inner: &Shared<E, S>, instance: &str) -> Option<Ipv4Addr> {
     let cache = inner.cache.read().expect("cache");
     let entry = cache.instance(instance)?;
     entry
         .enis
         .iter()
-        .find(|e| e.device_index() == Some(0))
+        .find(|e| e.is_primary())
         .map(|e| e.primary_ip)
 }
 
