@@ -61,7 +61,9 @@ pub fn check(w: &mut World, t: u64) -> Result<(), Broken> {
             .and_then(|s| s.ipam.operator_status.error);
         // EC2 refused the node's first call (a full subnet, a refused attach): the operator
         // acted; its retries are the backoff's business, not a wait on a timer.
-        let refused = status.as_deref().is_some_and(|e| e.starts_with("Ec2Error:"));
+        let refused = status
+            .as_deref()
+            .is_some_and(|e| e.starts_with("Ec2Error:"));
         if served || refused || matches!(crate::check::excused(w, &name, n, 1), Some(Ok(()))) {
             continue;
         }

@@ -26,9 +26,9 @@ use eni_operator::runtime::status::WaitReason;
 use testkit::agent::{Generation, endpoints};
 
 mod adopt;
-mod status;
 mod helm;
 mod real_cilium;
+mod status;
 
 /// Every scenario, in the order they run.
 pub const ALL: &[&str] = &[

@@ -77,9 +77,12 @@ pub(super) async fn check<E: Ec2, S: NodeSink>(
     inner.metrics.other_allocator_blocked.inc();
     let message = other.to_string();
     let retry = clock::now() + RECHECK;
-    inner
-        .status
-        .wait(name, WaitReason::OtherAllocator, message.clone(), Some(retry));
+    inner.status.wait(
+        name,
+        WaitReason::OtherAllocator,
+        message.clone(),
+        Some(retry),
+    );
     super::problem::say(
         inner,
         name,

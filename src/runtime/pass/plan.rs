@@ -16,8 +16,8 @@ use crate::runtime::clock::now;
 use crate::runtime::queue::Outcome;
 use crate::runtime::shared::Shared;
 use crate::runtime::sink::NodeSink;
-use crate::runtime::type_limits::Unresolved;
 use crate::runtime::status::WaitReason;
+use crate::runtime::type_limits::Unresolved;
 
 use super::snapshot::Snapshot;
 use super::{DONE, FAILED, Step};
