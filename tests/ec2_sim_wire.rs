@@ -336,6 +336,8 @@ async fn a_p5_with_efa_interfaces_reads_back_with_cards_and_interface_types() {
     let refused = c.attach_network_interface(&more.id, &instance, 2).await;
     assert!(refused.is_err(), "{refused:?}");
     assert!(!w.sim.network_interface(&eni.id).unwrap().is_primary());
+}
+
 /// A raw request with extra headers; returns the status and the body.
 async fn raw(
     addr: SocketAddr,
