@@ -126,11 +126,12 @@ async fn plan(settings: Settings) -> ExitCode {
 async fn uninstall(settings: Settings) -> ExitCode {
     // Long enough for the Lease of an operator stopped just before to lapse.
     let wait = settings.kube.leader_election_lease_duration * 4;
-    let client =
-        match connect_kube(settings.kube.k8s_client_qps, settings.kube.k8s_client_burst).await {
-            Ok(c) => c,
-            Err(e) => return fail(format!("cannot reach the Kubernetes API server: {e}")),
-        };
+    let (qps, burst) = (settings.kube.k8s_client_qps, settings.kube.k8s_client_burst);
+    // A one-shot command: its client's metrics are not served anywhere.
+    let client = match connect_kube(qps, burst, &MetricsRegistry::new()).await {
+        Ok(c) => c,
+        Err(e) => return fail(format!("cannot reach the Kubernetes API server: {e}")),
+    };
     let namespace = settings.kube.namespace().to_string();
     let lease = &settings.kube.leader_election_lease_name;
     match eni_operator::uninstall::run(client, &namespace, lease, wait).await {
