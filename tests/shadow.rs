@@ -287,7 +287,7 @@ async fn a_deficit_ends_on_the_write_that_tops_up_a_known_eni() {
         !st.in_deficit,
         "the top-up's write ends the deficit, not the next full listing: {st:?}"
     );
-    assert_eq!(st.available, pool + 1, "{st:?}");
+    assert_eq!(st.figures.available, pool + 1, "{st:?}");
     let episode = st.deficit_seconds - first;
     assert!(
         (3.0..=3.5).contains(&episode),
@@ -510,7 +510,7 @@ async fn a_shadow_waits_for_the_limits_of_a_type_being_looked_up_instead_of_repo
     for n in names {
         let st = s.book.node(n).unwrap();
         assert_eq!(st.error, None, "{n}: {st:?}");
-        assert_eq!(st.needed, 12, "{n}");
+        assert_eq!(st.figures.needed, 12, "{n}");
     }
     let summary = serde_json::to_string(&s.book.summary()).unwrap();
     assert!(!summary.contains("unknown"), "{summary}");
