@@ -234,7 +234,6 @@ mod tests {
             ipv6_prefixes: vec![],
             security_groups: vec![],
             tags: Tags::new(),
-            interface_type: Default::default(),
             public_ip: None,
             interface_type: InterfaceType::Interface,
         }
