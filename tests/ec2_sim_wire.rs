@@ -403,7 +403,7 @@ async fn eni_filters_take_aws_names_several_values_and_wildcards() {
         )),
     )
     .await;
-    assert_eq!(ids(&body), [b.id.clone()]);
+    assert_eq!(ids(&body), std::slice::from_ref(&b.id));
     let (_, body) = post(
         w.addr,
         "/",
