@@ -32,6 +32,46 @@ fn account(sim: &Simulator) -> (String, String, String) {
     (vpc, subnet, inst.id)
 }
 
+/// The core as production configures it from `--cluster-name` alone, on a cluster without
+/// Cilium's operator (`--cilium-operator-absent`: the handover guard would otherwise wait for its
+/// Lease, which no test here has).
+fn production_config() -> CoreConfig {
+    eni_operator::config::Settings::load_from([
+        "eni-operator",
+        "--cluster-name",
+        CLUSTER,
+        "--cilium-operator-absent",
+    ])
+    .unwrap()
+    .core_config()
+}
+
+/// What production requires before serving a node (issue 29 item 1): the instance carries the
+/// cluster's tag, and the Node of that name names the instance; then the Node watch's listing
+/// is complete.
+async fn as_in_production(sim: &Simulator, tx: &mpsc::Sender<NodeInput>, nodes: &[(&str, &str)]) {
+    for (name, instance) in nodes {
+        sim.set_instance_tags(
+            instance,
+            Tags::from([(
+                format!("kubernetes.io/cluster/{CLUSTER}"),
+                "owned".to_string(),
+            )]),
+        );
+        let facts = eni_operator::runtime::identity::NodeFacts {
+            instance: Some(instance.to_string()),
+            internal_ips: Vec::new(),
+        };
+        tx.send(NodeInput::NodeFacts {
+            name: name.to_string(),
+            facts: Some(facts),
+        })
+        .await
+        .unwrap();
+    }
+    tx.send(NodeInput::NodesListed).await.unwrap();
+}
+
 /// A core with two workers on `sim` and the agent's CiliumNode for the instance, `edit`ed, sent
 /// to it. Keep the sender: the core ends when its input closes.
 async fn serve(
@@ -299,15 +339,13 @@ async fn a_new_leader_as_production_configures_it_acts_within_five_seconds() {
     let account = account(&sim);
     sim.set_eventual_consistency(Duration::from_secs(6), false, 4);
     sim.record_calls();
-    let settings =
-        eni_operator::config::Settings::load_from(["eni-operator", "--cluster-name", CLUSTER])
-            .unwrap();
     let started = tokio::time::Instant::now();
-    let (_sink, _tx, _task) = serve_with(&sim, &account, settings.core_config(), |n| {
+    let (_sink, tx, _task) = serve_with(&sim, &account, production_config(), |n| {
         n.spec.eni.first_interface_index = Some(0);
         n.spec.ipam.pre_allocate = 4;
     })
     .await;
+    as_in_production(&sim, &tx, &[("n", &account.2)]).await;
     tokio::time::sleep(Duration::from_secs(60)).await;
     let first_mutating = sim
         .take_calls()
@@ -427,12 +465,19 @@ async fn a_start_with_three_nodes_of_one_type_serves_each_within_five_seconds() 
             sim.set_latency(op, Duration::from_millis(ms));
         }
     }
-    let settings =
-        eni_operator::config::Settings::load_from(["eni-operator", "--cluster-name", CLUSTER])
-            .unwrap();
-    let cfg = settings.core_config();
+    let cfg = production_config();
     let sink = Arc::new(MemorySink::new());
     let (tx, rx) = mpsc::channel(64);
+    let names: Vec<(String, String)> = instances
+        .iter()
+        .enumerate()
+        .map(|(i, inst)| (format!("n{i}"), inst.clone()))
+        .collect();
+    let pairs: Vec<(&str, &str)> = names
+        .iter()
+        .map(|(n, i)| (n.as_str(), i.as_str()))
+        .collect();
+    as_in_production(&sim, &tx, &pairs).await;
     for (i, instance) in instances.iter().enumerate() {
         let name = format!("n{i}");
         let mut n = CiliumNode::new(&name, Default::default());
