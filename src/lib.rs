@@ -35,4 +35,5 @@ pub mod mutants;
 pub mod process_metrics;
 pub mod runtime;
 pub mod status_cli;
+pub mod text_table;
 pub mod uninstall;

@@ -3,7 +3,6 @@
 //! Both build the core from the read-only types only ([`Core::shadow`]): the Kubernetes sink
 //! and the gated EC2 client are wrapped before the core ever sees them.
 
-use std::fmt::Write as _;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -195,17 +194,7 @@ pub fn plan_table(summary: &Summary, names: &[String]) -> String {
             ],
         });
     }
-    let widths: Vec<usize> = (0..4)
-        .map(|i| rows.iter().map(|r| r[i].len()).max().unwrap_or(0))
-        .collect();
-    let mut out = String::new();
-    for r in &rows {
-        for (i, w) in widths.iter().enumerate() {
-            let _ = write!(out, "{:<width$}  ", r[i], width = *w);
-        }
-        let _ = writeln!(out, "{}", r[4]);
-    }
-    out
+    crate::text_table::render(&rows)
 }
 
 /// `plan --output json`: per node, the figures and the action (or error).

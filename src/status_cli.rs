@@ -103,16 +103,7 @@ pub fn table(page: &Page) -> String {
             },
         ]);
     }
-    let widths: Vec<usize> = (0..5)
-        .map(|i| rows.iter().map(|r| r[i].len()).max().unwrap_or(0))
-        .collect();
-    let mut out = String::new();
-    for r in &rows {
-        for (i, w) in widths.iter().enumerate() {
-            let _ = write!(out, "{:<width$}  ", r[i], width = *w);
-        }
-        let _ = writeln!(out, "{}", r[5]);
-    }
+    let mut out = crate::text_table::render(&rows);
     let t = &page.totals;
     let _ = writeln!(
         out,

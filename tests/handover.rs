@@ -9,13 +9,13 @@ use std::time::Duration;
 use eni_operator::crd::AllocationIp;
 use eni_operator::crd::{CILIUM_IGNORE_ANNOTATION, FINALIZER};
 use eni_operator::ec2::{AddressRequest, Ec2, Operation};
-use eni_operator::ipam::IpamConfig;
 use eni_operator::runtime::core::{Core, CoreConfig, NodeInput};
 use eni_operator::runtime::metrics::RuntimeMetrics;
 use testkit::cilium_signals::{
     annotated_ignore, cilium_creates_eni_with, cilium_lease, cilium_pool_write, own_write,
 };
 use testkit::cluster::{Cluster, agent_node};
+use testkit::running;
 use testkit::sim::Simulator;
 use testkit::sink::MemorySink;
 use testkit::{served, wait_until};
@@ -24,14 +24,7 @@ use tokio::sync::mpsc;
 const HANDOVER_LABEL: &str = "eni-operator.cilium.io/handover";
 
 fn config() -> CoreConfig {
-    CoreConfig {
-        workers: 4,
-        ipam: IpamConfig {
-            cluster_name: "test-cluster".into(),
-            ..IpamConfig::default()
-        },
-        ..CoreConfig::default()
-    }
+    running::config(4)
 }
 
 fn start<E: Ec2>(
@@ -39,17 +32,8 @@ fn start<E: Ec2>(
     sink: &Arc<MemorySink>,
     cfg: CoreConfig,
 ) -> (Core<E, MemorySink>, mpsc::Sender<NodeInput>) {
-    let cache = cfg.ec2_cache();
-    let core = Core::new(
-        Arc::new(ec2),
-        sink.clone(),
-        cfg,
-        RuntimeMetrics::default(),
-        cache,
-    );
-    let (tx, rx) = mpsc::channel(4096);
-    tokio::spawn(core.clone().run(rx, std::future::pending()));
-    (core, tx)
+    let r = running::start(ec2, sink.clone(), cfg, RuntimeMetrics::default());
+    (r.core, r.tx)
 }
 
 fn mutating(sim: &Simulator) -> u64 {

@@ -7,11 +7,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use eni_operator::ec2::{Instance, Operation};
-use eni_operator::ipam::IpamConfig;
-use eni_operator::runtime::core::{Core, CoreConfig, NodeInput};
+use eni_operator::runtime::core::{CoreConfig, NodeInput};
 use eni_operator::runtime::identity::NodeFacts;
 use eni_operator::runtime::metrics::RuntimeMetrics;
 use testkit::cluster::{Cluster, agent_node};
+use testkit::running;
 use testkit::sink::MemorySink;
 use testkit::{served, wait_until};
 use tokio::sync::mpsc;
@@ -36,27 +36,15 @@ fn world_with(require_node: bool, require_cluster_tag: bool) -> World {
     let w = Cluster::new();
     let sink = Arc::new(MemorySink::new());
     let cfg = CoreConfig {
-        workers: 2,
-        ipam: IpamConfig {
-            cluster_name: CLUSTER.into(),
-            ..IpamConfig::default()
-        },
         require_node,
         require_cluster_tag,
-        ..CoreConfig::default()
+        ..running::config(2)
     };
     let grace = cfg.node_gone_grace;
     let metrics = RuntimeMetrics::default();
-    let cache = cfg.ec2_cache();
-    let core = Core::new(
-        Arc::new(w.sim.clone()),
-        sink.clone(),
-        cfg,
-        metrics.clone(),
-        cache,
-    );
-    let (tx, rx) = mpsc::channel(64);
-    let _task = tokio::spawn(core.run(rx, std::future::pending()));
+    let running::Running {
+        tx, task: _task, ..
+    } = running::start(w.sim.clone(), sink.clone(), cfg, metrics.clone());
     World {
         w,
         sink,

@@ -7,38 +7,25 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use eni_operator::ec2::Operation;
-use eni_operator::ipam::IpamConfig;
 use eni_operator::ipam::handover::CiliumLease;
-use eni_operator::runtime::core::{Core, CoreConfig, NodeInput};
+use eni_operator::runtime::core::NodeInput;
 use eni_operator::runtime::metrics::RuntimeMetrics;
 use testkit::cluster::{Cluster, agent_node};
+use testkit::running;
 use testkit::sink::MemorySink;
 use testkit::{served, wait_until};
-use tokio::sync::mpsc;
 
 #[tokio::test(start_paused = true)]
 async fn an_unreadable_cilium_lease_holds_back_every_node_not_taken_over_yet() {
     let w = Cluster::new();
     let sink = Arc::new(MemorySink::new());
-    let cfg = CoreConfig {
-        workers: 2,
-        ipam: IpamConfig {
-            cluster_name: "test-cluster".into(),
-            ..IpamConfig::default()
-        },
-        ..CoreConfig::default()
-    };
     let metrics = RuntimeMetrics::default();
-    let cache = cfg.ec2_cache();
-    let core = Core::new(
-        Arc::new(w.sim.clone()),
+    let running::Running { core, tx, .. } = running::start(
+        w.sim.clone(),
         sink.clone(),
-        cfg,
+        running::config(2),
         metrics.clone(),
-        cache,
     );
-    let (tx, rx) = mpsc::channel(64);
-    let _task = tokio::spawn(core.clone().run(rx, std::future::pending()));
     let (a, b) = (w.instance(), w.instance());
     for (name, inst) in [("served", &a), ("new", &b)] {
         sink.put_node(name, &[]);

@@ -10,11 +10,11 @@ use std::time::Duration;
 use eni_operator::crd::CiliumNode;
 use eni_operator::ec2::gate::{Gate, GateConfig};
 use eni_operator::ec2::{Instance, InterfaceType, NetworkInterface, Tags};
-use eni_operator::ipam::IpamConfig;
 use eni_operator::ipam::ownership::CLUSTER_TAG;
-use eni_operator::runtime::core::{Core, CoreConfig, NodeInput};
+use eni_operator::runtime::core::NodeInput;
 use eni_operator::runtime::metrics::RuntimeMetrics;
 use testkit::cluster::{Cluster, agent_node};
+use testkit::running;
 use testkit::sim::{Efa, Simulator};
 use testkit::sink::MemorySink;
 use testkit::{served, wait_until};
@@ -23,26 +23,14 @@ use tokio::sync::mpsc;
 const P5: &str = "p5.48xlarge";
 
 fn start(sim: &Simulator, sink: &Arc<MemorySink>) -> mpsc::Sender<NodeInput> {
-    let cfg = CoreConfig {
-        workers: 4,
-        ipam: IpamConfig {
-            cluster_name: "test-cluster".into(),
-            ..IpamConfig::default()
-        },
-        ..CoreConfig::default()
-    };
-    let cache = cfg.ec2_cache();
     let gate = Gate::new(sim.clone(), GateConfig::aws_defaults());
-    let core = Core::new(
-        Arc::new(gate),
+    running::start(
+        gate,
         sink.clone(),
-        cfg,
+        running::config(4),
         RuntimeMetrics::default(),
-        cache,
-    );
-    let (tx, rx) = mpsc::channel(1024);
-    tokio::spawn(core.run(rx, std::future::pending()));
-    tx
+    )
+    .tx
 }
 
 /// A p5 with an `efa` interface on card 1 and `efa-only` ones on cards 2 and 3, all in

@@ -7,15 +7,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use eni_operator::ec2::{InstanceState, Operation};
-use eni_operator::ipam::IpamConfig;
-use eni_operator::runtime::core::{Core, CoreConfig, NodeInput};
+use eni_operator::runtime::core::NodeInput;
 use eni_operator::runtime::metrics::RuntimeMetrics;
 use testkit::cluster::{Cluster, agent_node};
+use testkit::running;
 use testkit::sink::MemorySink;
 use testkit::{served, wait_until};
 use tokio::sync::mpsc;
-
-const CLUSTER: &str = "test-cluster";
 
 /// A core serving one classic node "n" (its Node present), and what the tests look at.
 struct Served {
@@ -31,26 +29,12 @@ struct Served {
 async fn served_node() -> Served {
     let w = Cluster::new();
     let sink = Arc::new(MemorySink::new());
-    let cfg = CoreConfig {
-        workers: 2,
-        ipam: IpamConfig {
-            cluster_name: CLUSTER.into(),
-            ..IpamConfig::default()
-        },
-        ..CoreConfig::default()
-    };
+    let cfg = running::config(2);
     let grace = cfg.node_gone_grace;
     let metrics = RuntimeMetrics::default();
-    let cache = cfg.ec2_cache();
-    let core = Core::new(
-        Arc::new(w.sim.clone()),
-        sink.clone(),
-        cfg,
-        metrics.clone(),
-        cache,
-    );
-    let (tx, rx) = mpsc::channel(64);
-    let _task = tokio::spawn(core.run(rx, std::future::pending()));
+    let running::Running {
+        tx, task: _task, ..
+    } = running::start(w.sim.clone(), sink.clone(), cfg, metrics.clone());
     let inst = w.instance();
     sink.put_node("n", &[]);
     let stored = sink.put(&agent_node(&w, "n", &inst.id, 8));

@@ -9,28 +9,17 @@ use std::time::Duration;
 
 use eni_operator::ec2::gate::{Gate, GateConfig};
 use eni_operator::ec2::{Ec2, Operation};
-use eni_operator::ipam::IpamConfig;
 use eni_operator::metrics::MetricsRegistry;
 use eni_operator::runtime::clock::now;
-use eni_operator::runtime::core::{Core, CoreConfig, NodeInput};
+use eni_operator::runtime::core::{Core, NodeInput};
 use eni_operator::runtime::metrics::RuntimeMetrics;
 use eni_operator::runtime::status::{WaitReason, Would};
 use testkit::cilium_signals::{annotated_ignore, cilium_lease, cilium_pool_write};
 use testkit::cluster::{Cluster, agent_node};
+use testkit::running;
 use testkit::served;
 use testkit::sink::MemorySink;
 use tokio::sync::mpsc;
-
-fn config() -> CoreConfig {
-    CoreConfig {
-        workers: 4,
-        ipam: IpamConfig {
-            cluster_name: "test-cluster".into(),
-            ..IpamConfig::default()
-        },
-        ..CoreConfig::default()
-    }
-}
 
 fn start<E: Ec2>(
     ec2: E,
@@ -40,14 +29,10 @@ fn start<E: Ec2>(
     mpsc::Sender<NodeInput>,
     MetricsRegistry,
 ) {
-    let cfg = config();
-    let cache = cfg.ec2_cache();
     let registry = MetricsRegistry::new();
     let metrics = registry.with(RuntimeMetrics::register);
-    let core = Core::new(Arc::new(ec2), sink.clone(), cfg, metrics, cache);
-    let (tx, rx) = mpsc::channel(64);
-    tokio::spawn(core.clone().run(rx, std::future::pending()));
-    (core, tx, registry)
+    let r = running::start(ec2, sink.clone(), running::config(4), metrics);
+    (r.core, r.tx, registry)
 }
 
 fn waiting_gauge(registry: &MetricsRegistry, reason: WaitReason) -> String {

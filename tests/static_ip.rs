@@ -11,42 +11,26 @@ use std::time::Duration;
 use eni_operator::crd::CiliumNode;
 use eni_operator::ec2::gate::{Gate, GateConfig};
 use eni_operator::ec2::{Address, Ec2, InstanceState, Operation, Result, Tags};
-use eni_operator::ipam::IpamConfig;
-use eni_operator::runtime::core::{Core, CoreConfig, NodeInput};
+use eni_operator::runtime::core::NodeInput;
 use eni_operator::runtime::metrics::RuntimeMetrics;
 use testkit::cluster::{Cluster, agent_node};
+use testkit::running;
 use testkit::sim::Simulator;
 use testkit::sink::MemorySink;
 use testkit::{served, wait_until};
 use tokio::sync::mpsc;
 
-fn config() -> CoreConfig {
-    CoreConfig {
-        workers: 4,
-        ipam: IpamConfig {
-            cluster_name: "test-cluster".into(),
-            ..IpamConfig::default()
-        },
-        ..CoreConfig::default()
-    }
-}
-
 type Running = (mpsc::Sender<NodeInput>, tokio::task::JoinHandle<Result<()>>);
 
 fn start(sim: &Simulator, sink: &Arc<MemorySink>) -> Running {
-    let cfg = config();
-    let cache = cfg.ec2_cache();
     let gate = Gate::new(sim.clone(), GateConfig::aws_defaults());
-    let core = Core::new(
-        Arc::new(gate),
+    let r = running::start(
+        gate,
         sink.clone(),
-        cfg,
+        running::config(4),
         RuntimeMetrics::default(),
-        cache,
     );
-    let (tx, rx) = mpsc::channel(1024);
-    let task = tokio::spawn(core.run(rx, std::future::pending()));
-    (tx, task)
+    (r.tx, r.task)
 }
 
 fn eip_tags() -> Tags {

@@ -10,6 +10,7 @@
 //! * [`control_plane`]: a real etcd + kube-apiserver + kube-controller-manager from
 //!   `KUBEBUILDER_ASSETS` (and the `control-plane` binary that runs one);
 //! * [`agent`]: one pure model of each Cilium agent generation (classic, multi-pool);
+//! * [`running`]: a core started as the runtime tests start one;
 //! * [`wait_until`], [`served`]: the waits and checks the runtime tests share.
 //!
 //! Not part of the operator's library: a dev-dependency of its tests and a dependency of the
@@ -22,6 +23,7 @@ pub mod control_plane;
 pub mod lease;
 pub mod other_allocator;
 pub mod prune;
+pub mod running;
 pub mod sim;
 pub mod sink;
 pub mod wire;

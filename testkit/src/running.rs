@@ -1,0 +1,49 @@
+//! A core started the way the runtime tests start one: its EC2 view from its own config, fed by
+//! a channel, running until the test's runtime ends (nothing else stops it: the tests that
+//! need a shutdown or a lost lease build their own).
+
+use std::sync::Arc;
+
+use eni_operator::ec2::{Ec2, Ec2Error};
+use eni_operator::runtime::core::{Core, CoreConfig, NodeInput};
+use eni_operator::runtime::metrics::RuntimeMetrics;
+use eni_operator::runtime::sink::NodeSink;
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+
+/// Room for every input a test sends before the core reads any: a test never waits on the
+/// channel.
+const INPUTS: usize = 4096;
+
+/// A started core: a clone of it to read its books, the sender of its inputs and its task.
+pub struct Running<E, S> {
+    pub core: Core<E, S>,
+    pub tx: mpsc::Sender<NodeInput>,
+    pub task: JoinHandle<Result<(), Ec2Error>>,
+}
+
+/// Starts `Core::run` on `ec2` and `sink` with `config`, writing `metrics`.
+pub fn start<E: Ec2, S: NodeSink>(
+    ec2: E,
+    sink: Arc<S>,
+    config: CoreConfig,
+    metrics: RuntimeMetrics,
+) -> Running<E, S> {
+    let cache = config.ec2_cache();
+    let core = Core::new(Arc::new(ec2), sink, config, metrics, cache);
+    let (tx, rx) = mpsc::channel(INPUTS);
+    let task = tokio::spawn(core.clone().run(rx, std::future::pending()));
+    Running { core, tx, task }
+}
+
+/// The runtime tests' usual config: `workers` workers, cluster `test-cluster`, the rest default.
+pub fn config(workers: usize) -> CoreConfig {
+    CoreConfig {
+        workers,
+        ipam: eni_operator::ipam::IpamConfig {
+            cluster_name: "test-cluster".into(),
+            ..Default::default()
+        },
+        ..CoreConfig::default()
+    }
+}
