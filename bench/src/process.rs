@@ -138,10 +138,11 @@ pub fn writes_to(r: &Requests, resource: &str) -> u64 {
         .sum()
 }
 
-/// ec2-sim's `/_sim/stats` per action: (calls, throttled).
-pub type Ec2Calls = BTreeMap<String, (u64, u64)>;
+/// ec2-sim's `/_sim/stats` per action: (calls, throttled, failed). Failed answers are the
+/// rejected ones (an EC2 error code other than throttling) and the injected faults.
+pub type Ec2Calls = BTreeMap<String, (u64, u64, u64)>;
 
-/// Reads `{"ops": {ACTION: {"calls": n, "throttled": n, ...}}}`.
+/// Reads `{"ops": {ACTION: {"calls": n, "throttled": n, "rejected": n, "faults": n, ...}}}`.
 pub fn parse_sim_stats(v: &serde_json::Value) -> Ec2Calls {
     v["ops"]
         .as_object()
@@ -149,7 +150,10 @@ pub fn parse_sim_stats(v: &serde_json::Value) -> Ec2Calls {
             ops.iter()
                 .map(|(name, c)| {
                     let n = |k: &str| c[k].as_u64().unwrap_or(0);
-                    (name.clone(), (n("calls"), n("throttled")))
+                    (
+                        name.clone(),
+                        (n("calls"), n("throttled"), n("rejected") + n("faults")),
+                    )
                 })
                 .collect()
         })
@@ -160,9 +164,13 @@ pub fn parse_sim_stats(v: &serde_json::Value) -> Ec2Calls {
 pub fn ec2_between(before: &Ec2Calls, after: &Ec2Calls) -> Ec2Calls {
     after
         .iter()
-        .filter_map(|(k, (c, t))| {
-            let (c0, t0) = before.get(k).copied().unwrap_or((0, 0));
-            let d = (c.saturating_sub(c0), t.saturating_sub(t0));
+        .filter_map(|(k, (c, t, f))| {
+            let (c0, t0, f0) = before.get(k).copied().unwrap_or((0, 0, 0));
+            let d = (
+                c.saturating_sub(c0),
+                t.saturating_sub(t0),
+                f.saturating_sub(f0),
+            );
             (d.0 > 0).then(|| (k.clone(), d))
         })
         .collect()
@@ -172,8 +180,14 @@ pub fn ec2_between(before: &Ec2Calls, after: &Ec2Calls) -> Ec2Calls {
 pub fn ec2_mutating(c: &Ec2Calls) -> u64 {
     c.iter()
         .filter(|(k, _)| !k.starts_with("Describe"))
-        .map(|(_, (n, _))| n)
+        .map(|(_, (n, _, _))| n)
         .sum()
+}
+
+/// Throttled and failed answers over every action.
+pub fn ec2_refused(c: &Ec2Calls) -> (u64, u64) {
+    c.values()
+        .fold((0, 0), |(t, f), (_, t1, f1)| (t + t1, f + f1))
 }
 
 pub fn ec2_summary(c: &Ec2Calls) -> String {
@@ -181,12 +195,11 @@ pub fn ec2_summary(c: &Ec2Calls) -> String {
         return "none".into();
     }
     c.iter()
-        .map(|(k, (n, t))| {
-            if *t > 0 {
-                format!("{k} {n} ({t} throttled)")
-            } else {
-                format!("{k} {n}")
-            }
+        .map(|(k, (n, t, f))| match (*t, *f) {
+            (0, 0) => format!("{k} {n}"),
+            (t, 0) => format!("{k} {n} ({t} throttled)"),
+            (0, f) => format!("{k} {n} ({f} failed)"),
+            (t, f) => format!("{k} {n} ({t} throttled, {f} failed)"),
         })
         .collect::<Vec<_>>()
         .join(", ")
@@ -259,6 +272,8 @@ pub fn cpu_share(ticks: u64, ticks_per_second: u64, window: Duration) -> (f64, f
 /// The figures of one real-process run (one table row).
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct ProcessRow {
+    /// Which operator served the nodes (ours, or Cilium's with its rate limit).
+    pub operator: String,
     pub mode: String,
     pub nodes: usize,
     /// Until every node's demand was met (or the limit).
@@ -276,6 +291,16 @@ pub struct ProcessRow {
     /// Steady state: the operator's CiliumNode writes and mutating EC2 calls.
     pub steady_writes: u64,
     pub steady_mutating: u64,
+    /// The burst's nodes: time from their CiliumNode's create to their first address, p50,
+    /// p99 and max.
+    pub first_address: [Option<Duration>; 3],
+    /// Burst: EC2 calls, of them mutating, throttled and failed answers.
+    pub calls: u64,
+    pub mutating: u64,
+    pub throttled: u64,
+    pub failed: u64,
+    /// Burst: the operator's CiliumNode writes per node.
+    pub cn_writes_per_node: f64,
     /// The machine's load during the burst.
     pub load: String,
 }
@@ -291,33 +316,54 @@ fn pair(p: (Option<Duration>, Option<Duration>)) -> String {
     format!("{} / {}", f(p.0), f(p.1))
 }
 
-/// One run as a Markdown table (header and its row).
-pub fn process_table(r: &ProcessRow) -> String {
-    format!(
-        "| scenario | nodes | demand met | lower bound | ratio | peak RSS | steady RSS | CPU burst \
-         | CPU steady | new node usable p50 / p99, quiet | same, during the burst | steady writes / \
-         mutating calls | machine load (burst) |\n\
-         |---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n\
-         | real process, burst, {}, AWS buckets | {} | {:.1} s{} | {:.1} s | {:.2}x | {:.0} MiB \
-         | {:.0} MiB | {:.1} s ({:.2} cores) | {:.1} s ({:.3} cores) | {} | {} | {} / {} | {} |\n",
-        r.mode,
-        r.nodes,
-        r.time.as_secs_f64(),
-        if r.met { "" } else { " (not met)" },
-        r.bound.as_secs_f64(),
-        r.ratio(),
-        r.peak_rss_mib,
-        r.steady_rss_mib,
-        r.cpu_burst.0,
-        r.cpu_burst.1,
-        r.cpu_steady.0,
-        r.cpu_steady.1,
-        pair(r.quiet),
-        pair(r.during_burst),
-        r.steady_writes,
-        r.steady_mutating,
-        r.load,
-    )
+fn secs(d: Option<Duration>) -> String {
+    d.map_or("-".into(), |d| format!("{:.1} s", d.as_secs_f64()))
+}
+
+/// Runs as one Markdown table (header and a row per run), side by side.
+pub fn process_table(rows: &[ProcessRow]) -> String {
+    let mut t = String::from(
+        "| operator | scenario | nodes | demand met | lower bound | ratio | first address p50 / p99 / max \
+         | EC2 calls (mutating) | throttled / failed | CiliumNode writes per node | peak RSS \
+         | steady RSS | CPU burst | CPU steady | new node usable p50 / p99, quiet | same, during the \
+         burst | steady writes / mutating calls | machine load (burst) |\n\
+         |---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n",
+    );
+    for r in rows {
+        let _ = writeln!(
+            t,
+            "| {} | real process, burst, {}, AWS buckets | {} | {:.1} s{} | {:.1} s | {:.2}x \
+             | {} / {} / {} | {} ({}) | {} / {} | {:.1} | {:.0} MiB | {:.0} MiB \
+             | {:.1} s ({:.2} cores) | {:.1} s ({:.3} cores) | {} | {} | {} / {} | {} |",
+            r.operator,
+            r.mode,
+            r.nodes,
+            r.time.as_secs_f64(),
+            if r.met { "" } else { " (not met)" },
+            r.bound.as_secs_f64(),
+            r.ratio(),
+            secs(r.first_address[0]),
+            secs(r.first_address[1]),
+            secs(r.first_address[2]),
+            r.calls,
+            r.mutating,
+            r.throttled,
+            r.failed,
+            r.cn_writes_per_node,
+            r.peak_rss_mib,
+            r.steady_rss_mib,
+            r.cpu_burst.0,
+            r.cpu_burst.1,
+            r.cpu_steady.0,
+            r.cpu_steady.1,
+            pair(r.quiet),
+            pair(r.during_burst),
+            r.steady_writes,
+            r.steady_mutating,
+            r.load,
+        );
+    }
+    t
 }
 
 /// The text of every `<tag>…</tag>` element in `xml`, in order, each value once (EC2 answers
@@ -434,15 +480,18 @@ apiserver_request_total{code="200",component="apiserver",dry_run="",group="",res
                 "DescribeNetworkInterfaces": {"calls": 7, "throttled": 0},
                 "CreateNetworkInterface": {"calls": 6, "throttled": 1},
                 "AttachNetworkInterface": {"calls": 2, "throttled": 2},
+                "AssignPrivateIpAddresses": {"calls": 3, "rejected": 1, "faults": 1},
             }
         }));
         let d = ec2_between(&before, &after);
-        assert_eq!(d.len(), 2, "{d:?}");
-        assert_eq!(d["DescribeNetworkInterfaces"], (3, 0));
-        assert_eq!(ec2_mutating(&d), 2);
+        assert_eq!(d.len(), 3, "{d:?}");
+        assert_eq!(d["DescribeNetworkInterfaces"], (3, 0, 0));
+        assert_eq!(d["AssignPrivateIpAddresses"], (3, 0, 2));
+        assert_eq!(ec2_mutating(&d), 5);
+        assert_eq!(ec2_refused(&d), (2, 2));
         assert_eq!(
             ec2_summary(&d),
-            "AttachNetworkInterface 2 (2 throttled), DescribeNetworkInterfaces 3"
+            "AssignPrivateIpAddresses 3 (2 failed), AttachNetworkInterface 2 (2 throttled), DescribeNetworkInterfaces 3"
         );
     }
 
@@ -497,6 +546,7 @@ apiserver_request_total{code="200",component="apiserver",dry_run="",group="",res
     #[test]
     fn process_table_has_header_and_row_of_the_same_width() {
         let r = ProcessRow {
+            operator: "ours".into(),
             mode: "secondary IPs".into(),
             nodes: 1000,
             time: Duration::from_secs(650),
@@ -513,18 +563,40 @@ apiserver_request_total{code="200",component="apiserver",dry_run="",group="",res
             during_burst: (None, None),
             steady_writes: 0,
             steady_mutating: 0,
+            first_address: [
+                Some(Duration::from_millis(2_500)),
+                Some(Duration::from_secs(40)),
+                None,
+            ],
+            calls: 9_100,
+            mutating: 9_000,
+            throttled: 3,
+            failed: 0,
+            cn_writes_per_node: 7.04,
             load: "1-min loadavg mean 2.00".into(),
         };
-        let t = process_table(&r);
+        let cilium = ProcessRow {
+            operator: "Cilium 1.20".into(),
+            met: false,
+            ..r.clone()
+        };
+        let t = process_table(&[r, cilium]);
         let lines: Vec<&str> = t.lines().collect();
-        assert_eq!(lines.len(), 3, "{t}");
+        assert_eq!(lines.len(), 4, "{t}");
         let cols = |l: &str| l.matches('|').count();
         assert_eq!(cols(lines[0]), cols(lines[1]));
-        assert_eq!(cols(lines[0]), cols(lines[2]), "{t}");
+        for l in &lines[2..] {
+            assert_eq!(cols(lines[0]), cols(l), "{t}");
+        }
+        assert!(lines[2].starts_with("| ours |"), "{t}");
         assert!(lines[2].contains("| 1.10x |"), "{t}");
+        assert!(lines[2].contains("| 2.5 s / 40.0 s / - |"), "{t}");
+        assert!(lines[2].contains("| 9100 (9000) | 3 / 0 | 7.0 |"), "{t}");
         assert!(lines[2].contains("| 1.10 s / 1.40 s | - / - |"), "{t}");
         assert!(lines[2].contains("| 0 / 0 |"), "{t}");
         assert!(!lines[2].contains("not met"));
+        assert!(lines[3].starts_with("| Cilium 1.20 |"), "{t}");
+        assert!(lines[3].contains("650.0 s (not met)"), "{t}");
     }
 
     #[test]

@@ -57,7 +57,7 @@ impl GateMode {
     pub fn label(self) -> &'static str {
         match self {
             GateMode::AwsFull => "AWS buckets",
-            GateMode::CiliumLike => "Cilium gate",
+            GateMode::CiliumLike => "Cilium gate (imitation)",
             GateMode::Defaults => "default gate",
         }
     }

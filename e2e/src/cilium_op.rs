@@ -19,43 +19,8 @@ use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::{Api, DeleteParams};
 use tokio::process::{Child, Command};
 
-/// The Lease Cilium's operator elects its leader on.
-pub const LEASE: &str = "cilium-operator-resource-lock";
-/// Namespace of that Lease (`--k8s-namespace`).
-pub const NAMESPACE: &str = "kube-system";
-/// The access key ID its EC2 calls carry (ec2-sim's per-client record).
-pub const ACCESS_KEY: &str = "CILIUMOPERATOR";
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Version {
-    V120,
-    V116,
-}
-
-impl Version {
-    pub fn var(self) -> &'static str {
-        match self {
-            Version::V120 => "CILIUM_OPERATOR",
-            Version::V116 => "CILIUM_OPERATOR_116",
-        }
-    }
-
-    /// The binary, if its variable names an existing file.
-    pub fn binary(self) -> Option<PathBuf> {
-        std::env::var_os(self.var())
-            .map(PathBuf::from)
-            .filter(|p| p.is_file())
-    }
-}
-
-impl std::fmt::Display for Version {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Version::V120 => "1.20",
-            Version::V116 => "1.16",
-        })
-    }
-}
+// The flags and environment are testkit's (the benchmark starts the same operator).
+pub use testkit::cilium_operator::{ACCESS_KEY, LEASE, NAMESPACE, Version};
 
 pub struct CiliumOperator {
     pub version: Version,
@@ -68,45 +33,6 @@ fn free_port() -> Result<u16> {
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?
         .local_addr()?
         .port())
-}
-
-/// Flags for an ENI-IPAM-only operator on a test cluster (the README's list).
-pub fn args(
-    version: Version,
-    kubeconfig: &Path,
-    cluster_name: &str,
-    metrics_port: u16,
-    health_port: u16,
-    work: &Path,
-) -> Vec<String> {
-    let mut a: Vec<String> = [
-        format!("--k8s-kubeconfig-path={}", kubeconfig.display()),
-        format!("--k8s-namespace={NAMESPACE}"),
-        "--ipam=eni".into(),
-        format!("--cluster-name={cluster_name}"),
-        "--identity-allocation-mode=crd".into(),
-        "--enable-ipv6=false".into(),
-        // Else CiliumNodes without a (kubelet-run) Node would be garbage-collected.
-        "--nodes-gc-interval=0".into(),
-        // With their defaults SIGTERM hung once (README).
-        "--remove-cilium-node-taints=false".into(),
-        "--set-cilium-is-up-condition=false".into(),
-        format!("--operator-prometheus-serve-addr=127.0.0.1:{metrics_port}"),
-        "--enable-metrics".into(),
-        format!("--operator-api-serve-addr=127.0.0.1:{health_port}"),
-    ]
-    .into();
-    if version == Version::V120 {
-        // 1.16 knows none of these three (it refuses to start on an unknown flag).
-        a.push("--enable-lb-ipam=false".into());
-        a.push("--enable-gops=false".into());
-        a.push(format!(
-            "--shell-sock-path={}",
-            work.join(format!("cilium-shell-{health_port}.sock"))
-                .display()
-        ));
-    }
-    a
 }
 
 impl CiliumOperator {
@@ -133,23 +59,19 @@ impl CiliumOperator {
             .join("logs")
             .join(format!("cilium-operator-{version}-{health_port}.log"));
         let out = std::fs::File::create(&log)?;
-        let mut a = args(
+        let launch = testkit::cilium_operator::Launch {
             version,
-            &kubeconfig,
+            binary: &bin,
+            kubeconfig: &kubeconfig,
+            ec2_endpoint,
             cluster_name,
             metrics_port,
             health_port,
             work,
-        );
-        a.extend(extra.iter().cloned());
-        let endpoint = ec2_endpoint.trim_end_matches('/');
-        let child = Command::new(&bin)
-            .args(&a)
-            .env("AWS_ENDPOINT_URL_EC2", endpoint)
-            .env("AWS_EC2_METADATA_SERVICE_ENDPOINT", endpoint)
-            .env("AWS_ACCESS_KEY_ID", ACCESS_KEY)
-            .env("AWS_SECRET_ACCESS_KEY", "cilium-e2e")
-            .env_remove("AWS_PROFILE")
+            extra,
+        };
+        let a = launch.all_args();
+        let child = Command::from(launch.command())
             .stdin(Stdio::null())
             .stdout(out.try_clone()?)
             .stderr(out)
@@ -273,14 +195,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn flags_differ_by_version_and_chunked_bodies_decode() {
-        let a = args(Version::V120, Path::new("/k"), "c", 1, 2, Path::new("/w"));
-        assert!(a.contains(&"--nodes-gc-interval=0".to_string()));
-        assert!(a.contains(&"--enable-gops=false".to_string()));
-        let b = args(Version::V116, Path::new("/k"), "c", 1, 2, Path::new("/w"));
-        assert!(!b.iter().any(|x| x.starts_with("--enable-gops")));
-        assert!(!b.iter().any(|x| x.starts_with("--shell-sock-path")));
-        assert!(!b.iter().any(|x| x.starts_with("--enable-lb-ipam")));
+    fn chunked_bodies_decode() {
         assert_eq!(
             dechunk("5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n"),
             "hello world"

@@ -11,12 +11,14 @@
 //!   `KUBEBUILDER_ASSETS` (and the `control-plane` binary that runs one);
 //! * [`agent`]: one pure model of each Cilium agent generation (classic, multi-pool);
 //! * [`running`]: a core started as the runtime tests start one;
+//! * [`cilium_operator`]: the flags and environment that start Cilium's own operator here;
 //! * [`wait_until`], [`served`]: the waits and checks the runtime tests share.
 //!
 //! Not part of the operator's library: a dev-dependency of its tests and a dependency of the
 //! tools only.
 
 pub mod agent;
+pub mod cilium_operator;
 pub mod cilium_signals;
 pub mod cluster;
 pub mod control_plane;

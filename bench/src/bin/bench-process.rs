@@ -65,9 +65,27 @@ struct Args {
     /// Prefix delegation (/28 prefixes) instead of secondary IPs.
     #[arg(long)]
     prefix: bool,
-    /// The operator binary (the release build).
+    /// Which operator serves the nodes: `ours` (`--operator`); `cilium`, Cilium's own
+    /// (`--cilium-operator`) with its EC2 rate limiter as shipped (4 qps, burst 20);
+    /// `cilium-aws-limits`, the same with its limiter raised to AWS's (`--cilium-aws-qps`,
+    /// `--cilium-aws-burst`); `all`: the three one after the other, each on a fresh control
+    /// plane and ec2-sim, in one table.
+    #[arg(long, value_enum, default_value_t = Kind::Ours)]
+    operator_kind: Kind,
+    /// Our operator binary (the release build; the image's static musl binary is the shipped
+    /// one).
     #[arg(long)]
-    operator: PathBuf,
+    operator: Option<PathBuf>,
+    /// Cilium's `cilium-operator-aws`.
+    #[arg(long, env = "CILIUM_OPERATOR")]
+    cilium_operator: Option<PathBuf>,
+    /// `cilium-aws-limits`: its one bucket for every EC2 call at AWS's largest refill and burst
+    /// (the describe bucket's 20/s and 100: docs/benchmarks.md), so AWS's per-action buckets at
+    /// ec2-sim bind instead of its limiter.
+    #[arg(long, default_value_t = 20)]
+    cilium_aws_qps: u32,
+    #[arg(long, default_value_t = 100)]
+    cilium_aws_burst: u32,
     /// The ec2-sim binary.
     #[arg(long)]
     ec2_sim: PathBuf,
@@ -111,55 +129,132 @@ struct Args {
     start: bool,
 }
 
+/// Who serves the nodes in one world.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    Ours,
+    Cilium,
+    CiliumAwsLimits,
+    All,
+}
+
+impl Kind {
+    /// The worlds to run, in order.
+    fn worlds(self) -> Vec<Kind> {
+        match self {
+            Kind::All => vec![Kind::Cilium, Kind::CiliumAwsLimits, Kind::Ours],
+            k => vec![k],
+        }
+    }
+
+    /// Its block's key in docs/benchmarks.md (ours keeps the keys of the earlier runs).
+    fn key_prefix(self) -> &'static str {
+        match self {
+            Kind::Ours => "",
+            Kind::Cilium => "cilium-",
+            Kind::CiliumAwsLimits => "cilium-aws-limits-",
+            Kind::All => "compare-",
+        }
+    }
+
+    /// Where its leader's Lease is: (namespace, name).
+    fn lease(self) -> (&'static str, &'static str) {
+        match self {
+            Kind::Ours => (NAMESPACE, "eni-operator"),
+            _ => (
+                testkit::cilium_operator::NAMESPACE,
+                testkit::cilium_operator::LEASE,
+            ),
+        }
+    }
+
+    fn label(self, a: &Args) -> String {
+        match self {
+            Kind::Ours | Kind::All => "ours".into(),
+            Kind::Cilium => format!(
+                "Cilium's, {} qps / burst {} (its defaults)",
+                testkit::cilium_operator::DEFAULT_QPS,
+                testkit::cilium_operator::DEFAULT_BURST
+            ),
+            Kind::CiliumAwsLimits => format!(
+                "Cilium's, {} qps / burst {} (AWS's)",
+                a.cilium_aws_qps, a.cilium_aws_burst
+            ),
+        }
+    }
+
+    /// The binary it runs.
+    fn binary(self, a: &Args) -> Result<&Path> {
+        let (flag, path) = match self {
+            Kind::Ours | Kind::All => ("--operator", &a.operator),
+            _ => ("--cilium-operator (or CILIUM_OPERATOR)", &a.cilium_operator),
+        };
+        let path = path
+            .as_deref()
+            .with_context(|| format!("{flag} is needed for --operator-kind {self:?}"))?;
+        ensure!(path.is_file(), "{flag} {}: no such file", path.display());
+        Ok(path)
+    }
+}
+
+/// What one world gave: its table row and notes, or the `--start` paragraph.
+enum Outcome {
+    Burst(Box<p::ProcessRow>, Vec<String>),
+    Start(String),
+}
+
 fn main() -> Result<()> {
     let args = Args::parse();
     let assets = assets_from_env().context(
         "KUBEBUILDER_ASSETS is not set (a directory with etcd, kube-apiserver, kube-controller-manager, kubectl)",
     )?;
-    for (what, path) in [("--operator", &args.operator), ("--ec2-sim", &args.ec2_sim)] {
-        ensure!(path.is_file(), "{what} {}: no such file", path.display());
+    ensure!(
+        args.ec2_sim.is_file(),
+        "--ec2-sim {}: no such file",
+        args.ec2_sim.display()
+    );
+    let worlds = args.operator_kind.worlds();
+    for k in &worlds {
+        k.binary(&args)?;
     }
     let log_dir = match &args.log_dir {
         Some(d) => d.clone(),
         None => std::env::temp_dir().join(format!("bench-process-{}", std::process::id())),
     };
-    std::fs::create_dir_all(&log_dir)?;
     eprintln!("bench-process: logs in {}", log_dir.display());
-
-    // Every child is started from this (main) thread: their PR_SET_PDEATHSIG follows it.
-    let mut cp = ControlPlane::start(&assets).context("starting the control plane")?;
-    eprintln!("bench-process: control plane ready at {}", cp.server());
-    let mut sim = Proc::ec2_sim(&args, &log_dir)?;
-    let endpoint = sim.endpoint.clone().expect("ec2-sim prints its endpoint");
-    eprintln!("bench-process: ec2-sim at {endpoint}");
-
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()?;
-    let kubeconfig = cp.kubeconfig();
-    let prep = rt.block_on(prepare(&args, &kubeconfig, &endpoint));
-    let result = match prep {
-        Ok((kube, world)) if args.start => {
-            start_case(&args, &rt, kube, &world, (&kubeconfig, &endpoint, &log_dir))
-        }
-        Ok((kube, world)) => match Proc::operator(&args, &kubeconfig, &endpoint, &log_dir) {
-            Ok(op) => {
-                let r = rt.block_on(run(&args, kube, world, &op, &sim, &cp));
-                drop(op);
-                r
+    let mut rows = Vec::new();
+    let mut notes = Vec::new();
+    let mut start_text = String::new();
+    for kind in worlds {
+        // A fresh control plane and ec2-sim for each: the worlds are identical.
+        let dir = log_dir.join(format!("{kind:?}").to_lowercase());
+        std::fs::create_dir_all(&dir)?;
+        eprintln!(
+            "bench-process: {} ({})",
+            kind.label(&args),
+            binary_version(kind.binary(&args)?)
+        );
+        match one_world(&args, kind, &assets, &dir)? {
+            Outcome::Burst(row, n) => {
+                rows.push(*row);
+                notes.extend(n);
             }
-            Err(e) => Err(e),
-        },
-        Err(e) => Err(e),
-    };
-    drop(rt);
-    sim.stop();
-    cp.stop();
-    if args.log_dir.is_none() && result.is_ok() {
+            Outcome::Start(t) => start_text.push_str(&t),
+        }
+    }
+    if args.log_dir.is_none() {
         let _ = std::fs::remove_dir_all(&log_dir);
     }
-    let block = result?;
+    let block = if args.start {
+        start_text
+    } else {
+        let mut b = p::process_table(&rows);
+        b.push('\n');
+        for n in notes {
+            b.push_str(&format!("- {n}\n"));
+        }
+        b
+    };
     print!("{block}");
     if let Some(out) = &args.out {
         let doc = std::fs::read_to_string(out).unwrap_or_default();
@@ -168,11 +263,67 @@ fn main() -> Result<()> {
         } else {
             mode_key(args.prefix)
         };
-        let key = format!("{case}-{}", args.nodes);
+        let key = format!("{}{case}-{}", args.operator_kind.key_prefix(), args.nodes);
         std::fs::write(out, p::splice_block(&doc, &key, &block))?;
         eprintln!("bench-process: wrote {}", out.display());
     }
     Ok(())
+}
+
+/// The first line of `BINARY --version` (both operators answer it).
+fn binary_version(bin: &Path) -> String {
+    Command::new(bin)
+        .arg("--version")
+        .output()
+        .ok()
+        .and_then(|o| {
+            String::from_utf8_lossy(&o.stdout)
+                .lines()
+                .next()
+                .map(str::to_owned)
+        })
+        .unwrap_or_else(|| "no --version".into())
+}
+
+/// One world: a control plane, ec2-sim, the operator `kind`, the burst (or the start case).
+fn one_world(args: &Args, kind: Kind, assets: &Path, log_dir: &Path) -> Result<Outcome> {
+    // Every child is started from this (main) thread: their PR_SET_PDEATHSIG follows it.
+    let mut cp = ControlPlane::start(assets).context("starting the control plane")?;
+    eprintln!("bench-process: control plane ready at {}", cp.server());
+    let mut sim = Proc::ec2_sim(args, log_dir)?;
+    let endpoint = sim.endpoint.clone().expect("ec2-sim prints its endpoint");
+    eprintln!("bench-process: ec2-sim at {endpoint}");
+
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let kubeconfig = cp.kubeconfig();
+    let prep = rt.block_on(prepare(args, &kubeconfig, &endpoint));
+    let result = match prep {
+        Ok((kube, world)) if args.start => start_case(
+            args,
+            kind,
+            &rt,
+            kube,
+            &world,
+            (&kubeconfig, &endpoint, log_dir),
+        )
+        .map(Outcome::Start),
+        Ok((kube, world)) => match Proc::operator(args, kind, &kubeconfig, &endpoint, log_dir) {
+            Ok(op) => {
+                let r = rt.block_on(run(args, kind, kube, world, &op, &sim, &cp));
+                drop(op);
+                r.map(|(row, notes)| Outcome::Burst(Box::new(row), notes))
+            }
+            Err(e) => Err(e),
+        },
+        Err(e) => Err(e),
+    };
+    drop(rt);
+    sim.stop();
+    cp.stop();
+    result
 }
 
 fn mode_key(prefix: bool) -> &'static str {
@@ -184,6 +335,7 @@ fn mode_key(prefix: bool) -> &'static str {
 /// (its holder set, polled every 50 ms) to its first usable addresses.
 fn start_case(
     a: &Args,
+    kind: Kind,
     rt: &tokio::runtime::Runtime,
     kube: kube::Client,
     w: &World,
@@ -204,23 +356,10 @@ fn start_case(
         anyhow::Ok(())
     })?;
     let load_start = loadavg();
-    let op = Proc::operator(a, kubeconfig, endpoint, log_dir)?;
+    let op = Proc::operator(a, kind, kubeconfig, endpoint, log_dir)?;
     let result = rt.block_on(async {
-        let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
-            Api::namespaced(kube.clone(), NAMESPACE);
-        let start = Instant::now();
-        let held = loop {
-            let holder = leases
-                .get_opt("eni-operator")
-                .await?
-                .and_then(|l| l.spec)
-                .and_then(|s| s.holder_identity);
-            if holder.is_some_and(|h| !h.is_empty()) {
-                break Instant::now();
-            }
-            ensure!(start.elapsed() < Duration::from_secs(120), "no Lease holder in 120 s");
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        };
+        wait_leader(&kube, kind, &op).await?;
+        let held = Instant::now();
         let limit = Duration::from_secs(a.limit_secs.min(900));
         let waits = loop {
             let waits: Option<Vec<Duration>> = {
@@ -240,10 +379,11 @@ fn start_case(
             p::percentile(&waits, q).map_or("—".into(), |d| format!("{:.1} s", d.as_secs_f64()))
         };
         Ok(format!(
-            "Start with {n} nodes waiting (`--nodes {n} --start`{pd}): their Nodes, CiliumNodes and \
+            "{who}: start with {n} nodes waiting (`--nodes {n} --start`{pd}): their Nodes, CiliumNodes and \
              agents exist before the operator starts. From the Lease being held to each node's \
              first usable addresses: p50 **{p50}**, p99 **{p99}**, max **{max}** (load {load_start:.1} \
              at the start, {load_end:.1} at the end).\n",
+            who = kind.label(a),
             n = a.nodes,
             pd = if a.prefix { " --prefix" } else { "" },
             p50 = pct(50.0),
@@ -300,11 +440,49 @@ impl Proc {
         Ok(p)
     }
 
-    fn operator(a: &Args, kubeconfig: &Path, endpoint: &str, log_dir: &Path) -> Result<Self> {
+    fn operator(
+        a: &Args,
+        kind: Kind,
+        kubeconfig: &Path,
+        endpoint: &str,
+        log_dir: &Path,
+    ) -> Result<Self> {
         let metrics = free_port()?;
         let health = free_port()?;
         let log = std::fs::File::create(log_dir.join("operator.log"))?;
-        let mut cmd = Command::new(&a.operator);
+        if kind != Kind::Ours {
+            let (qps, burst) = match kind {
+                Kind::CiliumAwsLimits => (a.cilium_aws_qps, a.cilium_aws_burst),
+                _ => (
+                    testkit::cilium_operator::DEFAULT_QPS,
+                    testkit::cilium_operator::DEFAULT_BURST,
+                ),
+            };
+            // Its defaults, named anyway so the command line says what ran.
+            let extra = testkit::cilium_operator::limit_args(qps, burst);
+            let mut cmd = testkit::cilium_operator::Launch {
+                version: testkit::cilium_operator::Version::V120,
+                binary: kind.binary(a)?,
+                kubeconfig,
+                ec2_endpoint: endpoint,
+                cluster_name: CLUSTER,
+                metrics_port: metrics,
+                health_port: health,
+                work: log_dir,
+                extra: &extra,
+            }
+            .command();
+            cmd.stdin(Stdio::null())
+                .stdout(log.try_clone()?)
+                .stderr(log);
+            testkit::control_plane::die_with_parent(&mut cmd);
+            let child = cmd.spawn().context("starting Cilium's operator")?;
+            return Ok(Proc {
+                child,
+                endpoint: Some(format!("http://127.0.0.1:{metrics}")),
+            });
+        }
+        let mut cmd = Command::new(kind.binary(a)?);
         cmd.args([
             "--cluster-name",
             CLUSTER,
@@ -573,6 +751,8 @@ fn first_value(xml: &str, tag: &str) -> Result<String> {
 struct NodeState {
     /// When its CiliumNode was created (the agent's start).
     created: Option<Instant>,
+    /// First seen with an address (in its pool and listed on its ENI).
+    first: Option<Instant>,
     /// First seen with addresses for all its endpoints (pods + router + health).
     usable: Option<Instant>,
     /// First seen with its whole `min-allocate`.
@@ -620,6 +800,9 @@ async fn watch_nodes(kube: kube::Client, g: Shared, want: usize, usable: usize) 
         let now = Instant::now();
         let mut g = g.lock().expect("poisoned");
         let st = g.nodes.entry(name).or_default();
+        if st.first.is_none() && served(&cn, 1) {
+            st.first = Some(now);
+        }
         if st.usable.is_none() && served(&cn, usable) {
             st.usable = Some(now);
         }
@@ -888,34 +1071,40 @@ async fn sample(pid: u32, s: Arc<Mutex<Sampler>>) {
     }
 }
 
-async fn wait_leader(http: &Http, metrics: &str, op: &Proc) -> Result<()> {
+/// Until `kind`'s Lease has a holder (both operators elect a leader on one).
+async fn wait_leader(kube: &kube::Client, kind: Kind, op: &Proc) -> Result<()> {
+    let (ns, name) = kind.lease();
+    let leases: Api<k8s_openapi::api::coordination::v1::Lease> = Api::namespaced(kube.clone(), ns);
     let start = Instant::now();
     loop {
-        if let Ok(t) = http.get(&format!("{metrics}/metrics")).await
-            && t.lines().any(|l| l.trim() == "eni_operator_leader 1")
-        {
+        let holder = leases
+            .get_opt(name)
+            .await?
+            .and_then(|l| l.spec)
+            .and_then(|s| s.holder_identity);
+        if holder.is_some_and(|h| !h.is_empty()) {
             return Ok(());
         }
         ensure!(
             start.elapsed() < Duration::from_secs(120),
-            "the operator (pid {}) did not become leader in 120 s",
+            "the operator (pid {}) held no Lease {ns}/{name} in 120 s",
             op.pid()
         );
-        tokio::time::sleep(Duration::from_millis(250)).await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
 
 async fn run(
     a: &Args,
+    kind: Kind,
     kube: kube::Client,
     w: World,
     op: &Proc,
     sim_proc: &Proc,
     cp: &ControlPlane,
-) -> Result<String> {
+) -> Result<(p::ProcessRow, Vec<String>)> {
     let http = Http::new();
     let sim = sim_proc.endpoint.clone().expect("endpoint");
-    let metrics = op.endpoint.clone().expect("metrics");
     let pids = Pids {
         operator: op.pid(),
         sim: sim_proc.pid(),
@@ -925,7 +1114,7 @@ async fn run(
             .collect(),
     };
     let load_start = loadavg();
-    wait_leader(&http, &metrics, op).await?;
+    wait_leader(&kube, kind, op).await?;
     eprintln!("bench-process: operator {} leads", op.pid());
 
     let g: Shared = Arc::default();
@@ -1070,7 +1259,7 @@ async fn run(
         bound.as_secs_f64()
     );
 
-    let (burst_usable, burst_met, probe_usable, probe_met) = {
+    let (burst_first, burst_usable, burst_met, probe_usable, probe_met) = {
         let g = g.lock().expect("poisoned");
         let times = |names: &[String], f: fn(&NodeState) -> Option<Instant>| -> Vec<Duration> {
             names
@@ -1082,6 +1271,7 @@ async fn run(
                 .collect()
         };
         (
+            times(&names, |s| s.first),
             times(&names, |s| s.usable),
             times(&names, |s| s.met),
             times(&probe_names, |s| s.usable),
@@ -1113,9 +1303,12 @@ async fn run(
     let quiet_writes =
         writes_to(&quiet.requests, "ciliumnodes").saturating_sub(quiet.gen_cn_writes);
     let quiet_mutating = ec2_mutating(&quiet.ec2);
-    let mut out = String::new();
-    use std::fmt::Write as _;
-    out.push_str(&p::process_table(&p::ProcessRow {
+    let all_nodes = a.nodes + a.quiet_samples + a.burst_probes;
+    let burst_cn_writes =
+        writes_to(&burst.requests, "ciliumnodes").saturating_sub(burst.gen_cn_writes);
+    let (throttled, failed) = p::ec2_refused(&burst.ec2);
+    let row = p::ProcessRow {
+        operator: kind.label(a),
         mode: mode.into(),
         nodes: a.nodes,
         time: took,
@@ -1135,9 +1328,19 @@ async fn run(
         ),
         steady_writes: quiet_writes,
         steady_mutating: quiet_mutating,
+        first_address: [
+            percentile(&burst_first, 50.0),
+            percentile(&burst_first, 99.0),
+            percentile(&burst_first, 100.0),
+        ],
+        calls: burst.ec2.values().map(|(n, _, _)| n).sum(),
+        mutating: ec2_mutating(&burst.ec2),
+        throttled,
+        failed,
+        // Per node that joined during the burst (its nodes and probes).
+        cn_writes_per_node: burst_cn_writes as f64 / (a.nodes + a.burst_probes).max(1) as f64,
         load: burst_load.clone(),
-    }));
-    out.push('\n');
+    };
     let resources = ["ciliumnodes", "nodes", "leases", "events"];
     let notes = [
         format!(
@@ -1158,10 +1361,7 @@ async fn run(
         ),
         format!(
             "burst: the load generator's own writes {} (Node and CiliumNode creates, agents' status patches sent; {} conflicts, {} errors over the whole run), so the operator's CiliumNode writes are {}",
-            burst.gen_writes,
-            g.conflicts,
-            g.errors,
-            writes_to(&burst.requests, "ciliumnodes").saturating_sub(burst.gen_cn_writes)
+            burst.gen_writes, g.conflicts, g.errors, burst_cn_writes
         ),
         format!("burst: CPU by process: {}", cpu_line(&burst)),
         format!(
@@ -1197,7 +1397,6 @@ async fn run(
             "operator RSS: peak (VmHWM) {peak_rss:.0} MiB, at the end of the burst {burst_rss_hwm:.0} MiB, most sampled once a second {rss_max_sampled:.0} MiB, steady (VmRSS at the end) {steady_rss:.0} MiB"
         ),
         {
-            let all_nodes = a.nodes + a.quiet_samples + a.burst_probes;
             let total: u64 = events.values().sum();
             format!(
                 "Events on CiliumNodes by the end of the steady window: {total} ({:.2} per node over {all_nodes} nodes; {}); Event writes to the API server during the burst: {} ({:.2} per node)",
@@ -1212,10 +1411,12 @@ async fn run(
             )
         },
     ];
-    for n in notes {
-        let _ = writeln!(out, "- {} nodes, {mode}: {n}", a.nodes);
-    }
-    Ok(out)
+    let label = kind.label(a);
+    let notes = notes
+        .into_iter()
+        .map(|n| format!("{label}, {} nodes, {mode}: {n}", a.nodes))
+        .collect();
+    Ok((row, notes))
 }
 
 /// Events about CiliumNodes, by "type reason".
