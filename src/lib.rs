@@ -7,6 +7,7 @@
 //! * [`runtime`]: leader election, caches, deficit queue, reconciler, finalizer, GC.
 //! * [`config`], [`metrics`], [`http`]: settings, Prometheus registry, health/metrics server.
 //! * [`kube_limit`]: the client-side rate limit of Kubernetes API requests.
+//! * [`kube_fence`]: the lease fence on each Kubernetes write as it leaves.
 //!
 //! The test doubles (EC2 simulator, in-memory API server and Lease, agent models) are in the
 //! `testkit` crate, the scale benchmark in `bench`: neither ships in this library.
@@ -26,6 +27,7 @@ pub mod ec2;
 pub mod http;
 pub mod ipam;
 pub mod jitter;
+pub mod kube_fence;
 pub mod kube_limit;
 pub mod kube_metrics;
 pub mod metrics;

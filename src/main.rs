@@ -56,13 +56,23 @@ async fn main() -> ExitCode {
         Err(e) => return fail(format!("cannot start the HTTP server: {e}")),
     };
 
-    let client = tokio::select! {
-        result = connect_kube(settings.kube.k8s_client_qps, settings.kube.k8s_client_burst, &registry) => match result {
+    // Every mutating call and write checks this process's lease right before it goes (§14.2):
+    // inside the gate (each retry too), around the sink, and on the Kubernetes client once a
+    // write has its rate-limit token (`kube_fence`). Shadow mode writes nothing and leads
+    // nothing.
+    let fence = if settings.kube.leader_election && settings.mode.mode == Mode::Active {
+        eni_operator::runtime::fence::Fence::closed()
+    } else {
+        eni_operator::runtime::fence::Fence::open()
+    };
+    let clients = tokio::select! {
+        result = connect_kube(settings.kube.k8s_client_qps, settings.kube.k8s_client_burst, &registry, fence.clone()) => match result {
             Ok(c) => c,
             Err(e) => return fail(format!("cannot reach the Kubernetes API server: {e}")),
         },
         _ = shutdown.cancelled() => return ExitCode::SUCCESS,
     };
+    let client = clients.main.clone();
     let probe = {
         let client = client.clone();
         let readiness = readiness.clone();
@@ -77,7 +87,17 @@ async fn main() -> ExitCode {
     };
 
     let result = match settings.mode.mode {
-        Mode::Active => run_operator(settings, client, registry, readiness, shutdown.clone()).await,
+        Mode::Active => {
+            run_operator(
+                settings,
+                clients,
+                fence,
+                registry,
+                readiness,
+                shutdown.clone(),
+            )
+            .await
+        }
         Mode::Shadow => {
             eni_operator::modes::run_shadow(settings, client, registry, readiness, shutdown.clone())
                 .await
@@ -107,10 +127,11 @@ async fn plan(settings: Settings) -> ExitCode {
         settings.kube.k8s_client_qps,
         settings.kube.k8s_client_burst,
         &MetricsRegistry::new(),
+        eni_operator::runtime::fence::Fence::open(),
     )
     .await
     {
-        Ok(c) => c,
+        Ok(c) => c.main,
         Err(e) => return fail(format!("cannot reach the Kubernetes API server: {e}")),
     };
     match eni_operator::modes::run_plan(settings, client).await {
@@ -128,8 +149,9 @@ async fn uninstall(settings: Settings) -> ExitCode {
     let wait = settings.kube.leader_election_lease_duration * 4;
     let (qps, burst) = (settings.kube.k8s_client_qps, settings.kube.k8s_client_burst);
     // A one-shot command: its client's metrics are not served anywhere.
-    let client = match connect_kube(qps, burst, &MetricsRegistry::new()).await {
-        Ok(c) => c,
+    let open = eni_operator::runtime::fence::Fence::open();
+    let client = match connect_kube(qps, burst, &MetricsRegistry::new(), open).await {
+        Ok(c) => c.main,
         Err(e) => return fail(format!("cannot reach the Kubernetes API server: {e}")),
     };
     let namespace = settings.kube.namespace().to_string();
@@ -150,7 +172,8 @@ async fn uninstall(settings: Settings) -> ExitCode {
 /// Readiness: see [`Readiness`]; this function reports leadership and the leader's sync.
 async fn run_operator(
     settings: Settings,
-    client: kube::Client,
+    clients: eni_operator::kube_limit::Clients,
+    fence: eni_operator::runtime::fence::Fence,
     registry: MetricsRegistry,
     readiness: Readiness,
     shutdown: CancellationToken,
@@ -160,7 +183,7 @@ async fn run_operator(
     use eni_operator::ec2::aws::AwsEc2;
     use eni_operator::ec2::gate::Gate;
     use eni_operator::runtime::core::Core;
-    use eni_operator::runtime::fence::{Fence, Fenced, FencedSink};
+    use eni_operator::runtime::fence::{Fenced, FencedSink};
     use eni_operator::runtime::leader::{Elector, KubeLease};
     use eni_operator::runtime::metrics::RuntimeMetrics;
     use eni_operator::runtime::sink::KubeSink;
@@ -170,13 +193,7 @@ async fn run_operator(
     tokio::spawn(eni_operator::credentials::warn_if_instance_role(
         aws.credentials_provider(),
     ));
-    // Every mutating call and write checks this process's lease right before it goes (§14.2):
-    // inside the gate (each retry too) and around the sink.
-    let fence = if settings.kube.leader_election {
-        Fence::closed()
-    } else {
-        Fence::open()
-    };
+    let client = clients.main;
     let aws = Fenced::new(aws, fence.clone());
     let ec2 = Arc::new(Gate::new(aws, settings.gate.gate_config()));
     registry.with(|r| ec2.metrics().register(r));
@@ -300,8 +317,9 @@ async fn run_operator(
     });
 
     let result = if settings.kube.leader_election {
+        // Its own client: renewals never wait behind the writes' rate-limit tokens.
         let lease = KubeLease::new(
-            client,
+            clients.lease,
             settings.kube.namespace(),
             settings.kube.leader_election_lease_name.clone(),
         );
@@ -335,15 +353,17 @@ async fn connect_kube(
     qps: f64,
     burst: u32,
     registry: &MetricsRegistry,
-) -> anyhow::Result<kube::Client> {
+    fence: eni_operator::runtime::fence::Fence,
+) -> anyhow::Result<eni_operator::kube_limit::Clients> {
     use eni_operator::kube_metrics::KubeClientMetrics;
     let metrics = registry.with(KubeClientMetrics::register);
-    let client = eni_operator::kube_limit::client(qps, burst, metrics).await?;
+    let clients = eni_operator::kube_limit::Clients::infer(qps, burst, metrics, fence).await?;
+    let client = &clients.main;
     let version = tokio::time::timeout(API_SERVER_CHECK_TIMEOUT, client.apiserver_version())
         .await
         .map_err(|_| anyhow::anyhow!("no answer within {API_SERVER_CHECK_TIMEOUT:?}"))??;
     tracing::info!(version = %version.git_version, "connected to the Kubernetes API server");
-    Ok(client)
+    Ok(clients)
 }
 
 fn init_tracing(format: LogFormat, to_stderr: bool) {

@@ -4,7 +4,7 @@
 //! `ENI_DST_MUTANT=<name>` selects the defect of a run.
 
 /// Every planted defect, by name.
-pub const ALL: [&str; 13] = [
+pub const ALL: [&str; 15] = [
     "release-used",
     "drain-is-gone",
     "reuse-burned-token",
@@ -18,6 +18,8 @@ pub const ALL: [&str; 13] = [
     "delete-on-watch",
     "limits-not-awaited",
     "keep-write-answer",
+    "serve-without-node",
+    "release-named-instance",
 ];
 
 /// Whether the defects are compiled into this build.

@@ -144,3 +144,47 @@ async fn no_mutating_call_or_write_leaves_a_process_whose_fence_ran_out() {
     assert_eq!(sink.inner().generation(), writes, "nothing written");
     assert!(sink.fetch("n").await.unwrap().is_some(), "reads still go");
 }
+
+/// A sub-second lease (2.5 s, renew deadline 2.4 s) is written rounded up: a competitor that
+/// saw the record at the start waits at least the 2.5 s this leader's fence relies on. Written
+/// as whole seconds truncated (2 s), the competitor took the lease at 2.1 s while the leader's
+/// fence still let calls out until 2.4 s. Durations beyond an int32 of seconds saturate.
+#[tokio::test(start_paused = true)]
+async fn a_sub_second_lease_duration_is_written_rounded_up() {
+    use eni_operator::runtime::leader::whole_seconds_up;
+    let lease = Arc::new(MemoryLease::new());
+    let config = |id: &str| LeaderConfig {
+        lease_duration: Duration::from_millis(2500),
+        renew_deadline: Duration::from_millis(2400),
+        retry_period: Duration::from_millis(500),
+        ..LeaderConfig::new(id)
+    };
+    let client = |id: &str| MemoryLeaseClient {
+        lease: lease.clone(),
+        identity: id.into(),
+    };
+    let fence = Fence::closed();
+    let mut a = Elector::new(client("a"), config("a")).with_fence(fence.clone());
+    let mut b = Elector::new(client("b"), config("b"));
+    assert!(a.try_acquire_or_renew().await.unwrap());
+    let (record, _) = a.lock().get().await.unwrap().unwrap();
+    assert_eq!(record.lease_duration_seconds, 3);
+    assert!(
+        !b.try_acquire_or_renew().await.unwrap(),
+        "b sees a's record"
+    );
+    // a stops renewing (a pause). Its fence is valid until 2.4 s after its renewal started.
+    tokio::time::advance(Duration::from_millis(2100)).await;
+    assert!(fence.valid());
+    assert!(
+        !b.try_acquire_or_renew().await.unwrap(),
+        "b took the lease while a's fence still let calls out"
+    );
+    tokio::time::advance(Duration::from_millis(1000)).await;
+    assert!(!fence.valid());
+    assert!(b.try_acquire_or_renew().await.unwrap(), "expired for b now");
+
+    assert_eq!(whole_seconds_up(Duration::from_secs(15)), 15);
+    assert_eq!(whole_seconds_up(Duration::from_millis(1)), 1);
+    assert_eq!(whole_seconds_up(Duration::from_secs(1 << 40)), i32::MAX);
+}

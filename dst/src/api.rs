@@ -16,15 +16,16 @@
 use std::collections::BTreeMap;
 
 use eni_operator::runtime::core::NodeInput;
-use eni_operator::runtime::source::{Listed, to_input};
+use eni_operator::runtime::source::{Listed, node_inputs, to_input};
 use kube::api::DynamicObject;
+use kube::runtime::watcher::Event;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use testkit::sink::WriteFault;
 use tokio::sync::mpsc;
 
 use crate::leadership::SimCore;
-use crate::world::{Phase, World};
+use crate::world::World;
 
 /// Per mille per simulated second, while the faults last.
 const P_WRITE_FAULT: u32 = 15;
@@ -118,13 +119,24 @@ impl Watcher {
         }
         for name in self.listed(watch).init_done() {
             let gone = match watch {
-                Watch::Nodes => NodeInput::NodePresent {
-                    name,
-                    present: false,
-                },
+                Watch::Nodes => {
+                    self.deliver(NodeInput::NodeFacts {
+                        name: name.clone(),
+                        facts: None,
+                    });
+                    NodeInput::NodePresent {
+                        name,
+                        present: false,
+                    }
+                }
                 Watch::CiliumNodes => NodeInput::Deleted(name),
             };
             self.deliver(gone);
+        }
+        // As `runtime::source::watch_nodes` at `InitDone`: a name the listing did not show
+        // has no Node (§15).
+        if watch == Watch::Nodes {
+            self.deliver(NodeInput::NodesListed);
         }
     }
 }
@@ -204,21 +216,22 @@ pub struct Listing {
 }
 
 /// The API server's objects as a list call returns them, turned into inputs as the source
-/// turns `InitApply`s: a Node is present (draining or not, `node_input`), a CiliumNode goes
-/// through `to_input` from its stored JSON (so one that does not parse is `Invalid`).
+/// turns `InitApply`s: a Node says what instance it is on and is present (draining or not,
+/// `node_inputs`), a CiliumNode goes through `to_input` from its stored JSON (so one that does
+/// not parse is `Invalid`). Every object the API server has, also those of no simulated node
+/// (crate::identity's forged CiliumNodes, the old Node of a node registered under a new name).
 pub fn listing(w: &World) -> Listing {
     let nodes = w
-        .nodes
+        .sink
+        .node_names()
         .iter()
-        .filter(|(_, n)| n.phase != Phase::Gone)
-        .map(|(name, _)| NodeInput::NodePresent {
-            name: name.clone(),
-            present: true,
-        })
+        .filter_map(|name| w.sink.node(name))
+        .flat_map(|node| node_inputs(Event::InitApply(node)))
         .collect();
     let cilium_nodes = w
-        .nodes
-        .keys()
+        .sink
+        .names()
+        .iter()
         .filter_map(|name| w.sink.raw(name))
         .filter_map(|raw| serde_json::from_value::<DynamicObject>(raw).ok())
         .map(|obj| to_input(&obj))
@@ -354,7 +367,10 @@ mod tests {
             cilium_nodes: vec![upsert("n1"), upsert("n2")],
         };
         api.connect(tx, &listing);
-        assert_eq!(drain(&mut rx), ["node n1 true", "upsert n1", "upsert n2"]);
+        assert_eq!(
+            drain(&mut rx),
+            ["node n1 true", "NodesListed", "upsert n1", "upsert n2"]
+        );
         api.down.push((Watch::CiliumNodes, 10));
         api.deliver(NodeInput::Deleted("n2".into()));
         api.deliver(upsert("n3"));

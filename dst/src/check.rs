@@ -97,6 +97,8 @@ fn always_on(w: &World) -> Result<(), Broken> {
             }
         }
     }
+    // Before the guard, which would see a finalizer's release too, under its own name.
+    crate::identity::check(w)?;
     w.guard.check(w)?;
     let mut pooled: BTreeMap<String, &str> = BTreeMap::new();
     for (name, n) in &w.nodes {
@@ -251,7 +253,7 @@ pub fn no_available_owned(w: &World) -> Result<(), Broken> {
 /// node that comes back under that name would inherit it.
 pub fn no_vanished_nodes(w: &World) -> Result<(), Broken> {
     for core in w.cores() {
-        for name in w.nodes.keys() {
+        for name in w.nodes.keys().chain(w.identity.names()) {
             if w.sink.raw(name).is_none() && core.demand(name).is_some() {
                 return Err((
                     "no node held after its CiliumNode is gone",

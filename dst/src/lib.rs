@@ -10,6 +10,7 @@ pub mod api;
 pub mod check;
 pub mod first_action;
 pub mod guard;
+pub mod identity;
 pub mod leadership;
 pub mod multipool;
 pub mod refusals;
@@ -256,6 +257,7 @@ async fn events(w: &mut World, rng: &mut StdRng, t: u64) {
     reuse::events(w, t);
     unassign_crash::events(w, t);
     slow_answer::events(w, t);
+    identity::events(w, t);
     if roll(rng, P_EC2_FAULT) {
         let op = *[
             Operation::CreateNetworkInterface,

@@ -18,8 +18,6 @@ use kube::runtime::watcher::Event;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use eni_operator::runtime::source::node_input;
-
 use crate::world::{KARPENTER, Phase, World};
 
 /// Per mille per simulated second, while the faults last.
@@ -37,6 +35,13 @@ impl Reuse {
             rng: StdRng::seed_from_u64(seed ^ 0x2e05_e000_0000_0003),
             adds: Vec::new(),
         }
+    }
+}
+
+impl Reuse {
+    /// Whether the Added of a re-created Node of this name is still to be delivered.
+    pub fn pending(&self, name: &str) -> bool {
+        self.adds.iter().any(|(_, a)| a == name)
     }
 }
 
@@ -60,9 +65,10 @@ pub fn events(w: &mut World, t: u64) {
     // there at once; the watch tells the Delete now and the Added later.
     w.sink.remove_node_finalizer(&name, KARPENTER);
     let gone = w.sink.delete_node(&name);
-    w.sink.put_node(&name, &[KARPENTER]);
-    if let Some(i) = gone.and_then(node_input) {
-        w.send(i);
+    let n = &w.nodes[&name];
+    w.put_node(&name, n.zone, &n.instance_id);
+    if let Some(ev) = gone {
+        w.node_event(ev);
     }
     w.reuse.adds.push((t + after, name.clone()));
     w.log(
@@ -91,9 +97,7 @@ pub fn tick(w: &mut World, t: u64) {
         let Some(node) = w.sink.node(&name) else {
             continue;
         };
-        if let Some(i) = node_input(Event::Apply(node)) {
-            w.send(i);
-        }
+        w.node_event(Event::Apply(node));
         w.log(t, format!("{name}: the Node watch shows the new Node"));
     }
 }

@@ -13,7 +13,9 @@ use eni_operator::ec2::{
 };
 use eni_operator::ipam::IpamConfig;
 use eni_operator::runtime::core::{CoreConfig, NodeInput};
-use eni_operator::runtime::source::node_input;
+use eni_operator::runtime::source::node_inputs;
+use k8s_openapi::api::core::v1::Node;
+use kube::runtime::watcher::Event;
 use rand::Rng;
 use rand::rngs::StdRng;
 use testkit::sim::{Simulator, default_instance_types};
@@ -35,8 +37,8 @@ pub const KARPENTER: &str = "karpenter.sh/termination";
 /// The ENI GC's interval in the simulation.
 pub const GC_INTERVAL: Duration = Duration::from_secs(120);
 /// Types whose limits the simulator knows (Nitro, so prefix mode works on all).
-const TYPES: [&str; 5] = ["m5.large", "m5.xlarge", "c5.large", "t3.large", "t3.medium"];
-const PRE_ALLOCATE: i64 = 2;
+pub(crate) const TYPES: [&str; 5] = ["m5.large", "m5.xlarge", "c5.large", "t3.large", "t3.medium"];
+pub(crate) const PRE_ALLOCATE: i64 = 2;
 const MAX_PODS: usize = 55;
 
 /// `--node-gone-grace-period` of the simulated operator, in seconds.
@@ -79,6 +81,8 @@ pub enum Phase {
 #[derive(Debug)]
 pub struct SimNode {
     pub instance_id: String,
+    /// The instance's availability zone (its Node's providerID names it).
+    pub zone: &'static str,
     pub limits: InstanceTypeLimits,
     pub first_interface_index: u32,
     /// Pods the node can hold at most (what the demand is drawn under).
@@ -143,9 +147,9 @@ pub struct World {
     /// The account's behaviour drawn for this run (lag, tenant, small subnets).
     pub account: Account,
     cfg: CoreConfig,
-    subnets: Vec<(String, &'static str)>,
-    vpc: String,
-    sg: String,
+    pub(crate) subnets: Vec<(String, &'static str)>,
+    pub(crate) vpc: String,
+    pub(crate) sg: String,
     operator: Option<Operator>,
     next_node: u32,
     restarts: u32,
@@ -165,6 +169,8 @@ pub struct World {
     pub first_action: crate::first_action::FirstAction,
     /// Slow answers to the operator's writes (crate::slow_answer).
     pub slow_answer: crate::slow_answer::SlowAnswer,
+    /// CiliumNodes without a Node and instances named twice (crate::identity).
+    pub identity: crate::identity::Identity,
 }
 
 impl World {
@@ -219,6 +225,9 @@ impl World {
             // Shorter than the default 10 minutes, so that grace periods end (and Nodes come
             // back after them) within the run.
             node_gone_grace: Duration::from_secs(NODE_GONE_GRACE),
+            // As production: a CiliumNode is served only beside its Node, whose providerID
+            // names the same instance (docs/rules.md §15; crate::identity plays the rest).
+            require_node: true,
             ..CoreConfig::default()
         };
         let (agents, pruned) = Agents::new(seed);
@@ -255,6 +264,7 @@ impl World {
             unassign_crash: crate::unassign_crash::UnassignCrash::new(seed),
             first_action: Default::default(),
             slow_answer: crate::slow_answer::SlowAnswer::new(seed),
+            identity: crate::identity::Identity::new(seed),
         };
         w.log(
             0,
@@ -353,6 +363,22 @@ impl World {
     /// A change, as the running operator instances' watches deliver it.
     pub(crate) fn send(&mut self, input: NodeInput) {
         self.api.deliver(input);
+    }
+
+    /// A Node watch event, as the runtime's source turns it into inputs (what the Node says
+    /// about its instance, then its presence).
+    pub(crate) fn node_event(&mut self, ev: Event<Node>) {
+        for i in node_inputs(ev) {
+            self.send(i);
+        }
+    }
+
+    /// The kubelet registers the Node of an instance (with Karpenter's finalizer); the AWS
+    /// cloud provider sets `spec.providerID` to `aws:///<zone>/<instance-id>`.
+    pub(crate) fn put_node(&self, name: &str, zone: &str, instance: &str) -> Node {
+        let provider_id = format!("aws:///{zone}/{instance}");
+        self.sink
+            .put_node_with(name, &[KARPENTER], Some(&provider_id))
     }
 
     pub fn core(&self) -> &SimCore {
@@ -475,10 +501,8 @@ impl World {
         if crate::statics::wants(self.next_node - 1) {
             n.spec.ipam.static_ip_tags = crate::statics::tags();
         }
-        let node = self.sink.put_node(&name, &[KARPENTER]);
-        if let Some(i) = node_input(kube::runtime::watcher::Event::Apply(node)) {
-            self.send(i);
-        }
+        let node = self.put_node(&name, zone, &inst.id);
+        self.node_event(Event::Apply(node));
         let stored = self.sink.put(&n);
         self.send(NodeInput::Upsert(Box::new(stored)));
         let target = rng.random_range(0..=capacity);
@@ -499,6 +523,7 @@ impl World {
             name,
             SimNode {
                 instance_id: inst.id,
+                zone,
                 limits,
                 first_interface_index: fii,
                 capacity,
@@ -550,10 +575,8 @@ impl World {
             return;
         };
         let until = t + rng.random_range(30..300);
-        if let Some(ev) = self.sink.delete_node(&name)
-            && let Some(i) = node_input(ev)
-        {
-            self.send(i);
+        if let Some(ev) = self.sink.delete_node(&name) {
+            self.node_event(ev);
         }
         self.nodes.get_mut(&name).expect("picked").phase = Phase::Draining { until };
         self.log(t, format!("drain {name} until t={until}s"));
@@ -620,8 +643,8 @@ impl World {
         again.spec.ipam.pool.clear();
         self.reregister.insert(name.clone(), again);
         self.sink.remove_node_finalizer(&name, KARPENTER);
-        if let Some(i) = self.sink.delete_node(&name).and_then(node_input) {
-            self.send(i);
+        if let Some(ev) = self.sink.delete_node(&name) {
+            self.node_event(ev);
         }
         match self.sink.begin_delete(&name) {
             Some(marked) => self.send(NodeInput::Upsert(Box::new(marked))),
@@ -652,10 +675,9 @@ impl World {
             .collect();
         for (name, phase) in names {
             if let Phase::Orphaned { since, .. } = phase {
-                let node = self.sink.put_node(&name, &[KARPENTER]);
-                if let Some(i) = node_input(kube::runtime::watcher::Event::Apply(node)) {
-                    self.send(i);
-                }
+                let n = &self.nodes[&name];
+                let node = self.put_node(&name, n.zone, &n.instance_id.clone());
+                self.node_event(Event::Apply(node));
                 let late = t >= since + NODE_GONE_GRACE;
                 self.nodes.get_mut(&name).expect("known").phase = Phase::Returning { late };
                 self.log(t, format!("{name}: Node re-registers"));
@@ -675,13 +697,11 @@ impl World {
     /// The Node is gone: Kubernetes' garbage collector deletes the CiliumNode it owns.
     fn node_gone(&mut self, name: &str, t: u64) {
         let ev = match self.sink.remove_node_finalizer(name, KARPENTER) {
-            Some(kube::runtime::watcher::Event::Delete(n)) => {
-                Some(kube::runtime::watcher::Event::Delete(n))
-            }
+            Some(Event::Delete(n)) => Some(Event::Delete(n)),
             _ => self.sink.delete_node(name),
         };
-        if let Some(i) = ev.and_then(node_input) {
-            self.send(i);
+        if let Some(ev) = ev {
+            self.node_event(ev);
         }
         match self.sink.begin_delete(name) {
             Some(marked) => self.send(NodeInput::Upsert(Box::new(marked))),
@@ -697,6 +717,7 @@ impl World {
         crate::api::tick(self, t);
         crate::leadership::tick(self, t);
         crate::reuse::tick(self, t);
+        crate::identity::tick(self, t);
         let due: Vec<(String, Phase)> = self
             .nodes
             .iter()

@@ -68,6 +68,8 @@ impl Nodes {
             return match (required, self.listed) {
                 (false, _) => Verdict::Confirmed,
                 (true, false) => Verdict::Unknown,
+                // Planted defect (dst-mutants): a CiliumNode without a Node taken on trust.
+                (true, true) if crate::mutants::active("serve-without-node") => Verdict::Confirmed,
                 (true, true) => Verdict::NoNode,
             };
         };

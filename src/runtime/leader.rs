@@ -71,6 +71,15 @@ impl LeaderConfig {
     }
 }
 
+/// The Lease's `leaseDurationSeconds` (whole seconds, an int32) for `d`: rounded up, so that
+/// another replica never waits less than this one's fence trusts (2.5 s written as 2 s let it
+/// take the lease while our fence, 2.4 s, still let calls out), and saturated (never wrapping
+/// to a negative or short value).
+pub fn whole_seconds_up(d: Duration) -> i32 {
+    let secs = d.as_secs() + u64::from(d.subsec_nanos() > 0);
+    i32::try_from(secs).unwrap_or(i32::MAX)
+}
+
 /// Leadership was lost (or could not be renewed in time).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("leadership lost: the lease could not be renewed within the renew deadline")]
@@ -123,7 +132,7 @@ impl<L: LeaseLock> Elector<L> {
         let me = self.config.identity.clone();
         let mine = |transitions| LeaseRecord {
             holder: Some(me.clone()),
-            lease_duration_seconds: self.config.lease_duration.as_secs() as i32,
+            lease_duration_seconds: whole_seconds_up(self.config.lease_duration),
             transitions,
         };
         // Valid from the *start* of the request: a competitor may count the lease duration from

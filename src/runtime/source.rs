@@ -14,7 +14,7 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::Resource;
-use kube::api::{Api, ApiResource, DynamicObject};
+use kube::api::{Api, ApiResource, DynamicObject, NotUsed, Object};
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
 use tokio::sync::mpsc;
@@ -234,15 +234,21 @@ fn facts_input(event: &Event<Node>) -> Option<NodeInput> {
     })
 }
 
+/// Everything one Node watch event tells the core, in the watch's order: what the Node says
+/// about its instance, then whether it is present.
+pub fn node_inputs(event: Event<Node>) -> Vec<NodeInput> {
+    let mut inputs: Vec<NodeInput> = facts_input(&event).into_iter().collect();
+    inputs.extend(node_input(event));
+    inputs
+}
+
 /// Every Node once, as the watch would deliver them, then `NodesListed` (`eni-operator plan`).
 pub async fn list_nodes(client: kube::Client) -> kube::Result<Vec<NodeInput>> {
     let api: Api<Node> = Api::all(client);
     let list = api.list(&Default::default()).await?;
     let mut inputs = Vec::with_capacity(2 * list.items.len() + 1);
     for node in list.items {
-        let event = Event::InitApply(node);
-        inputs.extend(facts_input(&event));
-        inputs.extend(node_input(event));
+        inputs.extend(node_inputs(Event::InitApply(node)));
     }
     inputs.push(NodeInput::NodesListed);
     Ok(inputs)
@@ -397,9 +403,21 @@ impl PendingPods {
     }
 }
 
+/// The one field of a Pod's spec the pending pods watch uses.
+#[derive(Clone, Debug, Default, serde::Deserialize)]
+pub struct ScheduledTo {
+    #[serde(rename = "nodeName", default)]
+    pub node_name: Option<String>,
+}
+
+/// A pending Pod as the watch keeps it: its metadata and `spec.nodeName`, nothing else. Every
+/// other field (containers, volumes, status) is dropped as each event is parsed, so a cluster
+/// with thousands of pending pods does not cost their whole objects in memory.
+pub type PendingPod = Object<ScheduledTo, NotUsed>;
+
 /// Watch pending pods until the channel closes, feeding per-node counts to the core.
 pub async fn watch_pending_pods(client: kube::Client, tx: mpsc::Sender<NodeInput>) {
-    let api: Api<Pod> = Api::all(client);
+    let api: Api<PendingPod> = Api::all_with(client, &ApiResource::erase::<Pod>(&()));
     // A pod that stops being Pending leaves the filtered watch as a delete.
     let config = watcher::Config::default().fields("status.phase=Pending");
     let mut stream = watcher::watcher(api, config).default_backoff().boxed();
@@ -408,8 +426,8 @@ pub async fn watch_pending_pods(client: kube::Client, tx: mpsc::Sender<NodeInput
         let Some(event) = next_event(&mut stream, "pending-pod").await else {
             return;
         };
-        let uid = |p: &Pod| p.metadata.uid.clone().unwrap_or_default();
-        let node = |p: &Pod| p.spec.as_ref().and_then(|s| s.node_name.clone());
+        let uid = |p: &PendingPod| p.metadata.uid.clone().unwrap_or_default();
+        let node = |p: &PendingPod| p.spec.node_name.clone();
         let changed = match event {
             Event::Apply(p) | Event::InitApply(p) => index.upsert(&uid(&p), node(&p).as_deref()),
             Event::Delete(p) => index.remove(&uid(&p)),
@@ -434,6 +452,38 @@ pub async fn watch_pending_pods(client: kube::Client, tx: mpsc::Sender<NodeInput
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Issue 29 item 6: the pending pods watch keeps a Pod's metadata and node name only.
+    /// (Watched as `Pod`, the containers, their environment and the status stayed.)
+    #[test]
+    fn a_pending_pod_is_kept_as_its_node_name_and_metadata() {
+        let env: Vec<serde_json::Value> = (0..200)
+            .map(|i| serde_json::json!({"name": format!("VAR_{i}"), "value": "x".repeat(100)}))
+            .collect();
+        let pod = serde_json::json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "p", "namespace": "default", "uid": "u1"},
+            "spec": {"nodeName": "node-a", "containers": [{"name": "c", "image": "i", "env": env}]},
+            "status": {"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "True"}]}
+        });
+        let full = serde_json::to_string(&pod).unwrap().len();
+        let kept: PendingPod = serde_json::from_value(pod).unwrap();
+        assert_eq!(kept.spec.node_name.as_deref(), Some("node-a"));
+        assert_eq!(kept.metadata.uid.as_deref(), Some("u1"));
+        let debug = format!("{kept:?}");
+        assert!(!debug.contains("VAR_0"), "{debug}");
+        assert!(
+            debug.len() * 20 < full,
+            "kept {} of {full} bytes",
+            debug.len()
+        );
+        // The unscheduled: no node name.
+        let unscheduled: PendingPod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "q", "uid": "u2"}, "spec": {"containers": []}
+        }))
+        .unwrap();
+        assert_eq!(unscheduled.spec.node_name, None);
+    }
 
     #[test]
     fn provider_ids() {

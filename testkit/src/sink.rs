@@ -289,6 +289,17 @@ impl MemorySink {
     /// Create a Kubernetes Node with these finalizers (Karpenter's `karpenter.sh/termination`,
     /// for one); returns it as a watch would deliver it.
     pub fn put_node(&self, name: &str, finalizers: &[&str]) -> Node {
+        self.put_node_with(name, finalizers, None)
+    }
+
+    /// As [`Self::put_node`], with `spec.providerID` (`aws:///<zone>/<instance-id>`, as the
+    /// AWS cloud provider sets it): the fact a CiliumNode's instance is checked against.
+    pub fn put_node_with(
+        &self,
+        name: &str,
+        finalizers: &[&str],
+        provider_id: Option<&str>,
+    ) -> Node {
         let mut s = self.state.lock().expect("sink lock");
         s.created += 1;
         let node = Node {
@@ -299,11 +310,27 @@ impl MemorySink {
                 finalizers: Some(finalizers.iter().map(|f| f.to_string()).collect()),
                 ..ObjectMeta::default()
             },
+            spec: provider_id.map(|p| k8s_openapi::api::core::v1::NodeSpec {
+                provider_id: Some(p.to_string()),
+                ..Default::default()
+            }),
             ..Node::default()
         };
         s.gone_nodes.remove(name);
         s.nodes.insert(name.to_string(), node.clone());
         node
+    }
+
+    /// The names of the Kubernetes Nodes put by a test that exist now, sorted.
+    pub fn node_names(&self) -> Vec<String> {
+        let s = self.state.lock().expect("sink lock");
+        s.nodes.keys().cloned().collect()
+    }
+
+    /// The names of the stored CiliumNodes, sorted.
+    pub fn names(&self) -> Vec<String> {
+        let s = self.state.lock().expect("sink lock");
+        s.objects.keys().cloned().collect()
     }
 
     /// The Kubernetes Node of this name as the API server holds it now (put by a test).

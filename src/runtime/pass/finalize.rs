@@ -83,7 +83,11 @@ async fn give_back<E: Ec2, S: NodeSink>(
     }
     // Another live CiliumNode names the instance (it re-registered under another name, §15):
     // its pods use these ENIs and that static IP. Nothing is given back; our finalizer goes.
-    let rivals = super::identity::rivals(inner, name, instance);
+    let mut rivals = super::identity::rivals(inner, name, instance);
+    // Planted defect (dst-mutants): the finalizer asks no other CiliumNode.
+    if crate::mutants::active("release-named-instance") {
+        rivals.clear();
+    }
     if !rivals.is_empty() {
         tracing::info!(
             node = name,
