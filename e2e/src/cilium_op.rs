@@ -46,13 +46,25 @@ impl CiliumOperator {
         work: &Path,
         extra: &[String],
     ) -> Result<Self> {
+        delete_lease(kube).await?;
+        Self::start_keeping_lease(version, ec2_endpoint, cluster_name, work, extra)
+    }
+
+    /// Starts the binary without touching its Lease: a restart as a rollout does it (the new
+    /// process waits for the old leader's Lease, released on SIGTERM or expired after 15 s).
+    pub fn start_keeping_lease(
+        version: Version,
+        ec2_endpoint: &str,
+        cluster_name: &str,
+        work: &Path,
+        extra: &[String],
+    ) -> Result<Self> {
         let bin = version
             .binary()
             .with_context(|| format!("{} is not set", version.var()))?;
         let kubeconfig = std::env::var_os("KUBECONFIG")
             .map(PathBuf::from)
             .context("KUBECONFIG (the admin kubeconfig) is not set")?;
-        delete_lease(kube).await?;
         let (metrics_port, health_port) = (free_port()?, free_port()?);
         std::fs::create_dir_all(work.join("logs"))?;
         let log = work

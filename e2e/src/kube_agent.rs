@@ -60,6 +60,25 @@ pub struct AgentReport {
     pub ready_answers: u64,
     /// Set once the agent has seen the object after the last demand change.
     pub settled: bool,
+    /// Since when pods have been waiting for an address (unsatisfied > 0), if they are.
+    pub waiting_since: Option<std::time::Instant>,
+    /// The longest such wait that ended since the last [`AgentHandle::take_longest_wait`].
+    pub longest_wait: Duration,
+}
+
+impl AgentReport {
+    /// Keeps the wait figures: a wait starts when a poll finds pods without an address and
+    /// ends at the first poll that finds none (so it is exact to one agent period).
+    fn track_wait(&mut self, unsatisfied: usize, now: std::time::Instant) {
+        match (unsatisfied > 0, self.waiting_since) {
+            (true, None) => self.waiting_since = Some(now),
+            (false, Some(since)) => {
+                self.longest_wait = self.longest_wait.max(now - since);
+                self.waiting_since = None;
+            }
+            _ => {}
+        }
+    }
 }
 
 /// Handle to a running agent: set its demand, read its report, stop it.
@@ -85,6 +104,17 @@ impl AgentHandle {
     }
     pub fn stop(&self) {
         self.stop.notify_one();
+    }
+    /// The longest wait for an address since the last call, a wait still going counted to
+    /// now; resets the figure.
+    pub fn take_longest_wait(&self) -> Duration {
+        let mut r = self.report.lock().expect("poisoned");
+        let open = r.waiting_since.map(|s| s.elapsed()).unwrap_or_default();
+        let longest = std::mem::take(&mut r.longest_wait).max(open);
+        if r.waiting_since.is_some() {
+            r.waiting_since = Some(std::time::Instant::now());
+        }
+        longest
     }
 }
 
@@ -159,6 +189,7 @@ async fn run_once(client: &kube::Client, h: &AgentHandle, agent: &mut Agent) -> 
     r.pods = pods;
     r.used = agent.used();
     r.unsatisfied = step.unsatisfied;
+    r.track_wait(step.unsatisfied, std::time::Instant::now());
     r.violations
         .extend(step.violations.iter().map(|v| format!("{}: {v}", h.node)));
     r.writes += writes;
@@ -197,5 +228,30 @@ mod tests {
         assert!(PodsScript::parse("").is_err());
         assert!(PodsScript::parse("a:1").is_err());
         assert!(PodsScript::parse("5").is_err());
+    }
+
+    #[test]
+    fn a_wait_lasts_from_the_first_unsatisfied_poll_to_the_first_satisfied_one() {
+        let t0 = std::time::Instant::now();
+        let at = |s: u64| t0 + Duration::from_secs(s);
+        let mut r = AgentReport::default();
+        r.track_wait(0, at(0));
+        assert_eq!(r.waiting_since, None);
+        r.track_wait(2, at(1));
+        r.track_wait(1, at(5));
+        assert_eq!(
+            r.waiting_since,
+            Some(at(1)),
+            "the wait started at the first poll"
+        );
+        r.track_wait(0, at(8));
+        assert_eq!(r.longest_wait, Duration::from_secs(7));
+        r.track_wait(3, at(10));
+        r.track_wait(0, at(12));
+        assert_eq!(
+            r.longest_wait,
+            Duration::from_secs(7),
+            "the longest is kept"
+        );
     }
 }

@@ -14,6 +14,7 @@ mod faultproxy;
 mod kube_agent;
 mod operator;
 mod other_alloc;
+mod prom_compare;
 mod scenarios;
 mod simctl;
 

@@ -25,6 +25,9 @@ pub struct OperatorOptions {
     pub extra_args: Vec<String>,
     /// The node and EC2 resync intervals instead of the suite's (e.g. production's 60 s).
     pub resync_secs: Option<u64>,
+    /// Cilium's real operator runs beside it: no `--cilium-operator-absent`, so the guard
+    /// fails closed on a Lease it cannot read, as in production.
+    pub cilium_operator_present: bool,
 }
 
 /// Settings shared by every operator the suite starts.
@@ -83,10 +86,12 @@ impl OperatorSettings {
             self.duration(resync.min(2)),
             "--eni-gc-interval".into(),
             self.duration(self.gc_secs),
+        ];
+        if !opts.cilium_operator_present {
             // No Cilium operator runs in the e2e cluster (its other allocator writes as one
             // but holds no Lease): without this the guard fails closed on the missing Lease.
-            "--cilium-operator-absent".into(),
-        ];
+            a.push("--cilium-operator-absent".into());
+        }
         if let Some(id) = identity {
             a.extend(["--identity".into(), id.into()]);
         }
@@ -623,6 +628,18 @@ mod tests {
         assert!(joined.contains("--identity op-1"));
         assert!(joined.contains("--metrics-addr 127.0.0.1:9000"));
         assert!(joined.ends_with("--x --aws-enable-prefix-delegation --aws-release-excess-ips --excess-ip-release-delay 3"));
+        assert!(joined.contains("--cilium-operator-absent"));
+        let beside = OperatorOptions {
+            cilium_operator_present: true,
+            ..Default::default()
+        };
+        assert!(
+            !settings()
+                .args(None, None, &beside)
+                .iter()
+                .any(|x| x == "--cilium-operator-absent"),
+            "beside Cilium's operator the guard must fail closed"
+        );
         let mut s = settings();
         s.duration_style = "seconds".into();
         assert!(

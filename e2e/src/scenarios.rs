@@ -26,6 +26,8 @@ use eni_operator::runtime::status::WaitReason;
 use testkit::agent::{Generation, endpoints};
 
 mod adopt;
+mod cilium_handover;
+mod cilium_shadow;
 mod helm;
 mod real_cilium;
 mod status;
@@ -54,11 +56,18 @@ pub const ALL: &[&str] = &[
     "start-with-nodes",
     "helm-install",
     "cilium-operator",
+    "cilium-handover",
+    "cilium-shadow",
 ];
 
 /// Scenarios that need ec2-sim's control endpoints (`E2E_EC2=sim`): left out of the default
 /// list on other endpoints (moto and LocalStack never throttle).
-pub const SIM_ONLY: &[&str] = &["throttled-account", "cilium-operator"];
+pub const SIM_ONLY: &[&str] = &[
+    "throttled-account",
+    "cilium-operator",
+    "cilium-handover",
+    "cilium-shadow",
+];
 
 /// Scenarios that need the operator on this machine (a fault proxy in front of EC2): left out
 /// of the default list in-cluster.
@@ -68,6 +77,8 @@ pub const LOCAL_ONLY: &[&str] = &[
     "plan",
     "handover",
     "helm-install",
+    "cilium-handover",
+    "cilium-shadow",
 ];
 
 /// Scenarios that need `helm` (the path in `HELM`): left out of the default list, with a NOT RUN
@@ -251,6 +262,8 @@ impl Suite {
             "start-with-nodes" => self.start_with_nodes().await,
             "helm-install" => self.helm_install().await,
             "cilium-operator" => self.cilium_operator().await,
+            "cilium-handover" => self.cilium_handover().await,
+            "cilium-shadow" => self.cilium_shadow().await,
             other => Err(anyhow!(
                 "unknown scenario {other:?} (known: {})",
                 ALL.join(", ")

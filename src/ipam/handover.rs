@@ -206,6 +206,17 @@ pub fn unsettled_foreign_write(w: &Writers) -> Option<Timestamp> {
     w.own_spec.is_none_or(|own| other > own).then_some(other)
 }
 
+/// While Cilium's running leader blocks a node we are to annotate (`--annotate-cilium-ignore`),
+/// set the annotation now: else it is never set (we annotate only once through the guard) and
+/// no restart of Cilium's operator could ever clear the block, as the e2e `cilium-handover`
+/// scenario found with Cilium's real operator. The write only tells Cilium's next leader to
+/// keep off the node; it makes no EC2 call.
+pub fn annotate_while_blocked(s: &Signals, other: &OtherAllocator) -> bool {
+    s.will_annotate
+        && !s.cilium_ignore
+        && matches!(other, OtherAllocator::CiliumLeaderKnewNode { .. })
+}
+
 /// The guard's decision: `Some` means no mutating call for this node now.
 pub fn other_allocator(s: &Signals) -> Option<OtherAllocator> {
     let w = s.writers;
@@ -448,6 +459,42 @@ mod tests {
             other_allocator(&s),
             Some(OtherAllocator::CiliumLeaderKnewNode { .. })
         ));
+    }
+
+    #[test]
+    fn a_node_blocked_before_our_annotation_is_annotated_so_a_restart_frees_it() {
+        // Cilium's leader since before; we are to annotate the node and have not yet.
+        let w = Writers::default();
+        let before = lease(0, 100);
+        let mut s = signals(&w, Some(&before), 105);
+        s.cilium_ignore = false;
+        s.will_annotate = true;
+        let other = other_allocator(&s).expect("blocked");
+        assert!(annotate_while_blocked(&s, &other), "annotate now");
+        // Not annotated, even a leader that restarted a second ago is older than "now": only
+        // the annotation written while blocked can ever let the node through.
+        let restarted = lease(104, 105);
+        s.lease = Some(&restarted);
+        assert!(other_allocator(&s).is_some());
+        // Annotated (by us, dated by our handover manager) before the restart: free.
+        let entries = [entry(
+            HANDOVER_FIELD_MANAGER,
+            None,
+            102,
+            json!({"f:metadata": {"f:annotations": {"f:ipam.cilium.io/ignore": {}}}}),
+        )];
+        let w = Writers::from_managed_fields(&entries);
+        let mut s = signals(&w, Some(&restarted), 105);
+        s.will_annotate = true;
+        assert_eq!(other_allocator(&s), None);
+        // Already annotated, or another reason: no write.
+        let mut s = signals(&w, Some(&before), 105);
+        s.will_annotate = true;
+        let other = other_allocator(&s).expect("blocked");
+        assert!(!annotate_while_blocked(&s, &other));
+        let other = OtherAllocator::CiliumNotIgnored { holder: "x".into() };
+        s.cilium_ignore = false;
+        assert!(!annotate_while_blocked(&s, &other));
     }
 
     #[test]

@@ -24,7 +24,7 @@ const OUR_MANAGERS: &[&str] = &[
 ];
 
 /// `GET http://<addr><path>` over a plain TCP connection (the operator's metrics listener).
-async fn http_get(addr: &str, path: &str) -> Result<String> {
+pub(super) async fn http_get(addr: &str, path: &str) -> Result<String> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut s = tokio::net::TcpStream::connect(addr)
         .await
@@ -62,7 +62,7 @@ fn mutating(forwarded: &std::collections::BTreeMap<String, usize>) -> Vec<String
 
 impl Suite {
     /// The shadow's `/debug/shadow` JSON.
-    async fn shadow_summary(&self) -> Result<Value> {
+    pub(super) async fn shadow_summary(&self) -> Result<Value> {
         let addr = self
             .ops
             .metrics_addrs()
@@ -101,7 +101,7 @@ impl Suite {
 
     /// What the operator wrote to the API server about these nodes: managedFields naming our
     /// field managers, our finalizer, Events it reported.
-    async fn our_writes(&self, names: &[String]) -> Result<Vec<String>> {
+    pub(super) async fn our_writes(&self, names: &[String]) -> Result<Vec<String>> {
         let mut found = Vec::new();
         for name in names {
             let Some(cn) = self.cns().get_opt(name).await? else {
@@ -459,11 +459,11 @@ impl Suite {
 }
 
 /// The canary label of the `handover` scenario (`--handover-selector`).
-const HANDOVER_LABEL: (&str, &str) = ("eni-operator-e2e/handover", "true");
+pub(super) const HANDOVER_LABEL: (&str, &str) = ("eni-operator-e2e/handover", "true");
 
 impl Suite {
     /// Puts (`true`) or removes the canary label on node `idx`'s CiliumNode.
-    async fn set_handover_label(&self, idx: usize, on: bool) -> Result<()> {
+    pub(super) async fn set_handover_label(&self, idx: usize, on: bool) -> Result<()> {
         let value = on.then_some(HANDOVER_LABEL.1);
         let patch = serde_json::json!({"metadata": {"labels": {HANDOVER_LABEL.0: value}}});
         self.cns()
@@ -476,7 +476,7 @@ impl Suite {
         Ok(())
     }
 
-    async fn has_our_finalizer(&self, idx: usize) -> Result<bool> {
+    pub(super) async fn has_our_finalizer(&self, idx: usize) -> Result<bool> {
         Ok(self
             .cn(idx)
             .await?
@@ -488,7 +488,7 @@ impl Suite {
     }
 
     /// `ensure` that the operator never wrote node `idx` (it is the other allocator's).
-    async fn untouched(&self, idx: usize, when: &str) -> Result<()> {
+    pub(super) async fn untouched(&self, idx: usize, when: &str) -> Result<()> {
         let name = self.nodes[idx].name.clone();
         let writes = self.our_writes(std::slice::from_ref(&name)).await?;
         ensure!(

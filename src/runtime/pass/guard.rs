@@ -17,6 +17,7 @@ use crate::runtime::cache::DESCRIBE_LAG;
 use crate::runtime::clock;
 use crate::runtime::queue::Outcome;
 use crate::runtime::shared::Shared;
+use crate::runtime::sink::NodeRef;
 use crate::runtime::sink::NodeSink;
 use crate::runtime::status::WaitReason;
 
@@ -75,6 +76,9 @@ pub(super) async fn check<E: Ec2, S: NodeSink>(
         return settled(inner, name, &node.spec.instance_id, stored.writers()).await;
     };
     inner.metrics.other_allocator_blocked.inc();
+    if handover::annotate_while_blocked(&signals, &other) {
+        annotate(inner, name, node).await;
+    }
     let message = other.to_string();
     let retry = clock::now() + RECHECK;
     inner.status.wait(
@@ -92,6 +96,22 @@ pub(super) async fn check<E: Ec2, S: NodeSink>(
     )
     .await;
     Err((Outcome::RetryAfter(RECHECK), None))
+}
+
+/// Sets `ipam.cilium.io/ignore` on a node Cilium's running leader still serves, so its next
+/// leader keeps off it ([`handover::annotate_while_blocked`]). A failure is retried on the
+/// next check.
+async fn annotate<E: Ec2, S: NodeSink>(inner: &Shared<E, S>, name: &str, node: &CiliumNode) {
+    let ticket = inner.ticket(name);
+    match inner
+        .sink
+        .set_annotation(&NodeRef::of(node), CILIUM_IGNORE_ANNOTATION, Some("true"))
+        .await
+    {
+        Ok(Some(fresh)) => inner.store(name, &fresh, ticket),
+        Ok(None) => {}
+        Err(e) => debug!(node = name, error = %e, "could not set {CILIUM_IGNORE_ANNOTATION}"),
+    }
 }
 
 /// Another allocator wrote the node's pool after us (a node just handed over): plan only from a
