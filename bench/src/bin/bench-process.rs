@@ -13,6 +13,9 @@
 //! `/_sim/stats` by action, per-node time to usable addresses (quiet cluster, during the burst),
 //! and a steady-state window of two resyncs. Every figure comes with the machine's load.
 //!
+//! `--operator-kind cilium|cilium-aws-limits|all` runs Cilium's own operator on the same world
+//! (`testkit::cilium_operator` starts it), one fresh world per operator.
+//!
 //! The pure parts (parsers, percentiles, the bound, the document splice) are in
 //! `bench::process` and `bench::scenario`, unit-tested by `make test`; this binary is not run
 //! by `make test` (it takes minutes to an hour).
