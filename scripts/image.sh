@@ -113,14 +113,16 @@ build() {
 smoke() {
   need podman:'apt-get install podman' runc:'apt-get install runc'
   [ -s "$IMAGE_ARCHIVE" ] || die "no image at $IMAGE_ARCHIVE: run $0 build first"
-  local arch out
+  local arch out help
   for arch in $IMAGE_ARCHS; do
     local run=(podman "${STORAGE[@]}" --runtime runc --cgroup-manager cgroupfs run --rm
       --network none --ulimit nofile=1024:1024 --ulimit nproc=1024:1024
       --platform "linux/$arch" "oci-archive:$IMAGE_ARCHIVE")
     out=$("${run[@]}" --version) || die "linux/$arch: --version failed (arm64 needs qemu-user-static with binfmt_misc)"
     [ "$out" = "eni-operator $VERSION" ] || die "linux/$arch: --version said: $out"
-    "${run[@]}" plan --help | grep -q -- '--cluster-name' || die "linux/$arch: plan --help"
+    # Captured, not piped into `grep -q`: grep's early exit broke podman's pipe (pipefail).
+    help=$("${run[@]}" plan --help) || die "linux/$arch: plan --help failed"
+    case "$help" in *--cluster-name*) ;; *) die "linux/$arch: plan --help names no --cluster-name" ;; esac
     log "linux/$arch: $out; plan --help answers"
   done
 }

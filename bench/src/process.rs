@@ -223,6 +223,12 @@ pub fn parse_status_mib(status: &str, key: &str) -> Option<f64> {
     Some(kib / 1024.0)
 }
 
+/// The state letter of `/proc/PID/status` (`R`, `S`, `Z` for a zombie, ...).
+pub fn parse_status_state(status: &str) -> Option<char> {
+    let line = status.lines().find(|l| l.starts_with("State:"))?;
+    line["State:".len()..].trim_start().chars().next()
+}
+
 /// The three load averages of `/proc/loadavg`.
 pub fn parse_loadavg(s: &str) -> Option<[f64; 3]> {
     let mut it = s.split_whitespace().map(|x| x.parse::<f64>().ok());
@@ -505,6 +511,12 @@ apiserver_request_total{code="200",component="apiserver",dry_run="",group="",res
         assert_eq!(parse_status_mib(status, "VmHWM"), Some(150.0));
         assert_eq!(parse_status_mib(status, "VmRSS"), Some(50.0));
         assert_eq!(parse_status_mib(status, "VmSwap"), None);
+        assert_eq!(parse_status_state(status), None);
+        assert_eq!(
+            parse_status_state("Name:\tcilium-operator\nState:\tZ (zombie)\n"),
+            Some('Z')
+        );
+        assert_eq!(parse_status_state("State:\tS (sleeping)\n"), Some('S'));
         assert_eq!(
             parse_loadavg("1.50 0.75 0.25 3/120 999\n"),
             Some([1.5, 0.75, 0.25])

@@ -13,6 +13,9 @@
 //! `/_sim/stats` by action, per-node time to usable addresses (quiet cluster, during the burst),
 //! and a steady-state window of two resyncs. Every figure comes with the machine's load.
 //!
+//! `--operator-kind cilium|cilium-aws-limits|all` runs Cilium's own operator on the same world
+//! (`testkit::cilium_operator` starts it), one fresh world per operator.
+//!
 //! The pure parts (parsers, percentiles, the bound, the document splice) are in
 //! `bench::process` and `bench::scenario`, unit-tested by `make test`; this binary is not run
 //! by `make test` (it takes minutes to an hour).
@@ -968,6 +971,14 @@ fn status_mib(pid: u32, key: &str) -> f64 {
         .unwrap_or(0.0)
 }
 
+/// Whether `pid` runs: its `/proc` entry is there and not a zombie (our child, not yet reaped).
+fn running(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| p::parse_status_state(&s))
+        .is_some_and(|c| !matches!(c, 'Z' | 'X'))
+}
+
 fn loadavg() -> f64 {
     std::fs::read_to_string("/proc/loadavg")
         .ok()
@@ -1218,6 +1229,7 @@ async fn run(
     let all: Vec<String> = names.iter().chain(&probe_names).cloned().collect();
     let limit = Duration::from_secs(a.limit_secs);
     let mut last_log = Instant::now();
+    let mut exited_at = None;
     let (took, all_met) = loop {
         let waiting = {
             let g = g.lock().expect("poisoned");
@@ -1235,6 +1247,17 @@ async fn run(
             break (last - t0, true);
         }
         if t0.elapsed() > limit {
+            break (t0.elapsed(), false);
+        }
+        // An operator that exited serves nobody: waiting for the limit would only burn time
+        // (Cilium's exits when it loses its Lease; a Deployment would restart it).
+        if !running(op.pid()) {
+            eprintln!(
+                "bench-process: the operator (pid {}) exited {:.0} s into the burst",
+                op.pid(),
+                t0.elapsed().as_secs_f64()
+            );
+            exited_at = Some(t0.elapsed());
             break (t0.elapsed(), false);
         }
         if last_log.elapsed() > Duration::from_secs(30) {
@@ -1412,8 +1435,15 @@ async fn run(
         },
     ];
     let label = kind.label(a);
-    let notes = notes
+    let exited = exited_at.map(|t| {
+        format!(
+            "the operator process exited {:.0} s into the burst (its log says why); the figures after that are of a stopped operator",
+            t.as_secs_f64()
+        )
+    });
+    let notes = exited
         .into_iter()
+        .chain(notes)
         .map(|n| format!("{label}, {} nodes, {mode}: {n}", a.nodes))
         .collect();
     Ok((row, notes))
