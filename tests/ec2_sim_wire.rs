@@ -135,34 +135,40 @@ async fn throttled_calls_answer_request_limit_exceeded_with_503() {
 }
 
 #[tokio::test]
-async fn another_tenant_takes_the_refill_it_is_given_over_the_control_plane() {
+async fn another_tenant_takes_the_refill_and_empties_the_buckets_over_the_control_plane() {
     let w = world().await;
-    // One token, refilled 50 per second: after 100 ms there is one again, unless another
+    // One token, refilled 2 per second: after 600 ms there is one again, unless another
     // tenant takes the whole refill.
     let (status, _) = post(
         w.addr,
         "/_sim/bucket",
-        "bucket=create-network-interface&burst=1&per_second=50",
+        "bucket=create-network-interface&burst=1&per_second=2",
     )
     .await;
     assert_eq!(status, 204);
     assert_eq!(post(w.addr, "/_sim/other-tenant", "share=1").await.0, 204);
     let aws = client(w.addr, None).await;
-    aws.create_network_interface(&request(&w, "a"))
-        .await
-        .unwrap();
-    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-    let err = aws
-        .create_network_interface(&request(&w, "b"))
-        .await
-        .unwrap_err();
+    let create = |tag: &'static str| {
+        let (aws, req) = (&aws, request(&w, tag));
+        async move { aws.create_network_interface(&req).await }
+    };
+    let wait = || tokio::time::sleep(std::time::Duration::from_millis(600));
+    create("a").await.unwrap();
+    wait().await;
+    let err = create("b").await.unwrap_err();
     assert_eq!(err.kind, ErrorKind::Throttled, "{err}");
     // The tenant leaves: the refill is ours again.
     assert_eq!(post(w.addr, "/_sim/other-tenant?share=0", "").await.0, 204);
-    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-    aws.create_network_interface(&request(&w, "c"))
-        .await
-        .unwrap();
+    wait().await;
+    create("c").await.unwrap();
+    wait().await;
+    // Its burst takes the token that refilled: throttled at once, ours again after a refill.
+    let (status, _) = post(w.addr, "/_sim/other-tenant", "share=0&empty=true").await;
+    assert_eq!(status, 204);
+    let err = create("d").await.unwrap_err();
+    assert_eq!(err.kind, ErrorKind::Throttled, "{err}");
+    wait().await;
+    create("e").await.unwrap();
     for bad in ["share=1.5", "share=x", ""] {
         let (status, body) = post(w.addr, "/_sim/other-tenant", bad).await;
         assert_eq!(status, 400, "{bad}: {body}");

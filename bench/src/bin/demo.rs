@@ -28,7 +28,7 @@ struct Args {
     #[arg(long)]
     quick: bool,
     /// In memory: simulated seconds per real second (0: as fast as the CPU allows).
-    #[arg(long, default_value_t = 5.0)]
+    #[arg(long, default_value_t = 6.0)]
     speed: f64,
     /// Write the plot (SVG) here.
     #[arg(long, default_value = "target/demo.svg")]

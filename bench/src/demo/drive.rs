@@ -32,8 +32,9 @@ pub(crate) trait Backend {
     async fn write(&mut self, name: &str, step: &Step) -> Result<()>;
     /// The account's EC2 counters so far, per action: (calls, throttled answers).
     async fn ec2(&self) -> Result<BTreeMap<String, (u64, u64)>>;
-    /// Another tenant takes `share` of every bucket (0: nobody).
-    async fn other_tenant(&mut self, share: f64) -> Result<()>;
+    /// Another tenant takes `share` of every bucket's refill from now on (0: nobody); with
+    /// `empty`, its burst first takes every token left.
+    async fn other_tenant(&mut self, share: f64, empty: bool) -> Result<()>;
 }
 
 /// One node's agent as the driver plays it.
@@ -80,8 +81,8 @@ pub(crate) async fn drive<B: Backend>(
         f.apply(at, Event::Phase(plan.phase_at(t)));
         if plan.throttled_at(t) != throttled {
             throttled = !throttled;
-            b.other_tenant(if throttled { plan.throttle_share } else { 0.0 })
-                .await?;
+            let share = if throttled { plan.throttle_share } else { 0.0 };
+            b.other_tenant(share, throttled).await?;
         }
         while joined < plan.joined_by(t) {
             let (name, generation) = plan.node(joined);

@@ -85,8 +85,11 @@ impl Backend for Memory {
             .collect())
     }
 
-    async fn other_tenant(&mut self, share: f64) -> Result<()> {
+    async fn other_tenant(&mut self, share: f64, empty: bool) -> Result<()> {
         self.world.sim.set_other_tenant_share(share);
+        if empty {
+            self.world.sim.empty_buckets();
+        }
         Ok(())
     }
 }

@@ -25,7 +25,8 @@ pub struct Plan {
     pub pods: [usize; 3],
     pub rise_at: Duration,
     pub fall_at: Duration,
-    /// Another tenant of the account takes `throttle_share` of every bucket in this window.
+    /// In this window another caller in the account empties every bucket (a burst of its own),
+    /// then takes `throttle_share` of their refill.
     pub throttle: (Duration, Duration),
     pub throttle_share: f64,
     /// The operator releases excess addresses this long after proposing them.
@@ -97,8 +98,7 @@ impl Plan {
                 .collect(),
             rise_at: Duration::from_secs(40),
             fall_at: Duration::from_secs(80),
-            throttle: (Duration::from_secs(3), Duration::from_secs(20)),
-            throttle_share: 0.97,
+            throttle: (Duration::from_secs(5), Duration::from_secs(15)),
             release_delay: Duration::from_secs(10),
             rescan: Duration::from_secs(10),
             limit: Duration::from_secs(600),
@@ -150,7 +150,8 @@ impl Plan {
     pub fn phase_at(&self, t: Duration) -> String {
         if self.throttled_at(t) {
             return format!(
-                "throttled: another tenant takes {:.0} % of the account's buckets",
+                "throttled: another caller emptied the account's buckets and takes {:.0} % of \
+                 their refill",
                 self.throttle_share * 100.0
             );
         }

@@ -84,8 +84,8 @@ impl Backend for Real {
         Ok(parse_sim_stats(&stats))
     }
 
-    async fn other_tenant(&mut self, share: f64) -> Result<()> {
-        let url = format!("{}/_sim/other-tenant?share={share}", self.sim);
+    async fn other_tenant(&mut self, share: f64, empty: bool) -> Result<()> {
+        let url = format!("{}/_sim/other-tenant?share={share}&empty={empty}", self.sim);
         let (status, body) = self.http.send("POST", &url, String::new()).await?;
         ensure!(status == 204, "{url}: {status} {body}");
         Ok(())
