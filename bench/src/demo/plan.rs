@@ -72,14 +72,14 @@ impl Plan {
         Self {
             waves: (0..3)
                 .map(|i| Wave {
-                    at: Duration::from_secs(8 * i),
+                    at: Duration::from_secs(6 * i),
                     nodes: 40,
                 })
                 .collect(),
             pods: [2, 10, 1],
-            rise_at: Duration::from_secs(35),
-            fall_at: Duration::from_secs(75),
-            throttle: (Duration::from_secs(10), Duration::from_secs(20)),
+            rise_at: Duration::from_secs(25),
+            fall_at: Duration::from_secs(50),
+            throttle: (Duration::from_secs(8), Duration::from_secs(16)),
             release_delay: Duration::from_secs(5),
             rescan: Duration::from_secs(5),
             limit: Duration::from_secs(600),
