@@ -150,8 +150,7 @@ impl Plan {
     pub fn phase_at(&self, t: Duration) -> String {
         if self.throttled_at(t) {
             return format!(
-                "throttled: another caller emptied the account's buckets and takes {:.0} % of \
-                 their refill",
+                "throttled: another caller emptied the buckets, takes {:.0} % of refill",
                 self.throttle_share * 100.0
             );
         }

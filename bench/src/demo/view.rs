@@ -9,33 +9,51 @@ use testkit::agent::Generation;
 
 use super::model::Figures;
 
-/// Short names of the EC2 actions, in the order they are shown.
+/// Short names of the mutating EC2 actions, in the order they are shown; every describe is
+/// summed as `describe`, anything else as `other`.
 const ACTIONS: [(&str, &str); 7] = [
-    ("DescribeNetworkInterfaces", "describe-eni"),
-    ("DescribeInstances", "describe-inst"),
     ("CreateNetworkInterface", "create"),
     ("AttachNetworkInterface", "attach"),
     ("ModifyNetworkInterfaceAttribute", "modify"),
     ("AssignPrivateIpAddresses", "assign"),
     ("UnassignPrivateIpAddresses", "unassign"),
+    ("DetachNetworkInterface", "detach"),
+    ("DeleteNetworkInterface", "delete"),
 ];
 
-/// The status lines under the progress bar (and the plain output's block).
+/// The status lines under the progress bar (and the plain output's block), each within 80
+/// columns at a few thousand nodes (a wrapped line would break the live view's redraw).
 pub fn lines(f: &Figures) -> Vec<String> {
-    let mut calls: Vec<String> = ACTIONS
+    let sum = |keep: &dyn Fn(&str) -> bool| -> u64 {
+        f.ec2
+            .iter()
+            .filter(|(a, _)| keep(a))
+            .map(|(_, c)| c.0)
+            .sum()
+    };
+    let known = |a: &str| ACTIONS.iter().any(|(k, _)| *k == a);
+    let mut calls: Vec<(&str, u64)> = ACTIONS
         .iter()
-        .filter(|(a, _)| f.calls_of(a) > 0)
-        .map(|(a, short)| format!("{short} {}", f.calls_of(a)))
+        .map(|(a, short)| (*short, f.calls_of(a)))
         .collect();
-    let others: u64 = f
-        .ec2
-        .iter()
-        .filter(|(a, _)| !ACTIONS.iter().any(|(k, _)| k == a))
-        .map(|(_, c)| c.0)
-        .sum();
-    if others > 0 {
-        calls.push(format!("other {others}"));
-    }
+    calls.push(("describe", sum(&|a| a.starts_with("Describe"))));
+    calls.push(("other", sum(&|a| !a.starts_with("Describe") && !known(a))));
+    // Two rows: what adds capacity, then the rest.
+    let row = |part: &[(&str, u64)]| {
+        let shown: Vec<String> = part
+            .iter()
+            .filter(|(_, n)| *n > 0)
+            .map(|(name, n)| format!("{name} {n}"))
+            .collect();
+        format!(
+            "        {}",
+            if shown.is_empty() {
+                "-".into()
+            } else {
+                shown.join(", ")
+            }
+        )
+    };
     let slowest = f
         .slowest
         .as_ref()
@@ -55,15 +73,12 @@ pub fn lines(f: &Figures) -> Vec<String> {
         ),
         format!("pool    {} addresses on {} ENIs", f.addresses(), f.enis()),
         format!(
-            "EC2     {} calls: {}",
+            "EC2     {} calls, {} throttled answers",
             f.calls(),
-            if calls.is_empty() {
-                "none".into()
-            } else {
-                calls.join(", ")
-            }
+            f.throttled()
         ),
-        format!("        {} throttled answers", f.throttled()),
+        row(&calls[..4]),
+        row(&calls[4..]),
         format!("slowest {slowest}; waiting longest now: {now}"),
         format!(
             "release {} ready-for-release answers, {} unassign calls",
@@ -200,6 +215,8 @@ mod tests {
                 ("CreateNetworkInterface".into(), (4, 1)),
                 ("UnassignPrivateIpAddresses".into(), (2, 0)),
                 ("DescribeSubnets".into(), (1, 0)),
+                ("DescribeNetworkInterfaces".into(), (3, 0)),
+                ("CreateTags".into(), (1, 0)),
             ])),
         );
         let l = lines(&f);
@@ -209,13 +226,63 @@ mod tests {
             "nodes   2 joined (1 classic, 1 multi-pool): 1 served, 1 waiting"
         );
         assert_eq!(l[2], "pool    16 addresses on 2 ENIs");
-        assert_eq!(l[3], "EC2     7 calls: create 4, unassign 2, other 1");
-        assert_eq!(l[4], "        1 throttled answers");
-        assert_eq!(l[5], "slowest a waited 7 s; waiting longest now: b for 7 s");
+        assert_eq!(l[3], "EC2     11 calls, 1 throttled answers");
+        assert_eq!(l[4], "        create 4");
+        assert_eq!(l[5], "        unassign 2, describe 4, other 1");
+        assert_eq!(l[6], "slowest a waited 7 s; waiting longest now: b for 7 s");
         assert_eq!(
-            l[6],
+            l[7],
             "release 3 ready-for-release answers, 2 unassign calls"
         );
+    }
+
+    #[test]
+    fn lines_fit_80_columns_at_a_few_thousand_nodes() {
+        let mut f = Figures::default();
+        let plan = crate::demo::plan::Plan::full();
+        let longest = (0..plan.limit.as_secs())
+            .map(|t| plan.phase_at(std::time::Duration::from_secs(t)))
+            .max_by_key(|p| p.chars().count())
+            .expect("phases");
+        f.apply(0.0, Event::Phase(longest));
+        for i in 0..3000 {
+            let generation = if i % 3 == 0 {
+                Generation::MultiPool
+            } else {
+                Generation::Classic
+            };
+            f.apply(
+                0.0,
+                Event::Joined {
+                    node: format!("node-{i:04}"),
+                    generation,
+                },
+            );
+        }
+        let mut calls: BTreeMap<String, (u64, u64)> = ACTIONS
+            .iter()
+            .map(|(a, _)| (a.to_string(), (99_999, 9_999)))
+            .collect();
+        calls.insert("DescribeNetworkInterfaces".into(), (99_999, 0));
+        calls.insert("CreateTags".into(), (99_999, 0));
+        f.apply(9999.0, Event::Ec2(calls));
+        f.apply(
+            9999.0,
+            Event::Looked {
+                node: "node-0001".into(),
+                unsatisfied: 0,
+                addresses: 99_999,
+                enis: 9_999,
+                ready_answers: 99_999,
+            },
+        );
+        for l in lines(&f) {
+            assert!(
+                l.chars().count() <= 80,
+                "{} columns: {l}",
+                l.chars().count()
+            );
+        }
     }
 
     #[test]
