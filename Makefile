@@ -29,6 +29,14 @@ SHELL_SCRIPTS := $(wildcard e2e/*.sh scripts/*.sh) .ci/run
 help: ## List the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | expand -t 16
 
+# The demo (bench/src/demo/): in memory by default; with KUBEBUILDER_ASSETS the operator binary
+# against a real control plane and ec2-sim. Built as the tests are (one build for both).
+DEMO_TGT = $${CARGO_TARGET_DIR:-target}
+.PHONY: demo
+demo: ## The operator at work in about a minute: waves of nodes, demand up and down, a throttled account (plot: target/demo.svg)
+	cargo build --locked --workspace --all-targets
+	$(DEMO_TGT)/debug/demo --plot $(DEMO_TGT)/demo.svg $(ARGS)
+
 build: ## Build everything (debug)
 	cargo build --workspace --locked
 

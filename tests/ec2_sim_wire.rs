@@ -134,6 +134,47 @@ async fn throttled_calls_answer_request_limit_exceeded_with_503() {
         .unwrap();
 }
 
+#[tokio::test]
+async fn another_tenant_takes_the_refill_and_empties_the_buckets_over_the_control_plane() {
+    let w = world().await;
+    // One token, refilled 2 per second: after 600 ms there is one again, unless another
+    // tenant takes the whole refill.
+    let (status, _) = post(
+        w.addr,
+        "/_sim/bucket",
+        "bucket=create-network-interface&burst=1&per_second=2",
+    )
+    .await;
+    assert_eq!(status, 204);
+    assert_eq!(post(w.addr, "/_sim/other-tenant", "share=1").await.0, 204);
+    let aws = client(w.addr, None).await;
+    let create = |tag: &'static str| {
+        let (aws, req) = (&aws, request(&w, tag));
+        async move { aws.create_network_interface(&req).await }
+    };
+    let wait = || tokio::time::sleep(std::time::Duration::from_millis(600));
+    create("a").await.unwrap();
+    wait().await;
+    let err = create("b").await.unwrap_err();
+    assert_eq!(err.kind, ErrorKind::Throttled, "{err}");
+    // The tenant leaves: the refill is ours again.
+    assert_eq!(post(w.addr, "/_sim/other-tenant?share=0", "").await.0, 204);
+    wait().await;
+    create("c").await.unwrap();
+    wait().await;
+    // Its burst takes the token that refilled: throttled at once, ours again after a refill.
+    let (status, _) = post(w.addr, "/_sim/other-tenant", "share=0&empty=true").await;
+    assert_eq!(status, 204);
+    let err = create("d").await.unwrap_err();
+    assert_eq!(err.kind, ErrorKind::Throttled, "{err}");
+    wait().await;
+    create("e").await.unwrap();
+    for bad in ["share=1.5", "share=x", ""] {
+        let (status, body) = post(w.addr, "/_sim/other-tenant", bad).await;
+        assert_eq!(status, 400, "{bad}: {body}");
+    }
+}
+
 async fn get(addr: SocketAddr, path: &str) -> String {
     let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
     let req = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");

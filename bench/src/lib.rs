@@ -1,9 +1,13 @@
 //! The scale benchmark (`make bench`, `src/main.rs`): scenarios that drive the real
 //! allocation core against the simulator under paused tokio time ([`scenario`]), the pure
 //! figures derived from them (lower bound, table rows; here) and the heap figures' types
-//! ([`heap`]). The binary counts the heap and draws the plots.
+//! ([`heap`]). The binary counts the heap and draws the plots ([`plot`]). `make demo` is
+//! [`demo`] (its binary is `src/bin/demo.rs`).
 
+pub mod cluster;
+pub mod demo;
 pub mod heap;
+pub mod plot;
 pub mod process;
 pub mod scenario;
 

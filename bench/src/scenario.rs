@@ -74,6 +74,8 @@ pub struct Settings {
     pub describe_latency: Duration,
     pub workers: usize,
     pub release_delay: Duration,
+    /// The core re-plans every node this often (a release starts on a re-plan).
+    pub node_rescan_interval: Duration,
     /// Simulated time after which a scenario gives up waiting.
     pub limit: Duration,
     pub seed: u64,
@@ -93,6 +95,7 @@ impl Default for Settings {
             describe_latency: Duration::from_millis(150),
             workers: CoreConfig::default().workers,
             release_delay: IpamConfig::default().release_delay,
+            node_rescan_interval: CoreConfig::default().node_rescan_interval,
             limit: Duration::from_secs(6 * 3600),
             seed: 7,
             heap: None,
@@ -137,10 +140,12 @@ pub struct Quiet {
 
 type BenchCore = Core<Gate<Simulator>, MemorySink>;
 
-struct World {
-    sim: Simulator,
+/// The real core against the simulator and the in-memory API server (also `make demo`'s
+/// in-memory back-end).
+pub(crate) struct World {
+    pub(crate) sim: Simulator,
     gate: Arc<Gate<Simulator>>,
-    sink: Arc<MemorySink>,
+    pub(crate) sink: Arc<MemorySink>,
     core: BenchCore,
     /// The core's metrics and EC2 view: the benchmark reads them as an operator's exporter
     /// and refresher do.
@@ -160,7 +165,7 @@ fn world(s: &Settings, mode: GateMode, prefix: bool, release: bool) -> World {
 }
 
 /// A world whose EC2 account has another tenant using `other_share` of every bucket.
-fn world_shared(
+pub(crate) fn world_shared(
     s: &Settings,
     mode: GateMode,
     prefix: bool,
@@ -197,6 +202,7 @@ fn world_shared(
             release_delay: s.release_delay,
             ..IpamConfig::default()
         },
+        node_rescan_interval: s.node_rescan_interval,
         ..CoreConfig::default()
     };
     let metrics = RuntimeMetrics::default();
@@ -228,7 +234,7 @@ fn world_shared(
 
 impl World {
     /// Launch an instance and create its CiliumNode as a classic agent does at start.
-    fn join(&self, s: &Settings, name: &str, min_allocate: i64) {
+    pub(crate) fn join(&self, s: &Settings, name: &str, min_allocate: i64) {
         let inst = self.sim.run_instance(
             &s.instance_type,
             &self.subnet,
@@ -246,7 +252,7 @@ impl World {
         self.send(stored);
     }
 
-    fn send(&self, node: CiliumNode) {
+    pub(crate) fn send(&self, node: CiliumNode) {
         self.tx
             .try_send(NodeInput::Upsert(Box::new(node)))
             .expect("the core keeps up with its input channel");

@@ -181,6 +181,12 @@ impl Simulator {
         self.lock().throttle.set_other_tenant(share, Instant::now());
     }
 
+    /// Another caller's burst takes every token left in every throttling bucket now (they
+    /// refill from empty, at the share `set_other_tenant_share` leaves).
+    pub fn empty_buckets(&self) {
+        self.lock().throttle.empty(Instant::now());
+    }
+
     /// Eventual consistency (see `state/lag.rs`): each change to an ENI stays invisible to
     /// `DescribeNetworkInterfaces` for a random time up to `max` (seeded); with `refuse_unseen`,
     /// calls naming an ENI whose create is not visible yet answer

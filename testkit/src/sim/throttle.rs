@@ -92,6 +92,17 @@ impl Throttle {
         self.other_share = share.clamp(0.0, 1.0);
     }
 
+    /// Another caller's burst (a fleet launch, a Terraform apply) takes every token left in
+    /// every bucket now; they refill from empty.
+    pub(crate) fn empty(&mut self, now: Instant) {
+        if let Some(buckets) = &mut self.buckets {
+            for b in buckets.values_mut() {
+                b.tokens = 0.0;
+                b.last = now;
+            }
+        }
+    }
+
     /// Replace one bucket (full), enabling throttling with AWS defaults for the others.
     pub(crate) fn set(&mut self, bucket: Bucket, burst: u32, per_second: u32, now: Instant) {
         let buckets = self
@@ -166,6 +177,19 @@ mod tests {
         t.set_other_tenant(0.0, Instant::now());
         tokio::time::advance(Duration::from_secs(2)).await;
         assert_eq!(drain(&mut t, Bucket::CreateNetworkInterface), 10);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn another_callers_burst_empties_every_bucket() {
+        let mut t = Throttle::aws_default(Instant::now());
+        t.set_other_tenant(0.5, Instant::now());
+        t.empty(Instant::now());
+        assert_eq!(drain(&mut t, Bucket::CreateNetworkInterface), 0);
+        assert_eq!(drain(&mut t, Bucket::Describe), 0);
+        // They refill from empty at the share left: 2.5/s and 10/s.
+        tokio::time::advance(Duration::from_secs(2)).await;
+        assert_eq!(drain(&mut t, Bucket::CreateNetworkInterface), 5);
+        assert_eq!(drain(&mut t, Bucket::Describe), 20);
     }
 
     #[tokio::test(start_paused = true)]

@@ -12,7 +12,9 @@
 //!   2016-11-15's shapes are written.
 //! * `/_sim/...` is the simulator's own control plane: `GET /_sim/stats` (per-action counters as
 //!   JSON), `POST /_sim/bucket?bucket=NAME&burst=N&per_second=N`,
-//!   `POST /_sim/reset-throttling`, `POST /_sim/fault?operation=OP&code=CODE&times=N`.
+//!   `POST /_sim/reset-throttling`, `POST /_sim/fault?operation=OP&code=CODE&times=N`,
+//!   `POST /_sim/other-tenant?share=F[&empty=true]` (another tenant uses that share of every
+//!   bucket's refill from now on; with `empty`, its burst first takes every token left).
 //!
 //! Adding an action is one line in [`dispatch`] and one function in `actions`.
 
@@ -152,6 +154,7 @@ impl Server {
             .route("/", post(ec2).get(ec2))
             .route("/_sim/stats", get(stats))
             .route("/_sim/bucket", post(set_bucket))
+            .route("/_sim/other-tenant", post(set_other_tenant))
             .route("/_sim/reset-throttling", post(reset_throttling))
             .route("/_sim/fault", post(inject_fault))
             .route("/_sim/clients", get(client_record))
@@ -355,6 +358,22 @@ async fn set_bucket(State(s): State<Server>, RawQuery(q): RawQuery, body: Bytes)
     s.sim
         .set_bucket(bucket, burst.max(0) as u32, rate.max(0) as u32);
     StatusCode::NO_CONTENT.into_response()
+}
+
+/// `share` (0..=1) of every bucket's refill goes to another tenant of the account from now on;
+/// `empty=true`: its burst takes every token left first.
+async fn set_other_tenant(State(s): State<Server>, RawQuery(q): RawQuery, body: Bytes) -> Response {
+    let p = Params::parse(q.as_deref(), &body);
+    match p.get("share").and_then(|v| v.parse::<f64>().ok()) {
+        Some(share) if (0.0..=1.0).contains(&share) => {
+            s.sim.set_other_tenant_share(share);
+            if p.get("empty") == Some("true") {
+                s.sim.empty_buckets();
+            }
+            StatusCode::NO_CONTENT.into_response()
+        }
+        _ => control_error("share must be a number from 0 to 1".into()),
+    }
 }
 
 async fn reset_throttling(State(s): State<Server>) -> Response {
