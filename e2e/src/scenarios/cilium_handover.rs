@@ -248,10 +248,12 @@ impl Suite {
 
     async fn cilium_handover_version(&mut self, sim: &SimControl, v: Version) -> Result<()> {
         let mut idxs = Vec::new();
-        for zone in [0, 1, 0] {
+        // C, handed back at the end, has room to grow twice (an m5.large holds 18 addresses
+        // for pods, 16 endpoints and the pre-allocation at 14 pods).
+        for (t, zone) in [("m5.large", 0), ("m5.large", 1), ("m5.xlarge", 0)] {
             let kind = Some(Generation::Classic);
             let variant = NodeVariant::default();
-            idxs.push(self.add_node("m5.large", zone, kind, 4, variant).await?);
+            idxs.push(self.add_node(t, zone, kind, 4, variant).await?);
         }
         let first = self.nodes[idxs[0]].instance.id.clone();
         sim.set_metadata_instance(&first).await?;
@@ -405,15 +407,23 @@ impl Suite {
         self.set_pods(b, 16);
         self.set_pods(c, 14);
         let (stopped, led) = self.restart_cilium(op, v).await?;
+        // Taken over (our finalizer) first: their pools may already cover the new demand.
+        eventually(self.cfg.timeout, "ours to take B and C over", async || {
+            let mut left = Vec::new();
+            for &i in idxs {
+                if !self.has_our_finalizer(i).await? {
+                    left.push(self.nodes[i].name.clone());
+                }
+            }
+            Ok(if left.is_empty() {
+                Ok(())
+            } else {
+                Err(format!("no finalizer of ours on {left:?}"))
+            })
+        })
+        .await?;
         self.served_beside(op, idxs, "all three served by ours")
             .await?;
-        for &i in idxs {
-            ensure!(
-                self.has_our_finalizer(i).await?,
-                "{} served without our finalizer",
-                self.nodes[i].name
-            );
-        }
         let calls = self.calls_since(sim, mark).await?;
         for &i in idxs {
             let theirs = calls_on(&calls, &inst(i), Some(cilium_op::ACCESS_KEY));
@@ -440,9 +450,19 @@ impl Suite {
         figures.waits.push(("all (B, C)".into(), all_wait));
 
         // Rollback of C: the label goes; ours removes its finalizer and the annotation; Cilium's
-        // running leader takes C up on that event. C's demand grows only a minute after ours'
-        // last call for it, so that a call of Cilium's within the minute is Cilium's doing.
+        // running leader takes C up on that event, at once, from its EC2 view of up to a minute
+        // ago (seen: a call for C right after the hand-back, planned from a listing that
+        // lacked ours' last ENI). So the hand-back comes a minute and one Cilium sync after
+        // ours' last call for C, as the doc says.
         let c_inst = inst(c);
+        let all = self.calls_since(sim, seen).await?;
+        let last_ours = calls_on(&all, &c_inst, None)
+            .last()
+            .map(|c| c.at_ms)
+            .unwrap_or(0);
+        let now_ms = all.last().map_or(0, |c| c.at_ms);
+        let rest = (last_ours + WINDOW_MS + 5_000).saturating_sub(now_ms);
+        tokio::time::sleep(Duration::from_millis(rest)).await;
         let c_before = self.instance_snapshot(&c_inst).await?;
         let c_pool = self.cn(c).await?.spec.ipam.pool.len();
         self.set_handover_label(c, false).await?;
@@ -457,15 +477,7 @@ impl Suite {
         })
         .await?;
         let handed_back = sim.clients().await?.mutating.len();
-        let all = self.calls_since(sim, seen).await?;
-        let last_ours = calls_on(&all, &c_inst, None)
-            .last()
-            .map(|c| c.at_ms)
-            .unwrap_or(0);
-        let now_ms = all.last().map_or(0, |c| c.at_ms);
-        let rest = (last_ours + WINDOW_MS).saturating_sub(now_ms);
-        tokio::time::sleep(Duration::from_millis(rest)).await;
-        self.set_pods(c, 20);
+        self.set_pods(c, 24);
         let t = self
             .served_beside(op, &[c], "C served by Cilium again")
             .await?;
