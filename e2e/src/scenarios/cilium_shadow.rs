@@ -76,7 +76,11 @@ impl Suite {
 
     /// `cilium-shadow`: for each version given (see e2e/README.md).
     pub(super) async fn cilium_shadow(&mut self) -> Result<()> {
-        let versions = versions();
+        let (versions, older): (Vec<Version>, Vec<Version>) =
+            versions().into_iter().partition(|v| *v == Version::V120);
+        for v in older {
+            println!("NOT RUN cilium-shadow {v}: not tried yet against 1.16's metric families");
+        }
         if versions.is_empty() {
             println!(
                 "NOT RUN cilium-shadow: CILIUM_OPERATOR is not set (a path to Cilium's cilium-operator-aws; see e2e/README.md)"
