@@ -457,6 +457,19 @@ pub fn cilium_families(ours: &[Sample]) -> String {
     out
 }
 
+/// The `operation` label value Cilium's operator gives an EC2 action in family `family`.
+/// Observed with the real `cilium-operator-aws` 1.20 (e2e `cilium-shadow`): its API-duration
+/// histogram names `ModifyNetworkInterfaceAttribute` after its Go method, `ModifyNetworkInterface`,
+/// while its rate-limit histogram keeps the action's name.
+fn cilium_operation<'a>(family: &str, action: &'a str) -> &'a str {
+    match (family, action) {
+        ("cilium_operator_ec2_api_duration_seconds", "ModifyNetworkInterfaceAttribute") => {
+            "ModifyNetworkInterface"
+        }
+        _ => action,
+    }
+}
+
 /// Re-emit histogram `from` as `to`, merging series whose `response_code` maps to `Failed`.
 fn histogram(out: &mut String, to: &str, from: &str, ours: &[Sample]) {
     type Key = Vec<(String, String)>;
@@ -482,6 +495,8 @@ fn histogram(out: &mut String, to: &str, from: &str, ours: &[Sample]) {
                 }
                 let v = if k == "response_code" && v != "OK" {
                     "Failed".to_string()
+                } else if k == "operation" {
+                    cilium_operation(to, v).to_string()
                 } else {
                     v.clone()
                 };
@@ -523,6 +538,24 @@ pub fn compat_text(openmetrics: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn modify_is_named_as_cilium_names_it_per_family() {
+        let ours = [
+            "eni_operator_ec2_api_duration_seconds_count{operation=\"ModifyNetworkInterfaceAttribute\",response_code=\"OK\"} 2",
+            "eni_operator_ec2_rate_limit_wait_seconds_count{operation=\"ModifyNetworkInterfaceAttribute\"} 2",
+        ];
+        let samples: Vec<Sample> = ours.iter().filter_map(|l| parse_sample(l)).collect();
+        let text = cilium_families(&samples);
+        assert!(
+            text.contains("cilium_operator_ec2_api_duration_seconds_count{operation=\"ModifyNetworkInterface\",response_code=\"OK\"} 2"),
+            "{text}"
+        );
+        assert!(
+            text.contains("cilium_operator_ec2_api_rate_limit_duration_seconds_count{operation=\"ModifyNetworkInterfaceAttribute\"} 2"),
+            "{text}"
+        );
+    }
 
     #[test]
     fn parses_labels_with_escapes() {
