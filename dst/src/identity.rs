@@ -225,6 +225,7 @@ fn rename(w: &mut World, t: u64) {
         return;
     }
     let mut n = w.nodes.remove(&old).expect("picked");
+    w.pods_gone(&old);
     n.agent.pods.clear();
     n.quiet = None;
     let node = w.put_node(&new, n.zone, &n.instance_id);
