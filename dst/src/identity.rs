@@ -174,8 +174,10 @@ fn forge(w: &mut World, t: u64) {
                 .filter(|e| e.instance_id() == Some(inst.id.as_str()))
                 .collect();
             w.identity.strangers.insert(inst.id.clone(), enis);
-            let mut spec = eni_operator::crd::CiliumNodeSpec::default();
-            spec.instance_id = inst.id;
+            let mut spec = eni_operator::crd::CiliumNodeSpec {
+                instance_id: inst.id,
+                ..Default::default()
+            };
             spec.eni.instance_type = ty.into();
             spec.eni.vpc_id = w.vpc.clone();
             spec.eni.availability_zone = zone.into();
