@@ -174,8 +174,10 @@ fn forge(w: &mut World, t: u64) {
                 .filter(|e| e.instance_id() == Some(inst.id.as_str()))
                 .collect();
             w.identity.strangers.insert(inst.id.clone(), enis);
-            let mut spec = eni_operator::crd::CiliumNodeSpec::default();
-            spec.instance_id = inst.id;
+            let mut spec = eni_operator::crd::CiliumNodeSpec {
+                instance_id: inst.id,
+                ..Default::default()
+            };
             spec.eni.instance_type = ty.into();
             spec.eni.vpc_id = w.vpc.clone();
             spec.eni.availability_zone = zone.into();
@@ -225,6 +227,7 @@ fn rename(w: &mut World, t: u64) {
         return;
     }
     let mut n = w.nodes.remove(&old).expect("picked");
+    w.pods_gone(&old);
     n.agent.pods.clear();
     n.quiet = None;
     let node = w.put_node(&new, n.zone, &n.instance_id);

@@ -255,6 +255,18 @@ impl crate::world::World {
         );
     }
 
+    /// The pods bound to `name` are gone (the pod GC, once the Node of that name is): its pod
+    /// watch reports no pending pod there any more. (`make dst` seed 21: a renamed node's old
+    /// name kept its count, and a restarted operator held that name for good.)
+    pub fn pods_gone(&mut self, name: &str) {
+        if self.agents.pending_sent.remove(name).is_some_and(|c| c > 0) {
+            self.send(eni_operator::runtime::core::NodeInput::PendingPods {
+                name: name.to_string(),
+                count: 0,
+            });
+        }
+    }
+
     /// Tell the operator how many pods wait on each node (scheduled, no address yet: the pods
     /// wanted beyond those running), when that count changed; `all` repeats every non-zero
     /// count (a new operator's pod watch lists them at start).

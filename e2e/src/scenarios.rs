@@ -30,6 +30,7 @@ mod cilium_handover;
 mod cilium_shadow;
 mod helm;
 mod real_cilium;
+mod reregister;
 mod status;
 
 /// Every scenario, in the order they run.
@@ -41,6 +42,7 @@ pub const ALL: &[&str] = &[
     "demand-growth",
     "demand-drop",
     "node-deletion",
+    "node-reregister",
     "draining-node",
     "leader-failover",
     "restart-mid-allocation",
@@ -247,6 +249,7 @@ impl Suite {
             "demand-growth" => self.demand_growth().await,
             "demand-drop" => self.demand_drop().await,
             "node-deletion" => self.node_deletion().await,
+            "node-reregister" => self.node_reregister().await,
             "draining-node" => self.draining_node().await,
             "leader-failover" => self.leader_failover().await,
             "restart-mid-allocation" => self.restart_mid_allocation().await,
