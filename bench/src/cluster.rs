@@ -132,6 +132,22 @@ impl Proc {
         })
     }
 
+    /// Another program (Cilium's operator) from `cmd`, its output in `log_dir/operator.log`.
+    pub fn spawn(
+        mut cmd: Command,
+        log_dir: &Path,
+        endpoint: Option<String>,
+        what: &str,
+    ) -> Result<Self> {
+        let log = std::fs::File::create(log_dir.join("operator.log"))?;
+        cmd.stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log);
+        testkit::control_plane::die_with_parent(&mut cmd);
+        let child = cmd.spawn().with_context(|| format!("starting {what}"))?;
+        Ok(Proc { child, endpoint })
+    }
+
     pub fn pid(&self) -> u32 {
         self.child.id()
     }

@@ -18,44 +18,29 @@
 //!
 //! The pure parts (parsers, percentiles, the bound, the document splice) are in
 //! `bench::process` and `bench::scenario`, unit-tested by `make test`; this binary is not run
-//! by `make test` (it takes minutes to an hour).
+//! by `make test` (it takes minutes to an hour). The children, the seeding and the watch are
+//! `bench::cluster`'s (shared with `make demo`'s real back-end).
 
 use std::collections::{BTreeMap, HashMap};
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, anyhow, bail, ensure};
+use anyhow::{Context, Result, ensure};
+use bench::cluster::{self, CLUSTER, Http, NAMESPACE, Proc, World, free_port};
 use bench::process::{
     self as p, Ec2Calls, Load, Requests, ec2_between, ec2_mutating, ec2_summary, percentile,
     requests_between, requests_summary, writes_to,
 };
 use bench::scenario::{Settings, burst_bound, served};
-use bytes::Bytes;
 use clap::Parser;
 use eni_operator::crd::CiliumNode;
 use futures::{StreamExt, TryStreamExt};
-use http_body_util::{BodyExt, Full};
-use hyper_util::client::legacy::Client as HttpClient;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
-use k8s_openapi::api::core::v1::{Namespace, Node, NodeSpec};
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
-use kube::api::{Api, Patch, PatchParams, PostParams};
-use kube::runtime::WatchStreamExt;
-use kube::runtime::watcher::{self, Event};
+use kube::api::{Api, Patch, PatchParams};
 use testkit::agent::{ClassicAgent, endpoints};
 use testkit::control_plane::{ControlPlane, assets_from_env};
 
-/// Cilium's own CiliumNode CRD (what real clusters run; the API server prunes what it does not
-/// list).
-const CILIUM_CRD: &str = include_str!("../../../tests/fixtures/ciliumnodes.cilium.io.yaml");
-const NAMESPACE: &str = "eni-operator";
-const CLUSTER: &str = "bench";
-const ZONE: &str = "us-east-1a";
 /// The operator's node resync (its default): the steady-state window covers two.
 const RESYNC: Duration = Duration::from_secs(60);
 
@@ -293,7 +278,12 @@ fn one_world(args: &Args, kind: Kind, assets: &Path, log_dir: &Path) -> Result<O
     // Every child is started from this (main) thread: their PR_SET_PDEATHSIG follows it.
     let mut cp = ControlPlane::start(assets).context("starting the control plane")?;
     eprintln!("bench-process: control plane ready at {}", cp.server());
-    let mut sim = Proc::ec2_sim(args, log_dir)?;
+    let mut sim = Proc::ec2_sim(
+        &args.ec2_sim,
+        args.mutating_latency_ms,
+        args.describe_latency_ms,
+        log_dir,
+    )?;
     let endpoint = sim.endpoint.clone().expect("ec2-sim prints its endpoint");
     eprintln!("bench-process: ec2-sim at {endpoint}");
 
@@ -302,7 +292,8 @@ fn one_world(args: &Args, kind: Kind, assets: &Path, log_dir: &Path) -> Result<O
         .enable_all()
         .build()?;
     let kubeconfig = cp.kubeconfig();
-    let prep = rt.block_on(prepare(args, &kubeconfig, &endpoint));
+    let total = args.nodes + args.quiet_samples + args.burst_probes;
+    let prep = rt.block_on(cluster::prepare(&kubeconfig, &endpoint, total));
     let result = match prep {
         Ok((kube, world)) if args.start => start_case(
             args,
@@ -313,7 +304,7 @@ fn one_world(args: &Args, kind: Kind, assets: &Path, log_dir: &Path) -> Result<O
             (&kubeconfig, &endpoint, log_dir),
         )
         .map(Outcome::Start),
-        Ok((kube, world)) => match Proc::operator(args, kind, &kubeconfig, &endpoint, log_dir) {
+        Ok((kube, world)) => match operator(args, kind, &kubeconfig, &endpoint, log_dir) {
             Ok(op) => {
                 let r = rt.block_on(run(args, kind, kube, world, &op, &sim, &cp));
                 drop(op);
@@ -327,6 +318,55 @@ fn one_world(args: &Args, kind: Kind, assets: &Path, log_dir: &Path) -> Result<O
     sim.stop();
     cp.stop();
     result
+}
+
+/// The operator under test: ours (the gate at `--ec2-rate-fraction`, prefixes with `--prefix`)
+/// or Cilium's with its EC2 limiter as `kind` says.
+fn operator(
+    a: &Args,
+    kind: Kind,
+    kubeconfig: &Path,
+    endpoint: &str,
+    log_dir: &Path,
+) -> Result<Proc> {
+    if kind == Kind::Ours {
+        let mut extra = vec![
+            "--ec2-rate-fraction".to_string(),
+            a.ec2_rate_fraction.to_string(),
+        ];
+        if a.prefix {
+            extra.push("--aws-enable-prefix-delegation".into());
+        }
+        return Proc::operator(kind.binary(a)?, kubeconfig, endpoint, log_dir, &extra);
+    }
+    let (qps, burst) = match kind {
+        Kind::CiliumAwsLimits => (a.cilium_aws_qps, a.cilium_aws_burst),
+        _ => (
+            testkit::cilium_operator::DEFAULT_QPS,
+            testkit::cilium_operator::DEFAULT_BURST,
+        ),
+    };
+    let (metrics, health) = (free_port()?, free_port()?);
+    // Its defaults, named anyway so the command line says what ran.
+    let extra = testkit::cilium_operator::limit_args(qps, burst);
+    let cmd = testkit::cilium_operator::Launch {
+        version: testkit::cilium_operator::Version::V120,
+        binary: kind.binary(a)?,
+        kubeconfig,
+        ec2_endpoint: endpoint,
+        cluster_name: CLUSTER,
+        metrics_port: metrics,
+        health_port: health,
+        work: log_dir,
+        extra: &extra,
+    }
+    .command();
+    Proc::spawn(
+        cmd,
+        log_dir,
+        Some(format!("http://127.0.0.1:{metrics}")),
+        "Cilium's operator",
+    )
 }
 
 fn mode_key(prefix: bool) -> &'static str {
@@ -359,7 +399,7 @@ fn start_case(
         anyhow::Ok(())
     })?;
     let load_start = loadavg();
-    let op = Proc::operator(a, kind, kubeconfig, endpoint, log_dir)?;
+    let op = operator(a, kind, kubeconfig, endpoint, log_dir)?;
     let result = rt.block_on(async {
         wait_leader(&kube, kind, &op).await?;
         let held = Instant::now();
@@ -401,354 +441,6 @@ fn start_case(
     result
 }
 
-/// A child process, SIGTERMed (then SIGKILLed) on drop.
-struct Proc {
-    child: Child,
-    endpoint: Option<String>,
-}
-
-impl Proc {
-    fn ec2_sim(a: &Args, log_dir: &Path) -> Result<Self> {
-        let log = std::fs::File::create(log_dir.join("ec2-sim.log"))?;
-        let mut cmd = Command::new(&a.ec2_sim);
-        cmd.args([
-            "--listen",
-            "127.0.0.1:0",
-            "--mutate-latency-ms",
-            &a.mutating_latency_ms.to_string(),
-            "--describe-latency-ms",
-            &a.describe_latency_ms.to_string(),
-            // The zone the nodes are in (the others are not used).
-            "--zones",
-            ZONE,
-        ])
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(log);
-        testkit::control_plane::die_with_parent(&mut cmd);
-        let mut child = cmd.spawn().context("starting ec2-sim")?;
-        let stdout = child.stdout.take().context("ec2-sim stdout")?;
-        let mut line = String::new();
-        BufReader::new(stdout).read_line(&mut line)?;
-        let mut p = Proc {
-            child,
-            endpoint: None,
-        };
-        let endpoint = line.trim();
-        if !endpoint.starts_with("http://") {
-            p.stop();
-            bail!("ec2-sim printed {line:?} instead of its endpoint");
-        }
-        p.endpoint = Some(endpoint.to_owned());
-        Ok(p)
-    }
-
-    fn operator(
-        a: &Args,
-        kind: Kind,
-        kubeconfig: &Path,
-        endpoint: &str,
-        log_dir: &Path,
-    ) -> Result<Self> {
-        let metrics = free_port()?;
-        let health = free_port()?;
-        let log = std::fs::File::create(log_dir.join("operator.log"))?;
-        if kind != Kind::Ours {
-            let (qps, burst) = match kind {
-                Kind::CiliumAwsLimits => (a.cilium_aws_qps, a.cilium_aws_burst),
-                _ => (
-                    testkit::cilium_operator::DEFAULT_QPS,
-                    testkit::cilium_operator::DEFAULT_BURST,
-                ),
-            };
-            // Its defaults, named anyway so the command line says what ran.
-            let extra = testkit::cilium_operator::limit_args(qps, burst);
-            let mut cmd = testkit::cilium_operator::Launch {
-                version: testkit::cilium_operator::Version::V120,
-                binary: kind.binary(a)?,
-                kubeconfig,
-                ec2_endpoint: endpoint,
-                cluster_name: CLUSTER,
-                metrics_port: metrics,
-                health_port: health,
-                work: log_dir,
-                extra: &extra,
-            }
-            .command();
-            cmd.stdin(Stdio::null())
-                .stdout(log.try_clone()?)
-                .stderr(log);
-            testkit::control_plane::die_with_parent(&mut cmd);
-            let child = cmd.spawn().context("starting Cilium's operator")?;
-            return Ok(Proc {
-                child,
-                endpoint: Some(format!("http://127.0.0.1:{metrics}")),
-            });
-        }
-        let mut cmd = Command::new(kind.binary(a)?);
-        cmd.args([
-            "--cluster-name",
-            CLUSTER,
-            "--namespace",
-            NAMESPACE,
-            "--ec2-api-endpoint",
-            endpoint,
-            "--aws-region",
-            "us-east-1",
-            "--metrics-addr",
-            &format!("127.0.0.1:{metrics}"),
-            "--health-addr",
-            &format!("127.0.0.1:{health}"),
-            "--ec2-rate-fraction",
-            &a.ec2_rate_fraction.to_string(),
-            // No Cilium operator in the benchmark's cluster: the guard need not wait for its
-            // Lease.
-            "--cilium-operator-absent",
-        ]);
-        if a.prefix {
-            cmd.arg("--aws-enable-prefix-delegation");
-        }
-        cmd.env("KUBECONFIG", kubeconfig)
-            .env("AWS_ACCESS_KEY_ID", "bench")
-            .env("AWS_SECRET_ACCESS_KEY", "bench")
-            .env("RUST_LOG", "info")
-            .stdin(Stdio::null())
-            .stdout(log.try_clone()?)
-            .stderr(log);
-        testkit::control_plane::die_with_parent(&mut cmd);
-        let child = cmd.spawn().context("starting the operator")?;
-        Ok(Proc {
-            child,
-            endpoint: Some(format!("http://127.0.0.1:{metrics}")),
-        })
-    }
-
-    fn pid(&self) -> u32 {
-        self.child.id()
-    }
-
-    fn stop(&mut self) {
-        if let Ok(Some(_)) = self.child.try_wait() {
-            return;
-        }
-        if let Ok(pid) = i32::try_from(self.child.id()) {
-            // SAFETY: kill(2) on our own child, not reaped yet (try_wait above), so the pid is
-            // still ours.
-            unsafe {
-                libc::kill(pid, libc::SIGTERM);
-            }
-        }
-        let start = Instant::now();
-        while start.elapsed() < Duration::from_secs(10) {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        self.stop();
-    }
-}
-
-fn free_port() -> Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
-}
-
-/// A plain HTTP client for ec2-sim and the operator's metrics.
-#[derive(Clone)]
-struct Http(HttpClient<HttpConnector, Full<Bytes>>);
-
-impl Http {
-    fn new() -> Self {
-        Self(HttpClient::builder(TokioExecutor::new()).build_http())
-    }
-
-    async fn send(&self, method: &str, url: &str, body: String) -> Result<(u16, String)> {
-        let mut req = http::Request::builder().method(method).uri(url);
-        if !body.is_empty() {
-            req = req.header("content-type", "application/x-www-form-urlencoded");
-        }
-        let resp = self
-            .0
-            .request(req.body(Full::new(Bytes::from(body)))?)
-            .await?;
-        let status = resp.status().as_u16();
-        let bytes = resp.into_body().collect().await?.to_bytes();
-        Ok((status, String::from_utf8_lossy(&bytes).into_owned()))
-    }
-
-    async fn get(&self, url: &str) -> Result<String> {
-        let (status, body) = self.send("GET", url, String::new()).await?;
-        ensure!(status == 200, "GET {url}: {status} {body}");
-        Ok(body)
-    }
-
-    /// An EC2 Query API call (ec2-sim checks no signature).
-    async fn ec2(&self, endpoint: &str, params: &[(&str, String)]) -> Result<String> {
-        let mut form = form_urlencoded::Serializer::new(String::new());
-        form.append_pair("Version", "2016-11-15");
-        for (k, v) in params {
-            form.append_pair(k, v);
-        }
-        let (status, body) = self.send("POST", endpoint, form.finish()).await?;
-        ensure!(status == 200, "EC2 {params:?}: {status} {body}");
-        Ok(body)
-    }
-}
-
-/// What was seeded in ec2-sim.
-struct World {
-    vpc: String,
-    subnet: String,
-    instances: Vec<String>,
-}
-
-async fn prepare(a: &Args, kubeconfig: &Path, endpoint: &str) -> Result<(kube::Client, World)> {
-    let kc = kube::config::Kubeconfig::read_from(kubeconfig)?;
-    let cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default()).await?;
-    let kube = kube::Client::try_from(cfg)?;
-
-    let crd: CustomResourceDefinition = serde_saphyr::from_str(CILIUM_CRD)?;
-    let crds: Api<CustomResourceDefinition> = Api::all(kube.clone());
-    crds.create(&PostParams::default(), &crd).await?;
-    let ns = Namespace {
-        metadata: ObjectMeta {
-            name: Some(NAMESPACE.into()),
-            ..Default::default()
-        },
-        ..Default::default()
-    };
-    Api::<Namespace>::all(kube.clone())
-        .create(&PostParams::default(), &ns)
-        .await?;
-    // The CRD is served once Established.
-    let name = crd.metadata.name.clone().unwrap_or_default();
-    let start = Instant::now();
-    loop {
-        let c = crds.get(&name).await?;
-        let established = c.status.and_then(|s| s.conditions).is_some_and(|cs| {
-            cs.iter()
-                .any(|c| c.type_ == "Established" && c.status == "True")
-        });
-        if established {
-            break;
-        }
-        ensure!(
-            start.elapsed() < Duration::from_secs(60),
-            "{name} not Established"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    let cns: Api<CiliumNode> = Api::all(kube.clone());
-    let start = Instant::now();
-    while cns.list(&Default::default()).await.is_err() {
-        ensure!(
-            start.elapsed() < Duration::from_secs(60),
-            "ciliumnodes not served"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-
-    // EC2: one VPC and one subnet large enough for 5,000 nodes x 30 addresses (a /13, as the
-    // simulated benchmark; AWS caps a VPC block at /16, where this would take several subnets).
-    let http = Http::new();
-    let cidr = "10.0.0.0/13".to_string();
-    let vpc = first_value(
-        &http
-            .ec2(
-                endpoint,
-                &[("Action", "CreateVpc".into()), ("CidrBlock", cidr.clone())],
-            )
-            .await?,
-        "vpcId",
-    )?;
-    let subnet = first_value(
-        &http
-            .ec2(
-                endpoint,
-                &[
-                    ("Action", "CreateSubnet".into()),
-                    ("VpcId", vpc.clone()),
-                    ("CidrBlock", cidr),
-                    ("AvailabilityZone", ZONE.into()),
-                ],
-            )
-            .await?,
-        "subnetId",
-    )?;
-    let sg = first_value(
-        &http
-            .ec2(
-                endpoint,
-                &[
-                    ("Action", "CreateSecurityGroup".into()),
-                    ("VpcId", vpc.clone()),
-                    ("GroupName", "bench".into()),
-                    ("GroupDescription", "bench".into()),
-                ],
-            )
-            .await?,
-        "groupId",
-    )?;
-    let total = a.nodes + a.quiet_samples + a.burst_probes;
-    let mut instances = Vec::with_capacity(total);
-    while instances.len() < total {
-        let n = (total - instances.len()).min(500);
-        let body = http
-            .ec2(
-                endpoint,
-                &[
-                    ("Action", "RunInstances".into()),
-                    ("ImageId", "ami-bench".into()),
-                    ("InstanceType", "m5.xlarge".into()),
-                    ("SubnetId", subnet.clone()),
-                    ("SecurityGroupId.1", sg.clone()),
-                    ("MinCount", n.to_string()),
-                    ("MaxCount", n.to_string()),
-                    // As EKS and Karpenter tag them: the operator touches no instance without
-                    // its cluster's tag.
-                    ("TagSpecification.1.ResourceType", "instance".into()),
-                    (
-                        "TagSpecification.1.Tag.1.Key",
-                        format!("kubernetes.io/cluster/{CLUSTER}"),
-                    ),
-                    ("TagSpecification.1.Tag.1.Value", "owned".into()),
-                ],
-            )
-            .await?;
-        let ids = p::xml_values(&body, "instanceId");
-        ensure!(
-            ids.len() == n,
-            "RunInstances gave {} of {n} instances",
-            ids.len()
-        );
-        instances.extend(ids);
-    }
-    Ok((
-        kube,
-        World {
-            vpc,
-            subnet,
-            instances,
-        },
-    ))
-}
-
-fn first_value(xml: &str, tag: &str) -> Result<String> {
-    p::xml_values(xml, tag)
-        .into_iter()
-        .next()
-        .ok_or_else(|| anyhow!("no <{tag}> in {xml}"))
-}
-
 /// One node as the load generator sees it.
 #[derive(Default)]
 struct NodeState {
@@ -781,24 +473,9 @@ type Shared = Arc<Mutex<Gen>>;
 
 /// Applies the watch's events: latest object, first usable and met times.
 async fn watch_nodes(kube: kube::Client, g: Shared, want: usize, usable: usize) {
-    let api: Api<CiliumNode> = Api::all(kube);
-    let mut stream = watcher::watcher(api, watcher::Config::default())
-        .default_backoff()
-        .boxed();
-    loop {
-        let ev = match stream.try_next().await {
-            Ok(Some(ev)) => ev,
-            Ok(None) => return,
-            Err(e) => {
-                eprintln!("bench-process: watch: {e}");
-                continue;
-            }
-        };
-        let (Event::Apply(cn) | Event::InitApply(cn)) = ev else {
-            continue;
-        };
+    cluster::watch_ciliumnodes(kube, |cn| {
         let Some(name) = cn.metadata.name.clone() else {
-            continue;
+            return;
         };
         let now = Instant::now();
         let mut g = g.lock().expect("poisoned");
@@ -814,7 +491,8 @@ async fn watch_nodes(kube: kube::Client, g: Shared, want: usize, usable: usize) 
         }
         st.latest = Some(cn);
         st.dirty = true;
-    }
+    })
+    .await;
 }
 
 /// The classic agents: each node's `ClassicAgent` looks at its latest object and sends its
@@ -888,52 +566,14 @@ async fn join(
     name: &str,
     instance: &str,
 ) -> Result<()> {
-    let node = Node {
-        metadata: ObjectMeta {
-            name: Some(name.into()),
-            labels: Some(BTreeMap::from([
-                ("topology.kubernetes.io/zone".into(), ZONE.into()),
-                (
-                    "node.kubernetes.io/instance-type".into(),
-                    "m5.xlarge".into(),
-                ),
-            ])),
-            ..Default::default()
-        },
-        spec: Some(NodeSpec {
-            provider_id: Some(format!("aws:///{ZONE}/{instance}")),
-            unschedulable: Some(true),
-            ..Default::default()
-        }),
-        ..Default::default()
-    };
-    let node = Api::<Node>::all(kube.clone())
-        .create(&PostParams::default(), &node)
-        .await?;
-    let mut cn = CiliumNode::new(name, Default::default());
-    cn.spec.instance_id = instance.into();
-    cn.spec.eni.instance_type = "m5.xlarge".into();
-    cn.spec.eni.vpc_id = w.vpc.clone();
-    cn.spec.eni.availability_zone = ZONE.into();
-    cn.spec.eni.node_subnet_id = w.subnet.clone();
-    cn.spec.eni.first_interface_index = Some(1);
-    cn.spec.ipam.min_allocate = a.ips_per_node;
-    cn.metadata.owner_references = Some(vec![OwnerReference {
-        api_version: "v1".into(),
-        kind: "Node".into(),
-        name: name.into(),
-        uid: node.metadata.uid.unwrap_or_default(),
-        ..Default::default()
-    }]);
+    let uid = cluster::create_node(kube, name, instance).await?;
     g.lock()
         .expect("poisoned")
         .nodes
         .entry(name.into())
         .or_default()
         .created = Some(Instant::now());
-    Api::<CiliumNode>::all(kube.clone())
-        .create(&PostParams::default(), &cn)
-        .await?;
+    cluster::create_ciliumnode(kube, w, name, instance, uid, a.ips_per_node).await?;
     g.lock().expect("poisoned").creates += 2;
     Ok(())
 }
@@ -1114,7 +754,7 @@ async fn run(
     sim_proc: &Proc,
     cp: &ControlPlane,
 ) -> Result<(p::ProcessRow, Vec<String>)> {
-    let http = Http::new();
+    let http = Http::default();
     let sim = sim_proc.endpoint.clone().expect("endpoint");
     let pids = Pids {
         operator: op.pid(),
