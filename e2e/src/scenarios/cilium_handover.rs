@@ -17,7 +17,7 @@ use testkit::agent::Generation;
 use testkit::wire::clients::MutatingCall;
 
 use super::adopt::HANDOVER_LABEL;
-use super::real_cilium::{versions, work_dir};
+use super::real_cilium::work_dir;
 use super::{Abort, Suite, eventually};
 use crate::checks::NodeVariant;
 use crate::cilium_op::{self, CiliumOperator, Version};
@@ -221,26 +221,15 @@ impl Suite {
     /// `cilium-handover`: for each version given, the migration doc step by step against
     /// Cilium's real operator (see the module doc and e2e/README.md).
     pub(super) async fn cilium_handover(&mut self) -> Result<()> {
-        let (versions, older): (Vec<Version>, Vec<Version>) =
-            versions().into_iter().partition(|v| *v == Version::V120);
-        for v in older {
-            println!(
-                "NOT RUN cilium-handover {v}: its operator does not know ipam.cilium.io/ignore (docs/migrating-from-cilium.md, Cilium 1.16 and older)"
-            );
-        }
-        if versions.is_empty() {
-            println!(
-                "NOT RUN cilium-handover: CILIUM_OPERATOR is not set (a path to Cilium's cilium-operator-aws; see e2e/README.md)"
-            );
+        let Some((sim, versions)) = self
+            .cilium_120_only(
+                "cilium-handover",
+                "its operator does not know ipam.cilium.io/ignore (docs/migrating-from-cilium.md, Cilium 1.16 and older)",
+            )
+            .await?
+        else {
             return Ok(());
-        }
-        ensure!(
-            self.ops.is_local(),
-            "cilium-handover runs Cilium's operator next to the suite: local mode only"
-        );
-        let sim = SimControl::connect(&self.ops.settings.ec2_endpoint)
-            .await
-            .context("Cilium's operator needs ec2-sim's metadata endpoint")?;
+        };
         for (n, v) in versions.into_iter().enumerate() {
             if n > 0 {
                 // A fresh world per version: the last one's nodes are ours or annotated.

@@ -11,7 +11,7 @@ use anyhow::{Context, Result, ensure};
 use serde_json::Value;
 use testkit::agent::Generation;
 
-use super::real_cilium::{mutating_by_others, versions, work_dir};
+use super::real_cilium::{mutating_by_others, work_dir};
 use super::{Abort, Suite, eventually};
 use crate::checks::NodeVariant;
 use crate::cilium_op::{self, CiliumOperator, Version};
@@ -76,24 +76,15 @@ impl Suite {
 
     /// `cilium-shadow`: for each version given (see e2e/README.md).
     pub(super) async fn cilium_shadow(&mut self) -> Result<()> {
-        let (versions, older): (Vec<Version>, Vec<Version>) =
-            versions().into_iter().partition(|v| *v == Version::V120);
-        for v in older {
-            println!("NOT RUN cilium-shadow {v}: not tried yet against 1.16's metric families");
-        }
-        if versions.is_empty() {
-            println!(
-                "NOT RUN cilium-shadow: CILIUM_OPERATOR is not set (a path to Cilium's cilium-operator-aws; see e2e/README.md)"
-            );
+        let Some((sim, versions)) = self
+            .cilium_120_only(
+                "cilium-shadow",
+                "not tried yet against 1.16's metric families",
+            )
+            .await?
+        else {
             return Ok(());
-        }
-        ensure!(
-            self.ops.is_local(),
-            "cilium-shadow runs Cilium's operator next to the suite: local mode only"
-        );
-        let sim = SimControl::connect(&self.ops.settings.ec2_endpoint)
-            .await
-            .context("Cilium's operator needs ec2-sim's metadata endpoint")?;
+        };
         for (n, v) in versions.into_iter().enumerate() {
             if n > 0 {
                 self.check_invariants().await?;
