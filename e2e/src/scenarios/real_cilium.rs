@@ -51,20 +51,20 @@ pub fn mutating_by_others(r: &Record, client: &str, instances: &[String]) -> Vec
 }
 
 impl Suite {
-    /// The runs of a scenario that runs against Cilium 1.20 only (`why_not_older` is printed for
-    /// the older binaries given), with ec2-sim's control connection; `None` (NOT RUN printed)
-    /// when no 1.20 binary is given.
+    /// ec2-sim's control connection for a scenario that runs against Cilium 1.20 only
+    /// (`why_not_older` is printed for the older binaries given); `None` (NOT RUN printed) when
+    /// no 1.20 binary is given.
     pub(super) async fn cilium_120_only(
         &self,
         scenario: &str,
         why_not_older: &str,
-    ) -> Result<Option<(SimControl, Vec<Version>)>> {
-        let (versions, older): (Vec<Version>, Vec<Version>) =
+    ) -> Result<Option<SimControl>> {
+        let (v120, older): (Vec<Version>, Vec<Version>) =
             versions().into_iter().partition(|v| *v == Version::V120);
         for v in older {
             println!("NOT RUN {scenario} {v}: {why_not_older}");
         }
-        if versions.is_empty() {
+        if v120.is_empty() {
             println!(
                 "NOT RUN {scenario}: CILIUM_OPERATOR is not set (a path to Cilium's cilium-operator-aws; see e2e/README.md)"
             );
@@ -77,7 +77,7 @@ impl Suite {
         let sim = SimControl::connect(&self.ops.settings.ec2_endpoint)
             .await
             .context("Cilium's operator needs ec2-sim's metadata endpoint")?;
-        Ok(Some((sim, versions)))
+        Ok(Some(sim))
     }
 
     /// The real operator's process died: stop waiting.
