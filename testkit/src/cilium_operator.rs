@@ -147,9 +147,29 @@ pub fn limit_args(qps: u32, burst: u32) -> Vec<String> {
     ]
 }
 
+/// Its flags for a benchmark world: the rate limiter, and prefix delegation when the world
+/// runs on /28 prefixes (an operator flag in Cilium, `--aws-enable-prefix-delegation`, in
+/// `--help` of both binaries; without it Cilium assigns secondary IPs whatever the agents do).
+pub fn world_args(qps: u32, burst: u32, prefix: bool) -> Vec<String> {
+    let mut args = limit_args(qps, burst);
+    if prefix {
+        args.push("--aws-enable-prefix-delegation=true".into());
+    }
+    args
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_prefix_world_turns_on_its_prefix_delegation() {
+        let secondary = world_args(4, 20, false);
+        assert_eq!(secondary, limit_args(4, 20));
+        let prefix = world_args(4, 20, true);
+        assert!(prefix.contains(&"--aws-enable-prefix-delegation=true".to_string()));
+        assert!(prefix.contains(&"--limit-ipam-api-qps=4".to_string()));
+    }
 
     #[test]
     fn flags_differ_by_version() {

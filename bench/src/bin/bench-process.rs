@@ -348,7 +348,7 @@ fn operator(
     };
     let (metrics, health) = (free_port()?, free_port()?);
     // Its defaults, named anyway so the command line says what ran.
-    let extra = testkit::cilium_operator::limit_args(qps, burst);
+    let extra = testkit::cilium_operator::world_args(qps, burst, a.prefix);
     let cmd = testkit::cilium_operator::Launch {
         version: testkit::cilium_operator::Version::V120,
         binary: kind.binary(a)?,
