@@ -109,6 +109,18 @@ impl<E: Ec2, S: NodeSink> Core<E, S> {
         *self.inner.cilium_lease.write().expect("lease") = lease;
     }
 
+    /// Cilium operator's release as the handover guard knows it; the gauge
+    /// `eni_operator_cilium_ignore_unsupported` is 1 while it cannot be relied on to honour
+    /// `ipam.cilium.io/ignore`.
+    pub fn set_cilium_version(&self, version: crate::ipam::cilium_version::CiliumVersion) {
+        let unsupported = version.ignore_unsupported().is_some();
+        self.inner
+            .metrics
+            .cilium_ignore_unsupported
+            .set(i64::from(unsupported));
+        *self.inner.cilium_version.write().expect("cilium version") = version;
+    }
+
     /// Wall time by the core's clock (paused in tests).
     pub fn wall_now(&self) -> k8s_openapi::jiff::Timestamp {
         self.inner.wall_now()
