@@ -74,18 +74,24 @@ impl Suite {
         Ok(at)
     }
 
-    /// `cilium-shadow`: against Cilium 1.20 (see e2e/README.md).
+    /// `cilium-shadow`: against each Cilium version given (see e2e/README.md).
     pub(super) async fn cilium_shadow(&mut self) -> Result<()> {
-        let Some(sim) = self
-            .cilium_120_only(
-                "cilium-shadow",
-                "not tried yet against 1.16's metric families",
-            )
-            .await?
-        else {
+        let Some((sim, versions)) = self.cilium_versions("cilium-shadow").await? else {
             return Ok(());
         };
-        self.cilium_shadow_version(&sim, Version::V120).await
+        for (n, v) in versions.into_iter().enumerate() {
+            if n > 0 {
+                self.check_invariants().await?;
+                self.cleanup().await?;
+            }
+            let t0 = Instant::now();
+            self.cilium_shadow_version(&sim, v).await?;
+            println!(
+                "     cilium-shadow {v}: passed in {:.0}s",
+                t0.elapsed().as_secs_f64()
+            );
+        }
+        Ok(())
     }
 
     async fn cilium_shadow_version(&mut self, sim: &SimControl, v: Version) -> Result<()> {
