@@ -8,11 +8,11 @@
 //!
 //! Where the numbers come from (Cilium's public history): each "Prepare for v1.N development
 //! cycle" commit sets the schema to 1.(N+13).0 (1.30.0 for v1.17, 1.31.0 for v1.18, 1.32.0 for
-//! v1.19); the 1.16.0-dev binary we test with writes 1.29.4, the 1.20.0-dev one 1.33.x. The
-//! annotation came with commit fd768ac4 "ipam: skip CiliumNodes marked with appropriate
-//! annotation" (`operator/cmd/cilium_node.go`, `pkg/annotation/k8s.go` `IPAMIgnore`), merged on
-//! 2025-02-26 into the v1.18 development cycle, between the schema bumps to 1.31.2 (deae87a4)
-//! and 1.31.3 (f07d111b): first release v1.18.0.
+//! v1.19); on our test world (e2e `cilium-handover`) the 1.16.0-dev binary wrote 1.29.4 and the
+//! 1.20.0-dev one 1.33.9. The annotation came with commit fd768ac4 "ipam: skip CiliumNodes
+//! marked with appropriate annotation" (`operator/cmd/cilium_node.go`, `pkg/annotation/k8s.go`
+//! `IPAMIgnore`), merged on 2025-02-26 into the v1.18 development cycle, between the schema bumps
+//! to 1.31.2 (deae87a4) and 1.31.3 (f07d111b): first release v1.18.0.
 
 use std::fmt;
 
