@@ -293,9 +293,10 @@ async fn run_operator(
                 ));
             }
             // The guard's view of Cilium operator's release: fails closed until read, unless
-            // the user vouched for it.
+            // the user vouched for it. Read with --cilium-operator-absent too: a Lease that is
+            // found is still obeyed, and so is the release of the operator that holds it.
             let (version_client, version_core) = (client.clone(), core.clone());
-            let read_version = watch_lease && !absent && !settings.handover.cilium_honours_ignore;
+            let read_version = watch_lease && !settings.handover.cilium_honours_ignore;
             if read_version {
                 core.set_cilium_version(
                     eni_operator::ipam::cilium_version::CiliumVersion::Unknown(

@@ -65,9 +65,9 @@ pub struct RuntimeMetrics {
     pub other_allocator_blocked: Counter,
     /// 1 while Cilium operator's Lease cannot be read (nodes not handed over yet wait, §16).
     pub cilium_lease_unreadable: Gauge,
-    /// 1 while Cilium's operator cannot be relied on to honour `ipam.cilium.io/ignore` (its
-    /// CRD schema label names a release before 1.18, or none can be read): while its Lease is
-    /// held, no node is taken over.
+    /// 1 while Cilium's operator runs and cannot be relied on to honour
+    /// `ipam.cilium.io/ignore` (its CRD schema label names a release before 1.18, or none can
+    /// be read): no node is taken over.
     pub cilium_ignore_unsupported: Gauge,
     /// Finalizers removed after failing for the grace period (their ENIs left to the GC).
     pub finalizers_let_go: Counter,
@@ -273,7 +273,7 @@ impl RuntimeMetrics {
         );
         r.register(
             "cilium_ignore_unsupported",
-            "1 while Cilium's operator is older than ipam.cilium.io/ignore or its release cannot be told: while it runs, no node is taken over",
+            "1 while Cilium's operator runs and is older than ipam.cilium.io/ignore or its release cannot be told: no node is taken over",
             m.cilium_ignore_unsupported.clone(),
         );
         r.register(
