@@ -86,7 +86,7 @@ impl CiliumVersion {
     pub fn ignore_unsupported(&self) -> Option<String> {
         let upgrade = format!(
             "upgrade Cilium to {FIRST_HONOURING_RELEASE} or later before handing over, or stop \
-             its operator (kubectl -n kube-system scale deploy/cilium-operator --replicas=0)"
+             its operator (scale deploy/cilium-operator to 0 in Cilium's namespace)"
         );
         match self {
             Self::Vouched => None,
