@@ -1266,6 +1266,13 @@ pub struct HandoverSettings {
     /// --cilium-namespace).
     #[arg(long, env = "ENI_OPERATOR_CILIUM_OPERATOR_ABSENT", default_value_t = false, num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set)]
     pub cilium_operator_absent: bool,
+    /// You verified that Cilium's operator is 1.18 or later, so it honours
+    /// `ipam.cilium.io/ignore`: the guard does not read its release from the
+    /// `io.cilium.k8s.crd.schema.version` label of the CiliumNode CRD. Without it, while
+    /// Cilium's Lease is held and that label names a release before 1.18 (or cannot be read),
+    /// no node is taken over (`CiliumIgnoresAnnotation`).
+    #[arg(long, env = "ENI_OPERATOR_CILIUM_HONOURS_IGNORE", default_value_t = false, num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set)]
+    pub cilium_honours_ignore: bool,
     /// How long another field manager's write of `spec.ipam.pool` / `status.eni` after ours
     /// counts as a running second allocator (longer than Cilium's one-minute resync).
     #[arg(long, env = "ENI_OPERATOR_HANDOVER_QUIET", default_value = "3m", value_parser = parse_duration)]

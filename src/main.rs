@@ -292,6 +292,27 @@ async fn run_operator(
                     "Cilium operator's Lease not read yet".into(),
                 ));
             }
+            // The guard's view of Cilium operator's release: fails closed until read, unless
+            // the user vouched for it. Read with --cilium-operator-absent too: a Lease that is
+            // found is still obeyed, and so is the release of the operator that holds it.
+            let (version_client, version_core) = (client.clone(), core.clone());
+            let read_version = watch_lease && !settings.handover.cilium_honours_ignore;
+            if read_version {
+                core.set_cilium_version(
+                    eni_operator::ipam::cilium_version::CiliumVersion::Unknown(
+                        "the CiliumNode CRD's label not read yet".into(),
+                    ),
+                );
+            }
+            let cilium_version = async move {
+                if read_version {
+                    eni_operator::runtime::cilium_version::watch(version_client, move |v| {
+                        version_core.set_cilium_version(v);
+                    })
+                    .await;
+                }
+                std::future::pending::<()>().await
+            };
             let cilium_lease = async move {
                 if watch_lease {
                     eni_operator::runtime::cilium_lease::watch(
@@ -307,6 +328,7 @@ async fn run_operator(
             tokio::select! {
                 result = core.clone().run(rx, shutdown.cancelled()) => result.map_err(anyhow::Error::from),
                 () = cilium_lease => Ok(()),
+                () = cilium_version => Ok(()),
                 () = source::watch_cilium_nodes(client.clone(), tx.clone(), || readiness.set_nodes_listed()) => Ok(()),
                 () = source::watch_nodes(client.clone(), tx.clone()) => Ok(()),
                 () = source::watch_pending_pods(client, tx) => Ok(()),

@@ -340,3 +340,104 @@ async fn a_takeover_right_after_the_other_allocators_last_assign_keeps_its_pool(
         "no assign refused (an ENI EC2 already filled): {assigns:?}"
     );
 }
+
+/// Issue 32: Cilium's operator before 1.18 does not know `ipam.cilium.io/ignore` (the 1.16
+/// binary lacks the string), so a restart after the annotation does not hand the node over: it
+/// keeps serving it. With its CRD schema label naming 1.16, ours keeps off the node however the
+/// Lease looks; after Cilium's upgrade (label 1.31.x, a new leader) the node is ours. On the old
+/// main the restarted 1.16 leader let ours allocate beside it.
+#[tokio::test(start_paused = true)]
+async fn a_cilium_operator_older_than_the_annotation_keeps_the_node_after_its_restart() {
+    use eni_operator::ipam::cilium_version::CiliumVersion;
+    let w = Cluster::new();
+    let sink = Arc::new(MemorySink::new());
+    let metrics = RuntimeMetrics::default();
+    let mut cfg = config();
+    cfg.annotate_cilium_ignore = true;
+    let running::Running { core, tx, .. } =
+        running::start(w.sim.clone(), sink.clone(), cfg, metrics.clone());
+    core.set_cilium_version(CiliumVersion::from_label(Some("1.29.4")));
+    assert_eq!(
+        metrics.cilium_ignore_unsupported.get(),
+        0,
+        "Cilium's operator is not running yet"
+    );
+    let now = core.wall_now();
+    // Cilium served the node, it was annotated, then Cilium's operator restarted.
+    let inst = w.instance();
+    let mut node = agent_node(&w, "n", &inst.id, 8);
+    cilium_pool_write(&mut node, now - Duration::from_secs(600));
+    annotated_ignore(&mut node, now - Duration::from_secs(300));
+    let leader = renew_cilium_lease(&core, "cilium-operator-116", now - Duration::from_secs(60));
+    let before = mutating(&w.sim);
+    let n = sink.put(&node);
+    tx.send(NodeInput::Upsert(Box::new(n))).await.unwrap();
+
+    tokio::time::sleep(Duration::from_secs(120)).await;
+    assert_eq!(metrics.cilium_ignore_unsupported.get(), 1);
+    assert_eq!(
+        mutating(&w.sim),
+        before,
+        "no EC2 mutation while 1.16 serves it"
+    );
+    assert!(!served(&sink, "n", 8));
+    let error = operator_error(&sink, "n").expect("operator-status says why");
+    assert!(
+        error.starts_with("CiliumIgnoresAnnotation")
+            && error.contains("Cilium operator 1.16")
+            && error.contains("upgrade Cilium to 1.18"),
+        "{error}"
+    );
+    assert!(
+        sink.get("n")
+            .unwrap()
+            .metadata
+            .finalizers
+            .is_none_or(|f| f.is_empty()),
+        "not taken over"
+    );
+    let events = sink.events("n");
+    let warnings = events
+        .iter()
+        .filter(|e| e.reason == "CiliumIgnoresAnnotation")
+        .count();
+    assert_eq!(warnings, 1, "one Event: {events:?}");
+
+    // Cilium upgraded: its operator rewrote the label and a new leader started.
+    core.set_cilium_version(CiliumVersion::from_label(Some("1.31.10")));
+    assert_eq!(metrics.cilium_ignore_unsupported.get(), 0);
+    leader.abort();
+    let _new = renew_cilium_lease(&core, "cilium-operator-118", core.wall_now());
+    assert!(wait_until(|| served(&sink, "n", 8), Duration::from_secs(60)).await);
+    assert_eq!(operator_error(&sink, "n"), None, "the error is cleared");
+}
+
+/// The guard fails closed when Cilium's release cannot be told (no label, CRD unreadable) while
+/// its Lease is held; `--cilium-honours-ignore` (the user vouched) lets the handover go on.
+#[tokio::test(start_paused = true)]
+async fn an_unknown_cilium_release_holds_the_handover_until_the_user_vouches_for_it() {
+    use eni_operator::ipam::cilium_version::CiliumVersion;
+    let w = Cluster::new();
+    let sink = Arc::new(MemorySink::new());
+    let mut cfg = config();
+    cfg.annotate_cilium_ignore = true;
+    let (core, tx) = start(w.sim.clone(), &sink, cfg);
+    core.set_cilium_version(CiliumVersion::from_label(None));
+    let now = core.wall_now();
+    let inst = w.instance();
+    let mut node = agent_node(&w, "n", &inst.id, 8);
+    annotated_ignore(&mut node, now - Duration::from_secs(300));
+    let _leader = renew_cilium_lease(&core, "cilium-operator-1", now - Duration::from_secs(60));
+    let before = mutating(&w.sim);
+    let n = sink.put(&node);
+    tx.send(NodeInput::Upsert(Box::new(n))).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    assert_eq!(mutating(&w.sim), before);
+    let error = operator_error(&sink, "n").unwrap_or_default();
+    assert!(
+        error.starts_with("CiliumIgnoresAnnotation") && error.contains("--cilium-honours-ignore"),
+        "{error}"
+    );
+    core.set_cilium_version(CiliumVersion::Vouched);
+    assert!(wait_until(|| served(&sink, "n", 8), Duration::from_secs(60)).await);
+}

@@ -150,8 +150,9 @@ fn every_object_parses_and_the_set_is_complete() {
         o.pdbs.len(),
         o.services.len(),
     ];
-    // Two Roles and RoleBindings: leader election, and Cilium's Lease (in kube-system).
-    assert_eq!(counts, [1, 1, 1, 1, 2, 2, 1, 1, 1, 1]);
+    // Two Roles and RoleBindings: leader election, and Cilium's Lease (in kube-system); two
+    // ClusterRoles and bindings: the operator's, and the CiliumNode CRD's label.
+    assert_eq!(counts, [1, 1, 2, 2, 2, 2, 1, 1, 1, 1]);
     assert_eq!(o.namespaces[0].metadata.name.as_deref(), Some(NAMESPACE));
     // Namespaced objects all live in the operator's namespace (but the Role to read Cilium's
     // Lease, `rbac_reads_only_cilium_operators_lease`).
@@ -650,10 +651,10 @@ fn readme_row(r: &k8s_openapi::api::rbac::v1::PolicyRule) -> String {
 fn readme_lists_every_rbac_grant() {
     let readme = std::fs::read_to_string(root_dir().join("README.md")).unwrap();
     let o = objects();
-    let rules = o.cluster_roles[0]
-        .rules
+    let rules = o
+        .cluster_roles
         .iter()
-        .flatten()
+        .flat_map(|r| r.rules.iter().flatten())
         .chain(o.roles.iter().flat_map(|r| r.rules.iter().flatten()));
     for rule in rules {
         let row = readme_row(rule);
@@ -761,6 +762,41 @@ fn rbac_reads_only_cilium_operators_lease() {
         ("ServiceAccount", "eni-operator")
     );
     assert_eq!(s.namespace.as_deref(), Some(NAMESPACE));
+}
+
+/// The handover guard reads Cilium operator's release from the CiliumNode CRD's schema label:
+/// `get` of that one CRD, a ClusterRole of its own bound to our ServiceAccount; nothing else.
+#[test]
+fn rbac_reads_only_the_ciliumnode_crd() {
+    use eni_operator::ipam::cilium_version::CILIUM_NODE_CRD;
+    let o = objects();
+    assert_eq!(o.cluster_roles.len(), 2, "the operator's and the CRD read");
+    let role = o
+        .cluster_roles
+        .iter()
+        .find(|r| r.metadata.name.as_deref() == Some("eni-operator-cilium-crd"))
+        .expect("a ClusterRole for the CRD");
+    let rules = role.rules.clone().unwrap();
+    assert_eq!(rules.len(), 1);
+    assert_eq!(rules[0].verbs, vec!["get".to_string()]);
+    assert_eq!(
+        rules[0].api_groups,
+        Some(vec!["apiextensions.k8s.io".to_string()])
+    );
+    assert_eq!(
+        rules[0].resource_names,
+        Some(vec![CILIUM_NODE_CRD.to_string()])
+    );
+    let binding = o
+        .cluster_role_bindings
+        .iter()
+        .find(|b| b.role_ref.name == "eni-operator-cilium-crd")
+        .expect("bound");
+    let s = &binding.subjects.as_ref().unwrap()[0];
+    assert_eq!(
+        (s.kind.as_str(), s.name.as_str()),
+        ("ServiceAccount", "eni-operator")
+    );
 }
 
 #[test]

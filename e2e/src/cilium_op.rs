@@ -155,6 +155,39 @@ pub async fn delete_lease(kube: &kube::Client) -> Result<()> {
     }
 }
 
+/// The `io.cilium.k8s.crd.schema.version` label on the CiliumNode CRD: the newest schema a
+/// Cilium operator registered (what our handover guard reads).
+pub async fn crd_schema_label(kube: &kube::Client) -> Result<Option<String>> {
+    use eni_operator::ipam::cilium_version::{CILIUM_NODE_CRD, SCHEMA_LABEL};
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    let crds: Api<CustomResourceDefinition> = Api::all(kube.clone());
+    Ok(crds
+        .get_metadata(CILIUM_NODE_CRD)
+        .await?
+        .metadata
+        .labels
+        .and_then(|l| l.get(SCHEMA_LABEL).cloned()))
+}
+
+/// Removes that label, as on a cluster where no newer Cilium ever ran: Cilium's operator only
+/// raises it (`pkg/k8s/apis/crdhelpers/register.go`, `needsUpdateV1`), so after the suite's 1.20
+/// runs an older operator would leave 1.20's label in place. Without it the next Cilium
+/// operator to start registers its own schema and label.
+pub async fn forget_crd_schema_label(kube: &kube::Client) -> Result<()> {
+    use eni_operator::ipam::cilium_version::{CILIUM_NODE_CRD, SCHEMA_LABEL};
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    use kube::api::{Patch, PatchParams};
+    let crds: Api<CustomResourceDefinition> = Api::all(kube.clone());
+    let patch = serde_json::json!({"metadata": {"labels": {SCHEMA_LABEL: null}}});
+    crds.patch(
+        CILIUM_NODE_CRD,
+        &PatchParams::default(),
+        &Patch::Merge(&patch),
+    )
+    .await?;
+    Ok(())
+}
+
 /// The holder of Cilium's Lease, if any.
 pub async fn lease_holder(kube: &kube::Client) -> Result<Option<String>> {
     let leases: Api<Lease> = Api::namespaced(kube.clone(), NAMESPACE);

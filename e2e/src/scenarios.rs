@@ -27,6 +27,7 @@ use testkit::agent::{Generation, endpoints};
 
 mod adopt;
 mod cilium_handover;
+mod cilium_refusal;
 mod cilium_shadow;
 mod helm;
 mod real_cilium;

@@ -10,6 +10,7 @@ use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use serde_json::Value;
 
 use crate::crd::CILIUM_IGNORE_ANNOTATION;
+use crate::ipam::ProblemReason;
 
 /// Our field manager for every write but the Cilium ignore annotation.
 pub const OWN_FIELD_MANAGER: &str = "eni-operator";
@@ -137,6 +138,9 @@ pub struct Signals<'a> {
     pub now: Timestamp,
     /// How long a foreign pool write counts as a running allocator (`--handover-quiet`).
     pub quiet: Duration,
+    /// Why Cilium's operator cannot be relied on to honour the annotation
+    /// ([`super::cilium_version::CiliumVersion::ignore_unsupported`]); `None`: it can.
+    pub ignore_unsupported: Option<&'a str>,
 }
 
 /// Another allocator serves the node: why we think so.
@@ -158,6 +162,19 @@ pub enum OtherAllocator {
     },
     /// ENIs with Cilium's description appeared after the handover.
     CiliumEni { enis: Vec<String> },
+    /// Cilium's operator runs and does not honour the annotation (too old, or its release
+    /// cannot be told): annotated or not, it serves the node.
+    CiliumIgnoresAnnotation { holder: String, why: String },
+}
+
+impl OtherAllocator {
+    /// The reason on the node's operator-status and its Event.
+    pub const fn problem_reason(&self) -> ProblemReason {
+        match self {
+            Self::CiliumIgnoresAnnotation { .. } => ProblemReason::CiliumIgnoresAnnotation,
+            _ => ProblemReason::OtherAllocatorActive,
+        }
+    }
 }
 
 impl std::fmt::Display for OtherAllocator {
@@ -188,6 +205,10 @@ impl std::fmt::Display for OtherAllocator {
                 "Cilium's operator created {} on this instance after the handover: it still \
                  serves this node",
                 enis.join(", ")
+            ),
+            Self::CiliumIgnoresAnnotation { holder, why } => write!(
+                f,
+                "Cilium's operator ({holder}) is running and serves this node: {why}"
             ),
         }
     }
@@ -250,6 +271,15 @@ pub fn other_allocator(s: &Signals) -> Option<OtherAllocator> {
     if !s.cilium_ignore && !s.will_annotate {
         return Some(OtherAllocator::CiliumNotIgnored {
             holder: lease.holder.clone(),
+        });
+    }
+    // Everything below relies on Cilium's operator honouring the annotation: one that does
+    // not (before 1.18, cilium_version.rs; the 1.16 binary lacks the string) serves every
+    // node, restarted after the annotation or not.
+    if let Some(why) = s.ignore_unsupported {
+        return Some(OtherAllocator::CiliumIgnoresAnnotation {
+            holder: lease.holder.clone(),
+            why: why.to_string(),
         });
     }
     // Annotated (or about to be): the running leader still serves the node if it took over
@@ -323,6 +353,7 @@ mod tests {
             new_cilium_enis: &[],
             now: t(now),
             quiet: Duration::from_secs(180),
+            ignore_unsupported: None,
         }
     }
 
@@ -495,6 +526,43 @@ mod tests {
         let other = OtherAllocator::CiliumNotIgnored { holder: "x".into() };
         s.cilium_ignore = false;
         assert!(!annotate_while_blocked(&s, &other));
+    }
+
+    #[test]
+    fn a_cilium_operator_older_than_the_annotation_serves_annotated_nodes_even_after_a_restart() {
+        use crate::ipam::cilium_version::CiliumVersion;
+        let entries = [entry(
+            HANDOVER_FIELD_MANAGER,
+            None,
+            50,
+            json!({"f:metadata": {"f:annotations": {"f:ipam.cilium.io/ignore": {}}}}),
+        )];
+        let w = Writers::from_managed_fields(&entries);
+        // Restarted after the annotation: a 1.18+ leader keeps off the node.
+        let restarted = lease(60, 100);
+        let v116 = CiliumVersion::from_label(Some("1.29.4"))
+            .ignore_unsupported()
+            .unwrap();
+        let mut s = signals(&w, Some(&restarted), 105);
+        assert_eq!(other_allocator(&s), None);
+        s.ignore_unsupported = Some(&v116);
+        let other = other_allocator(&s).expect("1.16 serves it anyway");
+        assert_eq!(
+            other.problem_reason(),
+            ProblemReason::CiliumIgnoresAnnotation
+        );
+        let text = other.to_string();
+        assert!(
+            text.contains("cilium-operator-abc") && text.contains("Cilium operator 1.16"),
+            "{text}"
+        );
+        // Ours is to annotate it: no annotation written for a refused handover.
+        s.cilium_ignore = false;
+        s.will_annotate = true;
+        assert!(!annotate_while_blocked(&s, &other_allocator(&s).unwrap()));
+        // Cilium's operator stopped (Lease expired): nothing to keep off.
+        let s = Signals { now: t(200), ..s };
+        assert_eq!(other_allocator(&s), None);
     }
 
     #[test]

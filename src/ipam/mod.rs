@@ -11,6 +11,7 @@
 //! `docs/ciliumnode.md` (which CiliumNode fields are read and written).
 
 pub mod capacity;
+pub mod cilium_version;
 pub mod demand;
 pub mod handover;
 pub mod ownership;
@@ -164,6 +165,10 @@ pub enum ProblemReason {
     NotClusterInstance,
     /// Cilium operator's Lease cannot be read: a node not handed over yet waits (§16).
     CiliumLeaseUnreadable,
+    /// Cilium's running operator is older than `ipam.cilium.io/ignore` (or its release cannot
+    /// be told): the annotation would not keep it off the node, so we keep off it
+    /// ([`cilium_version`]).
+    CiliumIgnoresAnnotation,
 }
 
 impl ProblemReason {
@@ -188,6 +193,7 @@ impl ProblemReason {
             Self::InstanceNamedTwice => "InstanceNamedTwice",
             Self::NotClusterInstance => "NotClusterInstance",
             Self::CiliumLeaseUnreadable => "CiliumLeaseUnreadable",
+            Self::CiliumIgnoresAnnotation => "CiliumIgnoresAnnotation",
         }
     }
 }

@@ -107,6 +107,37 @@ impl<E: Ec2, S: NodeSink> Core<E, S> {
             .cilium_lease_unreadable
             .set(i64::from(unreadable));
         *self.inner.cilium_lease.write().expect("lease") = lease;
+        self.update_ignore_gauge();
+    }
+
+    /// Cilium operator's release as the handover guard knows it.
+    pub fn set_cilium_version(&self, version: crate::ipam::cilium_version::CiliumVersion) {
+        *self.inner.cilium_version.write().expect("cilium version") = version;
+        self.update_ignore_gauge();
+    }
+
+    /// `eni_operator_cilium_ignore_unsupported`: 1 while Cilium's operator runs (its Lease is
+    /// fresh) and cannot be relied on to honour `ipam.cilium.io/ignore`, i.e. while the guard
+    /// takes no node over for that reason; a cluster without Cilium stays at 0.
+    fn update_ignore_gauge(&self) {
+        let running = self
+            .inner
+            .cilium_lease
+            .read()
+            .expect("lease")
+            .view()
+            .is_some_and(|l| l.fresh(self.inner.wall_now()));
+        let unsupported = self
+            .inner
+            .cilium_version
+            .read()
+            .expect("cilium version")
+            .ignore_unsupported()
+            .is_some();
+        self.inner
+            .metrics
+            .cilium_ignore_unsupported
+            .set(i64::from(running && unsupported));
     }
 
     /// Wall time by the core's clock (paused in tests).

@@ -65,6 +65,10 @@ pub struct RuntimeMetrics {
     pub other_allocator_blocked: Counter,
     /// 1 while Cilium operator's Lease cannot be read (nodes not handed over yet wait, §16).
     pub cilium_lease_unreadable: Gauge,
+    /// 1 while Cilium's operator runs and cannot be relied on to honour
+    /// `ipam.cilium.io/ignore` (its CRD schema label names a release before 1.18, or none can
+    /// be read): no node is taken over.
+    pub cilium_ignore_unsupported: Gauge,
     /// Finalizers removed after failing for the grace period (their ENIs left to the GC).
     pub finalizers_let_go: Counter,
     /// Planning decisions (`plan_node` calls) and the thread time they took, in nanoseconds:
@@ -112,6 +116,7 @@ impl Default for RuntimeMetrics {
             passes: Counter::default(),
             other_allocator_blocked: Counter::default(),
             cilium_lease_unreadable: Gauge::default(),
+            cilium_ignore_unsupported: Gauge::default(),
             finalizers_let_go: Counter::default(),
             plans: Counter::default(),
             plan_nanos: Counter::default(),
@@ -265,6 +270,11 @@ impl RuntimeMetrics {
             "cilium_lease_unreadable",
             "1 while Cilium operator's Lease cannot be read: nodes not handed over yet wait",
             m.cilium_lease_unreadable.clone(),
+        );
+        r.register(
+            "cilium_ignore_unsupported",
+            "1 while Cilium's operator runs and is older than ipam.cilium.io/ignore or its release cannot be told: no node is taken over",
+            m.cilium_ignore_unsupported.clone(),
         );
         r.register(
             "finalizers_let_go",

@@ -9,6 +9,7 @@
 
 pub mod cache;
 pub mod cilium_lease;
+pub mod cilium_version;
 pub mod clock;
 pub mod core;
 pub mod events;

@@ -39,6 +39,8 @@ pub struct Shared<E, S> {
     /// otherwise: `main` starts it `Unreadable` when it reads the Lease (§16); a core driven
     /// by tests or the benchmark has no Cilium operator.
     pub cilium_lease: RwLock<crate::ipam::handover::CiliumLease>,
+    /// Cilium operator's release as the guard knows it (the CRD's schema label).
+    pub cilium_version: RwLock<crate::ipam::cilium_version::CiliumVersion>,
     /// Wall time at a clock instant: the guard compares managedFields and Lease times with
     /// the core's clock (paused in tests).
     pub epoch: (k8s_openapi::jiff::Timestamp, Instant),
@@ -87,6 +89,9 @@ impl<E: Ec2, S> Shared<E, S> {
             metrics,
             warm: tokio::sync::watch::Sender::new(false),
             cilium_lease: RwLock::new(crate::ipam::handover::CiliumLease::Absent),
+            // Set by the runtime when it reads the label (main.rs); a core without a reader
+            // (tests, the benchmark) models a Cilium that honours the annotation.
+            cilium_version: RwLock::new(crate::ipam::cilium_version::CiliumVersion::Vouched),
             epoch,
             shadow: None,
             status: Arc::new(status),

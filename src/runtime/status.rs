@@ -71,7 +71,9 @@ impl WaitReason {
         match problem {
             ProblemReason::Ec2Error if throttled => WaitReason::Throttled,
             ProblemReason::UnknownInstanceType => WaitReason::LimitsUnknown,
-            ProblemReason::OtherAllocatorActive => WaitReason::OtherAllocator,
+            ProblemReason::OtherAllocatorActive | ProblemReason::CiliumIgnoresAnnotation => {
+                WaitReason::OtherAllocator
+            }
             ProblemReason::InstanceNotFound => WaitReason::InstanceNotListed,
             _ => WaitReason::Error,
         }

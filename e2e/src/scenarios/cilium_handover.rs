@@ -61,7 +61,7 @@ pub fn overlaps(calls: &[MutatingCall], window_ms: u64) -> Vec<String> {
 }
 
 /// Allocator calls on `instance` by `client` (`Some`) or by anyone but Cilium (`None`).
-fn calls_on<'a>(
+pub(super) fn calls_on<'a>(
     calls: &'a [MutatingCall],
     instance: &str,
     client: Option<&str>,
@@ -85,14 +85,18 @@ struct Figures {
 
 impl Suite {
     /// ec2-sim's mutating calls from index `from` on.
-    async fn calls_since(&self, sim: &SimControl, from: usize) -> Result<Vec<MutatingCall>> {
+    pub(super) async fn calls_since(
+        &self,
+        sim: &SimControl,
+        from: usize,
+    ) -> Result<Vec<MutatingCall>> {
         let mut r = sim.clients().await?;
         r.mutating.drain(..from.min(r.mutating.len()));
         Ok(r.mutating)
     }
 
     /// Waits until `idxs` are served while Cilium's operator (if one runs) is alive.
-    async fn served_beside(
+    pub(super) async fn served_beside(
         &self,
         op: &Mutex<Option<CiliumOperator>>,
         idxs: &[usize],
@@ -128,7 +132,7 @@ impl Suite {
         Ok(None)
     }
 
-    async fn cilium_ignore_on(&self, idx: usize) -> Result<bool> {
+    pub(super) async fn cilium_ignore_on(&self, idx: usize) -> Result<bool> {
         Ok(self
             .cn(idx)
             .await?
@@ -173,7 +177,7 @@ impl Suite {
     /// `kubectl rollout restart deploy/cilium-operator`: SIGTERM, then a new process that waits
     /// for the Lease as a new pod does. Returns when the new leader holds it, with how long the
     /// old one took to stop and the new one to lead.
-    async fn restart_cilium(
+    pub(super) async fn restart_cilium(
         &self,
         op: &Mutex<Option<CiliumOperator>>,
         v: Version,
@@ -218,19 +222,29 @@ impl Suite {
         Ok((stopped, t0.elapsed()))
     }
 
-    /// `cilium-handover`: the migration doc step by step against
-    /// Cilium's real operator (see the module doc and e2e/README.md).
+    /// `cilium-handover`: the migration doc step by step against Cilium's real operator 1.20;
+    /// against 1.16, which ignores `ipam.cilium.io/ignore`, the guard's refusal
+    /// (`cilium_refusal.rs`). See the module doc and e2e/README.md.
     pub(super) async fn cilium_handover(&mut self) -> Result<()> {
-        let Some(sim) = self
-            .cilium_120_only(
-                "cilium-handover",
-                "its operator does not know ipam.cilium.io/ignore (docs/migrating-from-cilium.md, Cilium 1.16 and older)",
-            )
-            .await?
-        else {
+        let Some((sim, versions)) = self.cilium_versions("cilium-handover").await? else {
             return Ok(());
         };
-        self.cilium_handover_version(&sim, Version::V120).await
+        for (n, v) in versions.into_iter().enumerate() {
+            if n > 0 {
+                self.check_invariants().await?;
+                self.cleanup().await?;
+            }
+            let t0 = Instant::now();
+            match v {
+                Version::V120 => self.cilium_handover_version(&sim, v).await?,
+                Version::V116 => self.cilium_handover_refused(&sim, v).await?,
+            }
+            println!(
+                "     cilium-handover {v}: passed in {:.0}s",
+                t0.elapsed().as_secs_f64()
+            );
+        }
+        Ok(())
     }
 
     async fn cilium_handover_version(&mut self, sim: &SimControl, v: Version) -> Result<()> {
@@ -280,8 +294,10 @@ impl Suite {
             .served_beside(op, idxs, "Cilium's operator to serve three nodes")
             .await?;
         println!(
-            "     cilium-handover {v}: three nodes served by Cilium's operator {:.1}s after its start",
-            t.as_secs_f64()
+            "     cilium-handover {v}: three nodes served by Cilium's operator {:.1}s after its start; CiliumNode CRD {}={:?}",
+            t.as_secs_f64(),
+            eni_operator::ipam::cilium_version::SCHEMA_LABEL,
+            cilium_op::crd_schema_label(&self.kube).await?
         );
         // Step 1: the starting point.
         let mut before = Vec::new();

@@ -74,18 +74,24 @@ impl Suite {
         Ok(at)
     }
 
-    /// `cilium-shadow`: against Cilium 1.20 (see e2e/README.md).
+    /// `cilium-shadow`: against each Cilium version given (see e2e/README.md).
     pub(super) async fn cilium_shadow(&mut self) -> Result<()> {
-        let Some(sim) = self
-            .cilium_120_only(
-                "cilium-shadow",
-                "not tried yet against 1.16's metric families",
-            )
-            .await?
-        else {
+        let Some((sim, versions)) = self.cilium_versions("cilium-shadow").await? else {
             return Ok(());
         };
-        self.cilium_shadow_version(&sim, Version::V120).await
+        for (n, v) in versions.into_iter().enumerate() {
+            if n > 0 {
+                self.check_invariants().await?;
+                self.cleanup().await?;
+            }
+            let t0 = Instant::now();
+            self.cilium_shadow_version(&sim, v).await?;
+            println!(
+                "     cilium-shadow {v}: passed in {:.0}s",
+                t0.elapsed().as_secs_f64()
+            );
+        }
+        Ok(())
     }
 
     async fn cilium_shadow_version(&mut self, sim: &SimControl, v: Version) -> Result<()> {
@@ -328,6 +334,12 @@ impl Suite {
             mismatches.is_empty(),
             "gauges that must agree do not: {mismatches:?}"
         );
+        // `--metrics-compat=cilium` follows the current Cilium (1.20). 1.16 has two families
+        // 1.20 no longer has (`cilium_operator_ipam_ips`, `cilium_operator_ipam_available_interfaces`,
+        // seen in this scenario): printed above, not required; the gauges that must agree are.
+        if v == Version::V116 {
+            return Ok(());
+        }
         ensure!(
             d.only_cilium.is_empty() && d.kinds.is_empty() && d.label_names.is_empty(),
             "Cilium's families differ from ours (--metrics-compat=cilium): missing {:?}, types {:?}, label names {:?}",

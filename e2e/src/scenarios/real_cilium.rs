@@ -51,22 +51,16 @@ pub fn mutating_by_others(r: &Record, client: &str, instances: &[String]) -> Vec
 }
 
 impl Suite {
-    /// ec2-sim's control connection for a scenario that runs against Cilium 1.20 only
-    /// (`why_not_older` is printed for the older binaries given); `None` (NOT RUN printed) when
-    /// no 1.20 binary is given.
-    pub(super) async fn cilium_120_only(
+    /// ec2-sim's control connection and the Cilium versions given (1.20 first) for a scenario
+    /// that runs Cilium's operator; `None` (NOT RUN printed) when no binary is given.
+    pub(super) async fn cilium_versions(
         &self,
         scenario: &str,
-        why_not_older: &str,
-    ) -> Result<Option<SimControl>> {
-        let (v120, older): (Vec<Version>, Vec<Version>) =
-            versions().into_iter().partition(|v| *v == Version::V120);
-        for v in older {
-            println!("NOT RUN {scenario} {v}: {why_not_older}");
-        }
-        if v120.is_empty() {
+    ) -> Result<Option<(SimControl, Vec<Version>)>> {
+        let versions = versions();
+        if versions.is_empty() {
             println!(
-                "NOT RUN {scenario}: CILIUM_OPERATOR is not set (a path to Cilium's cilium-operator-aws; see e2e/README.md)"
+                "NOT RUN {scenario}: neither CILIUM_OPERATOR nor CILIUM_OPERATOR_116 is set (paths to Cilium's cilium-operator-aws; see e2e/README.md)"
             );
             return Ok(None);
         }
@@ -77,7 +71,7 @@ impl Suite {
         let sim = SimControl::connect(&self.ops.settings.ec2_endpoint)
             .await
             .context("Cilium's operator needs ec2-sim's metadata endpoint")?;
-        Ok(Some(sim))
+        Ok(Some((sim, versions)))
     }
 
     /// The real operator's process died: stop waiting.

@@ -1,7 +1,8 @@
 //! Part of step 2: the handover guard. Before the first write that takes a node over and on
 //! every pass after, ask [`handover::other_allocator`] (pure) whether another allocator serves
 //! the node; if so, end the pass: no EC2 call, no pool write; the node's
-//! `status.ipam.operator-status` and one Warning Event (`OtherAllocatorActive`, counted in
+//! `status.ipam.operator-status` and one Warning Event (`OtherAllocatorActive`, or
+//! `CiliumIgnoresAnnotation` when Cilium's operator is too old for the annotation; counted in
 //! `eni_operator_errors_total`) say why, once per message; the node is checked again shortly.
 
 use std::time::Duration;
@@ -63,6 +64,11 @@ pub(super) async fn check<E: Ec2, S: NodeSink>(
         .and_then(|a| a.get(CILIUM_IGNORE_ANNOTATION))
         .is_some_and(|v| v.eq_ignore_ascii_case("true"));
     let new_enis = new_cilium_enis(inner, name, &node.spec.instance_id);
+    let ignore_unsupported = inner
+        .cilium_version
+        .read()
+        .expect("cilium version")
+        .ignore_unsupported();
     let signals = Signals {
         writers: stored.writers(),
         cilium_ignore,
@@ -71,6 +77,7 @@ pub(super) async fn check<E: Ec2, S: NodeSink>(
         new_cilium_enis: &new_enis,
         now: inner.wall_now(),
         quiet: inner.config.handover_quiet,
+        ignore_unsupported: ignore_unsupported.as_deref(),
     };
     let Some(other) = handover::other_allocator(&signals) else {
         return settled(inner, name, &node.spec.instance_id, stored.writers()).await;
@@ -87,14 +94,7 @@ pub(super) async fn check<E: Ec2, S: NodeSink>(
         message.clone(),
         Some(retry),
     );
-    super::problem::say(
-        inner,
-        name,
-        node,
-        ProblemReason::OtherAllocatorActive,
-        &message,
-    )
-    .await;
+    super::problem::say(inner, name, node, other.problem_reason(), &message).await;
     Err((Outcome::RetryAfter(RECHECK), None))
 }
 
