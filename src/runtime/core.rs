@@ -27,6 +27,7 @@ use super::readonly::ReadOnlySink;
 use super::shadow::ShadowBook;
 use super::shared::Shared;
 use super::sink::NodeSink;
+use super::start::FirstListing;
 
 pub use super::nodes::{InvalidNode, NodeInput};
 pub use super::settings::CoreConfig;
@@ -146,7 +147,16 @@ impl<E: Ec2, S: NodeSink> Core<E, S> {
             cache.begin_leadership(now());
             cache.trust_listings_from()
         };
-        inner.refresher.full().await?;
+        // The first full listing waits for the managed nodes' VPC (`super::start`): meanwhile
+        // the loop takes the nodes in and describes their instances, and starts no pass.
+        let (go, ready) = tokio::sync::oneshot::channel::<()>();
+        let mut go = Some(go);
+        let first_listing = async {
+            let _ = ready.await;
+            inner.refresher.full().await
+        };
+        tokio::pin!(first_listing);
+        let mut listed = false;
         // Every type's limits (DescribeInstanceTypes over all types: several pages, seconds on
         // moto and on AWS) load beside the first passes, not before them, so a new leader acts
         // as soon as EC2 is listed; a pass whose type is not known yet describes that type
@@ -165,11 +175,9 @@ impl<E: Ec2, S: NodeSink> Core<E, S> {
         };
         tokio::pin!(preload);
         let mut preloaded = false;
-        // A shadow leads nothing (several may run beside the leader).
-        inner.metrics.leader.set(i64::from(inner.shadow.is_none()));
-        inner.warm.send_replace(true);
 
-        let mut l = Loop::new(config.jitter_seed);
+        let first = FirstListing::new(now(), config.scope.vpc_id.is_some());
+        let mut l = Loop::new(config.jitter_seed, first);
         let mut resync = clock::ticks(config.resync_interval).await;
         let mut rescan = clock::ticks(config.node_rescan_interval).await;
         inner
@@ -181,7 +189,14 @@ impl<E: Ec2, S: NodeSink> Core<E, S> {
         tokio::pin!(shutdown);
         let mut inputs_open = true;
         loop {
-            l.start_passes(inner);
+            if l.first.due(now(), l.schedule.describing())
+                && let Some(go) = go.take()
+            {
+                let _ = go.send(());
+            }
+            if listed {
+                l.start_passes(inner);
+            }
             if let Some(refresh) = l.schedule.next_refresh() {
                 l.start_refresh(inner, refresh);
             }
@@ -191,7 +206,7 @@ impl<E: Ec2, S: NodeSink> Core<E, S> {
             // Only wake for a due node when a worker is free to take it: with every worker
             // busy a due time in the past would make the select below return at once,
             // forever (a busy loop; under a paused clock, a livelock).
-            let free = l.workers < config.workers.max(1);
+            let free = listed && l.workers < config.workers.max(1);
             let next_due = if free { l.queue.next_due() } else { None };
             // `biased`: branches are polled in this order, not tokio's random one, so a
             // seeded simulation replays exactly. The bounded sources (finished tasks, at most
@@ -201,9 +216,18 @@ impl<E: Ec2, S: NodeSink> Core<E, S> {
                 biased;
                 () = &mut shutdown => break,
                 Some(done) = l.tasks.join(), if !l.tasks.is_empty() => l.on_done(inner, done),
+                listing = &mut first_listing, if !listed => {
+                    listing?;
+                    listed = true;
+                    // A shadow leads nothing (several may run beside the leader).
+                    inner.metrics.leader.set(i64::from(inner.shadow.is_none()));
+                    inner.warm.send_replace(true);
+                    inner.requeue_all(&mut l.queue);
+                }
+                () = clock::sleep_until(l.first.deadline()) => {}
                 () = &mut preload, if !preloaded => preloaded = true,
-                _ = resync.tick() => { l.start_full(inner); }
-                () = clock::sleep_until(confirming), if confirming.is_some() => {
+                _ = resync.tick(), if listed => { l.start_full(inner); }
+                () = clock::sleep_until(confirming), if listed && confirming.is_some() => {
                     // Only when something is held back (otherwise the resync confirms as
                     // usual); a full refresh still running started too early: try after it.
                     let held = inner.cache.read().expect("cache").holds_back();

@@ -13,6 +13,7 @@ use super::queue::{DeficitQueue, Outcome};
 use super::schedule::{InstanceRefresh, RefreshSchedule};
 use super::shared::Shared;
 use super::sink::NodeSink;
+use super::start::FirstListing;
 use super::tasks::{Done, Tasks};
 
 pub(super) struct Loop {
@@ -23,16 +24,19 @@ pub(super) struct Loop {
     pub workers: usize,
     /// The backoff jitter of failed passes.
     pub jitter: Jitter,
+    /// When the leadership's first full listing may start.
+    pub first: FirstListing,
 }
 
 impl Loop {
-    pub fn new(jitter_seed: Option<u64>) -> Self {
+    pub fn new(jitter_seed: Option<u64>, first: FirstListing) -> Self {
         Self {
             queue: DeficitQueue::default(),
             tasks: Tasks::default(),
             schedule: RefreshSchedule::default(),
             workers: 0,
             jitter: Jitter::new(jitter_seed),
+            first,
         }
     }
 
@@ -107,6 +111,7 @@ impl Loop {
                 }
             }
             Done::Refreshed(ids) => {
+                self.first.described();
                 for name in self.schedule.refreshed(ids) {
                     let p = inner.priority(&name);
                     self.queue.push(name, p);

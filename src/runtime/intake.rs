@@ -24,6 +24,10 @@ pub(super) fn accept<E: Ec2, S: NodeSink>(inner: &Shared<E, S>, input: NodeInput
             }
             return;
         }
+        NodeInput::CiliumNodesListed => {
+            l.first.cilium_nodes_listed();
+            return;
+        }
         NodeInput::NodesListed => {
             inner.nodes.lock().expect("nodes").set_listed();
             inner.requeue_all(&mut l.queue);

@@ -33,6 +33,7 @@ pub mod shadow;
 mod shared;
 pub mod sink;
 pub mod source;
+mod start;
 pub mod status;
 pub mod stored;
 mod tasks;
