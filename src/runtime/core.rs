@@ -151,11 +151,12 @@ impl<E: Ec2, S: NodeSink> Core<E, S> {
         // the loop takes the nodes in and describes their instances, and starts no pass.
         let (go, ready) = tokio::sync::oneshot::channel::<()>();
         let mut go = Some(go);
-        let first_listing = async {
+        // Boxed: nested in `run`'s future it took the binary's main future past the
+        // compiler's layout depth limit (with the dst mutants feature).
+        let mut first_listing = Box::pin(async {
             let _ = ready.await;
             inner.refresher.full().await
-        };
-        tokio::pin!(first_listing);
+        });
         let mut listed = false;
         // Every type's limits (DescribeInstanceTypes over all types: several pages, seconds on
         // moto and on AWS) load beside the first passes, not before them, so a new leader acts
@@ -225,7 +226,9 @@ impl<E: Ec2, S: NodeSink> Core<E, S> {
                     inner.requeue_all(&mut l.queue);
                 }
                 () = clock::sleep_until(l.first.deadline()) => {}
-                () = &mut preload, if !preloaded => preloaded = true,
+                // Not before the listing: beside the first passes, as the comment above says
+                // (a pass of a type being described waits for that answer, §11).
+                () = &mut preload, if listed && !preloaded => preloaded = true,
                 _ = resync.tick(), if listed => { l.start_full(inner); }
                 () = clock::sleep_until(confirming), if listed && confirming.is_some() => {
                     // Only when something is held back (otherwise the resync confirms as
