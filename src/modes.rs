@@ -16,7 +16,7 @@ use crate::ec2::gate::Gate;
 use crate::ec2::readonly::ReadOnlyEc2;
 use crate::http::Readiness;
 use crate::metrics::MetricsRegistry;
-use crate::runtime::core::Core;
+use crate::runtime::core::{Core, NodeInput};
 use crate::runtime::metrics::RuntimeMetrics;
 use crate::runtime::readonly::ReadOnlySink;
 use crate::runtime::shadow::{ShadowBook, ShadowMetrics, Summary, Would};
@@ -111,17 +111,18 @@ pub async fn run_plan(settings: Settings, client: kube::Client) -> anyhow::Resul
         .filter_map(|o| o.metadata.name.clone())
         .collect();
     names.sort();
-    let (tx, rx) = tokio::sync::mpsc::channel(list.items.len() + node_inputs.len() + 1);
-    let mut warm = core.warm();
-    let done = CancellationToken::new();
-    let run = tokio::spawn(core.run(rx, done.clone().cancelled_owned()));
-    warm.wait_for(|w| *w).await?;
+    // Every input is in before the core starts: its first EC2 listing is scoped to the VPC of
+    // the nodes it is told of (`runtime::start`), as the active operator's.
+    let (tx, rx) = tokio::sync::mpsc::channel(list.items.len() + node_inputs.len() + 2);
     for input in node_inputs {
         tx.send(input).await?;
     }
     for obj in &list.items {
         tx.send(source::to_input(obj)).await?;
     }
+    tx.send(NodeInput::CiliumNodesListed).await?;
+    let done = CancellationToken::new();
+    let run = tokio::spawn(core.run(rx, done.clone().cancelled_owned()));
     let all_planned = || names.iter().all(|n| book.node(n).is_some());
     let deadline = tokio::time::Instant::now() + PLAN_TIMEOUT;
     while !all_planned() && tokio::time::Instant::now() < deadline {

@@ -183,3 +183,46 @@ async fn a_finalizer_that_cannot_finish_says_so_and_lets_go_after_the_grace_peri
     assert_eq!(metrics.finalizers_let_go.get(), 1);
     assert_eq!(blocked(&sink), 1);
 }
+
+/// Issue 29 item 6 (the e2e `node-reregister`): a CiliumNode deleted while its instance runs
+/// and its Node is there (a kubelet re-registration), let go by our finalizer at once, then
+/// created again by the agent under the name (a new uid). The new object is served within
+/// seconds with the ENIs and addresses the instance has: no new ENI, no assign. It used to
+/// wait out `DESCRIBE_LAG` (30 s) after our last change to the instance: forgetting the
+/// instance kept only that change's time, so every listing within the lag was dropped and the
+/// instance stayed unknown (the e2e: served 32.4 s after the Node came back).
+#[tokio::test(start_paused = true)]
+async fn a_cilium_node_created_again_for_its_running_instance_is_served_at_once_as_it_was() {
+    let Served {
+        w, sink, tx, inst, ..
+    } = served_node().await;
+    let pool = |sink: &MemorySink| {
+        let n = sink.get("n").expect("the CiliumNode");
+        n.spec.ipam.pool.keys().cloned().collect::<Vec<_>>()
+    };
+    let before = pool(&sink);
+    let marked = sink.begin_delete("n").expect("held by our finalizer");
+    tx.send(NodeInput::Upsert(Box::new(marked))).await.unwrap();
+    // Its Node is there: nothing to release, the object goes.
+    assert!(wait_until(|| sink.raw("n").is_none(), Duration::from_secs(10)).await);
+    tx.send(NodeInput::Deleted("n".into())).await.unwrap();
+    let changes = |w: &Cluster| {
+        let calls = |op| w.sim.stats().get(op).calls;
+        (
+            calls(Operation::CreateNetworkInterface),
+            calls(Operation::AssignPrivateIpAddresses),
+        )
+    };
+    let changed = changes(&w);
+    let back = tokio::time::Instant::now();
+    let fresh = sink.put(&agent_node(&w, "n", &inst.id, 8));
+    tx.send(NodeInput::Upsert(Box::new(fresh))).await.unwrap();
+    assert!(wait_until(|| served(&sink, "n", 8), Duration::from_secs(120)).await);
+    let took = back.elapsed().as_secs_f64();
+    assert!(
+        took <= 5.0,
+        "served {took:.1} s after its CiliumNode came back"
+    );
+    assert_eq!(pool(&sink), before, "the addresses it had");
+    assert_eq!(changes(&w), changed, "no new ENI, no assign");
+}

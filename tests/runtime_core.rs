@@ -1000,6 +1000,62 @@ async fn a_core_is_warm_once_its_first_full_refresh_succeeded() {
     assert!(*warm.borrow());
 }
 
+/// Issue 29 item 6: a leadership's first full EC2 listing covers the managed nodes' VPC only.
+/// It used to run before any node was known, so it listed every ENI, subnet and security
+/// group of the Region: a failover took as long as the account was large, not the cluster.
+#[tokio::test(start_paused = true)]
+async fn the_first_listing_of_a_leadership_covers_only_the_managed_nodes_vpc() {
+    let w = Cluster::new();
+    w.sim.set_page_size(10);
+    // Another VPC of the account, busy and none of the cluster's business.
+    let other = w.sim.add_vpc("10.1.0.0/16".parse().unwrap(), &[]);
+    let other_sg = w.sim.add_security_group(&other, Tags::new());
+    for i in 0..20u8 {
+        let cidr = format!("10.1.{i}.0/24").parse().unwrap();
+        let subnet = w.sim.add_subnet(&other, "zone-a", cidr, Tags::new());
+        for _ in 0..3 {
+            w.sim
+                .run_instance("m5.large", &subnet, std::slice::from_ref(&other_sg));
+        }
+    }
+    let sink = Arc::new(MemorySink::new());
+    let ((core, tx, _task), cache) = start_with_cache(w.sim.clone(), &sink, config(4));
+    let mut warm = core.warm();
+    for i in 0..3 {
+        join(&w, &sink, &tx, &format!("n{i}"), 8).await;
+    }
+    warm.wait_for(|w| *w).await.unwrap();
+    let stats = w.sim.stats();
+    let (enis, subnets) = (
+        stats.get(Operation::DescribeNetworkInterfaces).calls,
+        stats.get(Operation::DescribeSubnets).calls,
+    );
+    let listed: BTreeSet<String> = {
+        let c = cache.read().unwrap();
+        c.subnets.values().map(|s| s.vpc_id.clone()).collect()
+    };
+    assert_eq!(
+        listed,
+        BTreeSet::from([w.vpc.clone()]),
+        "subnets of the managed VPC only ({enis} describes of ENIs, {subnets} of subnets)"
+    );
+    // The other VPC's 60 ENIs and 20 subnets alone are 6 and 2 pages. Here: the describes of
+    // the nodes' instances (the first node's, then the others'), one page of their VPC's
+    // ENIs and one of its subnets.
+    assert!(
+        enis <= 3 && subnets <= 1,
+        "describes before the first action: {enis} of ENIs, {subnets} of subnets"
+    );
+    assert!(
+        wait_until(
+            || (0..3).all(|i| served(&sink, &format!("n{i}"), 8)),
+            Duration::from_secs(5)
+        )
+        .await,
+        "each node served within 5 s of the first listing"
+    );
+}
+
 // ---- ClientTokens and ENIs left unattached (a burned token must never block a node) ----
 
 fn create_calls(sim: &Simulator) -> u64 {

@@ -45,9 +45,10 @@ impl Watch {
             NodeInput::NodePresent { .. }
             | NodeInput::NodeFacts { .. }
             | NodeInput::NodesListed => Some(Self::Nodes),
-            NodeInput::Upsert(_) | NodeInput::Invalid(_) | NodeInput::Deleted(_) => {
-                Some(Self::CiliumNodes)
-            }
+            NodeInput::Upsert(_)
+            | NodeInput::Invalid(_)
+            | NodeInput::Deleted(_)
+            | NodeInput::CiliumNodesListed => Some(Self::CiliumNodes),
             NodeInput::PendingPods { .. } => None,
         }
     }
@@ -99,7 +100,8 @@ impl Watcher {
             }
             NodeInput::PendingPods { .. }
             | NodeInput::NodeFacts { .. }
-            | NodeInput::NodesListed => {}
+            | NodeInput::NodesListed
+            | NodeInput::CiliumNodesListed => {}
         }
         // A closed channel is an instance that stopped (crash, lost lease): its watches went
         // with it.
@@ -133,11 +135,12 @@ impl Watcher {
             };
             self.deliver(gone);
         }
-        // As `runtime::source::watch_nodes` at `InitDone`: a name the listing did not show
-        // has no Node (§15).
-        if watch == Watch::Nodes {
-            self.deliver(NodeInput::NodesListed);
-        }
+        // As `runtime::source` at `InitDone`: a name the Node listing did not show has no
+        // Node (§15); the CiliumNodes present at the start are in (the first EC2 listing).
+        self.deliver(match watch {
+            Watch::Nodes => NodeInput::NodesListed,
+            Watch::CiliumNodes => NodeInput::CiliumNodesListed,
+        });
     }
 }
 
@@ -369,7 +372,13 @@ mod tests {
         api.connect(tx, &listing);
         assert_eq!(
             drain(&mut rx),
-            ["node n1 true", "NodesListed", "upsert n1", "upsert n2"]
+            [
+                "node n1 true",
+                "NodesListed",
+                "upsert n1",
+                "upsert n2",
+                "CiliumNodesListed"
+            ]
         );
         api.down.push((Watch::CiliumNodes, 10));
         api.deliver(NodeInput::Deleted("n2".into()));
@@ -389,6 +398,9 @@ mod tests {
             cilium_nodes: vec![upsert("n1"), upsert("n3")],
         };
         api.relist(Watch::CiliumNodes, &now);
-        assert_eq!(drain(&mut rx), ["upsert n1", "upsert n3", "deleted n2"]);
+        assert_eq!(
+            drain(&mut rx),
+            ["upsert n1", "upsert n3", "deleted n2", "CiliumNodesListed"]
+        );
     }
 }

@@ -402,6 +402,23 @@ impl Suite {
         Ok(n)
     }
 
+    /// One operator, then one classic m5.xlarge node with `pods` pods in the first zone,
+    /// served: the start of the scenarios about one node's life. Its index.
+    pub(super) async fn one_served_node(&mut self, pods: usize) -> Result<usize> {
+        self.start_ops(OperatorOptions::default(), 1).await?;
+        let a = self
+            .add_node(
+                "m5.xlarge",
+                0,
+                Some(Generation::Classic),
+                pods,
+                NodeVariant::default(),
+            )
+            .await?;
+        self.wait_served(&[a], self.cfg.timeout).await?;
+        Ok(a)
+    }
+
     async fn wait_served(&self, idxs: &[usize], timeout: Duration) -> Result<()> {
         eventually(timeout, "nodes to be served", async || {
             if let Some(note) = self.ops.exited_note() {
@@ -1216,17 +1233,7 @@ impl Suite {
     /// A Node that is deleted but held by another finalizer (Karpenter draining it) still has
     /// its instance running: nothing changes for it until the Node is really gone.
     async fn draining_node(&mut self) -> Result<()> {
-        self.start_ops(OperatorOptions::default(), 1).await?;
-        let a = self
-            .add_node(
-                "m5.xlarge",
-                0,
-                Some(Generation::Classic),
-                14,
-                NodeVariant::default(),
-            )
-            .await?;
-        self.wait_served(&[a], self.cfg.timeout).await?;
+        let a = self.one_served_node(14).await?;
         let name = self.nodes[a].name.clone();
         let inst = self.nodes[a].instance.id.clone();
         ensure!(

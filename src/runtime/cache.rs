@@ -123,11 +123,13 @@ pub struct Ec2Cache {
     /// Listings that started before this may not show the previous leader's last calls yet
     /// (the start of this leadership plus [`DESCRIBE_LAG`], §14.1).
     trust_listings_from: Option<Instant>,
-    /// Our last change to instances since forgotten (their CiliumNode went): a listing
-    /// started within [`DESCRIBE_LAG`] of it must not bring them back as they were (`make dst`
-    /// seed 171: the finalizer detached an ENI, the Node came back, and a lagging describe had
-    /// the new CiliumNode pooled the detached ENI's addresses).
-    forgotten_changes: BTreeMap<String, Instant>,
+    /// Instances we changed less than [`DESCRIBE_LAG`] ago whose CiliumNode went, as we knew
+    /// them then. A listing started within the lag of our change must not bring them back as
+    /// EC2 showed them before it (`make dst` seed 171: the finalizer detached an ENI, the Node
+    /// came back, and a lagging describe had the new CiliumNode pooled the detached ENI's
+    /// addresses); a new CiliumNode naming one gets it back as it was, so it is served at once
+    /// with the ENIs it had, not after the lag (issue 29 item 6, the e2e `node-reregister`).
+    forgotten: BTreeMap<String, InstanceEntry>,
 }
 
 /// What is known of the instances' tags under `--instance-tags-filter`.
@@ -254,8 +256,8 @@ impl Ec2Cache {
         }
         // Neither managed nor in this listing: forget (the cache must not keep every instance
         // it ever saw).
-        self.forgotten_changes
-            .retain(|_, t| local_change_newer(Some(*t), snap.started));
+        self.forgotten
+            .retain(|_, e| local_change_newer(e.local_change, snap.started));
         self.instances
             .retain(|id, _| self.managed.contains(id) || by_instance.contains_key(id));
         for (id, enis) in by_instance {
@@ -284,6 +286,11 @@ impl Ec2Cache {
     pub fn manage(&mut self, id: &str) {
         if !id.is_empty() && !self.managed.contains(id) {
             self.managed.insert(id.to_string());
+            if !self.instances.contains_key(id)
+                && let Some(entry) = self.forgotten.remove(id)
+            {
+                self.instances.insert(id.to_string(), entry);
+            }
         }
     }
 
@@ -361,9 +368,14 @@ impl Ec2Cache {
     fn replace_instance(&mut self, id: &str, mut enis: Vec<NetworkInterface>, started: Instant) {
         let early = self.trust_listings_from.is_some_and(|t| started < t)
             && !crate::mutants::active("trust-lagging-describe");
-        let forgotten = self.forgotten_changes.remove(id);
+        let forgotten = self.forgotten.remove(id);
+        let known = self.instances.contains_key(id);
         let entry = self.instances.entry(id.to_string()).or_default();
-        entry.local_change = entry.local_change.max(forgotten);
+        match forgotten {
+            Some(f) if !known => *entry = f,
+            Some(f) => entry.local_change = entry.local_change.max(f.local_change),
+            None => {}
+        }
         if local_change_newer(entry.local_change, started) {
             // Our own change is newer than this listing (or too recent for it to show).
             return;
@@ -416,10 +428,13 @@ impl Ec2Cache {
         entry.leftovers.retain(|e| !released(e));
     }
 
-    /// Forget an instance (its CiliumNode was deleted), but not our last change to it.
+    /// Forget an instance (its CiliumNode was deleted), but not while our last change to it
+    /// may still be hidden by the describe lag (see `forgotten`).
     pub fn drop_instance(&mut self, id: &str) {
-        if let Some(t) = self.instances.remove(id).and_then(|e| e.local_change) {
-            self.forgotten_changes.insert(id.to_string(), t);
+        if let Some(e) = self.instances.remove(id)
+            && e.local_change.is_some()
+        {
+            self.forgotten.insert(id.to_string(), e);
         }
         self.managed.remove(id);
         if let Some(t) = self.instance_tags.as_mut() {
@@ -881,16 +896,20 @@ pub(crate) mod tests {
         assert!(only_primary(&c));
         c.apply_instances(&["i-a".into()], attached.clone(), t + s(11));
         assert!(only_primary(&c));
-        // The old CiliumNode goes (the instance is forgotten), a new one comes.
+        // The old CiliumNode goes (the instance is forgotten), a new one comes: the instance
+        // is back as we knew it, not as the lagging listings show it.
         c.drop_instance("i-a");
         c.apply_instances(&["i-a".into()], attached.clone(), t + s(12));
-        assert!(matches!(c.view("i-a", "x").instance, InstanceView::Unknown));
+        assert!(only_primary(&c));
         c.apply_full(snap(t + s(20), attached.clone()));
-        assert!(matches!(c.view("i-a", "x").instance, InstanceView::Unknown));
-        // Forgotten again (the CiliumNode went once more): still not trusted.
+        assert!(only_primary(&c));
+        // Forgotten again (the CiliumNode went once more), named again: still as we knew it.
+        c.drop_instance("i-a");
+        c.manage("i-a");
+        assert!(only_primary(&c));
         c.drop_instance("i-a");
         c.apply_instances(&["i-a".into()], attached.clone(), t + s(25));
-        assert!(matches!(c.view("i-a", "x").instance, InstanceView::Unknown));
+        assert!(only_primary(&c));
         // After the lag, the listing is the truth: eni-a is no longer attached.
         c.apply_instances(
             &["i-a".into()],

@@ -1,5 +1,5 @@
 //! The allocation core's event loop: takes [`NodeInput`]s, runs bounded passes from the
-//! deficit queue, and starts the EC2 refreshes the [`RefreshSchedule`] asks for. No Kubernetes
+//! deficit queue, and starts the EC2 refreshes the [`super::schedule::RefreshSchedule`] asks for. No Kubernetes
 //! client in here, so tests and the benchmark drive it with the simulator and a `MemorySink`.
 //!
 //! Who owns what: the loop alone owns the queue, the running tasks and the refresh schedule;
@@ -17,20 +17,17 @@ use tokio::sync::mpsc;
 use crate::ec2::readonly::ReadOnlyEc2;
 use crate::ec2::{Ec2, Ec2Error};
 use crate::ipam::Demand;
-use crate::jitter::Jitter;
 
 use super::cache::Ec2Cache;
 use super::clock::{self, now};
+use super::event_loop::Loop;
+use super::intake;
 use super::metrics::RuntimeMetrics;
-use super::nodes;
-use super::pass::pass;
-use super::queue::{DeficitQueue, Outcome};
 use super::readonly::ReadOnlySink;
-use super::schedule::{InstanceRefresh, RefreshSchedule};
 use super::shadow::ShadowBook;
 use super::shared::Shared;
 use super::sink::NodeSink;
-use super::tasks::{Done, Tasks};
+use super::start::FirstListing;
 
 pub use super::nodes::{InvalidNode, NodeInput};
 pub use super::settings::CoreConfig;
@@ -66,17 +63,6 @@ impl<E: Ec2, S: NodeSink> Core<ReadOnlyEc2<E>, ReadOnlySink<S>> {
             inner: Arc::new(shared),
         }
     }
-}
-
-/// The event loop's own state.
-struct Loop {
-    queue: DeficitQueue<String>,
-    tasks: Tasks,
-    schedule: RefreshSchedule,
-    /// Passes running.
-    workers: usize,
-    /// The backoff jitter of failed passes.
-    jitter: Jitter,
 }
 
 impl<E: Ec2, S: NodeSink> Core<E, S> {
@@ -192,7 +178,17 @@ impl<E: Ec2, S: NodeSink> Core<E, S> {
             cache.begin_leadership(now());
             cache.trust_listings_from()
         };
-        inner.refresher.full().await?;
+        // The first full listing waits for the managed nodes' VPC (`super::start`): meanwhile
+        // the loop takes the nodes in and describes their instances, and starts no pass.
+        let (go, ready) = tokio::sync::oneshot::channel::<()>();
+        let mut go = Some(go);
+        // Boxed: nested in `run`'s future it took the binary's main future past the
+        // compiler's layout depth limit (with the dst mutants feature).
+        let mut first_listing = Box::pin(async {
+            let _ = ready.await;
+            inner.refresher.full().await
+        });
+        let mut listed = false;
         // Every type's limits (DescribeInstanceTypes over all types: several pages, seconds on
         // moto and on AWS) load beside the first passes, not before them, so a new leader acts
         // as soon as EC2 is listed; a pass whose type is not known yet describes that type
@@ -211,17 +207,9 @@ impl<E: Ec2, S: NodeSink> Core<E, S> {
         };
         tokio::pin!(preload);
         let mut preloaded = false;
-        // A shadow leads nothing (several may run beside the leader).
-        inner.metrics.leader.set(i64::from(inner.shadow.is_none()));
-        inner.warm.send_replace(true);
 
-        let mut l = Loop {
-            queue: DeficitQueue::default(),
-            tasks: Tasks::default(),
-            schedule: RefreshSchedule::default(),
-            workers: 0,
-            jitter: Jitter::new(config.jitter_seed),
-        };
+        let first = FirstListing::new(now(), config.scope.vpc_id.is_some());
+        let mut l = Loop::new(config.jitter_seed, first);
         let mut resync = clock::ticks(config.resync_interval).await;
         let mut rescan = clock::ticks(config.node_rescan_interval).await;
         inner
@@ -233,9 +221,16 @@ impl<E: Ec2, S: NodeSink> Core<E, S> {
         tokio::pin!(shutdown);
         let mut inputs_open = true;
         loop {
-            self.start_passes(&mut l);
+            if l.first.due(now(), l.schedule.describing())
+                && let Some(go) = go.take()
+            {
+                let _ = go.send(());
+            }
+            if listed {
+                l.start_passes(inner);
+            }
             if let Some(refresh) = l.schedule.next_refresh() {
-                self.start_refresh(&mut l, refresh);
+                l.start_refresh(inner, refresh);
             }
             inner.metrics.queue_depth.set(l.queue.depth() as i64);
             let pushed = l.queue.take_pushes();
@@ -243,7 +238,7 @@ impl<E: Ec2, S: NodeSink> Core<E, S> {
             // Only wake for a due node when a worker is free to take it: with every worker
             // busy a due time in the past would make the select below return at once,
             // forever (a busy loop; under a paused clock, a livelock).
-            let free = l.workers < config.workers.max(1);
+            let free = listed && l.workers < config.workers.max(1);
             let next_due = if free { l.queue.next_due() } else { None };
             // `biased`: branches are polled in this order, not tokio's random one, so a
             // seeded simulation replays exactly. The bounded sources (finished tasks, at most
@@ -252,26 +247,37 @@ impl<E: Ec2, S: NodeSink> Core<E, S> {
             tokio::select! {
                 biased;
                 () = &mut shutdown => break,
-                Some(done) = l.tasks.join(), if !l.tasks.is_empty() => self.on_done(done, &mut l),
-                () = &mut preload, if !preloaded => preloaded = true,
-                _ = resync.tick() => { self.start_full(&mut l); }
-                () = clock::sleep_until(confirming), if confirming.is_some() => {
+                Some(done) = l.tasks.join(), if !l.tasks.is_empty() => l.on_done(inner, done),
+                listing = &mut first_listing, if !listed => {
+                    listing?;
+                    listed = true;
+                    // A shadow leads nothing (several may run beside the leader).
+                    inner.metrics.leader.set(i64::from(inner.shadow.is_none()));
+                    inner.warm.send_replace(true);
+                    inner.requeue_all(&mut l.queue);
+                }
+                () = clock::sleep_until(l.first.deadline()) => {}
+                // Not before the listing: beside the first passes, as the comment above says
+                // (a pass of a type being described waits for that answer, §11).
+                () = &mut preload, if listed && !preloaded => preloaded = true,
+                _ = resync.tick(), if listed => { l.start_full(inner); }
+                () = clock::sleep_until(confirming), if listed && confirming.is_some() => {
                     // Only when something is held back (otherwise the resync confirms as
                     // usual); a full refresh still running started too early: try after it.
                     let held = inner.cache.read().expect("cache").holds_back();
-                    confirming = (held && !self.start_full(&mut l))
+                    confirming = (held && !l.start_full(inner))
                         .then(|| now() + Duration::from_secs(1));
                 }
                 // Re-plan every node on the cached view, between full EC2 refreshes.
                 _ = rescan.tick() => {
                     let next = now() + config.node_rescan_interval;
-                    self.inner.status.set_next_rescan(next);
-                    self.inner.requeue_all(&mut l.queue);
+                    inner.status.set_next_rescan(next);
+                    inner.requeue_all(&mut l.queue);
                 }
                 _ = confirm_tick.tick() => l.schedule.confirm_tick(),
                 input = inputs.recv(), if inputs_open => match input {
                     None => inputs_open = false,
-                    Some(input) => self.accept(input, &mut l),
+                    Some(input) => intake::accept(inner, input, &mut l),
                 },
                 () = clock::sleep_until(next_due) => {}
             }
@@ -279,140 +285,5 @@ impl<E: Ec2, S: NodeSink> Core<E, S> {
         inner.metrics.leader.set(0);
         inner.warm.send_replace(false);
         Ok(())
-    }
-
-    /// Start every ready node we have a worker for.
-    fn start_passes(&self, l: &mut Loop) {
-        while l.workers < self.inner.config.workers.max(1) {
-            let Some(name) = l.queue.pop(now()) else {
-                break;
-            };
-            l.workers += 1;
-            let inner = self.inner.clone();
-            let on_panic = Done::Pass(
-                name.clone(),
-                Outcome::Failed,
-                Some(self.inner.priority(&name)),
-            );
-            l.tasks.spawn(
-                async move {
-                    let (outcome, again) = pass(&inner, &name).await;
-                    Done::Pass(name, outcome, again)
-                },
-                on_panic,
-            );
-        }
-    }
-
-    /// Describe the instances nodes wait for, and confirm our own changes.
-    fn start_refresh(&self, l: &mut Loop, refresh: InstanceRefresh) {
-        let InstanceRefresh { new, confirm } = refresh;
-        let inner = self.inner.clone();
-        let on_panic = Done::Refreshed(new.clone());
-        let task = async move {
-            inner.refresh_instances(&new, &confirm).await;
-            Done::Refreshed(new)
-        };
-        l.tasks.spawn(task, on_panic);
-    }
-
-    /// Start a full refresh unless one runs; whether one was started.
-    fn start_full(&self, l: &mut Loop) -> bool {
-        let started = l.schedule.start_full();
-        if started {
-            let inner = self.inner.clone();
-            let task = async move {
-                inner.refresh_full().await;
-                Done::FullRefresh
-            };
-            l.tasks.spawn(task, Done::FullRefresh);
-        }
-        started
-    }
-
-    fn on_done(&self, done: Done, l: &mut Loop) {
-        match done {
-            Done::Pass(name, outcome, again) => {
-                l.workers -= 1;
-                l.queue.finish(&name, outcome, now(), l.jitter.unit());
-                if outcome == Outcome::Done
-                    && again.is_some()
-                    && let Some(i) = self.inner.instance_of(&name)
-                {
-                    l.schedule.changed(i);
-                }
-                if let Some(p) = again {
-                    l.queue.push(name.clone(), p);
-                }
-                let (failed, t) = (outcome == Outcome::Failed, now());
-                self.inner
-                    .status
-                    .end(&name, failed, l.queue.due(&name, t), t);
-                if l.queue.depth() == 0 && l.workers == 0 {
-                    self.inner.publish_totals();
-                }
-            }
-            Done::Refreshed(ids) => {
-                for name in l.schedule.refreshed(ids) {
-                    let p = self.inner.priority(&name);
-                    l.queue.push(name, p);
-                }
-            }
-            Done::FullRefresh => {
-                l.schedule.full_done();
-                // Resync pass: every node, neediest first.
-                self.inner.requeue_all(&mut l.queue);
-                self.inner.publish_totals();
-            }
-        }
-    }
-
-    fn accept(&self, input: NodeInput, l: &mut Loop) {
-        // What the Nodes say (§15) goes to the identity table; a CiliumNode waiting for its
-        // Node is planned again as soon as the Node speaks.
-        match &input {
-            NodeInput::NodeFacts { name, facts } => {
-                let changed = self
-                    .inner
-                    .nodes
-                    .lock()
-                    .expect("nodes")
-                    .set(name, facts.clone());
-                let held = self.inner.slots.lock().expect("slots").contains_key(name);
-                if changed && held {
-                    // Out of any wait the refusal set: the reason may be gone.
-                    l.queue.remove(name);
-                    l.queue.push(name.clone(), self.inner.priority(name));
-                }
-                return;
-            }
-            NodeInput::NodesListed => {
-                self.inner.nodes.lock().expect("nodes").set_listed();
-                self.inner.requeue_all(&mut l.queue);
-                return;
-            }
-            _ => {}
-        }
-        if let (Some(book), NodeInput::Deleted(name)) = (&self.inner.shadow, &input) {
-            book.forget(name);
-        }
-        let a = nodes::accept(&self.inner.slots, input, &self.inner.cache);
-        if let Some(name) = a.dequeue {
-            self.inner.status.forget(&name);
-            l.queue.remove(&name);
-        }
-        if let Some(instance) = a.forget {
-            self.inner.forget_instance(&instance);
-        }
-        if let Some((instance, name)) = a.wait {
-            let why = format!("instance {instance} is not in the EC2 view yet; described next");
-            self.inner
-                .status
-                .waits_now(&name, super::status::WaitReason::InstanceNotListed, why);
-            l.schedule.wait(instance, name);
-        }
-        if let Some((name, p)) = a.queue {
-            l.queue.push(name, p);
-        }
     }
 }

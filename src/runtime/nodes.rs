@@ -40,6 +40,9 @@ pub enum NodeInput {
     },
     /// The Node watch's listing is complete: a name it did not show has no Node.
     NodesListed,
+    /// The CiliumNode watch's listing is complete: every node present at the start is in (the
+    /// first EC2 listing need not wait for more nodes to learn their VPC, `super::start`).
+    CiliumNodesListed,
 }
 
 /// A CiliumNode that does not parse: what its metadata (and a lenient read) still tell, so its
@@ -188,7 +191,9 @@ pub fn accept(slots: &Mutex<Slots>, input: NodeInput, cache: &RwLock<Ec2Cache>) 
             Accepted::default()
         }
         NodeInput::PendingPods { name, count } => pending_pods(slots, name, count),
-        NodeInput::NodeFacts { .. } | NodeInput::NodesListed => Accepted::default(),
+        NodeInput::NodeFacts { .. } | NodeInput::NodesListed | NodeInput::CiliumNodesListed => {
+            Accepted::default()
+        }
     }
 }
 

@@ -71,6 +71,11 @@ impl RefreshSchedule {
         })
     }
 
+    /// Instances wait for their describe, or one runs.
+    pub fn describing(&self) -> bool {
+        self.refreshing || !self.waiting.is_empty()
+    }
+
     /// The per-instance refresh of `new` ended (or failed): the nodes to queue now.
     pub fn refreshed(&mut self, new: Vec<String>) -> Vec<String> {
         self.refreshing = false;

@@ -179,11 +179,13 @@ pub async fn watch_cilium_nodes(
             Event::InitDone => {
                 on_listed();
                 // Deleted while the watch was away: only the relist's silence tells.
-                listed
+                let mut inputs: Vec<NodeInput> = listed
                     .init_done()
                     .into_iter()
                     .map(NodeInput::Deleted)
-                    .collect()
+                    .collect();
+                inputs.push(NodeInput::CiliumNodesListed);
+                inputs
             }
             Event::Init => {
                 listed.init();
@@ -646,12 +648,22 @@ mod tests {
                     seen.push(format!("upsert {}", n.metadata.name.unwrap_or_default()))
                 }
                 Ok(Some(NodeInput::Deleted(name))) => seen.push(format!("deleted {name}")),
+                Ok(Some(NodeInput::CiliumNodesListed)) => seen.push("listed".into()),
                 Ok(other) => panic!("unexpected {other:?} after {seen:?}"),
                 Err(_) => panic!("no deletion of n2 reported after the relist: {seen:?}"),
             }
         }
         watch.abort();
-        assert_eq!(seen, ["upsert n1", "upsert n2", "upsert n1", "deleted n2"]);
+        assert_eq!(
+            seen,
+            [
+                "upsert n1",
+                "upsert n2",
+                "listed",
+                "upsert n1",
+                "deleted n2"
+            ]
+        );
     }
 
     #[test]
