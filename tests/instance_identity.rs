@@ -288,3 +288,51 @@ async fn an_instance_without_the_cluster_tag_is_not_touched() {
     );
     assert_eq!(t.errors("NotClusterInstance"), 1, "said once");
 }
+
+/// The instance is terminated and its Node deleted; Kubernetes' garbage collector then marks the
+/// CiliumNode (the Node's dependant) for deletion. A pass that ran between the Node's deletion
+/// and the mark refused the CiliumNode (`NoNode`) and made it wait; the mark must end that wait,
+/// so the finalizer releases the terminated instance's ENIs at once. On main it waited the
+/// refusal out: the e2e clean-up saw the release 30 s after the `NoNode` (multi-pool-ips,
+/// static-ip).
+#[tokio::test(start_paused = true)]
+async fn a_deletion_mark_ends_the_wait_of_a_node_refused_for_its_missing_node() {
+    let t = world(true);
+    let inst = t.w.instance();
+    t.node("n", &inst).await;
+    t.send(NodeInput::NodesListed).await;
+    t.cilium_node("n", &inst.id).await;
+    assert!(wait_until(|| served(&t.sink, "n", 8), Duration::from_secs(60)).await);
+
+    // The Node's deletion as the Node watch reports it: its facts go first, and a pass runs on
+    // them before the rest of the event arrives.
+    t.sink.set_node_exists("n", false);
+    t.send(NodeInput::NodeFacts {
+        name: "n".into(),
+        facts: None,
+    })
+    .await;
+    assert!(
+        wait_until(|| t.error("n").starts_with("NoNode"), Duration::from_secs(60)).await,
+        "{}",
+        t.error("n")
+    );
+    assert!(t.w.sim.terminate_instance(&inst.id));
+    t.send(NodeInput::NodePresent {
+        name: "n".into(),
+        present: false,
+    })
+    .await;
+    let marked = tokio::time::Instant::now();
+    let deleting = t.sink.begin_delete("n").expect("held by our finalizer");
+    t.send(NodeInput::Upsert(Box::new(deleting))).await;
+    assert!(
+        wait_until(|| t.sink.raw("n").is_none(), Duration::from_secs(120)).await,
+        "the finalizer let go"
+    );
+    let waited = marked.elapsed();
+    assert!(
+        waited <= Duration::from_secs(5),
+        "released {waited:?} after the deletion mark"
+    );
+}

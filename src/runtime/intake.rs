@@ -54,6 +54,9 @@ pub(super) fn accept<E: Ec2, S: NodeSink>(inner: &Shared<E, S>, input: NodeInput
         l.schedule.wait(instance, name);
     }
     if let Some((name, p)) = a.queue {
+        if a.unwait {
+            l.queue.remove(&name);
+        }
         l.queue.push(name, p);
     }
 }

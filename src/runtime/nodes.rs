@@ -132,6 +132,10 @@ pub struct Accepted {
     pub wait: Option<(String, String)>,
     /// Drop this instance from the cache and the refresh spacing.
     pub forget: Option<String>,
+    /// Take the node out of any wait before queueing it: the CiliumNode was just marked for
+    /// deletion, and a wait a refusal set (`NoNode` once its Node went first) must not hold
+    /// back the finalizer's release.
+    pub unwait: bool,
 }
 
 impl Accepted {
@@ -264,6 +268,7 @@ fn upsert(
     slot.not_running_until = None;
     slot.invalid = None;
     let instance = node.spec.instance_id.clone();
+    let marked = stored.deleting() && !slot.node.as_ref().is_some_and(StoredNode::deleting);
     slot.node = Some(stored);
     slot.delivery = next_delivery();
     let p = priority_of(slot);
@@ -278,7 +283,10 @@ fn upsert(
             ..Accepted::default()
         }
     } else {
-        Accepted::queue(name, p)
+        Accepted {
+            unwait: marked,
+            ..Accepted::queue(name, p)
+        }
     }
 }
 

@@ -259,23 +259,10 @@ impl Suite {
         let first = self.nodes[idxs[0]].instance.id.clone();
         sim.set_metadata_instance(&first).await?;
         let seen = sim.clients().await?.mutating.len();
-        let op = CiliumOperator::start(
-            v,
-            &self.kube,
-            &self.ops.settings.ec2_endpoint,
-            &self.cfg.cluster_name,
-            &work_dir(),
-            &[],
-        )
-        .await?;
+        let op = self.start_cilium(v).await?;
         let op = Mutex::new(Some(op));
         let body = self.cilium_handover_steps(sim, v, &op, &idxs, seen).await;
-        let stop = match op.into_inner().expect("op") {
-            Some(op) => op.stop(Duration::from_secs(20)).await,
-            None => Ok(()),
-        };
-        cilium_op::delete_lease(&self.kube).await?;
-        body.and(stop)
+        self.stop_cilium(op, body).await
     }
 
     async fn cilium_handover_steps(

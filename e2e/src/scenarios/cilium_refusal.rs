@@ -13,7 +13,6 @@ use testkit::agent::Generation;
 
 use super::adopt::HANDOVER_LABEL;
 use super::cilium_handover::calls_on;
-use super::real_cilium::work_dir;
 use super::{Suite, eventually};
 use crate::checks::NodeVariant;
 use crate::cilium_op::{self, CiliumOperator, Version};
@@ -40,23 +39,10 @@ impl Suite {
         // A cluster that runs 1.16 has never had a newer Cilium; the suite's 1.20 runs left
         // their label, which 1.16 would not lower.
         cilium_op::forget_crd_schema_label(&self.kube).await?;
-        let op = CiliumOperator::start(
-            v,
-            &self.kube,
-            &self.ops.settings.ec2_endpoint,
-            &self.cfg.cluster_name,
-            &work_dir(),
-            &[],
-        )
-        .await?;
+        let op = self.start_cilium(v).await?;
         let op = Mutex::new(Some(op));
         let body = self.cilium_refusal_steps(sim, v, &op, &idxs, seen).await;
-        let stop = match op.into_inner().expect("op") {
-            Some(op) => op.stop(Duration::from_secs(20)).await,
-            None => Ok(()),
-        };
-        cilium_op::delete_lease(&self.kube).await?;
-        body.and(stop)
+        self.stop_cilium(op, body).await
     }
 
     async fn cilium_refusal_steps(

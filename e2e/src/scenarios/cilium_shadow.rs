@@ -140,15 +140,7 @@ impl Suite {
         )
         .await?;
         let t_seen = Instant::now();
-        let op = CiliumOperator::start(
-            v,
-            &self.kube,
-            &self.ops.settings.ec2_endpoint,
-            &self.cfg.cluster_name,
-            &work_dir(),
-            &[],
-        )
-        .await?;
+        let op = self.start_cilium(v).await?;
         let op = Mutex::new(op);
         let body = self
             .cilium_shadow_steps(sim, v, &op, &idxs, (t_ours, t_seen), seen)

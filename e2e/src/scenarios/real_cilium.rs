@@ -23,6 +23,37 @@ pub fn work_dir() -> std::path::PathBuf {
         .unwrap_or_else(|| "e2e/.work".into())
 }
 
+impl Suite {
+    /// Cilium's real operator `v` on this suite's world: its API server, ec2-sim and cluster
+    /// name, logs in the work directory.
+    pub(super) async fn start_cilium(&self, v: Version) -> Result<CiliumOperator> {
+        CiliumOperator::start(
+            v,
+            &self.kube,
+            &self.ops.settings.ec2_endpoint,
+            &self.cfg.cluster_name,
+            &work_dir(),
+            &[],
+        )
+        .await
+    }
+
+    /// After a scenario's steps: stop the operator they left running (if any) and remove its
+    /// Lease, so the next scenario starts without Cilium; the steps' error comes first.
+    pub(super) async fn stop_cilium(
+        &self,
+        op: std::sync::Mutex<Option<CiliumOperator>>,
+        body: Result<()>,
+    ) -> Result<()> {
+        let stop = match op.into_inner().expect("op") {
+            Some(op) => op.stop(Duration::from_secs(20)).await,
+            None => Ok(()),
+        };
+        cilium_op::delete_lease(&self.kube).await?;
+        body.and(stop)
+    }
+}
+
 /// The versions whose binaries are given, 1.20 first.
 pub fn versions() -> Vec<Version> {
     [Version::V120, Version::V116]
@@ -148,15 +179,7 @@ impl Suite {
         // operators' creates name no instance, so they would count as on these nodes).
         let seen = sim.clients().await?.mutating.len();
         let start = Instant::now();
-        let op = CiliumOperator::start(
-            v,
-            &self.kube,
-            &self.ops.settings.ec2_endpoint,
-            &self.cfg.cluster_name,
-            &work_dir(),
-            &[],
-        )
-        .await?;
+        let op = self.start_cilium(v).await?;
         let op = std::sync::Mutex::new(op);
         let body = async {
             let first = self
