@@ -313,7 +313,11 @@ async fn a_deletion_mark_ends_the_wait_of_a_node_refused_for_its_missing_node() 
     })
     .await;
     assert!(
-        wait_until(|| t.error("n").starts_with("NoNode"), Duration::from_secs(60)).await,
+        wait_until(
+            || t.error("n").starts_with("NoNode"),
+            Duration::from_secs(60)
+        )
+        .await,
         "{}",
         t.error("n")
     );
