@@ -19,8 +19,7 @@ pub(super) fn accept<E: Ec2, S: NodeSink>(inner: &Shared<E, S>, input: NodeInput
             let held = inner.slots.lock().expect("slots").contains_key(name);
             if changed && held {
                 // Out of any wait the refusal set: the reason may be gone.
-                l.queue.remove(name);
-                l.queue.push(name.clone(), inner.priority(name));
+                l.queue.wake(name.clone(), inner.priority(name));
             }
             return;
         }
@@ -55,8 +54,9 @@ pub(super) fn accept<E: Ec2, S: NodeSink>(inner: &Shared<E, S>, input: NodeInput
     }
     if let Some((name, p)) = a.queue {
         if a.unwait {
-            l.queue.remove(&name);
+            l.queue.wake(name, p);
+        } else {
+            l.queue.push(name, p);
         }
-        l.queue.push(name, p);
     }
 }

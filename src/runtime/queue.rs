@@ -83,6 +83,9 @@ pub struct DeficitQueue<K: Clone + Eq + Hash + Ord> {
     running: HashSet<K>,
     /// Pushed while running: re-queue on finish.
     again: HashMap<K, Priority>,
+    /// Woken while running ([`DeficitQueue::wake`]): re-queued on finish without the delay
+    /// the pass's outcome asks for.
+    woken: HashSet<K>,
     failures: HashMap<K, u32>,
     seq: u64,
     /// `push` calls not yet counted (Cilium's trigger "queued" figure; folded ones included).
@@ -98,6 +101,7 @@ impl<K: Clone + Eq + Hash + Ord> Default for DeficitQueue<K> {
             due: BTreeSet::new(),
             running: HashSet::new(),
             again: HashMap::new(),
+            woken: HashSet::new(),
             failures: HashMap::new(),
             seq: 0,
             pushes: 0,
@@ -180,6 +184,14 @@ impl<K: Clone + Eq + Hash + Ord> DeficitQueue<K> {
     pub fn finish(&mut self, node: &K, outcome: Outcome, now: Instant, jitter: f64) {
         self.running.remove(node);
         let again = self.again.remove(node);
+        if self.woken.remove(node) {
+            // The reason for any wait this pass sets may be gone: look again at once.
+            if outcome == Outcome::Failed {
+                *self.failures.entry(node.clone()).or_insert(0) += 1;
+            }
+            self.insert_ready(node.clone(), again.unwrap_or(Priority::Routine));
+            return;
+        }
         match outcome {
             Outcome::Done => {
                 self.failures.remove(node);
@@ -208,6 +220,20 @@ impl<K: Clone + Eq + Hash + Ord> DeficitQueue<K> {
         self.due.insert((at, node.clone()));
     }
 
+    /// Ask for a pass over `node` now, out of any wait: what it waited for may have changed
+    /// (its Node came or went, its CiliumNode was marked for deletion). A node being worked on
+    /// gets a pass right after, whatever delay that pass's outcome asks for (a `push` would
+    /// keep the delay: a Node that came back during a pass that waited for it was looked at
+    /// again only at the next rescan).
+    pub fn wake(&mut self, node: K, priority: Priority) {
+        if self.running.contains(&node) {
+            self.woken.insert(node.clone());
+        } else {
+            self.remove(&node);
+        }
+        self.push(node, priority);
+    }
+
     /// Forget a node (CiliumNode deleted). A running worker finishes on its own.
     pub fn remove(&mut self, node: &K) {
         if let Some(key) = self.queued.remove(node) {
@@ -217,6 +243,7 @@ impl<K: Clone + Eq + Hash + Ord> DeficitQueue<K> {
             self.due.remove(&(at, node.clone()));
         }
         self.again.remove(node);
+        self.woken.remove(node);
         self.failures.remove(node);
     }
 
@@ -303,6 +330,34 @@ mod tests {
         assert_eq!(q.pop(now), Some("a"));
         assert_eq!(q.pop(now), Some("b"));
         assert_eq!(q.pop(now), None);
+    }
+
+    #[test]
+    fn a_wake_during_a_pass_that_ends_in_a_wait_runs_the_node_again_at_once() {
+        let now = t0();
+        let mut q = DeficitQueue::new();
+        q.push("a", Priority::Deleting);
+        assert_eq!(q.pop(now), Some("a"));
+        // What the pass waits for (its Node) arrives while it runs: a plain push is folded
+        // into the wait the pass then asks for.
+        q.push("a", Priority::Routine);
+        q.finish(&"a", Outcome::RetryAfter(Duration::from_secs(30)), now, 0.0);
+        assert_eq!(q.pop(now), None, "a push keeps the delay");
+        // A wake is not.
+        q.wake("a", Priority::Routine);
+        assert_eq!(q.pop(now), Some("a"));
+        q.wake("a", Priority::Routine);
+        q.finish(&"a", Outcome::RetryAfter(Duration::from_secs(30)), now, 0.0);
+        assert_eq!(q.pop(now), Some("a"), "woken while running: again at once");
+        q.wake("a", Priority::Routine);
+        q.finish(&"a", Outcome::Failed, now, 0.0);
+        assert_eq!(
+            q.pop(now),
+            Some("a"),
+            "a failure still counts, without its backoff"
+        );
+        q.finish(&"a", Outcome::Failed, now, 0.0);
+        assert_eq!(q.pop(now), None, "the next failure backs off as before");
     }
 
     #[test]
