@@ -344,6 +344,16 @@ mod tests {
         json!({"f:spec": {"f:ipam": {"f:pool": {"f:10.0.0.5": {}}}}})
     }
 
+    /// The writers of a node our handover annotated with `ipam.cilium.io/ignore` at `at`.
+    fn annotated_by_handover(at: i64) -> Writers {
+        Writers::from_managed_fields(&[entry(
+            HANDOVER_FIELD_MANAGER,
+            None,
+            at,
+            json!({"f:metadata": {"f:annotations": {"f:ipam.cilium.io/ignore": {}}}}),
+        )])
+    }
+
     fn signals<'a>(w: &'a Writers, lease: Option<&'a LeaseView>, now: i64) -> Signals<'a> {
         Signals {
             writers: w,
@@ -467,13 +477,7 @@ mod tests {
 
     #[test]
     fn cilium_must_restart_after_the_annotation() {
-        let entries = [entry(
-            HANDOVER_FIELD_MANAGER,
-            None,
-            50,
-            json!({"f:metadata": {"f:annotations": {"f:ipam.cilium.io/ignore": {}}}}),
-        )];
-        let w = Writers::from_managed_fields(&entries);
+        let w = annotated_by_handover(50);
         let before = lease(0, 100);
         assert!(matches!(
             other_allocator(&signals(&w, Some(&before), 105)),
@@ -508,13 +512,7 @@ mod tests {
         s.lease = Some(&restarted);
         assert!(other_allocator(&s).is_some());
         // Annotated (by us, dated by our handover manager) before the restart: free.
-        let entries = [entry(
-            HANDOVER_FIELD_MANAGER,
-            None,
-            102,
-            json!({"f:metadata": {"f:annotations": {"f:ipam.cilium.io/ignore": {}}}}),
-        )];
-        let w = Writers::from_managed_fields(&entries);
+        let w = annotated_by_handover(102);
         let mut s = signals(&w, Some(&restarted), 105);
         s.will_annotate = true;
         assert_eq!(other_allocator(&s), None);
@@ -531,13 +529,7 @@ mod tests {
     #[test]
     fn a_cilium_operator_older_than_the_annotation_serves_annotated_nodes_even_after_a_restart() {
         use crate::ipam::cilium_version::CiliumVersion;
-        let entries = [entry(
-            HANDOVER_FIELD_MANAGER,
-            None,
-            50,
-            json!({"f:metadata": {"f:annotations": {"f:ipam.cilium.io/ignore": {}}}}),
-        )];
-        let w = Writers::from_managed_fields(&entries);
+        let w = annotated_by_handover(50);
         // Restarted after the annotation: a 1.18+ leader keeps off the node.
         let restarted = lease(60, 100);
         let v116 = CiliumVersion::from_label(Some("1.29.4"))
