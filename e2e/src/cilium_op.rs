@@ -27,12 +27,72 @@ pub struct CiliumOperator {
     child: Child,
     pub metrics_port: u16,
     pub log: PathBuf,
+    /// What it was started with, to start it again as the kubelet would.
+    launch: Relaunch,
+    /// Times it exited on its own and was started again.
+    pub restarts: u32,
 }
+
+/// The binary and flags of a start, kept to start the same process again.
+struct Relaunch {
+    binary: PathBuf,
+    kubeconfig: PathBuf,
+    ec2_endpoint: String,
+    cluster_name: String,
+    work: PathBuf,
+    extra: Vec<String>,
+    health_port: u16,
+}
+
+/// How often a process that exits on its own is started again before a scenario gives up on it.
+/// In a cluster its Deployment's pod has `restartPolicy: Always`: the kubelet restarts a container
+/// that exits, whatever its status (Kubernetes docs, "Pod Lifecycle", container restart policy).
+/// Cilium 1.16 exits (`level=fatal`, "Unable to start eni allocator") when its first EC2
+/// synchronization fails, and its AWS SDK (2024) does not retry a response whose connection Go's
+/// transport closed while it was read ("use of closed network connection", aws-sdk-go-v2 #2737,
+/// retried only from January 2025, PR #2949): seen once in CI on ec2-sim at 1.16's start.
+const RESTARTS: u32 = 3;
 
 fn free_port() -> Result<u16> {
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?
         .local_addr()?
         .port())
+}
+
+/// Starts the process of `launch`, its output in a log named by version, health port and
+/// `suffix`.
+fn spawn(
+    version: Version,
+    launch: &Relaunch,
+    metrics_port: u16,
+    suffix: &str,
+) -> Result<(Child, PathBuf)> {
+    std::fs::create_dir_all(launch.work.join("logs"))?;
+    let log = launch.work.join("logs").join(format!(
+        "cilium-operator-{version}-{}{suffix}.log",
+        launch.health_port
+    ));
+    let out = std::fs::File::create(&log)?;
+    let l = testkit::cilium_operator::Launch {
+        version,
+        binary: &launch.binary,
+        kubeconfig: &launch.kubeconfig,
+        ec2_endpoint: &launch.ec2_endpoint,
+        cluster_name: &launch.cluster_name,
+        metrics_port,
+        health_port: launch.health_port,
+        work: &launch.work,
+        extra: &launch.extra,
+    };
+    let child = Command::from(l.command())
+        .stdin(Stdio::null())
+        .stdout(out.try_clone()?)
+        .stderr(out)
+        .kill_on_drop(true)
+        .spawn()
+        .with_context(|| format!("starting {}", launch.binary.display()))?;
+    tracing::info!(%version, log = %log.display(), "Cilium's operator started: {}", l.all_args().join(" "));
+    Ok((child, log))
 }
 
 impl CiliumOperator {
@@ -59,55 +119,66 @@ impl CiliumOperator {
         work: &Path,
         extra: &[String],
     ) -> Result<Self> {
-        let bin = version
+        let binary = version
             .binary()
             .with_context(|| format!("{} is not set", version.var()))?;
         let kubeconfig = std::env::var_os("KUBECONFIG")
             .map(PathBuf::from)
             .context("KUBECONFIG (the admin kubeconfig) is not set")?;
         let (metrics_port, health_port) = (free_port()?, free_port()?);
-        std::fs::create_dir_all(work.join("logs"))?;
-        let log = work
-            .join("logs")
-            .join(format!("cilium-operator-{version}-{health_port}.log"));
-        let out = std::fs::File::create(&log)?;
-        let launch = testkit::cilium_operator::Launch {
-            version,
-            binary: &bin,
-            kubeconfig: &kubeconfig,
-            ec2_endpoint,
-            cluster_name,
-            metrics_port,
+        let launch = Relaunch {
+            binary,
+            kubeconfig,
+            ec2_endpoint: ec2_endpoint.to_owned(),
+            cluster_name: cluster_name.to_owned(),
+            work: work.to_owned(),
+            extra: extra.to_vec(),
             health_port,
-            work,
-            extra,
         };
-        let a = launch.all_args();
-        let child = Command::from(launch.command())
-            .stdin(Stdio::null())
-            .stdout(out.try_clone()?)
-            .stderr(out)
-            .kill_on_drop(true)
-            .spawn()
-            .with_context(|| format!("starting {}", bin.display()))?;
-        tracing::info!(%version, log = %log.display(), "Cilium's operator started: {}", a.join(" "));
+        Self::spawn_first(version, launch, metrics_port)
+    }
+
+    fn spawn_first(version: Version, launch: Relaunch, metrics_port: u16) -> Result<Self> {
+        let (child, log) = spawn(version, &launch, metrics_port, "")?;
         Ok(Self {
             version,
             child,
             metrics_port,
             log,
+            launch,
+            restarts: 0,
         })
     }
 
-    /// Why it is not running any more, with its last log lines.
+    /// Why it is not running any more, with its last log lines; `None` while it runs. A process
+    /// that exited on its own is started again, same flags and ports, as its pod's kubelet would
+    /// ([`RESTARTS`] times; the Lease it may still hold is left to expire, as in a cluster).
     pub fn exited(&mut self) -> Option<String> {
-        match self.child.try_wait() {
-            Ok(Some(status)) => Some(format!(
-                "Cilium's operator {} exited ({status}): {}",
-                self.version,
-                self.tail(8)
-            )),
-            _ => None,
+        let status = match self.child.try_wait() {
+            Ok(Some(status)) => status,
+            _ => return None,
+        };
+        let note = format!(
+            "Cilium's operator {} exited ({status}): {}",
+            self.version,
+            self.tail(8)
+        );
+        if self.restarts >= RESTARTS {
+            return Some(format!("{note} (after {} restarts)", self.restarts));
+        }
+        self.restarts += 1;
+        let suffix = format!("-restart{}", self.restarts);
+        match spawn(self.version, &self.launch, self.metrics_port, &suffix) {
+            Ok((child, log)) => {
+                println!(
+                    "     Cilium's operator {} restarted as its kubelet would (restart {} of {RESTARTS}): {note}",
+                    self.version, self.restarts
+                );
+                self.child = child;
+                self.log = log;
+                None
+            }
+            Err(e) => Some(format!("{note}; starting it again failed: {e:#}")),
         }
     }
 
@@ -238,6 +309,97 @@ fn dechunk(mut body: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A stand-in binary: exits 1 its first `fail` runs (counted in a file), then stays up.
+    fn flaky_binary(dir: &Path, fail: u32) -> PathBuf {
+        let bin = dir.join("flaky-operator");
+        let count = dir.join("runs");
+        std::fs::write(
+            &bin,
+            format!(
+                "#!/bin/sh\necho run >> {c}\n[ \"$(wc -l < {c})\" -gt {fail} ] || exit 1\nexec sleep 30\n",
+                c = count.display()
+            ),
+        )
+        .unwrap();
+        std::process::Command::new("chmod")
+            .args(["+x", &bin.display().to_string()])
+            .status()
+            .unwrap();
+        bin
+    }
+
+    /// An empty directory of this test's own.
+    fn scratch(name: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("e2e-cilium-op-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    fn relaunch(dir: &Path, binary: PathBuf) -> Relaunch {
+        Relaunch {
+            binary,
+            kubeconfig: dir.join("kubeconfig"),
+            ec2_endpoint: "http://127.0.0.1:1".into(),
+            cluster_name: "test".into(),
+            work: dir.to_owned(),
+            extra: vec![],
+            health_port: 1,
+        }
+    }
+
+    /// Exited within 5 s, as `exited` says it.
+    async fn exit_note(op: &mut CiliumOperator) -> Option<String> {
+        for _ in 0..50 {
+            let restarts = op.restarts;
+            if let Some(note) = op.exited() {
+                return Some(note);
+            }
+            if op.restarts > restarts {
+                return None;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        panic!("the stand-in neither exited nor was restarted in 5 s");
+    }
+
+    #[tokio::test]
+    async fn a_process_that_exits_on_its_own_is_started_again_like_its_kubelet_would() {
+        let dir = scratch("restarted");
+        let bin = flaky_binary(&dir, 1);
+        let mut op = CiliumOperator::spawn_first(Version::V116, relaunch(&dir, bin), 1).unwrap();
+        assert_eq!(exit_note(&mut op).await, None, "restarted, not reported");
+        assert_eq!(op.restarts, 1);
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert_eq!(op.exited(), None, "the second run stays up");
+        assert!(op.log.display().to_string().ends_with("-restart1.log"));
+        op.stop(Duration::from_secs(5)).await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_process_that_keeps_exiting_is_reported_after_its_restarts() {
+        let dir = scratch("reported");
+        let bin = flaky_binary(&dir, 100);
+        let mut op = CiliumOperator::spawn_first(Version::V116, relaunch(&dir, bin), 1).unwrap();
+        let mut notes = vec![];
+        while notes.len() <= RESTARTS as usize {
+            notes.push(exit_note(&mut op).await);
+        }
+        assert_eq!(
+            notes.iter().filter(|n| n.is_none()).count(),
+            RESTARTS as usize
+        );
+        let last = notes.last().unwrap().as_deref().unwrap_or_default();
+        assert!(last.contains("after 3 restarts"), "{last}");
+        assert_eq!(
+            std::fs::read_to_string(dir.join("runs"))
+                .unwrap()
+                .lines()
+                .count(),
+            1 + RESTARTS as usize
+        );
+    }
 
     #[test]
     fn chunked_bodies_decode() {

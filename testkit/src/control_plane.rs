@@ -45,6 +45,11 @@ pub const ASSETS_ENV: &str = "KUBEBUILDER_ASSETS";
 /// the ~5 s of an idle one).
 const READY_LIMIT: Duration = Duration::from_secs(120);
 
+/// Starts made before a taken port is an error, and how Go's `net.Listen` says it (etcd,
+/// kube-apiserver and kube-controller-manager all log the syscall's text).
+const PORT_ATTEMPTS: u32 = 3;
+const PORT_TAKEN: &str = "address already in use";
+
 /// The assets directory from `KUBEBUILDER_ASSETS`, if set and non-empty.
 pub fn assets_from_env() -> Option<PathBuf> {
     std::env::var_os(ASSETS_ENV)
@@ -65,6 +70,13 @@ impl ControlPlane {
     /// API server is ready, its OpenAPI v3 lists `apis/apiextensions.k8s.io/v1` (kubectl's
     /// validation needs it) and the controller manager answers.
     pub fn start(assets: &Path) -> Result<Self> {
+        Self::start_with_ports(assets, free_port)
+    }
+
+    /// [`start`](Self::start) with the ports from `pick`. A port picked free can be taken by
+    /// another process before the component binds it (two suites start side by side in CI): a
+    /// start that fails with "address already in use" is made again from scratch, new ports.
+    pub fn start_with_ports(assets: &Path, mut pick: impl FnMut() -> Result<u16>) -> Result<Self> {
         for bin in [
             "etcd",
             "kube-apiserver",
@@ -76,31 +88,41 @@ impl ControlPlane {
                 bail!("{ASSETS_ENV}={}: no {bin} there", assets.display());
             }
         }
-        let dir = std::env::temp_dir().join(format!(
-            "eni-control-plane-{}-{}",
-            std::process::id(),
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_nanos())
-                .unwrap_or_default()
-        ));
-        fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-        // From here on, Drop cleans up whatever was started.
-        let mut cp = ControlPlane {
-            dir,
-            kubectl: assets.join("kubectl"),
-            server: String::new(),
-            children: Vec::new(),
-        };
-        cp.boot(assets)?;
-        Ok(cp)
+        let mut attempt = 1;
+        loop {
+            let dir = std::env::temp_dir().join(format!(
+                "eni-control-plane-{}-{}",
+                std::process::id(),
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map(|d| d.as_nanos())
+                    .unwrap_or_default()
+            ));
+            fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+            // From here on, Drop cleans up whatever was started.
+            let mut cp = ControlPlane {
+                dir,
+                kubectl: assets.join("kubectl"),
+                server: String::new(),
+                children: Vec::new(),
+            };
+            match cp.boot(assets, &mut pick) {
+                Ok(()) => return Ok(cp),
+                Err(e) if attempt < PORT_ATTEMPTS && format!("{e:#}").contains(PORT_TAKEN) => {
+                    eprintln!(
+                        "control plane: a port was taken before its use; starting again: {e:#}"
+                    );
+                    attempt += 1;
+                }
+                Err(e) => return Err(e),
+            }
+        }
     }
 
-    fn boot(&mut self, assets: &Path) -> Result<()> {
+    fn boot(&mut self, assets: &Path, pick: &mut impl FnMut() -> Result<u16>) -> Result<()> {
         let dir = self.dir.clone();
         write_pki(&dir)?;
-        let (etcd_port, peer_port, api_port, kcm_port) =
-            (free_port()?, free_port()?, free_port()?, free_port()?);
+        let (etcd_port, peer_port, api_port, kcm_port) = (pick()?, pick()?, pick()?, pick()?);
 
         let etcd_url = format!("http://127.0.0.1:{etcd_port}");
         let peer_url = format!("http://127.0.0.1:{peer_port}");
@@ -187,10 +209,13 @@ impl ControlPlane {
                 "--controllers=*,-service-ca-certificate-publisher-controller",
             ],
         )?;
-        // Its /healthz is HTTPS with a self-signed certificate: a listening port is enough to
-        // know it is past its start-up; the liveness check below catches an early exit.
+        // Its /healthz is HTTPS with a self-signed certificate. A listening port is not enough:
+        // another process may hold it (then it exits). Its own log line says it serves there
+        // (k8s.io/apiserver secure_serving.go: "Serving securely on HOST:PORT").
+        let serving = format!("Serving securely on 127.0.0.1:{kcm_port}");
+        let kcm_log = dir.join("kube-controller-manager.log");
         self.wait("kube-controller-manager", || {
-            Ok(TcpStream::connect(("127.0.0.1", kcm_port)).is_ok())
+            Ok(fs::read_to_string(&kcm_log)?.contains(&serving))
         })?;
         Ok(())
     }
@@ -387,8 +412,8 @@ fn path(p: &Path) -> String {
 }
 
 /// A free loopback port (bound and released: another process could take it in between; the
-/// start then fails with that component's log, it does not hang).
-fn free_port() -> Result<u16> {
+/// start then fails with that component's log and is made again, it does not hang).
+pub fn free_port() -> Result<u16> {
     Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 

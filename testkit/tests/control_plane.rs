@@ -227,3 +227,47 @@ fn control_plane_binary_stops_its_children_on_sigterm_and_when_killed() {
         }
     }
 }
+
+/// A picked port that another process took before its component bound it: the start is made
+/// again with new ports, whichever component lost its port (etcd exits at once; the controller
+/// manager exits after its start-up, where a plain connect to its port would have succeeded).
+#[test]
+fn a_port_taken_between_its_pick_and_its_use_starts_the_control_plane_again() {
+    let Some(assets) =
+        assets("a_port_taken_between_its_pick_and_its_use_starts_the_control_plane_again")
+    else {
+        return;
+    };
+    // Picks: etcd client, etcd peer, kube-apiserver, kube-controller-manager.
+    for (taken_at, component) in [(0, "etcd"), (3, "kube-controller-manager")] {
+        let holder = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let taken = holder.local_addr().unwrap().port();
+        let mut picks = 0;
+        let mut cp = ControlPlane::start_with_ports(&assets, || {
+            picks += 1;
+            if picks == taken_at + 1 {
+                Ok(taken)
+            } else {
+                testkit::control_plane::free_port()
+            }
+        })
+        .unwrap_or_else(|e| panic!("{component}'s port taken: the start failed: {e:#}"));
+        assert_eq!(
+            picks, 8,
+            "{component}'s port taken: one start again, four new ports"
+        );
+        assert!(
+            !cp.server().ends_with(&format!(":{taken}")),
+            "{component}: served on the taken port"
+        );
+        std::thread::sleep(Duration::from_secs(2));
+        assert_eq!(
+            cp.exited(),
+            None,
+            "{component}'s port taken: a component exited"
+        );
+        let (ok, out) = kubectl(&assets, &cp.kubeconfig(), &["get", "ns", "default"]);
+        assert!(ok, "{component}'s port taken: {out}");
+        drop(holder);
+    }
+}
