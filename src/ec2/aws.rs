@@ -255,11 +255,17 @@ fn network_interface(n: &sdk::NetworkInterface) -> NetworkInterface {
         .and_then(|a| ip(a.private_ip_address()))
         .or_else(|| ip(n.private_ip_address()))
         .unwrap_or(Ipv4Addr::UNSPECIFIED);
+    // An ENI holds an address once. moto 5.2.5's CreateNetworkInterface draws
+    // `SecondaryPrivateIpAddressCount` addresses at random without that check
+    // (`moto/ec2/models/elastic_network_interfaces.py`: a list comprehension of
+    // `random_private_ip`), so a listing can repeat one: counted twice, the node looked served
+    // one address short of what its agent saw (e2e multi-pool-ips, once under Cilium's CRD).
+    let mut seen = std::collections::BTreeSet::from([primary_ip]);
     let secondary_ips = addrs
         .iter()
         .filter(|a| a.primary() != Some(true))
         .filter_map(|a| ip(a.private_ip_address()))
-        .filter(|a| *a != primary_ip)
+        .filter(|a| seen.insert(*a))
         .collect();
     NetworkInterface {
         id: s(n.network_interface_id()),
@@ -802,6 +808,31 @@ mod tests {
         assert_eq!(
             v.secondary_cidrs,
             vec!["100.64.0.0/16".parse::<Ipv4Net>().unwrap()]
+        );
+    }
+
+    #[test]
+    fn eni_conversion_lists_each_address_once() {
+        // moto's CreateNetworkInterface can draw one address twice, or the primary again.
+        let addr = |a: &str, primary: bool| {
+            sdk::NetworkInterfacePrivateIpAddress::builder()
+                .private_ip_address(a)
+                .primary(primary)
+                .build()
+        };
+        let n = sdk::NetworkInterface::builder()
+            .network_interface_id("eni-1")
+            .private_ip_addresses(addr("10.0.0.5", true))
+            .private_ip_addresses(addr("10.0.0.9", false))
+            .private_ip_addresses(addr("10.0.0.5", false))
+            .private_ip_addresses(addr("10.0.0.7", false))
+            .private_ip_addresses(addr("10.0.0.9", false))
+            .build();
+        let eni = network_interface(&n);
+        assert_eq!(eni.primary_ip, Ipv4Addr::new(10, 0, 0, 5));
+        assert_eq!(
+            eni.secondary_ips,
+            vec![Ipv4Addr::new(10, 0, 0, 9), Ipv4Addr::new(10, 0, 0, 7)]
         );
     }
 
