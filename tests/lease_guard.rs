@@ -55,6 +55,12 @@ async fn an_unreadable_cilium_lease_holds_back_every_node_not_taken_over_yet() {
         "{}",
         error("new")
     );
+    // What the user reads: the reason, then what to do, in plain words.
+    assert!(
+        error("new").contains("until it can be read (or --cilium-operator-absent says"),
+        "{}",
+        error("new")
+    );
     let attaches = w.sim.stats().get(Operation::AttachNetworkInterface).calls;
     tokio::time::sleep(Duration::from_secs(120)).await;
     let new = sink.get("new").unwrap();

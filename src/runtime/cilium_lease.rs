@@ -40,10 +40,10 @@ pub fn state(read: Result<Option<&Lease>, String>, namespace: &str, absent: bool
         Ok(Some(l)) => view(l).map_or(CiliumLease::Absent, CiliumLease::Held),
         Ok(None) | Err(_) if absent => CiliumLease::Absent,
         Ok(None) => CiliumLease::Unreadable(format!(
-            "{lease} not found: Cilium's operator runs in another namespace (set              --cilium-namespace) or is not installed (set --cilium-operator-absent)"
+            "{lease} not found: Cilium's operator runs in another namespace (set --cilium-namespace) or is not installed (set --cilium-operator-absent)"
         )),
         Err(e) => CiliumLease::Unreadable(format!(
-            "cannot read {lease} ({e}): it tells whether Cilium's operator runs (RBAC: get on              that Lease)"
+            "cannot read {lease} ({e}): it tells whether Cilium's operator runs (RBAC: get on that Lease)"
         )),
     }
 }
@@ -120,6 +120,11 @@ mod tests {
             "{why}"
         );
         assert!(why.contains("--cilium-operator-absent"), "{why}");
+        assert!(why.contains("(set --cilium-namespace)"), "{why}");
+        let CiliumLease::Unreadable(why) = state(err(), "cilium", false) else {
+            unreachable!()
+        };
+        assert!(why.contains("(RBAC: get on that Lease)"), "{why}");
         let free = Lease::default();
         assert_eq!(state(Ok(Some(&free)), "x", false), CiliumLease::Absent);
     }

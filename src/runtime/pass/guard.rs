@@ -45,7 +45,7 @@ pub(super) async fn check<E: Ec2, S: NodeSink>(
     {
         inner.metrics.other_allocator_blocked.inc();
         let message = format!(
-            "{why}; this node is not taken over until it can be read (or              --cilium-operator-absent says Cilium's operator is not installed)"
+            "{why}; this node is not taken over until it can be read (or --cilium-operator-absent says Cilium's operator is not installed)"
         );
         super::problem::say(
             inner,
