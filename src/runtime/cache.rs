@@ -49,6 +49,18 @@ fn local_change_newer(local: Option<Instant>, started: Instant) -> bool {
     local.is_some_and(|t| t + DESCRIBE_LAG > started)
 }
 
+/// EC2 holds an address on one ENI: where a listing or an answer shows one on several ENIs of
+/// an instance, it stays on the first (by ENI id) and leaves the others, so it counts once, as
+/// the node's agent counts it. moto 5.2.5 draws addresses at random with no subnet-wide check,
+/// so two ENIs of one node can share one (3 of 500 pairs of 15-address ENIs in a /17, measured):
+/// counted twice, the node looked served one address short (e2e `demand-drop`, once in CI).
+fn each_address_once(enis: &mut [NetworkInterface]) {
+    let mut seen: BTreeSet<Ipv4Addr> = enis.iter().map(|e| e.primary_ip).collect();
+    for e in enis.iter_mut() {
+        e.secondary_ips.retain(|ip| seen.insert(*ip));
+    }
+}
+
 /// What the cache holds for one instance.
 #[derive(Clone, Debug, Default)]
 pub struct InstanceEntry {
@@ -381,6 +393,7 @@ impl Ec2Cache {
             return;
         }
         enis.sort_by(|a, b| a.id.cmp(&b.id));
+        each_address_once(&mut enis);
         entry.listed_at = Some(started);
         // Early in a leadership, what the listing shows is not confirmed yet (§14.1); a later
         // listing replaces the ENIs and confirms (or drops) all of it.
@@ -547,6 +560,7 @@ impl Ec2Cache {
         entry.enis.retain(|e| e.id != eni.id);
         entry.enis.push(eni);
         entry.enis.sort_by(|a, b| a.id.cmp(&b.id));
+        each_address_once(&mut entry.enis);
     }
 
     /// Our new ENI could not be attached yet (throttled, no answer): keep it as a leftover of

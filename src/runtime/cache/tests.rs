@@ -378,3 +378,50 @@ fn instance_tags_decide_the_scope_of_managed_instances() {
     assert_eq!(c.in_scope("i-new"), Some(true));
     assert_eq!(c.in_scope("i-a"), Some(false));
 }
+
+#[test]
+fn an_address_listed_on_two_enis_of_an_instance_counts_once() {
+    // moto can give two ENIs of one node the same address; EC2 never does.
+    let t = Instant::now();
+    let ip = |n| Ipv4Addr::new(10, 0, 0, n);
+    let mut a = eni("eni-a", Some(("i-a", 1)), "subnet-1");
+    a.secondary_ips = vec![ip(20), ip(21)];
+    let mut b = eni("eni-b", Some(("i-a", 2)), "subnet-1");
+    b.secondary_ips = vec![ip(21), ip(22), ip(10)];
+    let on = |c: &Ec2Cache, id: &str| {
+        c.instance("i-a")
+            .unwrap()
+            .enis
+            .iter()
+            .find(|e| e.id == id)
+            .map(|e| e.secondary_ips.clone())
+            .unwrap_or_default()
+    };
+    let mut c = Ec2Cache::new();
+    c.apply_full(snap(t, vec![b.clone(), a.clone()]));
+    assert_eq!(on(&c, "eni-a"), [ip(20), ip(21)]);
+    assert_eq!(
+        on(&c, "eni-b"),
+        [ip(22)],
+        "not a second time, nor a primary"
+    );
+    c.apply_instances(
+        &["i-a".into()],
+        vec![a.clone(), b.clone()],
+        t + Duration::from_secs(1),
+    );
+    assert_eq!(on(&c, "eni-b"), [ip(22)]);
+    // A new ENI's answer that names an address the instance has.
+    let mut n = eni("eni-c", None, "subnet-1");
+    n.secondary_ips = vec![ip(20), ip(23)];
+    let attach = Attachment {
+        id: "attach-c".into(),
+        instance_id: "i-a".into(),
+        device_index: 3,
+        delete_on_termination: true,
+        network_card_index: 0,
+    };
+    c.add_attached_eni(n, attach, t + Duration::from_secs(2));
+    assert_eq!(on(&c, "eni-c"), [ip(23)]);
+    assert_eq!(on(&c, "eni-a"), [ip(20), ip(21)]);
+}
