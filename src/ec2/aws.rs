@@ -811,15 +811,17 @@ mod tests {
         );
     }
 
+    /// One address of an ENI as EC2 lists it.
+    fn addr(a: &str, primary: bool) -> sdk::NetworkInterfacePrivateIpAddress {
+        sdk::NetworkInterfacePrivateIpAddress::builder()
+            .private_ip_address(a)
+            .primary(primary)
+            .build()
+    }
+
     #[test]
     fn eni_conversion_lists_each_address_once() {
         // moto's CreateNetworkInterface can draw one address twice, or the primary again.
-        let addr = |a: &str, primary: bool| {
-            sdk::NetworkInterfacePrivateIpAddress::builder()
-                .private_ip_address(a)
-                .primary(primary)
-                .build()
-        };
         let n = sdk::NetworkInterface::builder()
             .network_interface_id("eni-1")
             .private_ip_addresses(addr("10.0.0.5", true))
@@ -838,12 +840,6 @@ mod tests {
 
     #[test]
     fn eni_conversion_splits_primary_from_secondaries() {
-        let addr = |a: &str, primary: bool| {
-            sdk::NetworkInterfacePrivateIpAddress::builder()
-                .private_ip_address(a)
-                .primary(primary)
-                .build()
-        };
         let n = sdk::NetworkInterface::builder()
             .network_interface_id("eni-1")
             .private_ip_address("10.0.0.5")
