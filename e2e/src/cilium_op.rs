@@ -20,28 +20,15 @@ use kube::api::{Api, DeleteParams};
 use tokio::process::{Child, Command};
 
 // The flags and environment are testkit's (the benchmark starts the same operator).
-pub use testkit::cilium_operator::{ACCESS_KEY, LEASE, NAMESPACE, Version};
+pub use testkit::cilium_operator::{ACCESS_KEY, LEASE, Launch, NAMESPACE, Version};
 
 pub struct CiliumOperator {
-    pub version: Version,
     child: Child,
-    pub metrics_port: u16,
     pub log: PathBuf,
     /// What it was started with, to start it again as the kubelet would.
-    launch: Relaunch,
+    launch: Launch,
     /// Times it exited on its own and was started again.
     pub restarts: u32,
-}
-
-/// The binary and flags of a start, kept to start the same process again.
-struct Relaunch {
-    binary: PathBuf,
-    kubeconfig: PathBuf,
-    ec2_endpoint: String,
-    cluster_name: String,
-    work: PathBuf,
-    extra: Vec<String>,
-    health_port: u16,
 }
 
 /// How often a process that exits on its own is started again before a scenario gives up on it.
@@ -61,37 +48,22 @@ fn free_port() -> Result<u16> {
 
 /// Starts the process of `launch`, its output in a log named by version, health port and
 /// `suffix`.
-fn spawn(
-    version: Version,
-    launch: &Relaunch,
-    metrics_port: u16,
-    suffix: &str,
-) -> Result<(Child, PathBuf)> {
-    std::fs::create_dir_all(launch.work.join("logs"))?;
-    let log = launch.work.join("logs").join(format!(
-        "cilium-operator-{version}-{}{suffix}.log",
-        launch.health_port
+fn spawn(launch: &Launch, suffix: &str) -> Result<(Child, PathBuf)> {
+    let logs = launch.work.join("logs");
+    std::fs::create_dir_all(&logs)?;
+    let log = logs.join(format!(
+        "cilium-operator-{}-{}{suffix}.log",
+        launch.version, launch.health_port
     ));
     let out = std::fs::File::create(&log)?;
-    let l = testkit::cilium_operator::Launch {
-        version,
-        binary: &launch.binary,
-        kubeconfig: &launch.kubeconfig,
-        ec2_endpoint: &launch.ec2_endpoint,
-        cluster_name: &launch.cluster_name,
-        metrics_port,
-        health_port: launch.health_port,
-        work: &launch.work,
-        extra: &launch.extra,
-    };
-    let child = Command::from(l.command())
+    let child = Command::from(launch.command())
         .stdin(Stdio::null())
         .stdout(out.try_clone()?)
         .stderr(out)
         .kill_on_drop(true)
         .spawn()
         .with_context(|| format!("starting {}", launch.binary.display()))?;
-    tracing::info!(%version, log = %log.display(), "Cilium's operator started: {}", l.all_args().join(" "));
+    tracing::info!(version = %launch.version, log = %log.display(), "Cilium's operator started: {}", launch.all_args().join(" "));
     Ok((child, log))
 }
 
@@ -125,29 +97,37 @@ impl CiliumOperator {
         let kubeconfig = std::env::var_os("KUBECONFIG")
             .map(PathBuf::from)
             .context("KUBECONFIG (the admin kubeconfig) is not set")?;
-        let (metrics_port, health_port) = (free_port()?, free_port()?);
-        let launch = Relaunch {
+        let launch = Launch {
+            version,
             binary,
             kubeconfig,
             ec2_endpoint: ec2_endpoint.to_owned(),
             cluster_name: cluster_name.to_owned(),
+            metrics_port: free_port()?,
+            health_port: free_port()?,
             work: work.to_owned(),
             extra: extra.to_vec(),
-            health_port,
         };
-        Self::spawn_first(version, launch, metrics_port)
+        Self::spawn_first(launch)
     }
 
-    fn spawn_first(version: Version, launch: Relaunch, metrics_port: u16) -> Result<Self> {
-        let (child, log) = spawn(version, &launch, metrics_port, "")?;
+    fn spawn_first(launch: Launch) -> Result<Self> {
+        let (child, log) = spawn(&launch, "")?;
         Ok(Self {
-            version,
             child,
-            metrics_port,
             log,
             launch,
             restarts: 0,
         })
+    }
+
+    pub fn version(&self) -> Version {
+        self.launch.version
+    }
+
+    /// Its Prometheus port.
+    pub fn metrics_port(&self) -> u16 {
+        self.launch.metrics_port
     }
 
     /// Why it is not running any more, with its last log lines; `None` while it runs. A process
@@ -160,7 +140,7 @@ impl CiliumOperator {
         };
         let note = format!(
             "Cilium's operator {} exited ({status}): {}",
-            self.version,
+            self.version(),
             self.tail(8)
         );
         if self.restarts >= RESTARTS {
@@ -168,11 +148,12 @@ impl CiliumOperator {
         }
         self.restarts += 1;
         let suffix = format!("-restart{}", self.restarts);
-        match spawn(self.version, &self.launch, self.metrics_port, &suffix) {
+        match spawn(&self.launch, &suffix) {
             Ok((child, log)) => {
                 println!(
                     "     Cilium's operator {} restarted as its kubelet would (restart {} of {RESTARTS}): {note}",
-                    self.version, self.restarts
+                    self.version(),
+                    self.restarts
                 );
                 self.child = child;
                 self.log = log;
@@ -210,7 +191,7 @@ impl CiliumOperator {
             .await
             .is_err()
         {
-            tracing::warn!(version = %self.version, "Cilium's operator ignored SIGTERM; killing it");
+            tracing::warn!(version = %self.version(), "Cilium's operator ignored SIGTERM; killing it");
             self.child.kill().await?;
         }
         Ok(())
@@ -337,15 +318,17 @@ mod tests {
         dir
     }
 
-    fn relaunch(dir: &Path, binary: PathBuf) -> Relaunch {
-        Relaunch {
+    fn launch(dir: &Path, binary: PathBuf) -> Launch {
+        Launch {
+            version: Version::V116,
             binary,
             kubeconfig: dir.join("kubeconfig"),
             ec2_endpoint: "http://127.0.0.1:1".into(),
             cluster_name: "test".into(),
+            metrics_port: 1,
+            health_port: 1,
             work: dir.to_owned(),
             extra: vec![],
-            health_port: 1,
         }
     }
 
@@ -368,7 +351,7 @@ mod tests {
     async fn a_process_that_exits_on_its_own_is_started_again_like_its_kubelet_would() {
         let dir = scratch("restarted");
         let bin = flaky_binary(&dir, 1);
-        let mut op = CiliumOperator::spawn_first(Version::V116, relaunch(&dir, bin), 1).unwrap();
+        let mut op = CiliumOperator::spawn_first(launch(&dir, bin)).unwrap();
         assert_eq!(exit_note(&mut op).await, None, "restarted, not reported");
         assert_eq!(op.restarts, 1);
         tokio::time::sleep(Duration::from_millis(300)).await;
@@ -381,7 +364,7 @@ mod tests {
     async fn a_process_that_keeps_exiting_is_reported_after_its_restarts() {
         let dir = scratch("reported");
         let bin = flaky_binary(&dir, 100);
-        let mut op = CiliumOperator::spawn_first(Version::V116, relaunch(&dir, bin), 1).unwrap();
+        let mut op = CiliumOperator::spawn_first(launch(&dir, bin)).unwrap();
         let mut notes = vec![];
         while notes.len() <= RESTARTS as usize {
             notes.push(exit_note(&mut op).await);

@@ -94,31 +94,33 @@ pub fn args(
     a
 }
 
-/// Where and how one operator runs.
-pub struct Launch<'a> {
+/// Where and how one operator runs. Owned, so a supervisor can keep it to start the same
+/// process again.
+#[derive(Clone, Debug)]
+pub struct Launch {
     pub version: Version,
-    pub binary: &'a Path,
-    pub kubeconfig: &'a Path,
-    pub ec2_endpoint: &'a str,
-    pub cluster_name: &'a str,
+    pub binary: PathBuf,
+    pub kubeconfig: PathBuf,
+    pub ec2_endpoint: String,
+    pub cluster_name: String,
     pub metrics_port: u16,
     pub health_port: u16,
     /// Its shell socket goes here (1.20).
-    pub work: &'a Path,
+    pub work: PathBuf,
     /// More flags, after [`args`]'s (a later flag wins).
-    pub extra: &'a [String],
+    pub extra: Vec<String>,
 }
 
-impl Launch<'_> {
+impl Launch {
     /// Every flag it is started with.
     pub fn all_args(&self) -> Vec<String> {
         let mut a = args(
             self.version,
-            self.kubeconfig,
-            self.cluster_name,
+            &self.kubeconfig,
+            &self.cluster_name,
             self.metrics_port,
             self.health_port,
-            self.work,
+            &self.work,
         );
         a.extend(self.extra.iter().cloned());
         a
@@ -127,7 +129,7 @@ impl Launch<'_> {
     /// The command with its flags and environment; the caller sets stdio and spawns it.
     pub fn command(&self) -> Command {
         let endpoint = self.ec2_endpoint.trim_end_matches('/');
-        let mut cmd = Command::new(self.binary);
+        let mut cmd = Command::new(&self.binary);
         cmd.args(self.all_args())
             .env("AWS_ENDPOINT_URL_EC2", endpoint)
             // ec2-sim serves the instance metadata on the same port (`wire::imds`).
@@ -187,14 +189,14 @@ mod tests {
         let extra = limit_args(20, 100);
         let l = Launch {
             version: Version::V120,
-            binary: Path::new("/bin/cilium-operator-aws"),
-            kubeconfig: Path::new("/k"),
-            ec2_endpoint: "http://127.0.0.1:5000/",
-            cluster_name: "c",
+            binary: "/bin/cilium-operator-aws".into(),
+            kubeconfig: "/k".into(),
+            ec2_endpoint: "http://127.0.0.1:5000/".into(),
+            cluster_name: "c".into(),
             metrics_port: 1,
             health_port: 2,
-            work: Path::new("/w"),
-            extra: &extra,
+            work: "/w".into(),
+            extra: extra.clone(),
         };
         let cmd = l.command();
         let env: Vec<(String, Option<String>)> = cmd

@@ -351,14 +351,14 @@ fn operator(
     let extra = testkit::cilium_operator::world_args(qps, burst, a.prefix);
     let cmd = testkit::cilium_operator::Launch {
         version: testkit::cilium_operator::Version::V120,
-        binary: kind.binary(a)?,
-        kubeconfig,
-        ec2_endpoint: endpoint,
-        cluster_name: CLUSTER,
+        binary: kind.binary(a)?.to_owned(),
+        kubeconfig: kubeconfig.to_owned(),
+        ec2_endpoint: endpoint.to_owned(),
+        cluster_name: CLUSTER.to_owned(),
         metrics_port: metrics,
         health_port: health,
-        work: log_dir,
-        extra: &extra,
+        work: log_dir.to_owned(),
+        extra,
     }
     .command();
     Proc::spawn(

@@ -285,7 +285,7 @@ impl Suite {
         op: &Mutex<CiliumOperator>,
         idxs: &[usize],
     ) -> Result<()> {
-        let port = op.lock().expect("op").metrics_port;
+        let port = op.lock().expect("op").metrics_port();
         let ours_addr = self
             .ops
             .metrics_addrs()

@@ -246,7 +246,7 @@ impl Suite {
             // held 14; ours publishes the pool, docs/monitoring.md), `used_ips` the agent's
             // `status.ipam.used`.
             // Cilium refreshes them on its own passes: they agree within its resync (a minute).
-            let port = op.lock().expect("op").metrics_port;
+            let port = op.lock().expect("op").metrics_port();
             let text = eventually(
                 Duration::from_secs(75),
                 "Cilium's per-node gauges",
