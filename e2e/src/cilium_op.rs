@@ -40,6 +40,17 @@ pub struct CiliumOperator {
 /// retried only from January 2025, PR #2949): seen once in CI on ec2-sim at 1.16's start.
 const RESTARTS: u32 = 3;
 
+/// How often Cilium's `ipam-node-interval-refresh` controller runs (`pkg/ipam/node_manager.go`,
+/// `Start`: `RunInterval: time.Minute`).
+const CILIUM_RESYNC: Duration = Duration::from_secs(60);
+
+/// How long Cilium's per-node gauges (`cilium_operator_ipam_{available,used,needed}_ips`) may lag
+/// the state. It sets them only in that controller's `Resync` (`resyncNode`), and the controller
+/// skips `Resync` when its EC2 listing fails ("Unable to synchronize EC2 ..."). 1.16's SDK fails
+/// one now and then (the closed connection of `RESTARTS`; CI: at +60 s, gauges stale until after
+/// a 75 s wait), so a wait spans two of its minutes and a margin.
+pub const GAUGE_REFRESH: Duration = Duration::from_secs(2 * CILIUM_RESYNC.as_secs() + 20);
+
 fn free_port() -> Result<u16> {
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?
         .local_addr()?
@@ -180,6 +191,11 @@ impl CiliumOperator {
             .collect()
     }
 
+    /// Its EC2 listings that failed: each skipped a minute of its per-node gauges.
+    pub fn failed_listings(&self) -> usize {
+        self.log_lines("Unable to synchronize EC2").len()
+    }
+
     /// SIGTERM, then SIGKILL after `grace`.
     pub async fn stop(mut self, grace: Duration) -> Result<()> {
         if let Some(pid) = self.child.id() {
@@ -290,6 +306,12 @@ fn dechunk(mut body: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_wait_for_ciliums_gauges_outlasts_a_skipped_minute() {
+        // One failed listing skips a refresh: the next comes two minutes after the state.
+        assert!(GAUGE_REFRESH > 2 * CILIUM_RESYNC, "{GAUGE_REFRESH:?}");
+    }
 
     /// A stand-in binary: exits 1 its first `fail` runs (counted in a file), then stays up.
     fn flaky_binary(dir: &Path, fail: u32) -> PathBuf {

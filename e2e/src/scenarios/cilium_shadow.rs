@@ -292,9 +292,9 @@ impl Suite {
             .into_iter()
             .next()
             .context("no local operator")?;
-        // Cilium refreshes its per-node gauges on its own passes (a minute): wait until its
-        // figures and ours say the same of the state both see, or report what differs.
-        let deadline = Instant::now() + Duration::from_secs(90);
+        // Cilium refreshes its per-node gauges on its own passes (`GAUGE_REFRESH`): wait until
+        // its figures and ours say the same of the state both see, or report what differs.
+        let deadline = Instant::now() + cilium_op::GAUGE_REFRESH;
         let (cilium, ours, mismatches) = loop {
             let cilium = prom_compare::parse(&cilium_op::http_get(port, "/metrics").await?);
             let ours_text = super::adopt::http_get(&ours_addr, "/metrics").await?;
@@ -324,7 +324,8 @@ impl Suite {
         );
         ensure!(
             mismatches.is_empty(),
-            "gauges that must agree do not: {mismatches:?}"
+            "gauges that must agree do not: {mismatches:?} (Cilium's failed EC2 listings: {})",
+            op.lock().expect("op").failed_listings()
         );
         // `--metrics-compat=cilium` follows the current Cilium (1.20). 1.16 has two families
         // 1.20 no longer has (`cilium_operator_ipam_ips`, `cilium_operator_ipam_available_interfaces`,

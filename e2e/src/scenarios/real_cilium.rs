@@ -245,10 +245,10 @@ impl Suite {
             // `available_ips` is the instance's capacity (measured: 18 on an m5.large whose pool
             // held 14; ours publishes the pool, docs/monitoring.md), `used_ips` the agent's
             // `status.ipam.used`.
-            // Cilium refreshes them on its own passes: they agree within its resync (a minute).
+            // Cilium refreshes them on its own passes: they agree within `GAUGE_REFRESH`.
             let port = op.lock().expect("op").metrics_port();
             let text = eventually(
-                Duration::from_secs(75),
+                cilium_op::GAUGE_REFRESH,
                 "Cilium's per-node gauges",
                 async || {
                     let text = cilium_op::http_get(port, "/metrics").await?;
@@ -273,8 +273,9 @@ impl Suite {
                                             && l.contains(name.as_str())
                                     })
                                     .collect();
+                                let failed = op.lock().expect("op").failed_listings();
                                 return Ok(Err(format!(
-                                    "{want} not in Cilium's /metrics: {have:?}"
+                                    "{want} not in Cilium's /metrics: {have:?} (its failed EC2 listings: {failed})"
                                 )));
                             }
                         }
