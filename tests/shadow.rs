@@ -297,6 +297,50 @@ async fn a_deficit_ends_on_the_write_that_tops_up_a_known_eni() {
     assert_eq!(sink.total_writes().total(), 0, "shadow writes");
 }
 
+/// The serving allocator makes its EC2 calls and writes the pool only later (Cilium 1.16 did,
+/// 30 s late, when a describe after its assign failed). The agent cannot use an address before
+/// the write: the shadow's full EC2 listing sees the addresses first, and the deficit still lasts
+/// until the write.
+#[tokio::test(start_paused = true)]
+async fn a_deficit_lasts_until_the_write_not_the_ec2_call_before_it() {
+    let w = Cluster::new();
+    let sink = Arc::new(MemorySink::with_ciliums_crd());
+    let other = OtherAllocator::new(w.sim.clone(), &w.subnet, std::slice::from_ref(&w.sg));
+    let s = start_shadow(&w, &sink).await;
+    let inst = w.instance();
+    let n = sink.put(&agent_node(&w, "n1", &inst.id, 4));
+    s.tx.send(NodeInput::Upsert(Box::new(n))).await.unwrap();
+    assert!(wait_until(|| s.book.node("n1").is_some(), Duration::from_secs(30)).await);
+    let names = ["n1".to_string()];
+    other.act(&sink, &names).await;
+    assert!(
+        other.mutating_calls() > 0,
+        "the other allocator created an ENI"
+    );
+    // Past a full listing (and the rescan after it): EC2's addresses are in the shadow's view.
+    tokio::time::sleep(config().resync_interval + Duration::from_secs(5)).await;
+    let st = s.book.node("n1").unwrap();
+    assert!(
+        st.in_deficit,
+        "nothing written: the agent still has no address: {st:?}"
+    );
+    assert_eq!((st.deficits, st.figures.available), (1, 0), "{st:?}");
+    let waited = st.deficit_seconds;
+    assert!(
+        waited > 50.0,
+        "counted up to the rescan after the listing: {st:?}"
+    );
+    for n in other.write(&sink, &names) {
+        s.tx.send(NodeInput::Upsert(Box::new(n))).await.unwrap();
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let st = s.book.node("n1").unwrap();
+    assert!(!st.in_deficit, "the write serves it: {st:?}");
+    assert_eq!(st.deficits, 1, "one episode, up to the write: {st:?}");
+    assert!(st.figures.available > 0, "{st:?}");
+    assert_eq!(sink.total_writes().total(), 0, "shadow writes");
+}
+
 /// The other allocator puts its ENIs in another subnet with another security group than eni-operator
 /// would: both choices are disagreements, once per ENI it attached.
 #[tokio::test(start_paused = true)]

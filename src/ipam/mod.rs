@@ -16,6 +16,7 @@ pub mod demand;
 pub mod handover;
 pub mod ownership;
 pub mod plan;
+pub mod published;
 pub mod release;
 pub mod selection;
 pub mod static_ip;

@@ -22,7 +22,7 @@ use serde::Serialize;
 
 use super::status::Figures;
 use crate::ec2::NetworkInterface;
-use crate::ipam::{Action, NodePlan};
+use crate::ipam::{Action, Demand, NodePlan};
 
 type Labels = Vec<(&'static str, String)>;
 
@@ -112,14 +112,16 @@ pub struct Observation {
 }
 
 impl Observation {
+    /// `seen`: the node's figures as its agent sees them (`ipam::published`), else the plan's.
     pub fn of(
         instance: &str,
         plan: &NodePlan,
+        seen: Option<&Demand>,
         action: &Action,
         enis: Option<Vec<EniSeen>>,
     ) -> Self {
         Self {
-            figures: Figures::of(instance, plan),
+            figures: Figures::of(instance, seen.unwrap_or(&plan.demand)),
             would: Would::of(action),
             error: plan.problem.as_ref().map(|p| p.message.clone()),
             enis,

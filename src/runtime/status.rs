@@ -23,7 +23,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use serde::{Deserialize, Serialize};
 
-use crate::ipam::{Action, Generation, NodePlan, ProblemReason};
+use crate::ipam::{Action, Demand, Generation, ProblemReason};
 
 type Labels = Vec<(&'static str, String)>;
 
@@ -106,8 +106,7 @@ pub struct Figures {
 }
 
 impl Figures {
-    pub fn of(instance: &str, plan: &NodePlan) -> Self {
-        let d = &plan.demand;
+    pub fn of(instance: &str, d: &Demand) -> Self {
         Self {
             instance: instance.to_string(),
             mode: match d.generation {

@@ -63,21 +63,30 @@ impl OtherAllocator {
     /// One allocation round over `names`: at most one EC2 action per node. Returns the
     /// CiliumNodes it wrote (as a watch would deliver them).
     pub async fn round(&self, sink: &MemorySink, names: &[String]) -> Vec<CiliumNode> {
-        let mut written = Vec::new();
-        for name in names {
-            let Some(node) = sink.get(name) else { continue };
-            if node.metadata.deletion_timestamp.is_some() {
-                continue;
-            }
+        self.act(sink, names).await;
+        self.write(sink, names)
+    }
+
+    /// A round's EC2 half: its calls, no write. Cilium's operator writes after its calls, and
+    /// can write much later: 1.16 wrote a pool about 30 s after the assign that filled it, when
+    /// the describe that follows an assign failed (e2e `cilium-shadow`, its log).
+    pub async fn act(&self, sink: &MemorySink, names: &[String]) {
+        for node in names.iter().filter_map(|n| sink.get(n)) {
             let needed = needed(&node);
-            if needed > 0 {
+            if node.metadata.deletion_timestamp.is_none() && needed > 0 {
                 self.allocate(&node, needed as u32).await;
             }
-            if let Some(n) = self.publish(sink, &node) {
-                written.push(n);
-            }
         }
-        written
+    }
+
+    /// A round's write half: publishes what EC2 holds; the CiliumNodes it wrote.
+    pub fn write(&self, sink: &MemorySink, names: &[String]) -> Vec<CiliumNode> {
+        names
+            .iter()
+            .filter_map(|n| sink.get(n))
+            .filter(|node| node.metadata.deletion_timestamp.is_none())
+            .filter_map(|node| self.publish(sink, &node))
+            .collect()
     }
 
     async fn allocate(&self, node: &CiliumNode, needed: u32) {

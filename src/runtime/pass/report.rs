@@ -123,7 +123,7 @@ fn record_status<E: Ec2, S: NodeSink>(
 ) {
     let (status, t) = (&inner.status, now());
     let would = Would::of(&planned.action);
-    let figures = Figures::of(&planned.instance_id, &planned.plan);
+    let figures = Figures::of(&planned.instance_id, &planned.plan.demand);
     status.observed(name, figures, would.clone());
     let exec = &executed.exec;
     if exec.success.is_some() {

@@ -100,14 +100,23 @@ async fn steps<E: Ec2, S: NodeSink>(
             None,
         ));
     }
-    let enis = {
+    // The deficit is the agent's: addresses count once the serving allocator has written them.
+    let (enis, seen) = {
         let cache = inner.cache.read().expect("cache");
-        match cache.view(&instance, &planned.instance_type).instance {
-            crate::ipam::InstanceView::Known { enis, .. } => Some(EniSeen::secondary(enis)),
-            _ => None,
+        let view = cache.view(&instance, &planned.instance_type);
+        let seen = crate::ipam::published::agent_demand(&node, &view, &inner.config.ipam);
+        match view.instance {
+            crate::ipam::InstanceView::Known { enis, .. } => (Some(EniSeen::secondary(enis)), seen),
+            _ => (None, seen),
         }
     };
-    let obs = Observation::of(&instance, &planned.plan, &planned.action, enis);
+    let obs = Observation::of(
+        &instance,
+        &planned.plan,
+        seen.as_ref(),
+        &planned.action,
+        enis,
+    );
     inner
         .status
         .observed(name, obs.figures.clone(), obs.would.clone());
