@@ -177,7 +177,8 @@ impl Suite {
         sim.set_metadata_instance(&instances[0]).await?;
         // Only this run's calls: ec2-sim's record also holds the earlier scenarios' (our
         // operators' creates name no instance, so they would count as on these nodes).
-        let seen = sim.clients().await?.mutating.len();
+        let before = sim.clients().await?;
+        let seen = before.mutating.len();
         let start = Instant::now();
         let op = self.start_cilium(v).await?;
         let op = std::sync::Mutex::new(op);
@@ -217,16 +218,12 @@ impl Suite {
                 mine > 0,
                 "ec2-sim recorded no mutating call by Cilium's operator"
             );
-            let calls = record
-                .clients
-                .get(cilium_op::ACCESS_KEY)
-                .cloned()
-                .unwrap_or_default();
+            let calls = calls_since(&before, &record, cilium_op::ACCESS_KEY);
             println!(
                 "     cilium-operator {v}: its EC2 calls: {}",
                 calls
                     .iter()
-                    .map(|(a, c)| format!("{a} {}", c.calls))
+                    .map(|(a, n)| format!("{a} {n}"))
                     .collect::<Vec<_>>()
                     .join(", ")
             );
@@ -307,10 +304,62 @@ impl Suite {
     }
 }
 
+/// `client`'s calls per action between two records (ec2-sim's counts cover every earlier
+/// scenario's Cilium operator too).
+fn calls_since(before: &Record, after: &Record, client: &str) -> Vec<(String, u64)> {
+    let earlier = before.clients.get(client);
+    after
+        .clients
+        .get(client)
+        .into_iter()
+        .flatten()
+        .map(|(action, c)| {
+            let was = earlier.and_then(|e| e.get(action)).map_or(0, |c| c.calls);
+            (action.clone(), c.calls.saturating_sub(was))
+        })
+        .filter(|(_, n)| *n > 0)
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use testkit::wire::clients::MutatingCall;
+
+    #[test]
+    fn a_runs_calls_are_those_after_its_start() {
+        use testkit::wire::clients::Counts;
+        let counts = |pairs: &[(&str, u64)]| {
+            let actions = pairs
+                .iter()
+                .map(|(a, n)| {
+                    let c = Counts {
+                        calls: *n,
+                        ..Default::default()
+                    };
+                    (a.to_string(), c)
+                })
+                .collect();
+            Record {
+                clients: [("CILIUM".to_string(), actions)].into(),
+                mutating: vec![],
+            }
+        };
+        let before = counts(&[("AssignPrivateIpAddresses", 6), ("DescribeVpcs", 2)]);
+        let after = counts(&[
+            ("AssignPrivateIpAddresses", 9),
+            ("DescribeVpcs", 2),
+            ("DescribeSubnets", 1),
+        ]);
+        assert_eq!(
+            calls_since(&before, &after, "CILIUM"),
+            vec![
+                ("AssignPrivateIpAddresses".to_string(), 3),
+                ("DescribeSubnets".to_string(), 1)
+            ]
+        );
+        assert!(calls_since(&before, &after, "other").is_empty());
+    }
 
     #[test]
     fn only_other_clients_calls_on_the_instances_count() {
