@@ -92,6 +92,19 @@ async fn start_shadow(w: &Cluster, sink: &Arc<MemorySink>) -> Shadow {
     }
 }
 
+/// A shadow watching node `n1` (min-allocate 4, nothing allocated yet), and the allocator that
+/// serves it in the shadow's place.
+async fn one_short_node(w: &Cluster) -> (Arc<MemorySink>, Shadow, OtherAllocator) {
+    let sink = Arc::new(MemorySink::with_ciliums_crd());
+    let other = OtherAllocator::new(w.sim.clone(), &w.subnet, std::slice::from_ref(&w.sg));
+    let s = start_shadow(w, &sink).await;
+    let inst = w.instance();
+    let n = sink.put(&agent_node(w, "n1", &inst.id, 4));
+    s.tx.send(NodeInput::Upsert(Box::new(n))).await.unwrap();
+    assert!(wait_until(|| s.book.node("n1").is_some(), Duration::from_secs(30)).await);
+    (sink, s, other)
+}
+
 /// Nodes join and leave while the other allocator serves them, round by round; the shadow
 /// watches every write. It writes nothing, calls nothing mutating, and its figures are the
 /// other allocator's: each node short from the moment the shadow saw it until the round that
@@ -244,13 +257,7 @@ async fn a_shadow_writes_nothing_and_measures_the_other_allocators_deficits() {
 #[tokio::test(start_paused = true)]
 async fn a_deficit_ends_on_the_write_that_tops_up_a_known_eni() {
     let w = Cluster::new();
-    let sink = Arc::new(MemorySink::with_ciliums_crd());
-    let other = OtherAllocator::new(w.sim.clone(), &w.subnet, std::slice::from_ref(&w.sg));
-    let s = start_shadow(&w, &sink).await;
-    let inst = w.instance();
-    let n = sink.put(&agent_node(&w, "n1", &inst.id, 4));
-    s.tx.send(NodeInput::Upsert(Box::new(n))).await.unwrap();
-    assert!(wait_until(|| s.book.node("n1").is_some(), Duration::from_secs(30)).await);
+    let (sink, s, other) = one_short_node(&w).await;
     tokio::time::sleep(Duration::from_secs(1)).await;
     // First round: a new ENI (noticed through its ID).
     for n in other.round(&sink, &["n1".to_string()]).await {
@@ -304,13 +311,7 @@ async fn a_deficit_ends_on_the_write_that_tops_up_a_known_eni() {
 #[tokio::test(start_paused = true)]
 async fn a_deficit_lasts_until_the_write_not_the_ec2_call_before_it() {
     let w = Cluster::new();
-    let sink = Arc::new(MemorySink::with_ciliums_crd());
-    let other = OtherAllocator::new(w.sim.clone(), &w.subnet, std::slice::from_ref(&w.sg));
-    let s = start_shadow(&w, &sink).await;
-    let inst = w.instance();
-    let n = sink.put(&agent_node(&w, "n1", &inst.id, 4));
-    s.tx.send(NodeInput::Upsert(Box::new(n))).await.unwrap();
-    assert!(wait_until(|| s.book.node("n1").is_some(), Duration::from_secs(30)).await);
+    let (sink, s, other) = one_short_node(&w).await;
     let names = ["n1".to_string()];
     other.act(&sink, &names).await;
     assert!(
