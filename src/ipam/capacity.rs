@@ -56,6 +56,50 @@ pub fn usable_enis<'a>(
         .collect()
 }
 
+/// What a node's instance offers pods now: its usable ENIs, whether their primaries are
+/// offered, whether it takes /28 prefixes, and the most addresses it may hold (M's default).
+pub struct Room<'a> {
+    pub usable: Vec<&'a NetworkInterface>,
+    pub with_primary: bool,
+    pub prefix_delegated: bool,
+    pub instance_max: i64,
+}
+
+impl<'a> Room<'a> {
+    pub fn of(
+        instance_id: &str,
+        spec: &EniSpec,
+        enis: &'a [NetworkInterface],
+        limits: &InstanceTypeLimits,
+        config: &IpamConfig,
+    ) -> Self {
+        let prefix_delegated = is_prefix_delegated(config, Some(limits), spec);
+        Self {
+            usable: usable_enis(instance_id, spec, enis),
+            with_primary: offers_primary(config, spec),
+            prefix_delegated,
+            instance_max: max_allocatable(
+                Some(limits),
+                spec.first_interface_index,
+                prefix_delegated,
+            ),
+        }
+    }
+
+    /// The addresses its usable ENIs offer (A, §1.1) that `counts` keeps.
+    pub fn available(&self, counts: impl Fn(&Ipv4Addr) -> bool) -> i64 {
+        self.usable
+            .iter()
+            .map(|e| {
+                usable_addresses(e, self.with_primary)
+                    .iter()
+                    .filter(|ip| counts(ip))
+                    .count() as i64
+            })
+            .sum()
+    }
+}
+
 /// Whether the primary address is offered to pods. Either knob turns it on (the node's
 /// `spec.eni.use-primary-address` or the operator's `--aws-use-primary-address`): counting it in
 /// capacity without listing it (or the reverse) miscounts room by one per ENI (§3), so the two

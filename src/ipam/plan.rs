@@ -13,10 +13,7 @@ use std::time::Instant;
 use crate::crd::CiliumNode;
 use crate::ec2::{AddressRequest, CreateEniRequest, InstanceTypeLimits, NetworkInterface, Subnet};
 
-use super::capacity::{
-    Kind, first_interface_index, free_slots, is_prefix_delegated, max_allocatable, offers_primary,
-    usable_addresses, usable_enis,
-};
+use super::capacity::{Kind, Room, first_interface_index, free_slots};
 use super::demand::{self, Demand, Generation, Watermarks};
 use super::ownership::{client_token, description, eni_tags};
 use super::release::{allocated_cidrs, attached_cidrs};
@@ -114,16 +111,14 @@ pub fn plan_node(
         );
     };
 
-    let spec = &node.spec.eni;
-    let with_primary = offers_primary(config, spec);
-    let usable = usable_enis(instance_id, spec, enis);
-    let available: i64 = usable
-        .iter()
-        .map(|e| usable_addresses(e, with_primary).len() as i64)
-        .sum();
-    let pd = is_prefix_delegated(config, Some(limits), spec);
-    let instance_max = max_allocatable(Some(limits), spec.first_interface_index, pd);
-    let demand = demand::compute(node, &marks, available, instance_max);
+    let room = Room::of(instance_id, &node.spec.eni, enis, limits, config);
+    let demand = demand::compute(node, &marks, room.available(|_| true), room.instance_max);
+    let Room {
+        usable,
+        with_primary,
+        prefix_delegated: pd,
+        instance_max,
+    } = room;
     memory.observe_generation(demand.generation);
 
     let release = match demand.generation {

@@ -13,9 +13,7 @@ use std::net::Ipv4Addr;
 
 use crate::crd::CiliumNode;
 
-use super::capacity::{
-    is_prefix_delegated, max_allocatable, offers_primary, usable_addresses, usable_enis,
-};
+use super::capacity::Room;
 use super::demand::{self, Demand, Generation};
 use super::{Ec2View, InstanceView, IpamConfig};
 
@@ -27,21 +25,16 @@ pub fn agent_demand(node: &CiliumNode, ec2: &Ec2View<'_>, config: &IpamConfig) -
     let InstanceView::Known { enis, .. } = ec2.instance else {
         return None;
     };
-    let limits = ec2.limits?;
-    let spec = &node.spec.eni;
-    let with_primary = offers_primary(config, spec);
+    let room = Room::of(
+        &node.spec.instance_id,
+        &node.spec.eni,
+        enis,
+        ec2.limits?,
+        config,
+    );
     let shown = shown_addresses(node);
-    let available = usable_enis(&node.spec.instance_id, spec, enis)
-        .iter()
-        .map(|e| {
-            usable_addresses(e, with_primary)
-                .intersection(&shown)
-                .count() as i64
-        })
-        .sum();
-    let pd = is_prefix_delegated(config, Some(limits), spec);
-    let instance_max = max_allocatable(Some(limits), spec.first_interface_index, pd);
-    Some(demand::compute(node, &marks, available, instance_max))
+    let available = room.available(|ip| shown.contains(ip));
+    Some(demand::compute(node, &marks, available, room.instance_max))
 }
 
 /// The addresses the node's agent reads: the pool's keys (classic) or the addresses listed
