@@ -104,11 +104,12 @@ async fn steps<E: Ec2, S: NodeSink>(
     let (enis, seen) = {
         let cache = inner.cache.read().expect("cache");
         let view = cache.view(&instance, &planned.instance_type);
+        let enis = match view.instance {
+            crate::ipam::InstanceView::Known { enis, .. } => Some(EniSeen::secondary(enis)),
+            _ => None,
+        };
         let seen = crate::ipam::published::agent_demand(&node, &view, &inner.config.ipam);
-        match view.instance {
-            crate::ipam::InstanceView::Known { enis, .. } => (Some(EniSeen::secondary(enis)), seen),
-            _ => (None, seen),
-        }
+        (enis, seen)
     };
     let obs = Observation::of(
         &instance,
