@@ -35,6 +35,17 @@ pub(crate) fn eni(id: &str, instance: Option<(&str, u32)>, subnet: &str) -> Netw
     }
 }
 
+/// 10.0.0.`n`, the address space of [`eni`].
+fn ip(n: u8) -> Ipv4Addr {
+    Ipv4Addr::new(10, 0, 0, n)
+}
+
+/// `e` holding the secondary addresses 10.0.0.`n` of `ns`.
+fn holding(mut e: NetworkInterface, ns: &[u8]) -> NetworkInterface {
+    e.secondary_ips = ns.iter().map(|&n| ip(n)).collect();
+    e
+}
+
 fn subnet(id: &str, free: u32) -> Subnet {
     Subnet {
         id: id.into(),
@@ -174,9 +185,7 @@ fn a_forgotten_instance_is_not_brought_back_by_a_listing_older_than_our_release(
 #[test]
 fn a_refresh_started_just_after_our_unassign_does_not_bring_the_addresses_back() {
     let t = Instant::now();
-    let ip = |n| Ipv4Addr::new(10, 0, 0, n);
-    let mut with_ips = eni("eni-a", Some(("i-a", 0)), "subnet-1");
-    with_ips.secondary_ips = vec![ip(20), ip(21)];
+    let with_ips = holding(eni("eni-a", Some(("i-a", 0)), "subnet-1"), &[20, 21]);
     let mut c = Ec2Cache::new();
     c.apply_full(snap(t, vec![with_ips.clone()]));
     c.remove_addresses("eni-a", &[ip(20)], &[], t + Duration::from_secs(10));
@@ -204,9 +213,7 @@ fn a_refresh_started_just_after_our_unassign_does_not_bring_the_addresses_back()
 #[test]
 fn an_assigned_address_leaves_every_other_eni_a_lagging_listing_showed_it_on() {
     let t = Instant::now();
-    let ip = |n| Ipv4Addr::new(10, 0, 0, n);
-    let mut a = eni("eni-a", Some(("i-a", 1)), "subnet-1");
-    a.secondary_ips = vec![ip(20), ip(21)];
+    let a = holding(eni("eni-a", Some(("i-a", 1)), "subnet-1"), &[20, 21]);
     let b = eni("eni-b", Some(("i-a", 2)), "subnet-1");
     let mut c = Ec2Cache::new();
     c.apply_full(snap(t, vec![a, b]));
@@ -232,7 +239,6 @@ fn own_results_merge_as_sets_and_adjust_subnet_counts() {
     let t = Instant::now();
     let mut c = Ec2Cache::new();
     c.apply_full(snap(t, vec![eni("eni-a", Some(("i-a", 0)), "subnet-1")]));
-    let ip = |n| Ipv4Addr::new(10, 0, 0, n);
     let assigned = Assigned {
         ips: vec![ip(20), ip(21)],
         prefixes: vec!["10.0.0.16/28".parse().unwrap()],
@@ -383,11 +389,8 @@ fn instance_tags_decide_the_scope_of_managed_instances() {
 fn an_address_listed_on_two_enis_of_an_instance_counts_once() {
     // moto can give two ENIs of one node the same address; EC2 never does.
     let t = Instant::now();
-    let ip = |n| Ipv4Addr::new(10, 0, 0, n);
-    let mut a = eni("eni-a", Some(("i-a", 1)), "subnet-1");
-    a.secondary_ips = vec![ip(20), ip(21)];
-    let mut b = eni("eni-b", Some(("i-a", 2)), "subnet-1");
-    b.secondary_ips = vec![ip(21), ip(22), ip(10)];
+    let a = holding(eni("eni-a", Some(("i-a", 1)), "subnet-1"), &[20, 21]);
+    let b = holding(eni("eni-b", Some(("i-a", 2)), "subnet-1"), &[21, 22, 10]);
     let on = |c: &Ec2Cache, id: &str| {
         c.instance("i-a")
             .unwrap()
@@ -412,8 +415,7 @@ fn an_address_listed_on_two_enis_of_an_instance_counts_once() {
     );
     assert_eq!(on(&c, "eni-b"), [ip(22)]);
     // A new ENI's answer that names an address the instance has.
-    let mut n = eni("eni-c", None, "subnet-1");
-    n.secondary_ips = vec![ip(20), ip(23)];
+    let n = holding(eni("eni-c", None, "subnet-1"), &[20, 23]);
     let attach = Attachment {
         id: "attach-c".into(),
         instance_id: "i-a".into(),
