@@ -188,20 +188,83 @@ impl OtherAllocator {
         };
         entry.vpc.id = self.world.vpc_id.clone();
         let api = self.cns();
-        api.patch(
-            name,
-            &pp,
-            &Patch::Merge(json!({"spec": {"ipam": {"pool": pool}}})),
-        )
-        .await
-        .context("other allocator: writing spec.ipam.pool")?;
-        api.patch_status(
-            name,
-            &pp,
-            &Patch::Merge(json!({"status": {"eni": {"enis": {eni.id.clone(): entry}}}})),
-        )
-        .await
-        .context("other allocator: writing status.eni.enis")?;
+        for write in publish_writes(&pool, &entry) {
+            match write {
+                Write::Status(patch) => api
+                    .patch_status(name, &pp, &Patch::Merge(patch))
+                    .await
+                    .context("other allocator: writing status.eni.enis")?,
+                Write::Spec(patch) => api
+                    .patch(name, &pp, &Patch::Merge(patch))
+                    .await
+                    .context("other allocator: writing spec.ipam.pool")?,
+            };
+        }
         Ok(())
+    }
+}
+
+/// One merge patch of a publish: to `/status` or to the main resource.
+#[derive(Debug, PartialEq)]
+enum Write {
+    Status(serde_json::Value),
+    Spec(serde_json::Value),
+}
+
+/// The writes that publish `entry` and its `pool`, in the order Cilium's operator makes them:
+/// `status.eni.enis` first, so that an agent reading between the two writes never sees a pool
+/// address its ENI does not list (rule C2; an agent ignores such an update whole).
+fn publish_writes(pool: &BTreeMap<String, AllocationIp>, entry: &EniEntry) -> [Write; 2] {
+    [
+        Write::Status(json!({"status": {"eni": {"enis": {entry.id.clone(): entry}}}})),
+        Write::Spec(json!({"spec": {"ipam": {"pool": pool}}})),
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A node whose ENI holds `n` addresses, published consistently.
+    fn published(n: usize) -> (BTreeMap<String, AllocationIp>, EniEntry) {
+        let addresses: Vec<String> = (1..=n).map(|i| format!("10.0.0.{i}")).collect();
+        let pool = addresses
+            .iter()
+            .map(|ip| {
+                let a = AllocationIp {
+                    resource: "eni-1".into(),
+                    ..Default::default()
+                };
+                (ip.clone(), a)
+            })
+            .collect();
+        let entry = EniEntry {
+            id: "eni-1".into(),
+            addresses,
+            ..Default::default()
+        };
+        (pool, entry)
+    }
+
+    #[test]
+    fn an_agent_reading_between_the_two_writes_sees_a_consistent_node() {
+        let (pool, entry) = published(4);
+        let mut cn = serde_json::to_value(CiliumNode::new("n", Default::default())).unwrap();
+        for w in publish_writes(&pool, &entry) {
+            let (Write::Status(p) | Write::Spec(p)) = w;
+            json_patch::merge(&mut cn, &p);
+        }
+        // A round adds four addresses: every state the agent can read on the way is valid.
+        let (more, grown) = published(8);
+        for w in publish_writes(&more, &grown) {
+            let (Write::Status(p) | Write::Spec(p)) = w;
+            json_patch::merge(&mut cn, &p);
+            let seen: CiliumNode = serde_json::from_value(cn.clone()).unwrap();
+            let c2 = testkit::agent::c2_violations(&seen);
+            assert!(
+                c2.is_empty(),
+                "an agent reading now ignores the update: {c2:?}"
+            );
+        }
     }
 }
