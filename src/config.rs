@@ -739,8 +739,8 @@ impl RuntimeSettings {
 /// same here. The chart's `values.schema.json` pattern accepts the same strings
 /// (`tests/chart.rs` runs both over one table). Negative durations are refused.
 pub fn parse_duration(input: &str) -> Result<Duration, String> {
-    // Go's one unit-less form, which the crate does not take.
-    let parsed = if input == "0" {
+    // Go's one unit-less form (signed too), which the crate does not take.
+    let parsed = if input.strip_prefix(['+', '-']).unwrap_or(input) == "0" {
         Ok(go_duration::GoDuration::ZERO)
     } else {
         go_duration::parse_go_duration(input)

@@ -650,7 +650,7 @@ fn each_mode_renders_its_own_scoped_rules() {
     assert!(a.iter().all(|x| !x.starts_with("EniOperatorShadow")));
 
     let by = regex::Regex::new(r"\bby \(([^)]*)\)").unwrap();
-    let selector = regex::Regex::new(r"\b(eni_operator_[a-z_]+)\{([^}]*)\}").unwrap();
+    let selector = regex::Regex::new(r"\b(eni_operator_[a-z0-9_]+)\{([^}]*)\}").unwrap();
     for (job, rules) in [
         ("eni-operator-metrics", &active),
         ("eni-operator-shadow-metrics", &shadow),
@@ -737,14 +737,16 @@ fn the_adoption_steps_in_docs_upgrading_work() {
     };
     sh("kubectl apply -f manifests/");
     let doc = std::fs::read_to_string(root().join("docs/upgrading.md")).unwrap();
-    sh(&sh_block_after(
-        &doc,
-        "**From the plain manifests to Helm**",
-    ));
+    // The doc's block as written, with this checkout's chart and helm binary and a value.
     let helm = helm.display().to_string();
-    let out = sh(&format!(
-        "{helm} install eni-operator charts/eni-operator -n eni-operator --set clusterName=c1"
-    ));
+    let block = sh_block_after(&doc, "**From the plain manifests to Helm**");
+    let published = "oci://ghcr.io/eni-operator/charts/eni-operator --version <version>";
+    assert!(block.contains(published), "{block}");
+    let block = block
+        .replace(published, "charts/eni-operator")
+        .replace("helm install", &format!("{helm} install"))
+        .replace("-f values.yaml", "--set clusterName=c1");
+    let out = sh(&block);
     assert!(out.contains("STATUS: deployed"), "{out}");
     let role = sh(
         "kubectl -n kube-system get role -l app.kubernetes.io/managed-by=Helm -o name \
