@@ -705,6 +705,22 @@ impl IpamSettings {
 }
 
 impl RuntimeSettings {
+    /// The leader's probe limits (`http::LeaderVitals`): its event loop is wedged when it has
+    /// not turned for four confirmation ticks (`--ec2-refresh-min-spacing`; it turns on each),
+    /// at least 2 minutes; EC2 is unreachable when no full refresh succeeded for three
+    /// `--ec2-resync-interval`s, at least 3 minutes (one failed refresh is retried on the next
+    /// tick, and at thousands of nodes one refresh takes a while).
+    pub fn probe_limits(&self) -> (Duration, Duration) {
+        const FLOOR_WEDGED: Duration = Duration::from_secs(120);
+        const FLOOR_STALE: Duration = Duration::from_secs(180);
+        (
+            self.ec2_refresh_min_spacing
+                .saturating_mul(4)
+                .max(FLOOR_WEDGED),
+            self.ec2_resync_interval.saturating_mul(3).max(FLOOR_STALE),
+        )
+    }
+
     /// `None` when the ENI GC is disabled (`--eni-gc-interval 0`); at least
     /// [`crate::runtime::gc::MIN_INTERVAL`].
     pub fn eni_gc_interval(&self) -> Option<Duration> {
@@ -718,48 +734,26 @@ impl RuntimeSettings {
     }
 }
 
-/// Parse `500ms`, `15s`, `1m`, `1h`, compounds like `1m30s`, or bare seconds (`30`).
+/// Parse a duration in Go's `time.ParseDuration` grammar (`500ms`, `1.5m`, `1h30m`, `0`), as
+/// Cilium's flags and Helm values take them, so a value pasted from a Cilium install means the
+/// same here. The chart's `values.schema.json` pattern accepts the same strings
+/// (`tests/chart.rs` runs both over one table). Negative durations are refused.
 pub fn parse_duration(input: &str) -> Result<Duration, String> {
-    let s = input.trim();
-    if s.is_empty() {
-        return Err("empty duration".into());
+    // Go's one unit-less form (signed too), which the crate does not take.
+    let parsed = if input.strip_prefix(['+', '-']).unwrap_or(input) == "0" {
+        Ok(go_duration::GoDuration::ZERO)
+    } else {
+        go_duration::parse_go_duration(input)
+    };
+    let nanos = parsed
+        .map_err(|e| {
+            format!("invalid duration {input:?}: {e} (Go's syntax: 500ms, 15s, 1.5m, 1h30m)")
+        })?
+        .nanoseconds();
+    if input.starts_with('-') {
+        return Err(format!("invalid duration {input:?}: must not be negative"));
     }
-    if let Ok(secs) = s.parse::<u64>() {
-        return Ok(Duration::from_secs(secs));
-    }
-    let mut total = Duration::ZERO;
-    let mut rest = s;
-    while !rest.is_empty() {
-        let digits = rest
-            .find(|c: char| !c.is_ascii_digit())
-            .unwrap_or(rest.len());
-        if digits == 0 {
-            return Err(format!(
-                "invalid duration {input:?}: expected a number, e.g. 500ms, 15s, 1m, 1h"
-            ));
-        }
-        let n: u64 = rest[..digits]
-            .parse()
-            .map_err(|_| format!("invalid duration {input:?}: number too large"))?;
-        rest = &rest[digits..];
-        let unit = rest
-            .find(|c: char| c.is_ascii_digit())
-            .unwrap_or(rest.len());
-        let part = match &rest[..unit] {
-            "ms" => Duration::from_millis(n),
-            "s" => Duration::from_secs(n),
-            "m" => Duration::from_secs(n.saturating_mul(60)),
-            "h" => Duration::from_secs(n.saturating_mul(3600)),
-            other => {
-                return Err(format!(
-                    "invalid duration {input:?}: unknown unit {other:?} (use ms, s, m or h)"
-                ));
-            }
-        };
-        total = total.saturating_add(part);
-        rest = &rest[unit..];
-    }
-    Ok(total)
+    Ok(Duration::from_nanos(nanos.unsigned_abs()))
 }
 
 /// One `key=value` tag.
@@ -978,15 +972,40 @@ pub(crate) mod tests {
     #[test]
     fn durations() {
         let d = |s| parse_duration(s);
-        assert_eq!(d("15s"), Ok(Duration::from_secs(15)));
-        assert_eq!(d("1m"), Ok(Duration::from_secs(60)));
-        assert_eq!(d("5m"), Ok(Duration::from_secs(300)));
-        assert_eq!(d("500ms"), Ok(Duration::from_millis(500)));
-        assert_eq!(d("2h"), Ok(Duration::from_secs(7200)));
-        assert_eq!(d("1m30s"), Ok(Duration::from_secs(90)));
-        assert_eq!(d("45"), Ok(Duration::from_secs(45)));
-        assert_eq!(d("0"), Ok(Duration::ZERO));
-        for bad in ["", "s", "10x", "1.5s", "-1s", "m5"] {
+        // Go's grammar: fractions, compounds in any order, ns/us, a bare 0.
+        for (text, want) in [
+            ("15s", Duration::from_secs(15)),
+            ("5m", Duration::from_secs(300)),
+            ("500ms", Duration::from_millis(500)),
+            ("2h", Duration::from_secs(7200)),
+            ("1m30s", Duration::from_secs(90)),
+            ("0", Duration::ZERO),
+            ("1.5m", Duration::from_secs(90)),
+            ("1h30m", Duration::from_secs(5400)),
+            (".5s", Duration::from_millis(500)),
+            ("2.s", Duration::from_secs(2)),
+            ("1s1m", Duration::from_secs(61)),
+            ("+3s", Duration::from_secs(3)),
+            ("250us", Duration::from_micros(250)),
+        ] {
+            assert_eq!(d(text), Ok(want), "{text}");
+        }
+        for bad in [
+            "",
+            "s",
+            "10x",
+            "45",
+            "-1s",
+            "-0s",
+            "m5",
+            " 1s",
+            "1s ",
+            "1 s",
+            "1d",
+            ".s",
+            "1µ",
+            "99999999999h",
+        ] {
             assert!(d(bad).is_err(), "{bad:?} should be rejected");
         }
     }

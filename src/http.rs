@@ -5,7 +5,7 @@
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::extract::State;
@@ -18,17 +18,22 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::ServerSettings;
 use crate::metrics::MetricsRegistry;
+use crate::runtime::clock::now;
 
 /// What `/readyz` answers: ready when the API server answered the last probe and
 /// * as a **standby**: nothing else. A standby runs no watches and holds no caches (by design:
 ///   no memory or API load per replica at thousands of nodes; a new leader rebuilds its view
 ///   first), so "synced" is vacuous for it; it must be Ready or a rolling update and the PDB
 ///   would wait on it forever, and it can take the lease as soon as it reaches the API server;
-/// * as the **leader**: its CiliumNode watch has listed every object and its EC2 caches are
-///   built (the first full refresh succeeded). Until then it is not ready.
+/// * as the **leader**: its CiliumNode watch has listed every object, its EC2 caches are
+///   built (the first full refresh succeeded), and a full refresh succeeded within
+///   [`LeaderVitals::ec2_stale_after`]: a leader that cannot reach EC2 (broken IRSA, a
+///   missing VPC endpoint) says so here instead of looking healthy, and a rolling update stops
+///   on it.
 ///
-/// Not ready while shutting down. Later EC2 trouble does not unset readiness (no other replica
-/// would do better; it shows in metrics and on each node's `operator-status`).
+/// Not ready while shutting down. `/healthz` (liveness) fails only when the leader's event
+/// loop has not turned for [`LeaderVitals::wedged_after`]: a restart hands the Lease to the
+/// standby.
 #[derive(Clone, Default, Debug)]
 pub struct Readiness(Arc<Mutex<ReadyState>>);
 
@@ -39,6 +44,61 @@ struct ReadyState {
     nodes_listed: bool,
     caches_warm: bool,
     stopping: bool,
+    vitals: Option<LeaderVitals>,
+}
+
+/// What the leader's event loop shows the probes, read when a probe asks.
+#[derive(Clone)]
+pub struct LeaderVitals {
+    /// When the loop last turned (`Core::last_beat`).
+    pub last_beat: Arc<dyn Fn() -> Instant + Send + Sync>,
+    /// When the last successful full EC2 refresh started (`Core::last_full_refresh`).
+    pub last_ec2_refresh: Arc<dyn Fn() -> Option<Instant> + Send + Sync>,
+    /// A loop that has not turned this long is wedged.
+    pub wedged_after: Duration,
+    /// No successful full refresh for this long: EC2 is unreachable.
+    pub ec2_stale_after: Duration,
+}
+
+impl std::fmt::Debug for LeaderVitals {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LeaderVitals")
+            .field("wedged_after", &self.wedged_after)
+            .field("ec2_stale_after", &self.ec2_stale_after)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Liveness of a leader whose loop last turned at `beat`.
+pub fn loop_alive(now: Instant, beat: Instant, wedged_after: Duration) -> Result<(), String> {
+    let idle = now.saturating_duration_since(beat);
+    if idle > wedged_after {
+        return Err(format!(
+            "leader: the event loop has not turned for {}s (limit {}s): wedged",
+            idle.as_secs(),
+            wedged_after.as_secs()
+        ));
+    }
+    Ok(())
+}
+
+/// Whether the leader's EC2 view is fresh: the last full refresh succeeded at `last`.
+pub fn ec2_fresh(now: Instant, last: Option<Instant>, stale_after: Duration) -> Result<(), String> {
+    let Some(last) = last else {
+        return Err("leader: EC2 caches not built yet".into());
+    };
+    let age = now.saturating_duration_since(last);
+    if age > stale_after {
+        return Err(format!(
+            "leader: EC2 unreachable: no full refresh has succeeded for {}s (limit {}s: three \
+             --ec2-resync-interval); see the logs and \
+             eni_operator_ec2_api_duration_seconds_count{{response_code!=\"OK\"}} \
+             (docs/runbook.md, EniOperatorEc2RefreshFailing)",
+            age.as_secs(),
+            stale_after.as_secs()
+        ));
+    }
+    Ok(())
 }
 
 impl Readiness {
@@ -61,7 +121,22 @@ impl Readiness {
             s.leading = leading;
             s.nodes_listed = false;
             s.caches_warm = false;
+            s.vitals = None;
         });
+    }
+
+    /// The leader's event loop runs: from now on the probes read its vitals.
+    pub fn set_leader_vitals(&self, vitals: LeaderVitals) {
+        self.with(|s| s.vitals = Some(vitals));
+    }
+
+    /// `Ok`, or why this replica is not alive (`/healthz`).
+    pub fn live(&self) -> Result<(), String> {
+        let vitals = self.with(|s| s.vitals.clone().filter(|_| s.leading && !s.stopping));
+        match vitals {
+            Some(v) => loop_alive(now(), (v.last_beat)(), v.wedged_after),
+            None => Ok(()),
+        }
     }
 
     /// The leader's CiliumNode watch finished its initial listing.
@@ -79,8 +154,8 @@ impl Readiness {
     }
 
     /// `Ok`, or why this replica is not ready.
-    pub fn check(&self) -> Result<(), &'static str> {
-        self.with(|s| {
+    pub fn check(&self) -> Result<(), String> {
+        let vitals = self.with(|s| {
             if s.stopping {
                 Err("shutting down")
             } else if !s.api_server {
@@ -90,9 +165,13 @@ impl Readiness {
             } else if s.leading && !s.caches_warm {
                 Err("leader: EC2 caches not built yet")
             } else {
-                Ok(())
+                Ok(s.vitals.clone().filter(|_| s.leading))
             }
-        })
+        })?;
+        match vitals {
+            Some(v) => ec2_fresh(now(), (v.last_ec2_refresh)(), v.ec2_stale_after),
+            None => Ok(()),
+        }
     }
 
     pub fn is_ready(&self) -> bool {
@@ -180,7 +259,7 @@ pub fn start_on(
         .route("/debug/{page}", get(serve_debug))
         .with_state(registry);
     let health_router = Router::new()
-        .route("/healthz", get(|| async { "ok" }))
+        .route("/healthz", get(serve_live))
         .route("/readyz", get(serve_ready))
         .with_state(readiness);
     let serve = |listener: TcpListener, router: Router, token: CancellationToken| {
@@ -229,8 +308,16 @@ async fn serve_debug(
 }
 
 async fn serve_ready(State(readiness): State<Readiness>) -> impl IntoResponse {
-    match readiness.check() {
-        Ok(()) => (StatusCode::OK, "ok"),
+    probe_answer(readiness.check())
+}
+
+async fn serve_live(State(readiness): State<Readiness>) -> impl IntoResponse {
+    probe_answer(readiness.live())
+}
+
+fn probe_answer(verdict: Result<(), String>) -> (StatusCode, String) {
+    match verdict {
+        Ok(()) => (StatusCode::OK, "ok".into()),
         Err(why) => (StatusCode::SERVICE_UNAVAILABLE, why),
     }
 }
@@ -285,7 +372,7 @@ mod tests {
         assert!(!r.is_ready(), "lost the API server");
         r.set_api_server(true);
         r.set_stopping();
-        assert_eq!(r.check(), Err("shutting down"));
+        assert_eq!(r.check(), Err("shutting down".into()));
     }
 
     #[test]
@@ -293,9 +380,9 @@ mod tests {
         let r = Readiness::new();
         r.set_api_server(true);
         r.set_leading(true);
-        assert_eq!(r.check(), Err("leader: CiliumNodes not listed yet"));
+        assert_eq!(r.check(), Err("leader: CiliumNodes not listed yet".into()));
         r.set_nodes_listed();
-        assert_eq!(r.check(), Err("leader: EC2 caches not built yet"));
+        assert_eq!(r.check(), Err("leader: EC2 caches not built yet".into()));
         r.set_caches_warm();
         assert_eq!(r.check(), Ok(()));
         r.set_api_server(false);
@@ -304,6 +391,82 @@ mod tests {
         r.set_api_server(true);
         r.set_leading(true);
         assert!(!r.is_ready());
+    }
+
+    /// A leader with warm caches whose loop beats at `beat` and last refreshed EC2 at
+    /// `refreshed` (both set by the test).
+    fn leader_with_vitals(
+        beat: &Arc<Mutex<Instant>>,
+        refreshed: &Arc<Mutex<Option<Instant>>>,
+    ) -> Readiness {
+        let r = Readiness::new();
+        r.set_api_server(true);
+        r.set_leading(true);
+        r.set_nodes_listed();
+        r.set_caches_warm();
+        let (b, f) = (beat.clone(), refreshed.clone());
+        r.set_leader_vitals(LeaderVitals {
+            last_beat: Arc::new(move || *b.lock().unwrap()),
+            last_ec2_refresh: Arc::new(move || *f.lock().unwrap()),
+            wedged_after: Duration::from_secs(120),
+            ec2_stale_after: Duration::from_secs(180),
+        });
+        r
+    }
+
+    /// `/healthz`'s answer: status and body.
+    async fn healthz(r: &Readiness) -> (u16, String) {
+        let response = serve_live(State(r.clone())).await.into_response();
+        let code = response.status().as_u16();
+        let body = axum::body::to_bytes(response.into_body(), 1 << 16)
+            .await
+            .unwrap();
+        (code, String::from_utf8(body.to_vec()).unwrap())
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_wedged_leader_loop_fails_healthz() {
+        let beat = Arc::new(Mutex::new(now()));
+        let refreshed = Arc::new(Mutex::new(Some(now())));
+        let r = leader_with_vitals(&beat, &refreshed);
+        assert_eq!(healthz(&r).await, (200, "ok".into()));
+        tokio::time::advance(Duration::from_secs(121)).await;
+        *refreshed.lock().unwrap() = Some(now());
+        let (code, body) = healthz(&r).await;
+        assert_eq!(code, 503);
+        assert!(
+            body.contains("event loop has not turned for 121s"),
+            "{body}"
+        );
+        // The loop turns again: alive.
+        *beat.lock().unwrap() = now();
+        assert_eq!(healthz(&r).await.0, 200);
+        // A standby has no loop to wedge.
+        tokio::time::advance(Duration::from_secs(300)).await;
+        assert!(r.live().is_err());
+        r.set_leading(false);
+        assert_eq!(healthz(&r).await, (200, "ok".into()));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_leader_that_cannot_refresh_ec2_says_so_in_readyz() {
+        let beat = Arc::new(Mutex::new(now()));
+        let refreshed = Arc::new(Mutex::new(Some(now())));
+        let r = leader_with_vitals(&beat, &refreshed);
+        assert_eq!(r.check(), Ok(()));
+        tokio::time::advance(Duration::from_secs(180)).await;
+        *beat.lock().unwrap() = now();
+        assert_eq!(r.check(), Ok(()), "at the limit");
+        tokio::time::advance(Duration::from_secs(5)).await;
+        *beat.lock().unwrap() = now();
+        let why = r.check().unwrap_err();
+        assert!(
+            why.contains("EC2 unreachable") && why.contains("for 185s"),
+            "{why}"
+        );
+        assert_eq!(r.live(), Ok(()), "EC2 trouble is no reason to restart");
+        *refreshed.lock().unwrap() = Some(now());
+        assert_eq!(r.check(), Ok(()));
     }
 
     #[tokio::test(start_paused = true)]

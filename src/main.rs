@@ -235,6 +235,16 @@ async fn run_operator(
             let cache = core_config.ec2_cache();
             let gc_cache = cache.clone();
             let core = Core::new(ec2.clone(), sink, core_config, metrics.clone(), cache);
+            readiness.set_leader_vitals({
+                let (beat, refreshed) = (core.clone(), core.clone());
+                let (wedged_after, ec2_stale_after) = settings.runtime.probe_limits();
+                http::LeaderVitals {
+                    last_beat: Arc::new(move || beat.last_beat()),
+                    last_ec2_refresh: Arc::new(move || refreshed.last_full_refresh()),
+                    wedged_after,
+                    ec2_stale_after,
+                }
+            });
             let book = core.status_book();
             registry.set_debug_page("nodes", move || {
                 let page = book.page(eni_operator::runtime::clock::now());

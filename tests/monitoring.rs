@@ -527,6 +527,12 @@ async fn monitoring_files_use_only_exported_metrics() {
         "EniOperatorNodesWaitingForAddresses",
         "EniOperatorEc2Throttled",
         "EniOperatorLeaderFlapping",
+        "EniOperatorEc2RefreshFailing",
+        "EniOperatorGcFailing",
+        "EniOperatorHandoverBlocked",
+        "EniOperatorCiliumLeaseUnreadable",
+        "EniOperatorCiliumIgnoresAnnotation",
+        "EniOperatorFinalizerBlocked",
     ] {
         assert!(alerts.contains(a), "missing alert {a}");
     }

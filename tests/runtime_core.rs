@@ -2208,7 +2208,7 @@ mod refresher {
 /// Event publishing into MemorySink (moved from `src/runtime/events.rs`).
 mod events {
     use eni_operator::ipam::ProblemReason;
-    use eni_operator::runtime::events::{EventReason, publish};
+    use eni_operator::runtime::events::{EventReason, PROBLEMS_DOC, publish};
     use eni_operator::runtime::metrics::RuntimeMetrics;
     use eni_operator::runtime::sink::{NodeEvent, NodeRef};
     use testkit::sink::MemorySink;
@@ -2233,9 +2233,13 @@ mod events {
         assert_eq!(
             sink.events("n1"),
             [
-                NodeEvent::warning("AtCapacity", "full"),
+                // A problem's Event points at the runbook's table of reasons.
+                NodeEvent::warning("AtCapacity", format!("full (what to do: {PROBLEMS_DOC})")),
                 NodeEvent::normal("IpsAllocated", "2"),
-                NodeEvent::warning("Ec2Error", "throttled"),
+                NodeEvent::warning(
+                    "Ec2Error",
+                    format!("throttled (what to do: {PROBLEMS_DOC})")
+                ),
             ]
         );
         assert_eq!(errors(&m, "AtCapacity"), 1);

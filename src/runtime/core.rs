@@ -146,6 +146,17 @@ impl<E: Ec2, S: NodeSink> Core<E, S> {
         self.inner.warm.subscribe()
     }
 
+    /// When the event loop last turned: it turns at least every `instance_refresh_spacing`
+    /// (its confirmation tick), so an older beat means the loop is stuck.
+    pub fn last_beat(&self) -> std::time::Instant {
+        *self.inner.beat.lock().expect("beat")
+    }
+
+    /// When the last successful full EC2 refresh started.
+    pub fn last_full_refresh(&self) -> Option<std::time::Instant> {
+        self.inner.cache.read().expect("cache").last_full_refresh
+    }
+
     /// The last demand figures of a node.
     pub fn demand(&self, name: &str) -> Option<Demand> {
         let slots = self.inner.slots.lock().expect("slots");
@@ -221,6 +232,7 @@ impl<E: Ec2, S: NodeSink> Core<E, S> {
         tokio::pin!(shutdown);
         let mut inputs_open = true;
         loop {
+            *inner.beat.lock().expect("beat") = now();
             if l.first.due(now(), l.schedule.describing())
                 && let Some(go) = go.take()
             {

@@ -84,12 +84,25 @@ pub async fn publish<S: NodeSink>(
     if let Some(label) = reason.error_label() {
         metrics.error(label);
     }
+    let message = event_message(reason, message.into());
     let event = if reason.is_warning() {
         NodeEvent::warning(reason.as_str(), message)
     } else {
         NodeEvent::normal(reason.as_str(), message)
     };
     sink.event(node, event).await;
+}
+
+/// Where a problem's Event sends the reader: the runbook's table of every reason.
+pub const PROBLEMS_DOC: &str = "docs/runbook.md, \"Problems on a node\"";
+
+/// A problem's Event says where its reason is explained (the message itself is what
+/// `operator-status` says).
+pub fn event_message(reason: EventReason, message: String) -> String {
+    match reason {
+        EventReason::Problem(_) => format!("{message} (what to do: {PROBLEMS_DOC})"),
+        _ => message,
+    }
 }
 
 /// An EC2 call failed: count it under its error code.
@@ -185,6 +198,24 @@ mod tests {
     use super::*;
     use crate::runtime::executor::Success;
     use std::time::{Duration, Instant};
+
+    #[test]
+    fn a_problems_event_points_at_the_runbooks_table() {
+        let m = event_message(
+            EventReason::Problem(ProblemReason::NoSecurityGroups),
+            "no security group".into(),
+        );
+        assert_eq!(
+            m,
+            "no security group (what to do: docs/runbook.md, \"Problems on a node\")"
+        );
+        let runbook = include_str!("../../docs/runbook.md");
+        assert!(runbook.contains("## Problems on a node"));
+        assert_eq!(
+            event_message(EventReason::EniCreated, "created".into()),
+            "created"
+        );
+    }
 
     #[test]
     fn routine_successes_make_one_event_per_kind_when_the_node_settles() {

@@ -35,6 +35,8 @@ pub struct Shared<E, S> {
     pub metrics: RuntimeMetrics,
     /// True while `run` has warm caches (after the first full EC2 refresh).
     pub warm: tokio::sync::watch::Sender<bool>,
+    /// When `run`'s loop last turned (the liveness probe's heartbeat, `http::LeaderVitals`).
+    pub beat: Mutex<Instant>,
     /// Cilium operator's leader Lease as last read (the handover guard). `Absent` until told
     /// otherwise: `main` starts it `Unreadable` when it reads the Lease (§16); a core driven
     /// by tests or the benchmark has no Cilium operator.
@@ -88,6 +90,7 @@ impl<E: Ec2, S> Shared<E, S> {
             type_lookups: Default::default(),
             metrics,
             warm: tokio::sync::watch::Sender::new(false),
+            beat: Mutex::new(super::clock::now()),
             cilium_lease: RwLock::new(crate::ipam::handover::CiliumLease::Absent),
             // Set by the runtime when it reads the label (main.rs); a core without a reader
             // (tests, the benchmark) models a Cilium that honours the annotation.

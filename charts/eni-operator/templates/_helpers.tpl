@@ -55,3 +55,29 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- end -}}
 {{- join "," $pairs -}}
 {{- end -}}
+
+{{/*
+Combinations of values the schema cannot compare: each fails the render with what to change.
+Equal ports would be one host port declared twice on the container; a PodDisruptionBudget
+that needs every replica up blocks every drain of a node that runs one.
+*/}}
+{{- define "eni-operator.validate" -}}
+{{- if eq (int .Values.ports.metrics) (int .Values.ports.health) -}}
+{{- fail (printf "ports.metrics and ports.health are both %d: give them different ports" (int .Values.ports.metrics)) -}}
+{{- end -}}
+{{- $pdb := .Values.podDisruptionBudget -}}
+{{- $replicas := int .Values.replicas -}}
+{{- if and $pdb.enabled (not (include "eni-operator.shadow" .)) (gt $replicas 1) -}}
+{{- $min := 0 -}}
+{{- $given := toString $pdb.minAvailable -}}
+{{- if hasSuffix "%" $given -}}
+{{- /* a percentage: Kubernetes rounds minAvailable up */ -}}
+{{- $min = div (add (mul (atoi (trimSuffix "%" $given)) $replicas) 99) 100 -}}
+{{- else -}}
+{{- $min = atoi $given -}}
+{{- end -}}
+{{- if ge (int $min) $replicas -}}
+{{- fail (printf "podDisruptionBudget.minAvailable (%v) must be below replicas (%d): otherwise no node running a replica can be drained" $pdb.minAvailable $replicas) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
