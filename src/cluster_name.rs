@@ -30,7 +30,7 @@ pub enum Refusal {
     )]
     NoInstances,
     #[error(
-        "instance {0} carries neither {EKS_TAG} nor a {K8S_TAG_PREFIX}<name> tag (all nodes must name the cluster)"
+        "no instance names a cluster: instance {0} carries neither {EKS_TAG} nor a {K8S_TAG_PREFIX}<name> tag"
     )]
     Untagged(String),
     #[error("instance {instance} names several clusters ({names})")]
@@ -76,39 +76,40 @@ pub fn names_cluster(tags: &Tags, cluster: &str) -> bool {
         || tags.contains_key(&format!("{K8S_TAG_PREFIX}{cluster}"))
 }
 
-/// The name every instance agrees on. `instances`: (instance ID, its tags) of the nodes'
-/// instances; those outside `scope` (`--instance-tags-filter`: another operator's nodes) are
-/// not asked. Every instance asked must name exactly one cluster, the same one.
+/// The name the tagged instances agree on, and the instances that name no cluster (skipped:
+/// one untagged instance, a self-managed node, must not keep every leader from starting).
+/// `instances`: (instance ID, its tags) of the nodes' instances; those outside `scope`
+/// (`--instance-tags-filter`: another operator's nodes) are not asked. Refused only when no
+/// instance names a cluster, one names several, or two name different ones.
 pub fn derive<'a>(
     instances: impl IntoIterator<Item = (&'a str, &'a Tags)>,
     scope: &Tags,
-) -> Result<String, Refusal> {
+) -> Result<(String, Vec<String>), Refusal> {
     // name -> the first instance naming it (for the error).
     let mut seen: BTreeMap<String, &str> = BTreeMap::new();
-    let mut asked = 0usize;
+    let mut untagged = Vec::new();
     for (id, tags) in instances {
         if !scope.iter().all(|(k, v)| tags.get(k) == Some(v)) {
             continue;
         }
-        asked += 1;
         match named_by(id, tags)? {
             Some(name) => {
                 seen.entry(name).or_insert(id);
             }
-            None => return Err(Refusal::Untagged(id.into())),
+            None => untagged.push(id.to_string()),
         }
-    }
-    if asked == 0 {
-        return Err(Refusal::NoInstances);
     }
     if seen.len() > 1 {
         let list: Vec<String> = seen.iter().map(|(n, i)| format!("{n} ({i})")).collect();
         return Err(Refusal::Disagree(list.join(", ")));
     }
-    Ok(seen
-        .into_keys()
-        .next()
-        .expect("asked > 0 and none untagged"))
+    match seen.into_keys().next() {
+        Some(name) => Ok((name, untagged)),
+        None => Err(untagged
+            .into_iter()
+            .next()
+            .map_or(Refusal::NoInstances, Refusal::Untagged)),
+    }
 }
 
 /// Where the name comes from, for the start-up log line.
@@ -144,11 +145,19 @@ pub async fn resolve<E: Ec2>(
     let instances = describe(ec2, &ids).await.map_err(|e| {
         format!("--cluster-name is not set and the nodes' instances cannot be described to derive it: {e}; set --cluster-name")
     })?;
-    let name = derive(
+    let (name, untagged) = derive(
         instances.iter().map(|(id, tags)| (id.as_str(), tags)),
         scope,
     )
     .map_err(|r| r.line())?;
+    if !untagged.is_empty() {
+        tracing::warn!(
+            cluster_name = %name,
+            instances = %untagged.join(", "),
+            "instances that name no cluster ({EKS_TAG}, {K8S_TAG_PREFIX}<name>) were skipped \
+             deriving --cluster-name; the operator touches none of them (docs/rules.md §15)"
+        );
+    }
     Ok((
         name,
         Source::Derived {
@@ -225,7 +234,7 @@ mod tests {
     }
 
     fn run(instances: &[(&str, Tags)], scope: &Tags) -> Result<String, Refusal> {
-        derive(instances.iter().map(|(i, t)| (*i, t)), scope)
+        derive(instances.iter().map(|(i, t)| (*i, t)), scope).map(|(name, _)| name)
     }
 
     #[test]
@@ -263,12 +272,18 @@ mod tests {
         assert!(err.line().contains("set --cluster-name"), "{}", err.line());
     }
 
+    /// One untagged instance (a self-managed node) among tagged ones is skipped and reported,
+    /// not a reason to refuse the start (before: every new leader refused to start).
     #[test]
-    fn an_untagged_instance_is_refused() {
+    fn an_untagged_instance_is_skipped_and_reported() {
         let a = tags(&[(EKS_TAG, "prod")]);
         let b = tags(&[("Name", "bare")]);
+        let list = [("i-1", a), ("i-2", b.clone())];
+        let got = derive(list.iter().map(|(i, t)| (*i, t)), &Tags::new());
+        assert_eq!(got, Ok(("prod".to_string(), vec!["i-2".to_string()])));
+        // Only untagged ones: nothing to derive from.
         assert_eq!(
-            run(&[("i-1", a), ("i-2", b)], &Tags::new()),
+            run(&[("i-2", b)], &Tags::new()),
             Err(Refusal::Untagged("i-2".into()))
         );
     }

@@ -105,7 +105,7 @@ pub struct KubeSettings {
     #[arg(long, env = "ENI_OPERATOR_NAMESPACE")]
     pub namespace: Option<String>,
     /// Run leader election (turn off only for a single replica, e.g. local runs).
-    #[arg(long, env = "ENI_OPERATOR_LEADER_ELECTION", default_value_t = true, num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set)]
+    #[arg(long, env = "ENI_OPERATOR_LEADER_ELECTION", default_value_t = true, num_args = 0..=1, require_equals = true, default_missing_value = "true", action = clap::ArgAction::Set)]
     pub leader_election: bool,
     /// Name of the leader-election Lease.
     #[arg(
@@ -193,10 +193,10 @@ pub struct GateSettings {
 pub struct IpamSettings {
     /// Assign /28 prefixes instead of single addresses on Nitro instances (per-node opt-out:
     /// spec.eni.disable-prefix-delegation).
-    #[arg(long, env = "ENI_OPERATOR_AWS_ENABLE_PREFIX_DELEGATION", default_value_t = false, num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set)]
+    #[arg(long, env = "ENI_OPERATOR_AWS_ENABLE_PREFIX_DELEGATION", default_value_t = false, num_args = 0..=1, require_equals = true, default_missing_value = "true", action = clap::ArgAction::Set)]
     pub aws_enable_prefix_delegation: bool,
     /// Release addresses above the node's needs (after --excess-ip-release-delay).
-    #[arg(long, env = "ENI_OPERATOR_AWS_RELEASE_EXCESS_IPS", default_value_t = false, num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set)]
+    #[arg(long, env = "ENI_OPERATOR_AWS_RELEASE_EXCESS_IPS", default_value_t = false, num_args = 0..=1, require_equals = true, default_missing_value = "true", action = clap::ArgAction::Set)]
     pub aws_release_excess_ips: bool,
     /// Seconds an address must stay in excess before it is released.
     #[arg(
@@ -206,7 +206,7 @@ pub struct IpamSettings {
     )]
     pub excess_ip_release_delay: u64,
     /// Offer each ENI's primary address to pods (+1 per ENI); per-node spec.eni.use-primary-address wins.
-    #[arg(long, env = "ENI_OPERATOR_AWS_USE_PRIMARY_ADDRESS", default_value_t = false, num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set)]
+    #[arg(long, env = "ENI_OPERATOR_AWS_USE_PRIMARY_ADDRESS", default_value_t = false, num_args = 0..=1, require_equals = true, default_missing_value = "true", action = clap::ArgAction::Set)]
     pub aws_use_primary_address: bool,
     /// Extra tags for the ENIs we create, k=v[,k2=v2], repeatable.
     #[arg(long, env = "ENI_OPERATOR_ENI_TAGS", value_delimiter = ',')]
@@ -232,10 +232,10 @@ pub struct IpamSettings {
     #[arg(long, env = "ENI_OPERATOR_VPC_ID")]
     pub vpc_id: Option<String>,
     /// Put `ipam.cilium.io/ignore: "true"` on every CiliumNode we serve (so Cilium's operator leaves it to us), and remove it when we let a node go (eni-operator.cilium.io/ignore).
-    #[arg(long, env = "ENI_OPERATOR_ANNOTATE_CILIUM_IGNORE", default_value_t = false, num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set)]
+    #[arg(long, env = "ENI_OPERATOR_ANNOTATE_CILIUM_IGNORE", default_value_t = false, num_args = 0..=1, require_equals = true, default_missing_value = "true", action = clap::ArgAction::Set)]
     pub annotate_cilium_ignore: bool,
     /// Touch only instances EC2 shows with this cluster's tag (aws:eks:cluster-name=<--cluster-name> or kubernetes.io/cluster/<--cluster-name>); off: any instance a Node's providerID names.
-    #[arg(long, env = "ENI_OPERATOR_INSTANCE_CLUSTER_TAG_CHECK", default_value_t = true, num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set)]
+    #[arg(long, env = "ENI_OPERATOR_INSTANCE_CLUSTER_TAG_CHECK", default_value_t = true, num_args = 0..=1, require_equals = true, default_missing_value = "true", action = clap::ArgAction::Set)]
     pub instance_cluster_tag_check: bool,
 
     // Cilium's instance-limit flags (operator/option/config.go, up to 1.17).
@@ -249,7 +249,7 @@ pub struct IpamSettings {
     pub aws_instance_limit_mapping: Vec<crate::ec2::limits::LimitOverride>,
     /// Read instance-type limits with DescribeInstanceTypes; false: only the built-in table
     /// (AWS's published figures, src/ec2/instance_limits.csv) and --aws-instance-limit-mapping.
-    #[arg(long, env = "ENI_OPERATOR_UPDATE_EC2_ADAPTER_LIMIT_VIA_API", default_value_t = true, num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set)]
+    #[arg(long, env = "ENI_OPERATOR_UPDATE_EC2_ADAPTER_LIMIT_VIA_API", default_value_t = true, num_args = 0..=1, require_equals = true, default_missing_value = "true", action = clap::ArgAction::Set)]
     pub update_ec2_adapter_limit_via_api: bool,
 }
 
@@ -969,6 +969,24 @@ pub(crate) mod tests {
         assert!(!s.kube.leader_election);
     }
 
+    /// An optional value is given with `=` only: the word after the flag is the next argument
+    /// (`eni-operator --cilium-operator-absent plan` runs `plan`).
+    #[test]
+    fn an_optional_value_flag_leaves_the_next_word_alone() {
+        let s = try_parse(&["--cilium-operator-absent", "plan"]).unwrap();
+        assert!(s.handover.cilium_operator_absent);
+        assert_eq!(s.mode.command, Some(Command::Plan));
+        let s = try_parse(&["--cilium-operator-absent=false", "uninstall"]).unwrap();
+        assert!(!s.handover.cilium_operator_absent);
+        assert_eq!(s.mode.command, Some(Command::Uninstall));
+        for arg in Settings::command().get_arguments() {
+            let optional = arg.get_num_args().is_some_and(|n| n.min_values() == 0);
+            if optional && !arg.is_positional() {
+                assert!(arg.is_require_equals_set(), "--{} takes `=`", arg.get_id());
+            }
+        }
+    }
+
     #[test]
     fn durations() {
         let d = |s| parse_duration(s);
@@ -1277,20 +1295,20 @@ pub struct HandoverSettings {
     )]
     pub cilium_namespace: String,
     /// Read Cilium operator's Lease at all (off: the guard relies on managedFields alone).
-    #[arg(long, env = "ENI_OPERATOR_WATCH_CILIUM_LEASE", default_value_t = true, num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set)]
+    #[arg(long, env = "ENI_OPERATOR_WATCH_CILIUM_LEASE", default_value_t = true, num_args = 0..=1, require_equals = true, default_missing_value = "true", action = clap::ArgAction::Set)]
     pub watch_cilium_lease: bool,
     /// Cilium's operator is not installed in this cluster: a Lease that cannot be read or is
     /// not found does not hold nodes back. Without it the guard fails closed: until the
     /// Lease can be read, nodes not taken over yet wait (a 404 may mean a wrong
     /// --cilium-namespace).
-    #[arg(long, env = "ENI_OPERATOR_CILIUM_OPERATOR_ABSENT", default_value_t = false, num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set)]
+    #[arg(long, env = "ENI_OPERATOR_CILIUM_OPERATOR_ABSENT", default_value_t = false, num_args = 0..=1, require_equals = true, default_missing_value = "true", action = clap::ArgAction::Set)]
     pub cilium_operator_absent: bool,
     /// You verified that Cilium's operator is 1.18 or later, so it honours
     /// `ipam.cilium.io/ignore`: the guard does not read its release from the
     /// `io.cilium.k8s.crd.schema.version` label of the CiliumNode CRD. Without it, while
     /// Cilium's Lease is held and that label names a release before 1.18 (or cannot be read),
     /// no node is taken over (`CiliumIgnoresAnnotation`).
-    #[arg(long, env = "ENI_OPERATOR_CILIUM_HONOURS_IGNORE", default_value_t = false, num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set)]
+    #[arg(long, env = "ENI_OPERATOR_CILIUM_HONOURS_IGNORE", default_value_t = false, num_args = 0..=1, require_equals = true, default_missing_value = "true", action = clap::ArgAction::Set)]
     pub cilium_honours_ignore: bool,
     /// How long another field manager's write of `spec.ipam.pool` / `status.eni` after ours
     /// counts as a running second allocator (longer than Cilium's one-minute resync).

@@ -76,8 +76,10 @@ pub fn render(page: &Page, output: StatusOutput, waiting_only: bool) -> String {
     }
 }
 
-/// One line per node, then why each waiting node waits and the last errors.
+/// One line per node, then why each waiting node waits and the last errors. Text from the
+/// cluster is shown with its control characters escaped.
 pub fn table(page: &Page) -> String {
+    use crate::text_table::printable;
     let mut rows = vec![[
         "NODE".to_string(),
         "MODE".into(),
@@ -125,9 +127,10 @@ pub fn table(page: &Page) -> String {
         };
         let _ = writeln!(
             out,
-            "  {name}: {}: {}; {retry}",
+            "  {}: {}: {}; {retry}",
+            printable(name),
             w.reason.as_str(),
-            w.detail
+            printable(&w.detail)
         );
     }
     let errors: Vec<_> = page
@@ -139,7 +142,8 @@ pub fn table(page: &Page) -> String {
         let _ = writeln!(out, "\nLast errors:");
     }
     for (name, e) in errors {
-        let _ = writeln!(out, "  {name} at {}: {}", e.at, e.what.message);
+        let (name, message) = (printable(name), printable(&e.what.message));
+        let _ = writeln!(out, "  {name} at {}: {message}", e.at);
     }
     out
 }
@@ -214,6 +218,28 @@ mod tests {
         );
         assert!(out.contains("2 nodes, 1 waiting"), "{out}");
         assert!(!out.contains("  a: "), "a does not wait: {out}");
+    }
+
+    /// Node names and messages come from the cluster (an agent writes what ends up in them):
+    /// an escape sequence or a line break in one is shown escaped, never acted on.
+    #[test]
+    fn the_table_escapes_control_characters() {
+        let mut p = page();
+        let b = p.nodes.remove("b").unwrap();
+        let mut wait = b.waiting.clone().unwrap();
+        wait.detail = "spec says \u{1b}]0;owned\u{7}\n  c: fine".into();
+        p.nodes.insert(
+            "b\u{1b}[2J".into(),
+            NodeStatus {
+                waiting: Some(wait),
+                ..b
+            },
+        );
+        let out = table(&p);
+        assert!(!out.chars().any(|c| c.is_control() && c != '\n'), "{out:?}");
+        assert!(out.contains("b\\u{1b}[2J"), "{out}");
+        assert!(out.contains("\\u{1b}]0;owned\\u{7}\\n  c: fine"), "{out}");
+        assert!(!out.lines().any(|l| l.starts_with("  c: ")), "{out}");
     }
 
     #[test]

@@ -127,6 +127,21 @@ async fn untagged_instances_refuse_the_start() {
     );
 }
 
+/// One Node whose instance names no cluster (a self-managed node) among tagged ones: skipped,
+/// the start goes on with the name the others agree on. On the old main every leader refused
+/// to start (CrashLoopBackOff at the next failover).
+#[tokio::test]
+async fn an_untagged_instance_among_tagged_ones_is_skipped() {
+    let sim = Simulator::new();
+    let ids = instances(&sim, 3, |i| match i {
+        1 => tag("Name", "bare"),
+        _ => tag(EKS_TAG, "prod"),
+    });
+    let (client, _) = api_server(ids.iter().map(|i| provider(i)).collect());
+    let got = resolve(None, &client, &sim, &Tags::new()).await.unwrap();
+    assert_eq!(got, ("prod".to_string(), Source::Derived { instances: 3 }));
+}
+
 #[tokio::test]
 async fn no_node_refuses_the_start() {
     let sim = Simulator::new();

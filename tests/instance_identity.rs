@@ -6,10 +6,12 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use eni_operator::crd::{FINALIZER, IGNORE_ANNOTATION};
 use eni_operator::ec2::{Instance, Operation};
 use eni_operator::runtime::core::{CoreConfig, NodeInput};
 use eni_operator::runtime::identity::NodeFacts;
 use eni_operator::runtime::metrics::RuntimeMetrics;
+use eni_operator::runtime::status::WaitReason;
 use testkit::cluster::{Cluster, agent_node};
 use testkit::running;
 use testkit::sink::MemorySink;
@@ -24,6 +26,8 @@ struct World {
     tx: mpsc::Sender<NodeInput>,
     metrics: RuntimeMetrics,
     grace: Duration,
+    cache: Arc<std::sync::RwLock<eni_operator::runtime::cache::Ec2Cache>>,
+    status: Arc<eni_operator::runtime::status::StatusBook>,
     _task: tokio::task::JoinHandle<eni_operator::ec2::Result<()>>,
 }
 
@@ -43,14 +47,20 @@ fn world_with(require_node: bool, require_cluster_tag: bool) -> World {
     let grace = cfg.node_gone_grace;
     let metrics = RuntimeMetrics::default();
     let running::Running {
-        tx, task: _task, ..
+        tx,
+        task: _task,
+        cache,
+        core,
     } = running::start(w.sim.clone(), sink.clone(), cfg, metrics.clone());
+    let status = core.status_book();
     World {
         w,
         sink,
         tx,
         metrics,
         grace,
+        cache,
+        status,
         _task,
     }
 }
@@ -175,6 +185,11 @@ async fn a_cilium_node_before_its_node_is_served_once_the_node_appears() {
     tokio::time::sleep(Duration::from_secs(20)).await;
     assert!(t.sink.get("n").unwrap().spec.ipam.pool.is_empty());
     assert!(t.error("n").is_empty(), "not listed yet: no error");
+    // It waits, and says why (`eni-operator status`, eni_operator_nodes_waiting).
+    let now = tokio::time::Instant::now().into_std();
+    let waiting = t.status.node("n", now).and_then(|s| s.waiting);
+    let reason = waiting.map(|w| w.reason);
+    assert_eq!(reason, Some(WaitReason::NodeNotSeen));
     t.send(NodeInput::NodesListed).await;
     assert!(
         wait_until(
@@ -339,4 +354,169 @@ async fn a_deletion_mark_ends_the_wait_of_a_node_refused_for_its_missing_node() 
         waited <= Duration::from_secs(5),
         "released {waited:?} after the deletion mark"
     );
+}
+
+impl World {
+    /// The node handed back (`eni-operator.cilium.io/ignore`): our finalizer goes, the ENIs we
+    /// made stay on its instance.
+    async fn hand_back(&self, name: &str) {
+        let handed = self
+            .sink
+            .update(name, |n| {
+                n.metadata
+                    .annotations
+                    .get_or_insert_with(Default::default)
+                    .insert(IGNORE_ANNOTATION.into(), "true".into());
+            })
+            .unwrap();
+        self.send(NodeInput::Upsert(Box::new(handed))).await;
+        let released = || {
+            self.sink
+                .get(name)
+                .is_some_and(|n| n.metadata.finalizers.unwrap_or_default().is_empty())
+        };
+        assert!(wait_until(released, Duration::from_secs(60)).await);
+    }
+
+    /// The Node is deleted, as its watch and a live GET then tell.
+    async fn delete_node(&self, name: &str) {
+        self.sink.set_node_exists(name, false);
+        self.send(NodeInput::NodeFacts {
+            name: name.into(),
+            facts: None,
+        })
+        .await;
+        self.send(NodeInput::NodePresent {
+            name: name.into(),
+            present: false,
+        })
+        .await;
+    }
+}
+
+/// An agent creates a CiliumNode that names an instance no live CiliumNode names (its own was
+/// handed back), with our finalizer and an owner that does not exist; Kubernetes' garbage
+/// collector then deletes it. Nothing proves we confirmed that instance for that object: the
+/// finalizer goes, nothing is released. On the old main the instance's ENIs of ours were
+/// detached and deleted once the grace period was over.
+#[tokio::test(start_paused = true)]
+async fn a_forged_finalizer_releases_nothing() {
+    let t = world(true);
+    let victim = t.w.instance();
+    t.node("v", &victim).await;
+    t.send(NodeInput::NodesListed).await;
+    t.cilium_node("v", &victim.id).await;
+    assert!(wait_until(|| served(&t.sink, "v", 8), Duration::from_secs(60)).await);
+    let enis = t.enis_of(&victim.id);
+    assert!(enis > 1, "ENIs of ours on the instance");
+    t.hand_back("v").await;
+
+    let mut forged = agent_node(&t.w, "forged", &victim.id, 8);
+    forged.metadata.finalizers = Some(vec![FINALIZER.into()]);
+    t.sink.put(&forged);
+    t.sink.set_node_exists("forged", false);
+    let deleting = t
+        .sink
+        .begin_delete("forged")
+        .expect("held by the finalizer");
+    t.send(NodeInput::Upsert(Box::new(deleting))).await;
+    assert!(
+        wait_until(
+            || t.sink.raw("forged").is_none(),
+            t.grace + Duration::from_secs(120)
+        )
+        .await,
+        "the forged object was let go"
+    );
+    tokio::time::sleep(t.grace + Duration::from_secs(60)).await;
+    let detaches = t.w.sim.stats().get(Operation::DetachNetworkInterface).calls;
+    assert_eq!(detaches, 0, "nothing detached from the victim");
+    assert_eq!(t.enis_of(&victim.id), enis);
+    assert!(t.reasons("forged").iter().any(|r| r == "EnisNotReleased"));
+}
+
+/// The agent of a served node changes its `spec.instance-id` to another instance of the cluster
+/// (one with ENIs of ours whose CiliumNode was handed back and whose Node is gone); the node is
+/// refused from then on. When the node's own Node goes and its instance terminates, its finalizer
+/// gives back the instance we confirmed, never the one the object names now. On the old main the
+/// other instance's ENIs were detached and deleted after the grace period.
+#[tokio::test(start_paused = true)]
+async fn an_agent_changing_the_instance_id_does_not_redirect_the_finalizer() {
+    let t = world(true);
+    let (own, other) = (t.w.instance(), t.w.instance());
+    t.node("n", &own).await;
+    t.node("o", &other).await;
+    t.send(NodeInput::NodesListed).await;
+    t.cilium_node("n", &own.id).await;
+    t.cilium_node("o", &other.id).await;
+    assert!(wait_until(|| served(&t.sink, "n", 8), Duration::from_secs(60)).await);
+    assert!(wait_until(|| served(&t.sink, "o", 8), Duration::from_secs(60)).await);
+    let other_enis = t.enis_of(&other.id);
+    assert!(other_enis > 1);
+    t.hand_back("o").await;
+    t.delete_node("o").await;
+
+    let changed = t
+        .sink
+        .update("n", |n| n.spec.instance_id = other.id.clone())
+        .unwrap();
+    t.send(NodeInput::Upsert(Box::new(changed))).await;
+    assert!(
+        wait_until(
+            || t.error("n").starts_with("InstanceMismatch"),
+            Duration::from_secs(60)
+        )
+        .await,
+        "{}",
+        t.error("n")
+    );
+    assert!(t.w.sim.terminate_instance(&own.id));
+    t.delete_node("n").await;
+    assert!(
+        wait_until(
+            || t.sink.raw("n").is_none(),
+            t.grace + Duration::from_secs(120)
+        )
+        .await,
+        "the finalizer let go"
+    );
+    tokio::time::sleep(t.grace + Duration::from_secs(60)).await;
+    assert_eq!(
+        t.enis_of(&other.id),
+        other_enis,
+        "the other instance kept its ENIs"
+    );
+    assert!(!t.reasons("n").iter().any(|r| r == "EnisNotReleased"));
+}
+
+/// A CiliumNode refused for the instance it names (no Node, or a Node naming another) brings
+/// nothing of that instance into the operator: not described for it, not managed, so never in
+/// the full listing's VPC scope nor the ENI GC's. On the old main the upsert made it managed
+/// and described before any check.
+#[tokio::test(start_paused = true)]
+async fn a_refused_cilium_nodes_instance_is_not_managed() {
+    let t = world(true);
+    let (foreign, other) = (t.w.instance(), t.w.instance());
+    t.node("m", &other).await;
+    t.send(NodeInput::NodesListed).await;
+    t.cilium_node("forged", &foreign.id).await;
+    t.cilium_node("m", &foreign.id).await;
+    assert!(
+        wait_until(
+            || t.error("forged").starts_with("NoNode")
+                && t.error("m").starts_with("InstanceMismatch"),
+            Duration::from_secs(60)
+        )
+        .await,
+        "forged: {}, m: {}",
+        t.error("forged"),
+        t.error("m")
+    );
+    tokio::time::sleep(Duration::from_secs(180)).await;
+    assert!(!t.cache.read().unwrap().manages(&foreign.id));
+
+    // Its Node confirms it after all: from then on it is managed and served.
+    t.node("forged", &foreign).await;
+    assert!(wait_until(|| served(&t.sink, "forged", 8), Duration::from_secs(60)).await);
+    assert!(t.cache.read().unwrap().manages(&foreign.id));
 }

@@ -882,8 +882,8 @@ async fn annotate_cilium_ignore_marks_served_nodes_once_and_keeps_other_annotati
         Some("true")
     );
     assert_eq!(annotation(&sink, "n", "team").as_deref(), Some("net"));
-    // Finalizer and annotation: one metadata write each.
-    assert_eq!(sink.writes("n").metadata, 2);
+    // The confirmed-instance record, the finalizer and the annotation: one metadata write each.
+    assert_eq!(sink.writes("n").metadata, 3);
 
     // Steady state: rescans and full refreshes write nothing, also after the agent's updates.
     let n = sink.update("n", |_| {}).unwrap();
@@ -972,7 +972,11 @@ async fn without_annotate_cilium_ignore_the_annotation_is_never_written() {
     join(&w, &sink, &tx, "n", 4).await;
     assert!(wait_until(|| served(&sink, "n", 4), Duration::from_secs(30)).await);
     assert_eq!(annotation(&sink, "n", CILIUM_IGNORE_ANNOTATION), None);
-    assert_eq!(sink.writes("n").metadata, 1, "the finalizer only");
+    assert_eq!(
+        sink.writes("n").metadata,
+        2,
+        "the confirmed-instance record and the finalizer only"
+    );
 }
 
 #[tokio::test(start_paused = true)]

@@ -135,20 +135,121 @@ pub trait Ec2: Send + Sync + 'static {
     -> impl Future<Output = Result<()>> + Send;
 }
 
-/// Walk every page of a describe, one call (and one gate token) per page.
+/// Pages one listing may take: ten times the largest listing of a real account (1,000 items
+/// a page), so an endpoint that never ends a listing cannot hold a pass or a refresh forever.
+pub const MAX_PAGES: usize = 10_000;
+
+/// What a paginated describe lists, to name the call in a listing's error.
+pub trait Listed {
+    const OPERATION: Operation;
+}
+
+macro_rules! listed {
+    ($($t:ty => $op:ident),* $(,)?) => {
+        $(impl Listed for $t {
+            const OPERATION: Operation = Operation::$op;
+        })*
+    };
+}
+
+listed! {
+    InstanceTypeLimits => DescribeInstanceTypes,
+    Instance => DescribeInstances,
+    NetworkInterface => DescribeNetworkInterfaces,
+    Subnet => DescribeSubnets,
+    Vpc => DescribeVpcs,
+    SecurityGroup => DescribeSecurityGroups,
+    RouteTable => DescribeRouteTables,
+}
+
+/// Walk every page of a describe, one call (and one gate token) per page. A `NextToken` seen
+/// before (the endpoint would page in a circle) or more than [`MAX_PAGES`] pages end it with
+/// an error: a partial listing is never taken for the whole.
 pub async fn collect_pages<T, F, Fut>(mut call: F) -> Result<Vec<T>>
 where
+    T: Listed,
     F: FnMut(Option<String>) -> Fut,
     Fut: Future<Output = Result<Page<T>>>,
 {
     let mut items = Vec::new();
     let mut token = None;
-    loop {
+    let mut seen = std::collections::BTreeSet::new();
+    for _ in 0..MAX_PAGES {
         let page = call(token.take()).await?;
         items.extend(page.items);
         match page.next_token {
-            Some(next) if !next.is_empty() => token = Some(next),
+            Some(next) if !next.is_empty() => {
+                if !seen.insert(next.clone()) {
+                    let why = format!("NextToken {next} came back: the listing pages in a circle");
+                    return Err(Ec2Error::transient(T::OPERATION, "RepeatedNextToken", why));
+                }
+                token = Some(next);
+            }
             _ => return Ok(items),
         }
+    }
+    let why = format!("more than {MAX_PAGES} pages: the listing does not end");
+    Err(Ec2Error::transient(T::OPERATION, "TooManyPages", why))
+}
+
+#[cfg(test)]
+mod pages_tests {
+    use super::*;
+
+    fn vpc(i: usize) -> Vpc {
+        Vpc {
+            id: format!("vpc-{i}"),
+            primary_cidr: "10.0.0.0/16".parse().unwrap(),
+            secondary_cidrs: Vec::new(),
+        }
+    }
+
+    /// Pages that end, one token each: every item, in order.
+    #[tokio::test]
+    async fn every_page_is_walked() {
+        let got = collect_pages(|t: Option<String>| async move {
+            let n: usize = t.map_or(0, |t| t.parse().unwrap());
+            Ok(Page {
+                items: vec![vpc(n)],
+                next_token: (n < 2).then(|| (n + 1).to_string()),
+            })
+        })
+        .await
+        .unwrap();
+        let ids: Vec<_> = got.into_iter().map(|v| v.id).collect();
+        assert_eq!(ids, ["vpc-0", "vpc-1", "vpc-2"]);
+    }
+
+    /// An endpoint that hands a token back again, or never stops: an error naming the call,
+    /// not a pass or refresh that never ends (before: an endless loop).
+    #[tokio::test]
+    async fn a_repeated_token_or_an_endless_listing_is_an_error() {
+        let circle = collect_pages(|t: Option<String>| async move {
+            let next = if t.as_deref() == Some("a") { "b" } else { "a" };
+            Ok(Page {
+                items: vec![vpc(0)],
+                next_token: Some(next.to_string()),
+            })
+        })
+        .await
+        .unwrap_err();
+        assert_eq!(circle.operation, Operation::DescribeVpcs);
+        assert_eq!(circle.code, "RepeatedNextToken");
+
+        let mut calls = 0usize;
+        let endless = collect_pages(|_| {
+            calls += 1;
+            let next = calls.to_string();
+            async move {
+                Ok(Page::<Vpc> {
+                    items: Vec::new(),
+                    next_token: Some(next),
+                })
+            }
+        })
+        .await
+        .unwrap_err();
+        assert_eq!(endless.code, "TooManyPages");
+        assert_eq!(calls, MAX_PAGES);
     }
 }

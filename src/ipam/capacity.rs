@@ -234,6 +234,9 @@ pub fn max_allocatable(
     let (Some(limits), Some(f)) = (limits, first_interface_index) else {
         return 0;
     };
+    // Agent-written and unbounded under our CRD: a negative index is clamped as everywhere
+    // else (the planner reports it), never subtracted (`i64::MIN` overflowed).
+    let f = f.max(0);
     let n = i64::from(limits.pod_max_enis());
     if n < f {
         return 0;
@@ -373,6 +376,8 @@ mod tests {
         assert_eq!(max_allocatable(None, Some(0), false), 0);
         assert_eq!(max_allocatable(Some(&l), None, false), 0);
         assert_eq!(max_allocatable(Some(&l), Some(1), true), 18 * 16);
+        assert_eq!(max_allocatable(Some(&l), Some(-1), false), 27);
+        assert_eq!(max_allocatable(Some(&l), Some(i64::MIN), true), 27 * 16);
         // §3: m5.xlarge (4 ENIs x 15 addresses), f = 1, prefixes: (4 - 1) x 14 x 16 = 672.
         assert_eq!(
             max_allocatable(Some(&limits(4, 15, true)), Some(1), true),

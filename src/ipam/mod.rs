@@ -12,6 +12,7 @@
 
 pub mod capacity;
 pub mod cilium_version;
+pub mod confirmed;
 pub mod demand;
 pub mod handover;
 pub mod ownership;

@@ -306,6 +306,11 @@ impl Ec2Cache {
         }
     }
 
+    /// A CiliumNode we admitted names this instance.
+    pub fn manages(&self, id: &str) -> bool {
+        self.managed.contains(id)
+    }
+
     /// The VPCs of the managed instances' ENIs (to scope the full listing when `--vpc-id` is
     /// not given, Cilium #41392).
     pub fn managed_vpcs(&self) -> BTreeSet<String> {

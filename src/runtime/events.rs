@@ -27,6 +27,9 @@ pub enum EventReason {
     EnisKept,
     /// The finalizer disassociated a deleted node's static IP (Elastic IP).
     StaticIpReleased,
+    /// The finalizer let a CiliumNode go without releasing anything: nothing on the object
+    /// proves we confirmed its instance and put the finalizer there.
+    EnisNotReleased,
     /// The finalizer failed for the grace period and was removed; the node's ENIs of ours are
     /// left to the ENI GC.
     FinalizerLetGo,
@@ -49,6 +52,7 @@ impl EventReason {
             Self::EnisReleased => "EnisReleased",
             Self::EnisKept => "EnisKept",
             Self::StaticIpReleased => "StaticIpReleased",
+            Self::EnisNotReleased => "EnisNotReleased",
             Self::FinalizerLetGo => "FinalizerLetGo",
             Self::PrefixesNotGranted => "PrefixesNotGranted",
             Self::Problem(p) => p.as_str(),
@@ -58,7 +62,11 @@ impl EventReason {
     pub const fn is_warning(self) -> bool {
         matches!(
             self,
-            Self::PrefixesNotGranted | Self::EnisKept | Self::FinalizerLetGo | Self::Problem(_)
+            Self::PrefixesNotGranted
+                | Self::EnisKept
+                | Self::EnisNotReleased
+                | Self::FinalizerLetGo
+                | Self::Problem(_)
         )
     }
 

@@ -48,6 +48,28 @@ impl Nodes {
         }
     }
 
+    /// Whether the instance `name`'s CiliumNode names may be described and managed before a
+    /// pass judges it: its Node names that instance, or has no providerID (then the instance's
+    /// primary address, from the describe, is what decides). `required` as in [`Self::verdict`].
+    pub fn may_describe(&self, name: &str, instance: &str, required: bool) -> bool {
+        match self.facts.get(name) {
+            None => !required,
+            Some(f) => match &f.instance {
+                Some(id) => id == instance,
+                None => !f.internal_ips.is_empty(),
+            },
+        }
+    }
+
+    /// A Node other than `except` whose providerID names `instance`, if any.
+    pub fn named_by(&self, instance: &str, except: &str) -> Option<String> {
+        self.facts
+            .iter()
+            .filter(|(name, _)| name.as_str() != except)
+            .find(|(_, f)| f.instance.as_deref() == Some(instance))
+            .map(|(name, _)| name.clone())
+    }
+
     /// The watch's listing is complete.
     pub fn set_listed(&mut self) {
         self.listed = true;
@@ -149,6 +171,36 @@ mod tests {
         ));
         assert!(n.set("a", None));
         assert_eq!(n.verdict("a", "i-1", None, true), Verdict::NoNode);
+    }
+
+    #[test]
+    fn only_an_instance_its_node_may_confirm_is_described() {
+        let mut n = Nodes::default();
+        assert!(!n.may_describe("a", "i-1", true), "no Node (yet)");
+        assert!(n.may_describe("a", "i-1", false), "no Node watch: on trust");
+        n.set("a", Some(by_id("i-1")));
+        assert!(n.may_describe("a", "i-1", true));
+        assert!(!n.may_describe("a", "i-2", true), "the Node names another");
+        assert!(!n.may_describe("a", "i-2", false));
+        let ip = "10.0.0.5".parse().unwrap();
+        n.set(
+            "b",
+            Some(NodeFacts {
+                instance: None,
+                internal_ips: vec![ip],
+            }),
+        );
+        assert!(
+            n.may_describe("b", "i-1", true),
+            "only the describe can tell"
+        );
+        n.set("c", Some(NodeFacts::default()));
+        assert!(
+            !n.may_describe("c", "i-1", true),
+            "nothing to check it against"
+        );
+        assert_eq!(n.named_by("i-1", "x"), Some("a".into()));
+        assert_eq!(n.named_by("i-1", "a"), None);
     }
 
     #[test]

@@ -18,8 +18,14 @@ pub(super) fn accept<E: Ec2, S: NodeSink>(inner: &Shared<E, S>, input: NodeInput
             let changed = inner.nodes.lock().expect("nodes").set(name, facts.clone());
             let held = inner.slots.lock().expect("slots").contains_key(name);
             if changed && held {
-                // Out of any wait the refusal set: the reason may be gone.
-                l.queue.wake(name.clone(), inner.priority(name));
+                // A CiliumNode refused so far may be admitted now: describe its instance.
+                let p = inner.priority(name);
+                let instance = inner.instance_of(name).filter(|i| admitted(inner, name, i));
+                match instance {
+                    Some(i) if nodes::enroll(&inner.cache, &i, p) => wait(inner, l, i, name),
+                    // Out of any wait the refusal set: the reason may be gone.
+                    _ => l.queue.wake(name.clone(), p),
+                }
             }
             return;
         }
@@ -37,7 +43,9 @@ pub(super) fn accept<E: Ec2, S: NodeSink>(inner: &Shared<E, S>, input: NodeInput
     if let (Some(book), NodeInput::Deleted(name)) = (&inner.shadow, &input) {
         book.forget(name);
     }
-    let a = nodes::accept(&inner.slots, input, &inner.cache);
+    let a = nodes::accept(&inner.slots, input, &inner.cache, |name, instance| {
+        admitted(inner, name, instance)
+    });
     if let Some(name) = a.dequeue {
         inner.status.forget(&name);
         l.queue.remove(&name);
@@ -46,11 +54,7 @@ pub(super) fn accept<E: Ec2, S: NodeSink>(inner: &Shared<E, S>, input: NodeInput
         inner.forget_instance(&instance);
     }
     if let Some((instance, name)) = a.wait {
-        let why = format!("instance {instance} is not in the EC2 view yet; described next");
-        inner
-            .status
-            .waits_now(&name, WaitReason::InstanceNotListed, why);
-        l.schedule.wait(instance, name);
+        wait(inner, l, instance, &name);
     }
     if let Some((name, p)) = a.queue {
         if a.unwait {
@@ -59,4 +63,20 @@ pub(super) fn accept<E: Ec2, S: NodeSink>(inner: &Shared<E, S>, input: NodeInput
             l.queue.push(name, p);
         }
     }
+}
+
+/// Whether the instance a CiliumNode names may be described and managed before a pass judges
+/// the node (§15): only when its Node confirms it, or can only be checked against the describe.
+fn admitted<E: Ec2, S: NodeSink>(inner: &Shared<E, S>, name: &str, instance: &str) -> bool {
+    let nodes = inner.nodes.lock().expect("nodes");
+    nodes.may_describe(name, instance, inner.config.require_node)
+}
+
+/// The node is queued once its instance is described.
+fn wait<E: Ec2, S: NodeSink>(inner: &Shared<E, S>, l: &mut Loop, instance: String, name: &str) {
+    let why = format!("instance {instance} is not in the EC2 view yet; described next");
+    inner
+        .status
+        .waits_now(name, WaitReason::InstanceNotListed, why);
+    l.schedule.wait(instance, name.to_string());
 }

@@ -147,9 +147,16 @@ impl Accepted {
     }
 }
 
-/// Take one input into the slots. `cache` is only touched for an upsert (the instance becomes
-/// managed; an instance not described yet makes the node wait for its refresh).
-pub fn accept(slots: &Mutex<Slots>, input: NodeInput, cache: &RwLock<Ec2Cache>) -> Accepted {
+/// Take one input into the slots. `cache` is only touched for an upsert whose instance
+/// `admitted` lets through (its Node confirms it, §15): the instance becomes managed, and one
+/// not described yet makes the node wait for its refresh. An instance a refused CiliumNode
+/// names is never described, listed or garbage-collected for it.
+pub fn accept(
+    slots: &Mutex<Slots>,
+    input: NodeInput,
+    cache: &RwLock<Ec2Cache>,
+    admitted: impl Fn(&str, &str) -> bool,
+) -> Accepted {
     // A node's serialised form is built before the slots lock is taken.
     let stored = match &input {
         NodeInput::Upsert(node) => Some(StoredNode::new(node)),
@@ -157,7 +164,11 @@ pub fn accept(slots: &Mutex<Slots>, input: NodeInput, cache: &RwLock<Ec2Cache>) 
     };
     let slots = &mut *slots.lock().expect("slots");
     match input {
-        NodeInput::Upsert(node) => upsert(slots, &node, stored.expect("stored"), cache),
+        NodeInput::Upsert(node) => {
+            let name = node.metadata.name.as_deref().unwrap_or_default();
+            let cache = admitted(name, &node.spec.instance_id).then_some(cache);
+            upsert(slots, &node, stored.expect("stored"), cache)
+        }
         NodeInput::Invalid(invalid) => {
             let name = invalid.node.name.clone();
             let slot = slots.entry(name.clone()).or_default();
@@ -213,7 +224,7 @@ fn upsert(
     slots: &mut Slots,
     node: &CiliumNode,
     stored: StoredNode,
-    cache: &RwLock<Ec2Cache>,
+    cache: Option<&RwLock<Ec2Cache>>,
 ) -> Accepted {
     let name = node.metadata.name.clone().unwrap_or_default();
     if annotated(node, IGNORE_ANNOTATION) {
@@ -272,11 +283,7 @@ fn upsert(
     slot.node = Some(stored);
     slot.delivery = next_delivery();
     let p = priority_of(slot);
-    let unknown = {
-        let mut cache = cache.write().expect("cache");
-        cache.manage(&instance);
-        !instance.is_empty() && p != Priority::Deleting && cache.needs_instance_refresh(&instance)
-    };
+    let unknown = cache.is_some_and(|cache| enroll(cache, &instance, p));
     if unknown {
         Accepted {
             wait: Some((instance, name)),
@@ -288,6 +295,14 @@ fn upsert(
             ..Accepted::queue(name, p)
         }
     }
+}
+
+/// The instance of an admitted node becomes managed; whether the node must wait for its
+/// describe first.
+pub fn enroll(cache: &RwLock<Ec2Cache>, instance: &str, p: Priority) -> bool {
+    let mut cache = cache.write().expect("cache");
+    cache.manage(instance);
+    !instance.is_empty() && p != Priority::Deleting && cache.needs_instance_refresh(instance)
 }
 
 fn pending_pods(slots: &mut Slots, name: String, count: u32) -> Accepted {
@@ -369,6 +384,29 @@ mod tests {
         RwLock::new(Ec2Cache::for_cluster("test"))
     }
 
+    /// Every instance admitted (its Node confirms it).
+    fn all(_: &str, _: &str) -> bool {
+        true
+    }
+
+    #[test]
+    fn a_refused_nodes_instance_is_neither_managed_nor_described() {
+        let slots = Mutex::new(Slots::new());
+        let cache = cache();
+        let a = accept(
+            &slots,
+            NodeInput::Upsert(node("n1", "i-1")),
+            &cache,
+            |_, _| false,
+        );
+        assert_eq!(a.wait, None, "no describe");
+        assert!(a.queue.is_some(), "queued: the pass reports the refusal");
+        assert!(!cache.read().unwrap().manages("i-1"));
+        let a = accept(&slots, NodeInput::Upsert(node("n1", "i-1")), &cache, all);
+        assert_eq!(a.wait, Some(("i-1".into(), "n1".into())));
+        assert!(cache.read().unwrap().manages("i-1"));
+    }
+
     fn node(name: &str, instance: &str) -> Box<CiliumNode> {
         let mut n = testkit::node();
         n.metadata.name = Some(name.into());
@@ -379,7 +417,7 @@ mod tests {
     #[test]
     fn an_upsert_of_an_unknown_instance_waits_for_its_refresh() {
         let slots = Mutex::new(Slots::new());
-        let a = accept(&slots, NodeInput::Upsert(node("n1", "i-1")), &cache());
+        let a = accept(&slots, NodeInput::Upsert(node("n1", "i-1")), &cache(), all);
         assert_eq!(a.wait, Some(("i-1".into(), "n1".into())));
         assert_eq!(a.queue, None);
         assert!(slots.lock().unwrap()["n1"].node.is_some());
@@ -388,7 +426,7 @@ mod tests {
     #[test]
     fn an_upsert_without_an_instance_is_queued_at_once() {
         let slots = Mutex::new(Slots::new());
-        let a = accept(&slots, NodeInput::Upsert(node("n1", "")), &cache());
+        let a = accept(&slots, NodeInput::Upsert(node("n1", "")), &cache(), all);
         assert_eq!(a.wait, None);
         assert_eq!(a.queue.map(|(n, _)| n).as_deref(), Some("n1"));
     }
@@ -397,17 +435,17 @@ mod tests {
     fn an_ignored_node_without_our_finalizer_is_let_go() {
         let slots = Mutex::new(Slots::new());
         let cache = cache();
-        accept(&slots, NodeInput::Upsert(node("n1", "i-1")), &cache);
+        accept(&slots, NodeInput::Upsert(node("n1", "i-1")), &cache, all);
         let mut n = node("n1", "i-1");
         n.metadata.annotations = Some([(IGNORE_ANNOTATION.into(), "true".into())].into());
-        let a = accept(&slots, NodeInput::Upsert(n.clone()), &cache);
+        let a = accept(&slots, NodeInput::Upsert(n.clone()), &cache, all);
         assert_eq!(a.forget.as_deref(), Some("i-1"));
         assert_eq!(a.dequeue.as_deref(), Some("n1"));
         assert!(slots.lock().unwrap().is_empty());
 
         // With our finalizer it stays until the finalizer is removed.
         n.metadata.finalizers = Some(vec![FINALIZER.into()]);
-        let a = accept(&slots, NodeInput::Upsert(n), &cache);
+        let a = accept(&slots, NodeInput::Upsert(n), &cache, all);
         assert_eq!(a.queue, Some(("n1".into(), Priority::Deleting)));
         assert!(slots.lock().unwrap()["n1"].ignored);
     }
@@ -415,8 +453,8 @@ mod tests {
     #[test]
     fn a_deleted_node_forgets_its_instance() {
         let slots = Mutex::new(Slots::new());
-        accept(&slots, NodeInput::Upsert(node("n1", "i-1")), &cache());
-        let a = accept(&slots, NodeInput::Deleted("n1".into()), &cache());
+        accept(&slots, NodeInput::Upsert(node("n1", "i-1")), &cache(), all);
+        let a = accept(&slots, NodeInput::Deleted("n1".into()), &cache(), all);
         assert_eq!(a.forget.as_deref(), Some("i-1"));
         assert_eq!(a.dequeue.as_deref(), Some("n1"));
         assert!(slots.lock().unwrap().is_empty());
@@ -429,10 +467,13 @@ mod tests {
             name: n.into(),
             present: false,
         };
-        assert_eq!(accept(&slots, gone("n1"), &cache()), Accepted::default());
+        assert_eq!(
+            accept(&slots, gone("n1"), &cache(), all),
+            Accepted::default()
+        );
         assert!(slots.lock().unwrap().is_empty());
-        accept(&slots, NodeInput::Upsert(node("n1", "")), &cache());
-        let a = accept(&slots, gone("n1"), &cache());
+        accept(&slots, NodeInput::Upsert(node("n1", "")), &cache(), all);
+        let a = accept(&slots, gone("n1"), &cache(), all);
         assert_eq!(a.queue, Some(("n1".into(), Priority::Deleting)));
         assert_eq!(
             priority_of(&slots.lock().unwrap()["n1"]),
@@ -452,17 +493,17 @@ mod tests {
             n.metadata.uid = Some(uid.into());
             n
         };
-        accept(&slots, NodeInput::Upsert(with_uid("u1")), &cache);
+        accept(&slots, NodeInput::Upsert(with_uid("u1")), &cache, all);
         let since = Instant::now();
         slots.lock().unwrap().get_mut("n1").unwrap().node_gone_since = Some(since);
         slots.lock().unwrap().get_mut("n1").unwrap().pending_pods = 2;
-        accept(&slots, NodeInput::Upsert(with_uid("u1")), &cache);
+        accept(&slots, NodeInput::Upsert(with_uid("u1")), &cache, all);
         assert_eq!(
             slots.lock().unwrap()["n1"].node_gone_since,
             Some(since),
             "the same object keeps what is known of it"
         );
-        accept(&slots, NodeInput::Upsert(with_uid("u2")), &cache);
+        accept(&slots, NodeInput::Upsert(with_uid("u2")), &cache, all);
         let s = &slots.lock().unwrap()["n1"];
         assert_eq!(s.node_gone_since, None, "a new object starts afresh");
         assert_eq!(s.pending_pods, 2, "the Pod watch's count is about the name");
@@ -471,15 +512,15 @@ mod tests {
     #[test]
     fn a_node_seen_present_again_ends_its_grace_period() {
         let slots = Mutex::new(Slots::new());
-        accept(&slots, NodeInput::Upsert(node("n1", "")), &cache());
+        accept(&slots, NodeInput::Upsert(node("n1", "")), &cache(), all);
         slots.lock().unwrap().get_mut("n1").unwrap().node_gone_since = Some(Instant::now());
         let present = |present| NodeInput::NodePresent {
             name: "n1".into(),
             present,
         };
-        accept(&slots, present(false), &cache());
+        accept(&slots, present(false), &cache(), all);
         assert!(slots.lock().unwrap()["n1"].node_gone_since.is_some());
-        accept(&slots, present(true), &cache());
+        accept(&slots, present(true), &cache(), all);
         assert_eq!(slots.lock().unwrap()["n1"].node_gone_since, None);
     }
 
@@ -490,12 +531,12 @@ mod tests {
             name: "n1".into(),
             count,
         };
-        assert_eq!(accept(&slots, pods(3), &cache()), Accepted::default());
+        assert_eq!(accept(&slots, pods(3), &cache(), all), Accepted::default());
         assert_eq!(slots.lock().unwrap()["n1"].pending_pods, 3);
-        accept(&slots, pods(0), &cache());
+        accept(&slots, pods(0), &cache(), all);
         assert!(slots.lock().unwrap().is_empty());
-        accept(&slots, NodeInput::Upsert(node("n1", "")), &cache());
-        let a = accept(&slots, pods(4), &cache());
+        accept(&slots, NodeInput::Upsert(node("n1", "")), &cache(), all);
+        let a = accept(&slots, pods(4), &cache(), all);
         assert_eq!(a.queue, Some(("n1".into(), Priority::Deficit(4))));
     }
 
@@ -513,9 +554,9 @@ mod tests {
                 instance_id: String::new(),
             })
         };
-        let a = accept(&slots, invalid(false), &cache());
+        let a = accept(&slots, invalid(false), &cache(), all);
         assert_eq!(a.queue, Some(("n1".into(), Priority::Routine)));
-        let a = accept(&slots, invalid(true), &cache());
+        let a = accept(&slots, invalid(true), &cache(), all);
         assert_eq!(a.queue, Some(("n1".into(), Priority::Deleting)));
     }
 

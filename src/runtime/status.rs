@@ -44,6 +44,8 @@ pub enum WaitReason {
     OtherAllocator,
     /// The node's instance is not in the EC2 view yet (its describe is queued).
     InstanceNotListed,
+    /// No Node of the CiliumNode's name has been seen yet to confirm its instance (§15).
+    NodeNotSeen,
     /// The instance was not running: left alone for a while.
     NotRunning,
     /// The EC2 view could not be refreshed: nothing is changed on a stale view.
@@ -53,13 +55,14 @@ pub enum WaitReason {
 }
 
 impl WaitReason {
-    pub const ALL: [WaitReason; 9] = [
+    pub const ALL: [WaitReason; 10] = [
         WaitReason::Throttled,
         WaitReason::HeldBack,
         WaitReason::ReleaseAnswer,
         WaitReason::LimitsUnknown,
         WaitReason::OtherAllocator,
         WaitReason::InstanceNotListed,
+        WaitReason::NodeNotSeen,
         WaitReason::NotRunning,
         WaitReason::Ec2Unavailable,
         WaitReason::Error,
@@ -87,6 +90,7 @@ impl WaitReason {
             WaitReason::LimitsUnknown => "limits-unknown",
             WaitReason::OtherAllocator => "other-allocator",
             WaitReason::InstanceNotListed => "instance-not-listed",
+            WaitReason::NodeNotSeen => "node-not-seen",
             WaitReason::NotRunning => "not-running",
             WaitReason::Ec2Unavailable => "ec2-unavailable",
             WaitReason::Error => "error",

@@ -6,6 +6,7 @@
 use std::sync::Arc;
 
 use crate::crd::CiliumNode;
+use crate::ipam::confirmed::Confirmed;
 use crate::ipam::handover::Writers;
 
 /// A serialised CiliumNode plus the few facts the run loop reads without parsing it.
@@ -19,6 +20,8 @@ pub struct StoredNode {
     pool_empty: bool,
     /// Who wrote the allocation fields, from the managedFields we drop (the handover guard).
     writers: Arc<Writers>,
+    /// What the object proves we served it as, from the same managedFields.
+    confirmed: Arc<Confirmed>,
 }
 
 impl StoredNode {
@@ -42,6 +45,17 @@ impl StoredNode {
             writers: Arc::new(Writers::from_managed_fields(
                 node.metadata.managed_fields.as_deref().unwrap_or_default(),
             )),
+            confirmed: Arc::new(Confirmed::of(&node.metadata)),
+        }
+    }
+
+    /// For a copy of the node made here (it has no `managedFields`): what the object proved
+    /// stays what `earlier`, the same object, proved.
+    pub fn keep_proof_of(&mut self, node: &CiliumNode, earlier: Option<&StoredNode>) {
+        if node.metadata.managed_fields.is_none()
+            && let Some(e) = earlier.filter(|e| e.uid == self.uid)
+        {
+            self.confirmed = e.confirmed.clone();
         }
     }
 
@@ -67,6 +81,11 @@ impl StoredNode {
     /// Who wrote the allocation fields (from `metadata.managedFields`).
     pub fn writers(&self) -> &Writers {
         &self.writers
+    }
+
+    /// The instance and finalizer we put on the object (from `metadata.managedFields`).
+    pub fn confirmed(&self) -> &Confirmed {
+        &self.confirmed
     }
 
     /// `spec.ipam.pool` is empty.

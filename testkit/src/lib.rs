@@ -5,6 +5,8 @@
 //! * [`sink`]: an in-memory API server for CiliumNodes and Nodes ([`sink::MemorySink`]), with
 //!   the structural pruning of [`prune`];
 //! * [`lease`]: an in-memory Lease for the leader-election tests;
+//! * [`managed_fields`]: who set each annotation and our finalizer, as the API server records it
+//!   in `metadata.managedFields` ([`sink::MemorySink`] keeps them);
 //! * [`world`]: the EC2 world the contract suite seeds in the simulator and in moto;
 //! * [`cluster`]: the simulated cluster of the runtime tests (a VPC, a subnet, m5.large nodes);
 //! * [`control_plane`]: a real etcd + kube-apiserver + kube-controller-manager from
@@ -23,6 +25,7 @@ pub mod cilium_signals;
 pub mod cluster;
 pub mod control_plane;
 pub mod lease;
+pub mod managed_fields;
 pub mod other_allocator;
 pub mod prune;
 pub mod running;

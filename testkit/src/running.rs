@@ -2,9 +2,10 @@
 //! a channel, running until the test's runtime ends (nothing else stops it: the tests that
 //! need a shutdown or a lost lease build their own).
 
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 
 use eni_operator::ec2::{Ec2, Ec2Error};
+use eni_operator::runtime::cache::Ec2Cache;
 use eni_operator::runtime::core::{Core, CoreConfig, NodeInput};
 use eni_operator::runtime::metrics::RuntimeMetrics;
 use eni_operator::runtime::sink::NodeSink;
@@ -20,6 +21,8 @@ pub struct Running<E, S> {
     pub core: Core<E, S>,
     pub tx: mpsc::Sender<NodeInput>,
     pub task: JoinHandle<Result<(), Ec2Error>>,
+    /// The core's EC2 cache (what it describes and manages).
+    pub cache: Arc<RwLock<Ec2Cache>>,
 }
 
 /// Starts `Core::run` on `ec2` and `sink` with `config`, writing `metrics`.
@@ -30,10 +33,15 @@ pub fn start<E: Ec2, S: NodeSink>(
     metrics: RuntimeMetrics,
 ) -> Running<E, S> {
     let cache = config.ec2_cache();
-    let core = Core::new(Arc::new(ec2), sink, config, metrics, cache);
+    let core = Core::new(Arc::new(ec2), sink, config, metrics, cache.clone());
     let (tx, rx) = mpsc::channel(INPUTS);
     let task = tokio::spawn(core.clone().run(rx, std::future::pending()));
-    Running { core, tx, task }
+    Running {
+        core,
+        tx,
+        task,
+        cache,
+    }
 }
 
 /// The runtime tests' usual config: `workers` workers, cluster `test-cluster`, the rest default.

@@ -6,7 +6,8 @@
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 
-use eni_operator::crd::CiliumNode;
+use eni_operator::crd::{CILIUM_IGNORE_ANNOTATION, CiliumNode};
+use eni_operator::ipam::handover::{HANDOVER_FIELD_MANAGER, OWN_FIELD_MANAGER};
 use eni_operator::ipam::{ChangeSet, Subresource};
 use eni_operator::runtime::sink::{
     NodeEvent, NodeRef, NodeSink, SinkError, SinkResult, annotation_patch, finalizer_patch,
@@ -17,7 +18,16 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use kube::runtime::watcher;
 use serde_json::{Value, json};
 
+use crate::managed_fields;
 use crate::prune::StructuralSchema;
+
+/// Our field manager for a write to this key (`None`: our finalizer), as `KubeSink` sends them.
+fn operator_manager(key: Option<&str>) -> &'static str {
+    match key {
+        Some(CILIUM_IGNORE_ANNOTATION) => HANDOVER_FIELD_MANAGER,
+        _ => OWN_FIELD_MANAGER,
+    }
+}
 
 /// Counts of writes to one node.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -188,7 +198,20 @@ impl MemorySink {
                     v["metadata"][key] = x.clone();
                 }
             }
+            // An update without managedFields keeps the stored ones, as the API server does.
+            if node.metadata.managed_fields.is_none()
+                && let Some(x) = old.pointer("/metadata/managedFields")
+            {
+                v["metadata"]["managedFields"] = x.clone();
+            }
+            let before = managed_fields::Owned::of(old);
+            managed_fields::record(&mut v, &before, |_| managed_fields::AGENT_MANAGER);
         } else {
+            // A creator owns what it set, unless the test forges the record itself.
+            if node.metadata.managed_fields.is_none() {
+                let before = managed_fields::Owned::default();
+                managed_fields::record(&mut v, &before, |_| managed_fields::AGENT_MANAGER);
+            }
             // Like the API server: every new object gets a new uid, also under a name used
             // before (a deleted CiliumNode written again).
             s.created += 1;
@@ -450,7 +473,9 @@ impl MemorySink {
                 }
             }
         }
+        let before = managed_fields::Owned::of(obj);
         json_patch::merge(obj, &p);
+        managed_fields::record(obj, &before, operator_manager);
         if let Some(schema) = &self.schema {
             schema.prune_object(obj);
         }

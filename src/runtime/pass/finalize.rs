@@ -26,14 +26,24 @@ use super::{DONE, FAILED, Step, Verdict};
 /// back our ENIs first; with the instance still running, keep them (the Node may come back)
 /// and look again, up to the grace period; with the Node still there (deleted by hand), touch
 /// nothing. A give-back that keeps failing is reported and, after the grace period, let go.
+/// Only `confirmed` is ever given back: the instance the object proves we served it as
+/// ([`crate::ipam::confirmed`]), never the one it names (`named`, an agent's claim).
 pub(super) async fn finalize<E: Ec2, S: NodeSink>(
     inner: &Shared<E, S>,
     name: &str,
     r: &NodeRef,
-    instance: &str,
+    named: &str,
+    confirmed: Option<&str>,
 ) -> Verdict {
     if r.finalizers.iter().any(|f| f == FINALIZER) {
-        match give_back(inner, name, r, instance).await {
+        let result = match confirmed {
+            Some(instance) => give_back(inner, name, r, instance).await,
+            None => {
+                unconfirmed(inner, r, named).await;
+                Ok(None)
+            }
+        };
+        match result {
             Ok(None) => {}
             Ok(Some(wait)) => {
                 // Only failures in a row count towards letting go.
@@ -41,6 +51,7 @@ pub(super) async fn finalize<E: Ec2, S: NodeSink>(
                 return (Outcome::RetryAfter(wait), None);
             }
             Err(failure) => {
+                let instance = confirmed.unwrap_or(named);
                 if !blocked(inner, name, r, instance, &failure).await {
                     return FAILED;
                 }
@@ -57,8 +68,28 @@ pub(super) async fn finalize<E: Ec2, S: NodeSink>(
         }
     }
     inner.slots.lock().expect("slots").remove(name);
-    inner.forget_instance(instance);
+    inner.forget_instance(named);
+    if let Some(instance) = confirmed.filter(|c| *c != named) {
+        inner.forget_instance(instance);
+    }
     DONE
+}
+
+/// A finalizer with nothing to prove it ours (an agent may add it, and name any instance):
+/// release nothing, say so, let the object go.
+async fn unconfirmed<E: Ec2, S: NodeSink>(inner: &Shared<E, S>, r: &NodeRef, named: &str) {
+    let message = format!(
+        "nothing released: this CiliumNode does not prove that eni-operator confirmed its \
+         instance ({}) and added its finalizer",
+        if named.is_empty() {
+            "none named"
+        } else {
+            named
+        }
+    );
+    warn!(node = %r.name, "{message}");
+    let reason = EventReason::EnisNotReleased;
+    events::publish(&*inner.sink, &inner.metrics, r, reason, message).await;
 }
 
 /// Give back what the node holds if its Node is gone: `Ok(Some(wait))` while its instance
@@ -94,6 +125,17 @@ async fn give_back<E: Ec2, S: NodeSink>(
             instance,
             "the Node is gone but CiliumNode {} names its instance: nothing released",
             rivals.join(", ")
+        );
+        return Ok(None);
+    }
+    // Another Node whose providerID names the instance: it runs as that node, whose pods use
+    // these ENIs, whatever its CiliumNode says (this name's Node: the live GET above).
+    let claimed = inner.nodes.lock().expect("nodes").named_by(instance, name);
+    if let Some(node) = claimed {
+        tracing::info!(
+            node = name,
+            instance,
+            "Node {node}'s providerID names the instance: nothing released"
         );
         return Ok(None);
     }
@@ -309,7 +351,6 @@ pub(super) async fn invalid<E: Ec2, S: NodeSink>(
     name: &str,
     mut invalid: InvalidNode,
     snap: &Snapshot,
-    last_instance: Option<String>,
 ) -> Verdict {
     let gone = snap.k8s_node == Some(false)
         && !invalid.deleting
@@ -333,13 +374,20 @@ pub(super) async fn invalid<E: Ec2, S: NodeSink>(
         });
     }
     if invalid.deleting {
-        // The instance from the object itself, else from its last version that parsed.
+        // The instance from the object itself, else from its last version that parsed; what
+        // may be released only from what that version, the same object, proved.
+        let last = snap
+            .node
+            .as_ref()
+            .filter(|n| n.uid() == invalid.node.uid.as_deref());
+        let confirmed = last.and_then(|n| n.confirmed().releasable());
         let instance = if invalid.instance_id.is_empty() {
-            last_instance.unwrap_or_default()
+            last.map(|n| n.instance_id().to_string())
+                .unwrap_or_default()
         } else {
             invalid.instance_id
         };
-        return finalize(inner, name, &invalid.node, &instance).await;
+        return finalize(inner, name, &invalid.node, &instance, confirmed).await;
     }
     let reported = snap.invalid_reported.as_deref();
     report_invalid(inner, name, &invalid.node, &invalid.error, reported).await

@@ -15,6 +15,7 @@ use crate::runtime::identity::{self, Verdict};
 use crate::runtime::queue::Outcome;
 use crate::runtime::shared::Shared;
 use crate::runtime::sink::NodeSink;
+use crate::runtime::status::WaitReason;
 
 use super::Step;
 
@@ -136,6 +137,13 @@ pub(super) async fn check<E: Ec2, S: NodeSink>(
         None => Ok(()),
         Some(Refusal::Unknown) => {
             debug!(node = name, "waiting for the Node to confirm its instance");
+            let why = format!(
+                "no Node named {name} seen yet to confirm {}; served once it is",
+                node.spec.instance_id
+            );
+            let retry = crate::runtime::clock::now() + UNKNOWN_RETRY;
+            let reason = WaitReason::NodeNotSeen;
+            inner.status.wait(name, reason, why, Some(retry));
             Err((Outcome::RetryAfter(UNKNOWN_RETRY), None))
         }
         Some(Refusal::Say(reason, message)) => {

@@ -2,12 +2,14 @@
 //! back), a node out of `--instance-tags-filter` scope (left alone), a node whose Kubernetes
 //! Node is gone (deleted) or that is being deleted ([`super::finalize`]), a node whose Node does
 //! not confirm its instance or whose instance another CiliumNode names ([`super::identity`]).
-//! Otherwise makes sure of our finalizer and of Cilium's ignore annotation before EC2 is touched for the node.
+//! Otherwise records the confirmed instance on the object and makes sure of our finalizer and of
+//! Cilium's ignore annotation before EC2 is touched for the node.
 
 use tracing::{info, warn};
 
 use crate::crd::{CILIUM_IGNORE_ANNOTATION, CiliumNode, FINALIZER};
 use crate::ec2::Ec2;
+use crate::ipam::confirmed::{CONFIRMED_INSTANCE_ANNOTATION, Confirmed};
 use crate::runtime::queue::Outcome;
 use crate::runtime::shared::Shared;
 use crate::runtime::sink::{NodeRef, NodeSink, SinkError, SinkResult};
@@ -23,11 +25,15 @@ pub(super) async fn admit<E: Ec2, S: NodeSink>(
     snap: &Snapshot,
 ) -> Step<CiliumNode> {
     if let Some(invalid) = &snap.invalid {
-        let last_instance = snap.node.as_ref().map(|n| n.instance_id().to_string());
-        return Err(finalize::invalid(inner, name, invalid.clone(), snap, last_instance).await);
+        return Err(finalize::invalid(inner, name, invalid.clone(), snap).await);
     }
     // Parsed outside the slots lock.
     let mut node = snap.node.as_ref().map(StoredNode::node).ok_or(DONE)?;
+    let proof = snap
+        .node
+        .as_ref()
+        .map(|s| s.confirmed().clone())
+        .unwrap_or_default();
     if snap.ignored {
         return Err(hand_back(inner, name, node).await);
     }
@@ -61,12 +67,14 @@ pub(super) async fn admit<E: Ec2, S: NodeSink>(
     }
     if node.metadata.deletion_timestamp.is_some() {
         let r = NodeRef::of(&node);
-        return Err(finalize::finalize(inner, name, &r, &node.spec.instance_id).await);
+        let named = &node.spec.instance_id;
+        return Err(finalize::finalize(inner, name, &r, named, proof.releasable()).await);
     }
     identity::check(inner, name, &node).await?;
     cluster_tag::confirm(inner, name, &node).await?;
     guard::check(inner, name, &node, snap).await?;
-    add_finalizer(inner, name, &mut node).await?;
+    record_instance(inner, name, &mut node, &proof).await?;
+    add_finalizer(inner, name, &mut node, proof.finalizer_ours).await?;
     claim(inner, name, &mut node).await?;
     Ok(node)
 }
@@ -110,26 +118,75 @@ async fn delete<E: Ec2, S: NodeSink>(
     Ok(())
 }
 
+/// Our finalizer, put there by us: one another writer added (an agent may) is taken off and
+/// added again, so that the API server records it as ours ([`Confirmed`]).
 async fn add_finalizer<E: Ec2, S: NodeSink>(
     inner: &Shared<E, S>,
     name: &str,
     node: &mut CiliumNode,
+    ours: bool,
 ) -> Step<()> {
-    if has_finalizer(node) {
+    if has_finalizer(node) && ours {
         return Ok(());
     }
-    let ticket = inner.ticket(name);
-    match inner.sink.set_finalizer(&NodeRef::of(node), true).await {
-        Ok(Some(n)) => *node = n,
-        Ok(None) => {}
-        Err(SinkError::NotFound) => return Err(DONE),
-        Err(SinkError::Conflict(fresh)) => return Err(inner.conflict(name, fresh, ticket)),
-        Err(e) => {
-            warn!(node = name, error = %e, "could not add the finalizer");
-            return Err(FAILED);
+    for present in [false, true] {
+        let ticket = inner.ticket(name);
+        match inner.sink.set_finalizer(&NodeRef::of(node), present).await {
+            Ok(Some(n)) => *node = n,
+            Ok(None) => continue,
+            Err(SinkError::NotFound) => return Err(DONE),
+            Err(SinkError::Conflict(fresh)) => return Err(inner.conflict(name, fresh, ticket)),
+            Err(e) => {
+                warn!(node = name, error = %e, "could not add the finalizer");
+                return Err(FAILED);
+            }
         }
+        inner.store(name, node, ticket);
     }
-    inner.store(name, node, ticket);
+    Ok(())
+}
+
+/// Record on the object, under our field manager, the instance its Node confirmed, before our
+/// finalizer goes on: the finalizer gives back only what this names. A record another writer
+/// made with the same value is removed first (rewriting an unchanged value moves no ownership).
+async fn record_instance<E: Ec2, S: NodeSink>(
+    inner: &Shared<E, S>,
+    name: &str,
+    node: &mut CiliumNode,
+    proof: &Confirmed,
+) -> Step<()> {
+    let instance = node.spec.instance_id.clone();
+    if instance.is_empty() || proof.instance.as_deref() == Some(instance.as_str()) {
+        return Ok(());
+    }
+    let current = node
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(CONFIRMED_INSTANCE_ANNOTATION))
+        .cloned();
+    let steps = match current {
+        Some(v) if v == instance => vec![None, Some(instance.as_str())],
+        _ => vec![Some(instance.as_str())],
+    };
+    for value in steps {
+        let ticket = inner.ticket(name);
+        let r = NodeRef::of(node);
+        match inner
+            .sink
+            .set_annotation(&r, CONFIRMED_INSTANCE_ANNOTATION, value)
+            .await
+        {
+            Ok(Some(n)) => *node = n,
+            Ok(None) => {}
+            Err(SinkError::NotFound) => return Err(DONE),
+            Err(e) => {
+                warn!(node = name, error = %e, "could not record the confirmed instance");
+                return Err(FAILED);
+            }
+        }
+        inner.store(name, node, ticket);
+    }
     Ok(())
 }
 

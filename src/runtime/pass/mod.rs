@@ -121,9 +121,10 @@ impl<E: Ec2, S: NodeSink> Shared<E, S> {
     /// unless the watch delivered another since `ticket` was taken (§12.1).
     fn store(&self, name: &str, node: &CiliumNode, ticket: Ticket) {
         // Serialised before the slots lock is taken.
-        let stored = StoredNode::new(node);
+        let mut stored = StoredNode::new(node);
         self.with_slot(name, |s| {
             if ticket.holds(s) {
+                stored.keep_proof_of(node, s.node.as_ref());
                 s.node = Some(stored);
             }
         });

@@ -180,8 +180,11 @@ fn remember<E: Ec2, S: NodeSink>(
             .is_some_and(|p| p.reason == ProblemReason::AtCapacity);
         s.last_problem = problem.map(|p| p.message);
         // An agent's update the watch delivered during the write stays (§12.1).
-        if stored.is_some() && written.ticket.holds(s) {
-            s.node = stored;
+        if let (Some(mut stored), Some(node)) = (stored, &written.node)
+            && written.ticket.holds(s)
+        {
+            stored.keep_proof_of(node, s.node.as_ref());
+            s.node = Some(stored);
         }
         match (s.demand_seen, met) {
             (None, false) => s.demand_seen = Some(planned.at),

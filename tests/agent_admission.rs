@@ -1,0 +1,377 @@
+//! The chart's ValidatingAdmissionPolicy (`templates/08-agent-admission-policy.yaml`, rendered in
+//! `manifests/08-agent-admission-policy.yaml`) on a real kube-apiserver: a write with a Cilium
+//! agent's token bound to a Pod on node-a may create and update only CiliumNode node-a, may not
+//! change its `spec.instance-id` once set nor add or remove our finalizer; the operator's own
+//! ServiceAccount (the chart's RBAC) is not affected. Against our CRD and Cilium's.
+//!
+//! Needs `KUBEBUILDER_ASSETS` (etcd, kube-apiserver, kube-controller-manager, kubectl; `.ci/run`
+//! sets it); without it: NOT RUN on stderr.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use testkit::control_plane::{ControlPlane, assets_from_env};
+
+const FINALIZER: &str = "eni-operator.cilium.io/release-enis";
+
+fn root() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// kubectl with one identity (a kubeconfig).
+struct Kubectl {
+    bin: PathBuf,
+    kubeconfig: PathBuf,
+}
+
+impl Kubectl {
+    fn run(&self, args: &[&str], stdin: Option<&str>) -> Output {
+        let mut cmd = Command::new(&self.bin);
+        cmd.arg("--kubeconfig").arg(&self.kubeconfig).args(args);
+        cmd.stdin(if stdin.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+        let mut child = cmd.spawn().expect("kubectl");
+        if let Some(text) = stdin {
+            use std::io::Write;
+            child
+                .stdin
+                .take()
+                .unwrap()
+                .write_all(text.as_bytes())
+                .unwrap();
+        }
+        child.wait_with_output().expect("kubectl")
+    }
+
+    /// Must succeed; its stdout.
+    fn ok(&self, args: &[&str], stdin: Option<&str>) -> String {
+        let out = self.run(args, stdin);
+        assert!(
+            out.status.success(),
+            "kubectl {args:?} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// Must be refused; the refusal.
+    fn refused(&self, args: &[&str], stdin: Option<&str>) -> String {
+        let out = self.run(args, stdin);
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(!out.status.success(), "kubectl {args:?} was allowed");
+        err
+    }
+
+    /// Another identity: the same server and CA, this bearer token.
+    fn with_token(&self, cp: &ControlPlane, name: &str, token: &str) -> Kubectl {
+        let kubeconfig = cp.dir().join(format!("{name}.kubeconfig"));
+        let ca = cp.dir().join("ca.crt");
+        std::fs::write(
+            &kubeconfig,
+            format!(
+                "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: {}\n    \
+                 certificate-authority: {}\nusers:\n- name: u\n  user:\n    token: {token}\n\
+                 contexts:\n- name: x\n  context:\n    cluster: c\n    user: u\n\
+                 current-context: x\n",
+                cp.server(),
+                ca.display()
+            ),
+        )
+        .unwrap();
+        Kubectl {
+            bin: self.bin.clone(),
+            kubeconfig,
+        }
+    }
+}
+
+fn cilium_node(name: &str, instance: &str) -> String {
+    format!(
+        r#"{{"apiVersion": "cilium.io/v2", "kind": "CiliumNode",
+            "metadata": {{"name": "{name}"}},
+            "spec": {{"instance-id": "{instance}", "eni": {{"first-interface-index": 1}}}}}}"#
+    )
+}
+
+fn merge(name: &str, patch: &str) -> Vec<String> {
+    ["patch", "ciliumnode", name, "--type", "merge", "-p", patch]
+        .map(String::from)
+        .to_vec()
+}
+
+fn args(v: &[String]) -> Vec<&str> {
+    v.iter().map(String::as_str).collect()
+}
+
+/// What Cilium's agent ClusterRole lets it do to CiliumNodes (and more: delete), for the
+/// agent's ServiceAccount, plus the Pod on node-a its token is bound to.
+const AGENT: &str = r#"
+apiVersion: v1
+kind: ServiceAccount
+metadata: {name: cilium, namespace: kube-system}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata: {name: cilium}
+rules:
+  - apiGroups: ["cilium.io"]
+    resources: ["ciliumnodes", "ciliumnodes/status"]
+    verbs: ["get", "list", "watch", "create", "update", "patch", "delete"]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {name: cilium}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: cilium}
+subjects: [{kind: ServiceAccount, name: cilium, namespace: kube-system}]
+---
+apiVersion: v1
+kind: Node
+metadata: {name: node-a}
+spec: {providerID: "aws:///us-east-1a/i-a"}
+---
+apiVersion: v1
+kind: Node
+metadata: {name: node-b}
+spec: {providerID: "aws:///us-east-1a/i-b"}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: cilium-a, namespace: kube-system}
+spec:
+  nodeName: node-a
+  serviceAccountName: cilium
+  automountServiceAccountToken: false
+  containers: [{name: agent, image: quay.io/cilium/cilium:v1.18.0}]
+"#;
+
+/// The policy takes effect once the API server has loaded it: wait until the agent's create of
+/// another node's CiliumNode is refused (deleting any that got through meanwhile).
+fn wait_for_the_policy(admin: &Kubectl, agent: &Kubectl) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let out = agent.run(&["create", "-f", "-"], Some(&cilium_node("probe", "i-p")));
+        if !out.status.success() {
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert!(err.contains("ValidatingAdmissionPolicy"), "{err}");
+            return;
+        }
+        admin.ok(&["delete", "ciliumnode", "probe"], None);
+        assert!(Instant::now() < deadline, "the policy never took effect");
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}
+
+fn check_the_policy(cp: &ControlPlane, admin: &Kubectl, crd: &Path) {
+    let crd = crd.to_str().unwrap();
+    if admin
+        .run(&["get", "crd", "ciliumnodes.cilium.io"], None)
+        .status
+        .success()
+    {
+        admin.ok(
+            &["delete", "ciliumnodes", "--all", "--wait", "--timeout=60s"],
+            None,
+        );
+        admin.ok(&["replace", "-f", crd], None);
+    } else {
+        admin.ok(&["create", "-f", crd], None);
+    }
+    admin.ok(
+        &[
+            "wait",
+            "--for=condition=Established",
+            "crd/ciliumnodes.cilium.io",
+        ],
+        None,
+    );
+    let token = admin.ok(
+        &[
+            "create",
+            "token",
+            "cilium",
+            "-n",
+            "kube-system",
+            "--bound-object-kind",
+            "Pod",
+            "--bound-object-name",
+            "cilium-a",
+        ],
+        None,
+    );
+    let agent = admin.with_token(cp, "agent-a", token.trim());
+    wait_for_the_policy(admin, &agent);
+
+    // Its own CiliumNode: created, updated (spec, status, metadata).
+    agent.ok(&["create", "-f", "-"], Some(&cilium_node("node-a", "i-a")));
+    agent.ok(
+        &args(&merge(
+            "node-a",
+            r#"{"metadata": {"labels": {"x": "y"}}, "spec": {"ipam": {"pre-allocate": 4}}}"#,
+        )),
+        None,
+    );
+    let mut status = merge(
+        "node-a",
+        r#"{"status": {"ipam": {"used": {"10.0.0.9": {"owner": "default/p"}}}}}"#,
+    );
+    status.push("--subresource=status".into());
+    agent.ok(&args(&status), None);
+
+    // Another node's: neither created nor updated (spec or status).
+    let err = agent.refused(&["create", "-f", "-"], Some(&cilium_node("node-b", "i-b")));
+    assert!(
+        err.contains("may write only the CiliumNode of its own node (node-a), not node-b"),
+        "{err}"
+    );
+    admin.ok(&["create", "-f", "-"], Some(&cilium_node("node-b", "i-b")));
+    let err = agent.refused(
+        &args(&merge("node-b", r#"{"metadata": {"labels": {"x": "y"}}}"#)),
+        None,
+    );
+    assert!(err.contains("(node-a), not node-b"), "{err}");
+    let mut status_b = status.clone();
+    status_b[2] = "node-b".into();
+    let err = agent.refused(&args(&status_b), None);
+    assert!(err.contains("(node-a), not node-b"), "{err}");
+
+    // Its instance-id, once set, stays.
+    let err = agent.refused(
+        &args(&merge("node-a", r#"{"spec": {"instance-id": "i-b"}}"#)),
+        None,
+    );
+    assert!(
+        err.contains("may not change spec.instance-id of CiliumNode node-a once set (i-a)"),
+        "{err}"
+    );
+
+    // Our finalizer: the agent neither adds it nor removes it; the operator does both.
+    let add = format!(r#"{{"metadata": {{"finalizers": ["{FINALIZER}"]}}}}"#);
+    let err = agent.refused(&args(&merge("node-a", &add)), None);
+    assert!(
+        err.contains(&format!(
+            "may not add or remove the finalizer {FINALIZER} of CiliumNode node-a"
+        )),
+        "{err}"
+    );
+    let mut created =
+        serde_json::from_str::<serde_json::Value>(&cilium_node("node-a2", "i")).unwrap();
+    created["metadata"]["finalizers"] = serde_json::json!([FINALIZER]);
+    let err = agent.refused(&["create", "-f", "-"], Some(&created.to_string()));
+    assert!(err.contains("ValidatingAdmissionPolicy"), "{err}");
+
+    // Nor our record of the confirmed instance.
+    let record =
+        r#"{"metadata": {"annotations": {"eni-operator.cilium.io/confirmed-instance": "i-b"}}}"#;
+    let err = agent.refused(&args(&merge("node-a", record)), None);
+    assert!(
+        err.contains("may not write the annotation eni-operator.cilium.io/confirmed-instance"),
+        "{err}"
+    );
+
+    let operator_token = admin.ok(
+        &["create", "token", "eni-operator", "-n", "eni-operator"],
+        None,
+    );
+    let operator = admin.with_token(cp, "operator", operator_token.trim());
+    for node in ["node-a", "node-b"] {
+        operator.ok(&args(&merge(node, &add)), None);
+        operator.ok(
+            &args(&merge(
+                node,
+                r#"{"spec": {"ipam": {"pool": {"10.0.0.9": {"resource": "eni-1"}}}}}"#,
+            )),
+            None,
+        );
+    }
+    // With the finalizer on: the agent's other writes still pass, the removal does not.
+    agent.ok(
+        &args(&merge("node-a", r#"{"metadata": {"labels": {"x": "z"}}}"#)),
+        None,
+    );
+    let err = agent.refused(
+        &args(&merge("node-a", r#"{"metadata": {"finalizers": null}}"#)),
+        None,
+    );
+    assert!(err.contains("may not add or remove the finalizer"), "{err}");
+    let err = agent.refused(
+        &args(&merge(
+            "node-a",
+            r#"{"metadata": {"finalizers": ["other"]}}"#,
+        )),
+        None,
+    );
+    assert!(err.contains("may not add or remove the finalizer"), "{err}");
+    operator.ok(&args(&merge("node-a", record)), None);
+    let err = agent.refused(
+        &args(&merge(
+            "node-a",
+            r#"{"metadata": {"annotations": {"eni-operator.cilium.io/confirmed-instance": null}}}"#,
+        )),
+        None,
+    );
+    assert!(err.contains("may not write the annotation"), "{err}");
+    let got = admin.ok(
+        &[
+            "get",
+            "ciliumnode",
+            "node-a",
+            "-o",
+            "jsonpath={.metadata.finalizers} {.spec.instance-id}",
+        ],
+        None,
+    );
+    assert_eq!(got, format!(r#"["{FINALIZER}"] i-a"#));
+    for node in ["node-a", "node-b"] {
+        operator.ok(
+            &args(&merge(node, r#"{"metadata": {"finalizers": null}}"#)),
+            None,
+        );
+    }
+
+    // The same ServiceAccount with a token bound to no Pod names no node: refused.
+    let unbound = admin.ok(&["create", "token", "cilium", "-n", "kube-system"], None);
+    let unbound = admin.with_token(cp, "agent-unbound", unbound.trim());
+    let err = unbound.refused(
+        &args(&merge("node-a", r#"{"metadata": {"labels": {"x": "w"}}}"#)),
+        None,
+    );
+    assert!(err.contains("its token names no node"), "{err}");
+}
+
+#[test]
+fn an_agent_writes_only_its_own_cilium_node_and_never_its_instance_or_our_finalizer() {
+    let Some(assets) = assets_from_env() else {
+        eprintln!(
+            "*** tests/agent_admission.rs: NOT RUN: KUBEBUILDER_ASSETS is not set (a directory \
+             with etcd, kube-apiserver, kube-controller-manager and kubectl; .ci/run sets it)"
+        );
+        return;
+    };
+    let cp = ControlPlane::start(&assets).expect("control plane");
+    let admin = Kubectl {
+        bin: assets.join("kubectl"),
+        kubeconfig: cp.kubeconfig(),
+    };
+    let manifests = root().join("manifests");
+    for f in [
+        "01-namespace.yaml",
+        "02-serviceaccount.yaml",
+        "03-rbac.yaml",
+        "08-agent-admission-policy.yaml",
+    ] {
+        admin.ok(&["apply", "-f", manifests.join(f).to_str().unwrap()], None);
+    }
+    admin.ok(&["apply", "-f", "-"], Some(AGENT));
+    for crd in [
+        manifests.join("crd/ciliumnodes.cilium.io.yaml"),
+        root().join("tests/fixtures/ciliumnodes.cilium.io.yaml"),
+    ] {
+        check_the_policy(&cp, &admin, &crd);
+    }
+}
