@@ -35,7 +35,9 @@
 //! returns to the saved rate (or to a cut of the rate the ramp measured, if higher: the
 //! account's share may have grown without reaching the ceiling) and doubles the interval (up
 //! to [`MAX_PROBE_INTERVAL`]); reaching
-//! the ceiling ends the probe, and [`RESET_AFTER`] held there resets the interval. In a steady
+//! the ceiling ends the probe (and doubles the interval too, in case a steady tenant's share
+//! only lent the ramp the bucket's saved tokens), and [`RESET_AFTER`] held there resets the
+//! interval. In a steady
 //! share of the account the probes fail a few times, each costing the answers in flight, and then
 //! become rare; after a spell the rate is back at the ceiling within the current interval plus a
 //! few seconds of ramp.
@@ -118,6 +120,10 @@ impl RateController {
             let ramp = p.saved * 2f64.powf(now.saturating_duration_since(p.start).as_secs_f64());
             if ramp >= self.ceiling {
                 self.recoveries += 1;
+                // The ceiling is reached, not yet held: the account's bucket may have lent the
+                // ramp its saved tokens. Until [`RESET_AFTER`] at the ceiling, the next probe
+                // comes later, as after a failed one.
+                self.interval = (self.interval * 2).min(MAX_PROBE_INTERVAL);
                 self.reach_ceiling(now);
             } else {
                 self.rate = ramp;
@@ -442,12 +448,13 @@ mod tests {
         c.advance(start);
         c.advance(start + secs(7.0));
         assert!(!c.is_limiting());
-        // Cut again soon after: the interval is still 4 s.
+        // Cut again soon after: the ceiling was reached but not held, so the interval doubled
+        // as after a failed probe.
         let t = start + secs(60.0);
         c.on_throttle(t, t);
-        assert_eq!(c.next_change(t), Some(secs(4.0)));
+        assert_eq!(c.next_change(t), Some(secs(8.0)));
         // Recovered and held for two minutes: back to the first interval.
-        let start = t + secs(4.0);
+        let start = t + secs(8.0);
         c.advance(start);
         c.advance(start + secs(4.0));
         assert!(!c.is_limiting());
