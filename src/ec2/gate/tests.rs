@@ -573,15 +573,9 @@ async fn cut_three_times() -> Arc<Gate<Fake>> {
     g
 }
 
-#[tokio::test(start_paused = true)]
-async fn below_the_ceiling_calls_are_paced_at_the_learned_rate() {
-    let g = cut_three_times().await;
-    let rate = rate_of(&g, Bucket::DeleteNetworkInterface);
-    assert!(rate < 4.0 * 0.35, "three cuts from 4/s: {rate}");
-    // Thirty concurrent deletes: one every 1/rate, not the burst of 80 the ceiling allows,
-    // until the restore probe 2 s after the first cut takes the rate back to the ceiling.
-    let start = Instant::now();
-    let tasks: Vec<_> = (0..30)
+/// `n` deletes at once; the instants of the deletes sent after `after` (all of them).
+async fn concurrent_deletes(g: &Arc<Gate<Fake>>, n: usize, after: Instant) -> Vec<Instant> {
+    let tasks: Vec<_> = (0..n)
         .map(|_| {
             let g = g.clone();
             tokio::spawn(async move { g.delete_network_interface("eni-2").await })
@@ -594,9 +588,21 @@ async fn below_the_ceiling_calls_are_paced_at_the_learned_rate() {
         .inner()
         .times(Some(Operation::DeleteNetworkInterface))
         .into_iter()
-        .filter(|t| *t > start)
+        .filter(|t| *t > after)
         .collect();
-    assert_eq!(times.len(), 30);
+    assert_eq!(times.len(), n);
+    times
+}
+
+#[tokio::test(start_paused = true)]
+async fn below_the_ceiling_calls_are_paced_at_the_learned_rate() {
+    let g = cut_three_times().await;
+    let rate = rate_of(&g, Bucket::DeleteNetworkInterface);
+    assert!(rate < 4.0 * 0.35, "three cuts from 4/s: {rate}");
+    // Thirty concurrent deletes: one every 1/rate, not the burst of 80 the ceiling allows,
+    // until the restore probe 2 s after the first cut takes the rate back to the ceiling.
+    let start = Instant::now();
+    let times = concurrent_deletes(&g, 30, start).await;
     let gap = 1.0 / rate;
     let first = [times[0] - start, times[1] - times[0]];
     for d in first {
@@ -811,22 +817,7 @@ async fn tokens_saved_while_paced_do_not_go_out_at_once() {
         .fail(Operation::DeleteNetworkInterface, "RequestLimitExceeded", 1);
     g.delete_network_interface("eni-1").await.unwrap();
     let throttled = Instant::now();
-    let tasks: Vec<_> = (0..200)
-        .map(|_| {
-            let g = g.clone();
-            tokio::spawn(async move { g.delete_network_interface("eni-2").await })
-        })
-        .collect();
-    for t in tasks {
-        t.await.unwrap().unwrap();
-    }
-    let times: Vec<Instant> = g
-        .inner()
-        .times(Some(Operation::DeleteNetworkInterface))
-        .into_iter()
-        .filter(|t| *t > throttled)
-        .collect();
-    assert_eq!(times.len(), 200);
+    let times = concurrent_deletes(&g, 200, throttled).await;
     // Never more than the ceiling's 4 calls a second (and a token of rounding) from then on:
     // the 69 tokens left in the burst went with the throttled answer.
     assert_within_rate(times, 2, 4.0);
