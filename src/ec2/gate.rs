@@ -545,10 +545,10 @@ impl<E: Ec2> Gate<E> {
             counters: Counters::default(),
         };
         for (bucket, rate) in gate.rates() {
-            gate.metrics
-                .rate
-                .get_or_create(&BucketLabels { bucket })
-                .set(rate);
+            let labels = BucketLabels { bucket };
+            gate.metrics.rate.get_or_create(&labels).set(rate);
+            // Exported from the start at 0, so that rate() sees the first recovery.
+            gate.metrics.recoveries.get_or_create(&labels);
         }
         gate
     }
