@@ -117,10 +117,10 @@ check-install: ## Dry-run the install (kubectl apply --dry-run=server -f manifes
 # needs tokio's test-util feature, which the debug test builds already compile; a release build
 # would rebuild every dependency with it (~13 min on 2 cores) for a run that takes about a
 # minute in debug. See docs/benchmarks.md.
-# BENCH_SCENARIO=burst|churn|scale-down|shared-account runs one scenario.
+# BENCH_SCENARIO=burst|churn|scale-down|shared-account|spell runs one scenario.
 BENCH_SCENARIO ?= all
-bench: ## Scale benchmark; rewrites the results in docs/benchmarks.md (smoke run: ARGS=--quick)
-	cargo run --locked -p bench -- --scenario $(BENCH_SCENARIO) --out docs/benchmarks.md --plot docs/burst.svg --shared-plot docs/shared-account.svg $(ARGS)
+bench: ## Scale benchmark; rewrites the results in docs/benchmarks.md (smoke run, writes nothing: ARGS=--quick)
+	cargo run --locked -p bench --bin bench -- --scenario $(BENCH_SCENARIO) --out docs/benchmarks.md --plot docs/burst.svg --shared-plot docs/shared-account.svg $(ARGS)
 
 # The real-process benchmark (docs/benchmarks.md, "Real process"): the RELEASE operator binary
 # (the one target built with --release: the figures are the shipped binary's), a real control

@@ -1,6 +1,7 @@
 //! The scale benchmark (`make bench`, `src/main.rs`): scenarios that drive the real
 //! allocation core against the simulator under paused tokio time ([`scenario`]), the pure
-//! figures derived from them (lower bound, table rows; here) and the heap figures' types
+//! figures derived from them (lower bound, table rows; here), the recovery after another
+//! tenant's spell ([`spell`]) and the heap figures' types
 //! ([`heap`]). The binary counts the heap and draws the plots ([`plot`]). `make demo` is
 //! [`demo`] (its binary is `src/bin/demo.rs`).
 
@@ -10,6 +11,7 @@ pub mod heap;
 pub mod plot;
 pub mod process;
 pub mod scenario;
+pub mod spell;
 
 use std::collections::BTreeMap;
 use std::time::Duration;

@@ -13,6 +13,7 @@ use bench::plot;
 use bench::scenario::{
     GateMode, Outcome, Settings, burst, churn, peak_rss_mib, scale_down, shared_account,
 };
+use bench::spell::{self, SpellCase, spell_table};
 use bench::{Row, SharedRow, shared_table, table};
 use clap::{Parser, ValueEnum};
 
@@ -103,6 +104,7 @@ enum Scenario {
     Churn,
     ScaleDown,
     SharedAccount,
+    Spell,
     All,
 }
 
@@ -141,7 +143,11 @@ struct Args {
     /// Shares of every AWS bucket another tenant of the account uses, one run each.
     #[arg(long, value_delimiter = ',', default_value = "0.5,0.7,0.9")]
     shares: Vec<f64>,
-    /// Small sizes for a CI smoke run.
+    /// Spells of another tenant (seconds at 90 % after emptying every bucket), one run each,
+    /// and the share drop (90 % to 50 %).
+    #[arg(long, value_delimiter = ',', default_value = "20,120,600")]
+    spells: Vec<u64>,
+    /// Small sizes for a CI smoke run; writes no file (the documented figures stay).
     #[arg(long)]
     quick: bool,
     /// Write the results table (Markdown) here.
@@ -160,6 +166,8 @@ const END: &str = "<!-- bench:end -->";
 /// The shared-account results have markers of their own, so each part can be rerun alone.
 const SHARED_BEGIN: &str = "<!-- bench:shared:begin -->";
 const SHARED_END: &str = "<!-- bench:shared:end -->";
+const SPELL_BEGIN: &str = "<!-- bench:spell:begin -->";
+const SPELL_END: &str = "<!-- bench:spell:end -->";
 
 /// Replace the part of an existing document between the markers (keeping the prose around it);
 /// without markers the results are appended.
@@ -191,6 +199,11 @@ fn main() -> anyhow::Result<()> {
         args.steady_nodes = vec![20];
         args.churn_minutes = 3;
         args.shared_nodes = 50;
+        args.spells = vec![20];
+        // The smoke run's figures are not the documented ones: print them, keep the docs.
+        args.out = None;
+        args.plot = None;
+        args.shared_plot = None;
     }
     let settings = Settings {
         instance_type: args.instance_type.clone(),
@@ -344,6 +357,39 @@ fn main() -> anyhow::Result<()> {
         }
         if let Some(path) = &args.shared_plot {
             write_plot(path, &shared_curves, args.shared_nodes, &legend)?;
+        }
+    }
+    if matches!(args.scenario, Scenario::Spell | Scenario::All) {
+        let cases = args
+            .spells
+            .iter()
+            .map(|d| SpellCase::spell(Duration::from_secs(*d)))
+            .chain([SpellCase::share_drop()]);
+        let mut spell_rows = Vec::new();
+        for case in cases {
+            let r = rt.block_on(spell::run(&settings, &case));
+            eprintln!(
+                "{}: recovered after {:?} (target {:?}), throttled {:?} ({:.0} s wall so far)",
+                r.case,
+                r.recovered,
+                r.target,
+                r.throttled,
+                wall.elapsed().as_secs_f64()
+            );
+            spell_rows.push(r);
+        }
+        let tbl = spell_table(&spell_rows);
+        println!("{tbl}");
+        if let Some(path) = &args.out {
+            std::fs::write(
+                path,
+                splice(
+                    std::fs::read_to_string(path).ok(),
+                    &tbl,
+                    SPELL_BEGIN,
+                    SPELL_END,
+                ),
+            )?;
         }
     }
     if rows.is_empty() {

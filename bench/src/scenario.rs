@@ -144,7 +144,7 @@ type BenchCore = Core<Gate<Simulator>, MemorySink>;
 /// in-memory back-end).
 pub(crate) struct World {
     pub(crate) sim: Simulator,
-    gate: Arc<Gate<Simulator>>,
+    pub(crate) gate: Arc<Gate<Simulator>>,
     pub(crate) sink: Arc<MemorySink>,
     core: BenchCore,
     /// The core's metrics and EC2 view: the benchmark reads them as an operator's exporter
@@ -518,7 +518,7 @@ fn limits_of(s: &Settings) -> eni_operator::ec2::InstanceTypeLimits {
 }
 
 /// Addresses one new ENI carries: its limit minus the ENI's own primary, ×16 with prefixes.
-fn per_new_eni(s: &Settings, prefix: bool) -> u32 {
+pub(crate) fn per_new_eni(s: &Settings, prefix: bool) -> u32 {
     let l = limits_of(s).ipv4_per_eni.saturating_sub(1);
     if prefix { l * 16 } else { l }
 }

@@ -12,18 +12,22 @@
 //! * **Throttle penalty.** A throttled answer means the *account's* bucket at AWS is empty, so
 //!   every caller of that bucket, not only the failing call, must slow down. Each of our buckets
 //!   keeps a "not before" instant that all its callers wait for before taking a token. It is set
-//!   to `now + base_delay × 2^(strikes−1)` (capped at `max_delay`), where `strikes` counts
-//!   consecutive throttled answers of the bucket; any success resets the strikes. This is
+//!   to `now + base_delay × 2^(strikes−1)` (capped at `max_delay` and at [`THROTTLED_MAX_DELAY`]),
+//!   where `strikes` counts consecutive throttled answers of the bucket; any success resets the
+//!   strikes. The retry backoff of a throttled call has the same cap: the learned rate already
+//!   spaces the calls, and a longer sleep only outlasts the spell that caused it. This is
 //!   simpler than rescaling the governor quota and adapts without configuration. It answers
 //!   "the AWS bucket is empty *now*"; the adaptive rate below answers "how much of it is ours".
 //! * **Adaptive rate.** The configured rate is a ceiling: AWS's buckets are per account and
 //!   region, shared with every other tool in the account. Each bucket has a [`RateController`]
-//!   (see [`rate`]) that cuts its rate on throttled answers and grows it back on successes. The
-//!   governor limiter stays at the ceiling (quotas are immutable; rebuilding one would lose its
-//!   state); while the controller's rate is below the ceiling, calls are also paced one every
-//!   `1/rate` after the previous one. At the ceiling the pacing is off, so with nobody else in
-//!   the account the gate behaves exactly as the static limiter. The current rate of each bucket
-//!   is the gauge `ec2_rate_limit_qps{bucket}`.
+//!   (see [`rate`]) that cuts its rate on throttled answers, grows it back on successes and
+//!   probes for the ceiling on a schedule. The governor limiter stays at the ceiling (quotas are
+//!   immutable; rebuilding one would lose its state); in front of it a [`LocalBucket`] refills
+//!   at the learned rate and is emptied, with the governor's, by every throttled answer. At the
+//!   ceiling the local bucket equals the governor's, so with nobody else in the account the gate
+//!   behaves exactly as the static limiter. The current rate of each bucket is the gauge
+//!   `ec2_rate_limit_qps{bucket}`; probes that reached the ceiling count in
+//!   `ec2_rate_limit_recoveries_total{bucket}`.
 //! * **Order under scarcity.** While a bucket's rate is below its ceiling, calls that complete
 //!   half-done work (attach, delete-on-termination, unassign, ...) take its next slot before
 //!   calls that start new work
@@ -54,6 +58,7 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 use tokio::time::Instant;
 
+use self::local::LocalBucket;
 use self::rate::RateController;
 use super::error::ErrorKind;
 use super::model::*;
@@ -163,9 +168,17 @@ struct Penalty {
 #[derive(Debug)]
 struct Pacing {
     controller: RateController,
-    /// When the last call was let through.
-    last: Option<Instant>,
+    local: LocalBucket,
+    /// Recoveries already counted in the metrics.
+    reported: u64,
 }
+
+/// A throttled call's retry delay and a bucket's penalty never exceed this: the learned rate
+/// spaces the calls, so a longer sleep would only outlast the spell that caused it.
+pub const THROTTLED_MAX_DELAY: Duration = Duration::from_secs(2);
+
+/// A paced caller looks again at least this often, so that a probe's ramp reaches it.
+const PACING_RECHECK: Duration = Duration::from_secs(1);
 
 struct BucketState {
     limiter: Limiter,
@@ -186,15 +199,17 @@ impl Drop for UrgentGuard<'_> {
 
 impl BucketState {
     fn new(burst: u32, per_sec: f64) -> Self {
+        let now = Instant::now();
         Self {
             limiter: limiter(burst, per_sec),
             penalty: Mutex::new(Penalty {
-                not_before: Instant::now(),
+                not_before: now,
                 strikes: 0,
             }),
             pacing: Mutex::new(Pacing {
-                controller: RateController::new(per_sec),
-                last: None,
+                controller: RateController::new(per_sec, now),
+                local: LocalBucket::new(burst, now),
+                reported: 0,
             }),
             urgent_waiting: AtomicUsize::new(0),
         }
@@ -218,59 +233,84 @@ impl BucketState {
             // and urgent callers that arrived meanwhile go first.
             let wake = {
                 let mut p = self.pacing.lock().expect("pacing lock");
-                let next = match p.last {
-                    Some(last) if p.controller.is_limiting() => {
-                        last + Duration::from_secs_f64(1.0 / p.controller.rate())
-                    }
-                    _ => now,
-                };
+                let Pacing {
+                    controller, local, ..
+                } = &mut *p;
+                controller.advance(now);
+                let rate = controller.rate();
+                local.refill(now, rate, controller.ceiling());
+                let token = local.wait(rate);
                 // Only under scarcity (the bucket was throttled and is not back at its
                 // ceiling): otherwise every call goes in its turn, as before.
-                let scarce = p.controller.is_limiting();
-                if scarce
+                let scarce = controller.is_limiting();
+                let wait = if scarce
                     && class == Class::Starts
                     && self.urgent_waiting.load(Ordering::Relaxed) > 0
                 {
                     // New work lets the urgent callers take the next slot, then looks again.
-                    next.max(now) + Duration::from_secs_f64(1.0 / p.controller.rate())
-                } else if next > now {
-                    next
+                    token.unwrap_or_default() + Duration::from_secs_f64(1.0 / rate)
+                } else if let Some(token) = token {
+                    token
                 } else {
                     match self.limiter.check() {
                         Ok(()) => {
-                            p.last = Some(now);
+                            local.take();
+                            controller.on_send(now);
                             return;
                         }
-                        Err(not_until) => now + not_until.wait_time_from(TokioClock.now()),
+                        Err(not_until) => not_until.wait_time_from(TokioClock.now()),
                     }
-                }
+                };
+                // A probe may raise the rate meanwhile.
+                let wait = match controller.next_change(now) {
+                    Some(change) => wait.min(change.max(PACING_RECHECK)),
+                    None => wait,
+                };
+                now + wait
             };
             tokio::time::sleep_until(wake).await;
         }
     }
 
-    /// A throttled answer to a call sent at `sent`. Returns the rate if it was cut.
-    fn throttled(&self, sent: Instant, base: Duration, max: Duration) -> Option<f64> {
+    /// A throttled answer to a call sent at `sent`: penalty, cut, and both local buckets
+    /// emptied. Returns whether the rate changed.
+    fn throttled(&self, sent: Instant, base: Duration, max: Duration) -> bool {
+        let now = Instant::now();
         let mut p = self.penalty.lock().expect("penalty lock");
         p.strikes = p.strikes.saturating_add(1);
         let factor = 1u32 << (p.strikes - 1).min(16);
-        let delay = base.saturating_mul(factor).min(max);
-        p.not_before = p.not_before.max(Instant::now() + delay);
+        let delay = base
+            .saturating_mul(factor)
+            .min(max)
+            .min(THROTTLED_MAX_DELAY);
+        p.not_before = p.not_before.max(now + delay);
         let mut pacing = self.pacing.lock().expect("pacing lock");
-        let c = &mut pacing.controller;
-        c.on_throttle(sent, Instant::now()).then(|| c.rate())
+        pacing.local.empty(now);
+        // governor has no way to empty a bucket but taking its tokens (at most the burst).
+        while self.limiter.check().is_ok() {}
+        pacing.controller.on_throttle(sent, now)
     }
 
-    /// A success: resets the penalty's strikes and grows the rate. Returns the rate.
-    fn succeeded(&self) -> f64 {
+    /// A success: resets the penalty's strikes and grows the rate.
+    fn succeeded(&self) {
         self.penalty.lock().expect("penalty lock").strikes = 0;
         let mut pacing = self.pacing.lock().expect("pacing lock");
-        pacing.controller.on_success();
-        pacing.controller.rate()
+        pacing.controller.on_success(Instant::now());
     }
 
     fn rate(&self) -> f64 {
-        self.pacing.lock().expect("pacing lock").controller.rate()
+        let mut p = self.pacing.lock().expect("pacing lock");
+        p.controller.advance(Instant::now());
+        p.controller.rate()
+    }
+
+    /// The current rate and the recoveries not yet counted in the metrics.
+    fn report(&self) -> (f64, u64) {
+        let mut p = self.pacing.lock().expect("pacing lock");
+        p.controller.advance(Instant::now());
+        let new = p.controller.recoveries() - p.reported;
+        p.reported = p.controller.recoveries();
+        (p.controller.rate(), new)
     }
 }
 
@@ -339,6 +379,7 @@ pub struct GateMetrics {
     retries: Family<OpLabels, Counter>,
     throttled: Family<OpLabels, Counter>,
     rate: Family<BucketLabels, Gauge<f64, AtomicU64>>,
+    recoveries: Family<BucketLabels, Counter>,
 }
 
 impl Default for GateMetrics {
@@ -350,6 +391,7 @@ impl Default for GateMetrics {
             retries: Family::default(),
             throttled: Family::default(),
             rate: Family::default(),
+            recoveries: Family::default(),
         }
     }
 }
@@ -357,7 +399,7 @@ impl Default for GateMetrics {
 impl GateMetrics {
     /// Register under `ec2_api_calls_total`, `ec2_api_duration_seconds`,
     /// `ec2_rate_limit_wait_seconds`, `ec2_api_retries_total`, `ec2_api_throttled_total`,
-    /// `ec2_rate_limit_qps`.
+    /// `ec2_rate_limit_qps`, `ec2_rate_limit_recoveries_total`.
     pub fn register(&self, registry: &mut Registry) {
         // prometheus-client appends `_total` to counters.
         registry.register(
@@ -390,6 +432,12 @@ impl GateMetrics {
             "Current adaptive rate of each client-side bucket (calls per second; the configured \
              rate is its ceiling)",
             self.rate.clone(),
+        );
+        registry.register(
+            "ec2_rate_limit_recoveries",
+            "Restore probes that took a client-side bucket's adaptive rate back to its ceiling \
+             (the account's spare capacity came back)",
+            self.recoveries.clone(),
         );
     }
 }
@@ -497,10 +545,10 @@ impl<E: Ec2> Gate<E> {
             counters: Counters::default(),
         };
         for (bucket, rate) in gate.rates() {
-            gate.metrics
-                .rate
-                .get_or_create(&BucketLabels { bucket })
-                .set(rate);
+            let labels = BucketLabels { bucket };
+            gate.metrics.rate.get_or_create(&labels).set(rate);
+            // Exported from the start at 0, so that rate() sees the first recovery.
+            gate.metrics.recoveries.get_or_create(&labels);
         }
         gate
     }
@@ -546,13 +594,19 @@ impl<E: Ec2> Gate<E> {
         }
     }
 
-    fn rate_gauge(&self, op: Operation) -> Gauge<f64, AtomicU64> {
-        self.metrics
-            .rate
-            .get_or_create(&BucketLabels {
-                bucket: self.bucket_label(op),
-            })
-            .clone()
+    /// Publish `op`'s bucket's rate and its new recoveries.
+    fn report(&self, op: Operation) {
+        let labels = BucketLabels {
+            bucket: self.bucket_label(op),
+        };
+        let (rate, recovered) = self.bucket(op).report();
+        self.metrics.rate.get_or_create(&labels).set(rate);
+        if recovered > 0 {
+            self.metrics
+                .recoveries
+                .get_or_create(&labels)
+                .inc_by(recovered);
+        }
     }
 
     /// The current adaptive rate of each gate bucket (calls per second), by bucket name
@@ -619,24 +673,21 @@ impl<E: Ec2> Gate<E> {
             .observe(started.elapsed().as_secs_f64());
         let outcome = match &result {
             Ok(_) => {
-                let rate = bucket.succeeded();
-                self.rate_gauge(op).set(rate);
+                bucket.succeeded();
                 "success"
             }
             Err(e) => {
                 if e.is_throttled() {
                     let cut =
                         bucket.throttled(started, self.config.base_delay, self.config.max_delay);
-                    if let Some(rate) = cut {
-                        self.rate_gauge(op).set(rate);
-                    }
-                    tracing::debug!(%op, bucket = op.bucket().name(), ?cut, "throttled: slowing the bucket");
+                    tracing::debug!(%op, bucket = op.bucket().name(), cut, "throttled: slowing the bucket");
                     self.counters.throttled[i].fetch_add(1, Ordering::Relaxed);
                     self.metrics.throttled.get_or_create(&labels).inc();
                 }
                 outcome_label(e.kind)
             }
         };
+        self.report(op);
         self.metrics
             .calls
             .get_or_create(&OutcomeLabels {
@@ -674,6 +725,13 @@ impl<E: Ec2> Gate<E> {
         (|| self.attempt(op, tokens, call()))
             .retry(backoff)
             .sleep(tokio::time::sleep)
+            .adjust(|e: &Ec2Error, delay| {
+                if e.is_throttled() {
+                    delay.map(|d| d.min(THROTTLED_MAX_DELAY))
+                } else {
+                    delay
+                }
+            })
             .when(|e: &Ec2Error| {
                 if e.is_throttled() {
                     // Not executed: wait (the bucket is paced meanwhile) and try again.
@@ -891,6 +949,7 @@ impl<E: Ec2> Ec2 for Gate<E> {
     }
 }
 
+pub mod local;
 pub mod rate;
 
 #[cfg(test)]

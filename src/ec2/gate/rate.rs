@@ -25,8 +25,28 @@
 //!   before the last cut says nothing new (the cut had not taken effect yet), so it does not cut
 //!   again. Without this, the calls already in flight would each cut the rate.
 //!
+//! * A cut starts from the rate actually sent (measured over [`MEASURE`]) when that is below the
+//!   learned rate, as the SDK's does: at low demand a cut of an unused rate would change nothing.
+//!
+//! Growth per success alone is slow to notice that a spell of another tenant is over: near the
+//! floor a hundred successes take minutes. So a *restore probe* runs on an exponential schedule
+//! (as TCP's retransmission backoff): [`FIRST_PROBE`] after a cut from the ceiling, the rate is
+//! saved and ramps to the ceiling, doubling every second; a throttled answer during the ramp
+//! returns to the saved rate (or to a cut of the rate the ramp measured, if higher: the
+//! account's share may have grown without reaching the ceiling) and doubles the interval (up
+//! to [`MAX_PROBE_INTERVAL`]); reaching
+//! the ceiling ends the probe (and doubles the interval too, in case a steady tenant's share
+//! only lent the ramp the bucket's saved tokens), and [`RESET_AFTER`] held there resets the
+//! interval. In a steady
+//! share of the account the probes fail a few times, each costing the answers in flight, and then
+//! become rare; after a spell the rate is back at the ceiling within the current interval plus a
+//! few seconds of ramp.
+//!
 //! The unused tokens of the AWS bucket absorb the dip after a cut (its burst is 50 to 100
 //! calls), so the time below the capacity is not lost.
+
+use std::collections::VecDeque;
+use std::time::Duration;
 
 use tokio::time::Instant;
 
@@ -38,6 +58,21 @@ pub const REGAIN_CALLS: f64 = 100.0;
 /// second; relative here because the single Cilium-like bucket and the per-action buckets differ
 /// by orders of magnitude).
 pub const FLOOR_FRACTION: f64 = 0.01;
+/// The send rate a cut starts from is measured over this window.
+pub const MEASURE: Duration = Duration::from_secs(2);
+/// The first probe after a cut from the ceiling (and after a reset).
+pub const FIRST_PROBE: Duration = Duration::from_secs(2);
+/// The probe interval doubles on each failed probe up to this.
+pub const MAX_PROBE_INTERVAL: Duration = Duration::from_secs(600);
+/// Held at the ceiling this long, the probe interval starts again from [`FIRST_PROBE`].
+pub const RESET_AFTER: Duration = Duration::from_secs(120);
+
+/// A restore probe under way: the rate ramps from `saved`, doubling every second from `start`.
+#[derive(Clone, Debug, PartialEq)]
+struct Probe {
+    start: Instant,
+    saved: f64,
+}
 
 /// State of one bucket's adaptive rate (pure: the caller passes the instants).
 #[derive(Clone, Debug, PartialEq)]
@@ -46,11 +81,21 @@ pub struct RateController {
     rate: f64,
     /// When the last cut was made: throttled answers to calls sent before it do not cut again.
     last_cut: Option<Instant>,
+    /// Instants of the calls sent within the last [`MEASURE`].
+    sent: VecDeque<Instant>,
+    probe: Option<Probe>,
+    /// When the next probe starts; `None` at the ceiling.
+    next_probe: Option<Instant>,
+    interval: Duration,
+    /// Since when the rate is at the ceiling; `None` below it.
+    at_ceiling_since: Option<Instant>,
+    /// Probes that reached the ceiling.
+    recoveries: u64,
 }
 
 impl RateController {
     /// Starts at the ceiling (calls per second), where the gate behaves as without adaptation.
-    pub fn new(ceiling: f64) -> Self {
+    pub fn new(ceiling: f64, now: Instant) -> Self {
         let ceiling = if ceiling.is_finite() && ceiling > 0.0 {
             ceiling
         } else {
@@ -60,28 +105,98 @@ impl RateController {
             ceiling,
             rate: ceiling,
             last_cut: None,
+            sent: VecDeque::new(),
+            probe: None,
+            next_probe: None,
+            interval: FIRST_PROBE,
+            at_ceiling_since: Some(now),
+            recoveries: 0,
         }
     }
 
-    /// A call sent at `sent` was answered "throttled" at `now`: cut the rate, once per round trip.
-    /// Returns whether the rate was cut.
+    /// Moves the time-driven part (probe start, ramp, interval reset) to `now`.
+    pub fn advance(&mut self, now: Instant) {
+        if let Some(p) = &self.probe {
+            let ramp = p.saved * 2f64.powf(now.saturating_duration_since(p.start).as_secs_f64());
+            if ramp >= self.ceiling {
+                self.recoveries += 1;
+                // The ceiling is reached, not yet held: the account's bucket may have lent the
+                // ramp its saved tokens. Until [`RESET_AFTER`] at the ceiling, the next probe
+                // comes later, as after a failed one.
+                self.interval = (self.interval * 2).min(MAX_PROBE_INTERVAL);
+                self.reach_ceiling(now);
+            } else {
+                self.rate = ramp;
+            }
+        } else if self.next_probe.is_some_and(|at| now >= at) {
+            self.next_probe = None;
+            self.probe = Some(Probe {
+                start: now,
+                saved: self.rate,
+            });
+        }
+        if self
+            .at_ceiling_since
+            .is_some_and(|since| now.saturating_duration_since(since) >= RESET_AFTER)
+        {
+            self.interval = FIRST_PROBE;
+        }
+    }
+
+    /// A call was sent at `now` (measured for the cuts).
+    pub fn on_send(&mut self, now: Instant) {
+        while self
+            .sent
+            .front()
+            .is_some_and(|t| now.saturating_duration_since(*t) >= MEASURE)
+        {
+            self.sent.pop_front();
+        }
+        self.sent.push_back(now);
+    }
+
+    /// A call sent at `sent` was answered "throttled" at `now`: cut the rate, once per round
+    /// trip; during a probe, return to the saved rate and probe later. Returns whether the rate
+    /// changed.
     pub fn on_throttle(&mut self, sent: Instant, now: Instant) -> bool {
+        self.advance(now);
         if self.last_cut.is_some_and(|cut| sent < cut) {
             return false;
         }
-        self.rate = (self.rate * BETA).max(self.floor());
         self.last_cut = Some(now);
+        self.at_ceiling_since = None;
+        if let Some(p) = self.probe.take() {
+            // What went through during the ramp, as a cut would take it: a share of the account
+            // between the saved rate and the ceiling is found at once, not by successes.
+            let measured = (self.measured(now) * BETA).min(self.ceiling * BETA);
+            self.rate = p.saved.max(measured);
+            self.interval = (self.interval * 2).min(MAX_PROBE_INTERVAL);
+            self.next_probe = Some(now + self.interval);
+            return true;
+        }
+        let measured = self.measured(now);
+        self.rate = (self.rate.min(measured) * BETA).max(self.floor());
+        // Only the first cut below the ceiling schedules a probe: later cuts must not put off
+        // the one already due.
+        self.next_probe.get_or_insert(now + self.interval);
         true
     }
 
-    /// A call succeeded: grow the rate by the fraction that regains a cut in [`REGAIN_CALLS`]
-    /// successes, up to the ceiling.
-    pub fn on_success(&mut self) {
+    /// A call succeeded at `now`: grow the rate by the fraction that regains a cut in
+    /// [`REGAIN_CALLS`] successes, up to the ceiling. During a probe, time drives the rate.
+    pub fn on_success(&mut self, now: Instant) {
+        self.advance(now);
+        if self.probe.is_some() || self.at_ceiling_since.is_some() {
+            return;
+        }
         let step = (1.0 / BETA).powf(1.0 / REGAIN_CALLS);
-        self.rate = (self.rate * step).min(self.ceiling);
+        self.rate *= step;
+        if self.rate >= self.ceiling {
+            self.reach_ceiling(now);
+        }
     }
 
-    /// The rate to pace calls at (calls per second).
+    /// The rate to pace calls at (calls per second), as of the last `advance`.
     pub fn rate(&self) -> f64 {
         self.rate
     }
@@ -90,9 +205,40 @@ impl RateController {
         self.ceiling
     }
 
-    /// Whether the rate is below the ceiling, i.e. calls must be paced beyond the static limiter.
+    /// Whether the rate is below the ceiling, i.e. the account has less than the configured rate.
     pub fn is_limiting(&self) -> bool {
         self.rate < self.ceiling
+    }
+
+    /// Probes that took the rate back to the ceiling so far.
+    pub fn recoveries(&self) -> u64 {
+        self.recoveries
+    }
+
+    /// How long until the time-driven part may change the rate (a probe due or under way).
+    pub fn next_change(&self, now: Instant) -> Option<Duration> {
+        if self.probe.is_some() {
+            return Some(Duration::ZERO);
+        }
+        self.next_probe.map(|at| at.saturating_duration_since(now))
+    }
+
+    fn reach_ceiling(&mut self, now: Instant) {
+        self.rate = self.ceiling;
+        self.probe = None;
+        self.next_probe = None;
+        self.at_ceiling_since = Some(now);
+    }
+
+    /// Calls per second sent within the last [`MEASURE`] (the throttled call included).
+    fn measured(&self, now: Instant) -> f64 {
+        let recent = self
+            .sent
+            .iter()
+            .filter(|t| now.saturating_duration_since(**t) < MEASURE)
+            .count()
+            .max(1);
+        recent as f64 / MEASURE.as_secs_f64()
     }
 
     fn floor(&self) -> f64 {
@@ -102,90 +248,219 @@ impl RateController {
 
 #[cfg(test)]
 mod tests {
-    use std::time::Duration;
-
     use super::*;
 
     fn close(a: f64, b: f64) -> bool {
         (a - b).abs() < 1e-9 * b.abs().max(1.0)
     }
 
-    #[tokio::test(start_paused = true)]
-    async fn starts_at_the_ceiling_without_limiting() {
-        let c = RateController::new(4.0);
-        assert_eq!(c.rate(), 4.0);
-        assert!(!c.is_limiting());
+    fn secs(s: f64) -> Duration {
+        Duration::from_secs_f64(s)
     }
 
-    #[tokio::test(start_paused = true)]
-    async fn a_throttled_answer_cuts_the_rate_by_beta() {
-        let mut c = RateController::new(4.0);
-        let sent = Instant::now();
-        tokio::time::advance(Duration::from_millis(300)).await;
-        assert!(c.on_throttle(sent, Instant::now()));
+    /// A controller at `ceiling` that sent `n` calls evenly over the last [`MEASURE`] before
+    /// `t0`, so the measured rate is `n / 2` per second.
+    fn sending(ceiling: f64, n: u32, t0: Instant) -> RateController {
+        let mut c = RateController::new(ceiling, t0);
+        for i in 0..n {
+            c.on_send(t0 - MEASURE + MEASURE * (i + 1) / (n + 1));
+        }
+        c
+    }
+
+    #[test]
+    fn starts_at_the_ceiling_without_limiting() {
+        let c = RateController::new(4.0, Instant::now());
+        assert_eq!(c.rate(), 4.0);
+        assert!(!c.is_limiting());
+        assert_eq!(c.next_change(Instant::now()), None);
+    }
+
+    #[test]
+    fn a_throttled_answer_cuts_the_rate_by_beta() {
+        let t0 = Instant::now();
+        let mut c = sending(4.0, 20, t0);
+        assert!(c.on_throttle(t0, t0 + secs(0.3)));
         assert!(close(c.rate(), 2.8), "{}", c.rate());
         assert!(c.is_limiting());
         // A call sent after the cut and throttled again cuts again.
-        let sent = Instant::now();
-        tokio::time::advance(Duration::from_millis(300)).await;
-        assert!(c.on_throttle(sent, Instant::now()));
+        assert!(c.on_throttle(t0 + secs(0.4), t0 + secs(0.7)));
         assert!(close(c.rate(), 4.0 * 0.7 * 0.7), "{}", c.rate());
     }
 
-    #[tokio::test(start_paused = true)]
-    async fn calls_in_flight_at_the_cut_do_not_cut_again() {
-        let mut c = RateController::new(4.0);
-        let early = Instant::now();
-        tokio::time::advance(Duration::from_millis(100)).await;
-        let later = Instant::now();
-        tokio::time::advance(Duration::from_millis(300)).await;
-        assert!(c.on_throttle(early, Instant::now()));
+    #[test]
+    fn a_cut_starts_from_the_measured_send_rate_when_lower() {
+        let t0 = Instant::now();
+        // One call a second against a ceiling of 4: the cut lands below what was sent.
+        let mut c = sending(4.0, 2, t0);
+        c.on_send(t0);
+        assert!(c.on_throttle(t0, t0 + secs(0.3)));
+        assert!(close(c.rate(), 1.5 * BETA), "{}", c.rate());
+    }
+
+    #[test]
+    fn calls_in_flight_at_the_cut_do_not_cut_again() {
+        let t0 = Instant::now();
+        let mut c = sending(4.0, 20, t0);
+        let later = t0 + secs(0.1);
+        assert!(c.on_throttle(t0, t0 + secs(0.4)));
         // `later` was sent before the cut: its answer reflects the old rate.
-        assert!(!c.on_throttle(later, Instant::now()));
+        assert!(!c.on_throttle(later, t0 + secs(0.4)));
         assert!(close(c.rate(), 2.8), "{}", c.rate());
     }
 
-    #[tokio::test(start_paused = true)]
-    async fn successes_regain_a_cut_after_regain_calls() {
-        let mut c = RateController::new(10.0);
-        c.on_throttle(Instant::now(), Instant::now());
+    #[test]
+    fn successes_regain_a_cut_after_regain_calls() {
+        let t0 = Instant::now();
+        let mut c = sending(10.0, 40, t0);
+        c.on_throttle(t0, t0);
         assert!(close(c.rate(), 7.0));
+        // Within the first probe's delay: only the successes move the rate.
+        let t = t0 + secs(1.0);
         for _ in 0..50 {
-            c.on_success();
+            c.on_success(t);
         }
         // Halfway in calls, geometric: 7 × (1/0.7)^0.5.
         assert!(close(c.rate(), 7.0 / 0.7f64.sqrt()), "{}", c.rate());
         for _ in 0..49 {
-            c.on_success();
+            c.on_success(t);
         }
         assert!(c.is_limiting(), "one call short of regaining the cut");
-        c.on_success();
+        c.on_success(t);
         assert!(close(c.rate(), 10.0), "{}", c.rate());
+        assert_eq!(c.next_change(t), None, "no probe due at the ceiling");
     }
 
-    #[tokio::test(start_paused = true)]
-    async fn growth_stops_at_the_ceiling() {
-        let mut c = RateController::new(5.0);
+    #[test]
+    fn growth_stops_at_the_ceiling() {
+        let t0 = Instant::now();
+        let mut c = sending(5.0, 20, t0);
         for _ in 0..1000 {
-            c.on_success();
+            c.on_success(t0);
         }
         assert_eq!(c.rate(), 5.0);
-        c.on_throttle(Instant::now(), Instant::now());
+        c.on_throttle(t0, t0);
         for _ in 0..1000 {
-            c.on_success();
+            c.on_success(t0 + secs(1.0));
         }
         assert_eq!(c.rate(), 5.0);
         assert!(!c.is_limiting());
     }
 
-    #[tokio::test(start_paused = true)]
-    async fn cuts_stop_at_the_floor() {
-        let mut c = RateController::new(4.0);
-        for _ in 0..100 {
-            let sent = Instant::now();
-            tokio::time::advance(Duration::from_millis(1)).await;
-            c.on_throttle(sent, Instant::now());
+    #[test]
+    fn cuts_stop_at_the_floor() {
+        let t0 = Instant::now();
+        let mut c = sending(4.0, 20, t0);
+        for i in 0..100 {
+            let t = t0 + secs(f64::from(i) * 0.001);
+            c.on_throttle(t, t);
         }
         assert!(close(c.rate(), 4.0 * FLOOR_FRACTION), "{}", c.rate());
+    }
+
+    /// Cut to the floor at `t0` (as in a spell), with the first probe due at `t0 + 2 s`.
+    fn at_the_floor(ceiling: f64, t0: Instant) -> RateController {
+        let mut c = sending(ceiling, 20, t0);
+        for i in 0..40 {
+            let t = t0 + secs(f64::from(i) * 0.001);
+            c.on_throttle(t, t);
+        }
+        assert!(close(c.rate(), ceiling * FLOOR_FRACTION), "{}", c.rate());
+        c
+    }
+
+    #[test]
+    fn a_probe_two_seconds_after_a_cut_ramps_to_the_ceiling_doubling_each_second() {
+        let t0 = Instant::now();
+        let mut c = at_the_floor(4.0, t0);
+        // Later cuts did not put off the probe due 2 s after the first.
+        assert_eq!(c.next_change(t0), Some(FIRST_PROBE));
+        c.advance(t0 + secs(1.9));
+        assert!(close(c.rate(), 0.04), "no probe before its time");
+        let start = t0 + FIRST_PROBE;
+        c.advance(start);
+        c.advance(start + secs(3.0));
+        assert!(close(c.rate(), 0.04 * 8.0), "{}", c.rate());
+        // 0.04 × 2^t reaches 4 after log2(100) = 6.64 s.
+        c.advance(start + secs(6.6));
+        assert!(c.is_limiting());
+        c.advance(start + secs(6.7));
+        assert_eq!(c.rate(), 4.0);
+        assert_eq!(c.recoveries(), 1);
+        assert_eq!(c.next_change(start + secs(7.0)), None);
+    }
+
+    #[test]
+    fn a_throttled_answer_during_the_probe_returns_to_the_saved_rate_and_doubles_the_interval() {
+        // A ceiling of 400: the floor (4/s) is above a cut of what the probe sent (0.5/s).
+        let t0 = Instant::now();
+        let mut c = at_the_floor(400.0, t0);
+        let mut probe = t0 + FIRST_PROBE;
+        let mut interval = FIRST_PROBE;
+        let mut delays = Vec::new();
+        for _ in 0..12 {
+            c.advance(probe);
+            let t = probe + secs(2.0);
+            c.advance(t);
+            assert!(close(c.rate(), 16.0), "ramping: {}", c.rate());
+            assert!(c.on_throttle(t, t + secs(0.3)));
+            assert!(close(c.rate(), 4.0), "back to the saved rate: {}", c.rate());
+            let next = c.next_change(t + secs(0.3)).expect("a probe is due");
+            delays.push(next.as_secs());
+            interval = (interval * 2).min(MAX_PROBE_INTERVAL);
+            assert_eq!(next, interval);
+            probe = t + secs(0.3) + next;
+        }
+        assert_eq!(
+            delays,
+            [4, 8, 16, 32, 64, 128, 256, 512, 600, 600, 600, 600],
+            "doubling up to the cap"
+        );
+        assert_eq!(c.recoveries(), 0);
+    }
+
+    #[test]
+    fn a_probe_throttled_below_the_ceiling_keeps_a_cut_of_what_it_sent() {
+        // A tenant took 90 % and now takes half: the ramp finds the new share.
+        let t0 = Instant::now();
+        let mut c = at_the_floor(5.0, t0);
+        let start = t0 + FIRST_PROBE;
+        c.advance(start);
+        // Three calls a second went through the ramp's last two seconds.
+        for i in 0..6 {
+            c.on_send(start + secs(4.1 + f64::from(i) / 3.0));
+        }
+        let t = start + secs(6.0);
+        assert!(c.on_throttle(t, t));
+        assert!(close(c.rate(), 3.0 * BETA), "{}", c.rate());
+        assert_eq!(c.next_change(t), Some(FIRST_PROBE * 2));
+    }
+
+    #[test]
+    fn two_minutes_at_the_ceiling_reset_the_interval() {
+        let t0 = Instant::now();
+        let mut c = at_the_floor(4.0, t0);
+        // One failed probe: the next is 4 s after it.
+        c.advance(t0 + secs(2.0));
+        c.on_throttle(t0 + secs(2.5), t0 + secs(3.0));
+        // The second succeeds.
+        let start = t0 + secs(7.0);
+        c.advance(start);
+        c.advance(start + secs(7.0));
+        assert!(!c.is_limiting());
+        // Cut again soon after: the ceiling was reached but not held, so the interval doubled
+        // as after a failed probe.
+        let t = start + secs(60.0);
+        c.on_throttle(t, t);
+        assert_eq!(c.next_change(t), Some(secs(8.0)));
+        // Recovered and held for two minutes: back to the first interval.
+        let start = t + secs(8.0);
+        c.advance(start);
+        c.advance(start + secs(4.0));
+        assert!(!c.is_limiting());
+        c.advance(start + secs(4.0) + RESET_AFTER);
+        let t = start + secs(200.0);
+        c.on_throttle(t, t);
+        assert_eq!(c.next_change(t), Some(FIRST_PROBE));
     }
 }

@@ -539,12 +539,14 @@ async fn a_throttled_answer_cuts_the_rate_of_its_bucket_only() {
     let g = gate(fake, GateConfig::aws_defaults());
     let ceiling = |b| g.config().bucket_limits(b).1;
     g.attach_network_interface("eni-1", "i-1", 1).await.unwrap();
-    // Cut by the SDK's beta, then grown by the one success of the retry.
+    // Cut by the SDK's beta from what was sent (one call in the measuring window), on its way
+    // back (the retry waited for the restore probe 2 s later).
     let general = rate_of(&g, Bucket::GeneralMutating);
-    let expected = ceiling(Bucket::GeneralMutating) * rate::BETA;
+    let sent = 1.0 / rate::MEASURE.as_secs_f64();
+    let cut = ceiling(Bucket::GeneralMutating).min(sent) * rate::BETA;
     assert!(
-        general > expected && general < expected * 1.01,
-        "{general} vs {expected}"
+        general > cut && general < ceiling(Bucket::GeneralMutating) * rate::BETA,
+        "{general} vs {cut}"
     );
     for b in Bucket::ALL {
         if b != Bucket::GeneralMutating {
@@ -553,23 +555,27 @@ async fn a_throttled_answer_cuts_the_rate_of_its_bucket_only() {
     }
 }
 
-#[tokio::test(start_paused = true)]
-async fn below_the_ceiling_calls_are_paced_at_the_learned_rate() {
-    let fake = Fake::default();
-    fake.fail(Operation::DeleteNetworkInterface, "RequestLimitExceeded", 3);
+/// A gate whose delete bucket (80 burst, 4/s) was cut three times just after ten calls went
+/// out (so the cuts start from the ceiling), with no penalty: only the pacing spaces the calls.
+async fn cut_three_times() -> Arc<Gate<Fake>> {
     let config = GateConfig {
-        // No penalty, so only the pacing spaces the calls.
         base_delay: Duration::from_millis(1),
         max_delay: Duration::from_millis(1),
         ..GateConfig::aws_defaults()
     };
-    let g = gate(fake, config);
+    let g = gate(Fake::default(), config);
+    for _ in 0..10 {
+        g.delete_network_interface("eni-1").await.unwrap();
+    }
+    g.inner()
+        .fail(Operation::DeleteNetworkInterface, "RequestLimitExceeded", 3);
     g.delete_network_interface("eni-1").await.unwrap();
-    let rate = rate_of(&g, Bucket::DeleteNetworkInterface);
-    assert!(rate < 4.0 * 0.35, "three cuts from 4/s: {rate}");
-    // Thirty concurrent deletes: one every 1/rate, not the burst of 80 the ceiling allows.
-    let start = Instant::now();
-    let tasks: Vec<_> = (0..30)
+    g
+}
+
+/// `n` deletes at once; the instants of the deletes sent after `after` (all of them).
+async fn concurrent_deletes(g: &Arc<Gate<Fake>>, n: usize, after: Instant) -> Vec<Instant> {
+    let tasks: Vec<_> = (0..n)
         .map(|_| {
             let g = g.clone();
             tokio::spawn(async move { g.delete_network_interface("eni-2").await })
@@ -582,28 +588,44 @@ async fn below_the_ceiling_calls_are_paced_at_the_learned_rate() {
         .inner()
         .times(Some(Operation::DeleteNetworkInterface))
         .into_iter()
-        .filter(|t| *t > start)
+        .filter(|t| *t > after)
         .collect();
-    assert_eq!(times.len(), 30);
+    assert_eq!(times.len(), n);
+    times
+}
+
+#[tokio::test(start_paused = true)]
+async fn below_the_ceiling_calls_are_paced_at_the_learned_rate() {
+    let g = cut_three_times().await;
+    let rate = rate_of(&g, Bucket::DeleteNetworkInterface);
+    assert!(rate < 4.0 * 0.35, "three cuts from 4/s: {rate}");
+    // Thirty concurrent deletes: one every 1/rate, not the burst of 80 the ceiling allows,
+    // until the restore probe 2 s after the first cut takes the rate back to the ceiling.
+    let start = Instant::now();
+    let times = concurrent_deletes(&g, 30, start).await;
+    let gap = 1.0 / rate;
+    let first = [times[0] - start, times[1] - times[0]];
+    for d in first {
+        let d = d.as_secs_f64();
+        assert!(d >= gap * 0.99 && d <= gap * 1.01, "{first:?} at {rate}/s");
+    }
     let span = (*times.iter().max().unwrap() - start).as_secs_f64();
-    // 29 gaps at a rate that grows by at most 30 successes' worth (< 1.11x).
     assert!(
-        span >= 29.0 / (rate * 1.11) && span <= 30.0 / rate,
-        "30 calls over {span} s at {rate}/s"
+        span < 15.0,
+        "30 calls over {span} s: the probe restored the ceiling (22 s at {rate}/s)"
     );
-    assert!(
-        rate_of(&g, Bucket::DeleteNetworkInterface) > rate,
-        "successes grow it"
-    );
+    assert_eq!(rate_of(&g, Bucket::DeleteNetworkInterface), 4.0);
 }
 
 #[tokio::test(start_paused = true)]
 async fn new_work_yields_the_next_slot_to_half_done_work() {
-    // One bucket for everything (Cilium's mode), throttled once: scarcity.
+    // One bucket for everything (Cilium's mode), throttled once: scarcity. Its floor (1/s) is
+    // the rate after the cut, and the calls below are done before the probe's ramp gets back
+    // to the ceiling (100/s).
     let fake = Fake::default();
     fake.fail(Operation::DescribeVpcs, "RequestLimitExceeded", 1);
     let config = GateConfig {
-        single_bucket: Some((1.0, 1)),
+        single_bucket: Some((100.0, 1)),
         ..GateConfig::aws_defaults()
     };
     let g = gate(fake, config);
@@ -611,7 +633,7 @@ async fn new_work_yields_the_next_slot_to_half_done_work() {
     g.describe_vpcs(&ResourceFilter::default(), None)
         .await
         .unwrap();
-    assert!(g.rates()[0].1 < 1.0);
+    assert!(g.rates()[0].1 < 100.0);
     let mut tasks = Vec::new();
     for i in 0..3 {
         let g = g.clone();
@@ -674,39 +696,132 @@ async fn a_throttled_answer_slows_the_whole_bucket() {
     );
 }
 
+/// A gate whose general mutating bucket is so large (1000/s, floor 10/s) that its pacing never
+/// spaces calls more than the penalties and backoffs under test.
+fn large_general_bucket(config: GateConfig) -> GateConfig {
+    GateConfig {
+        overrides: [(Bucket::GeneralMutating, (1000, 1000.0))].into(),
+        ..config
+    }
+}
+
 #[tokio::test(start_paused = true)]
-async fn consecutive_throttles_grow_the_penalty_and_success_resets_it() {
+async fn consecutive_throttles_grow_the_penalty_up_to_its_cap_and_success_resets_it() {
     let fake = Fake::default();
-    fake.fail(Operation::DetachNetworkInterface, "RequestLimitExceeded", 3);
-    let config = GateConfig {
+    fake.fail(Operation::DetachNetworkInterface, "RequestLimitExceeded", 6);
+    let config = large_general_bucket(GateConfig {
         max_attempts: 1,
         // Throttled answers are returned at once, so each call below is one attempt.
         throttle_deadline: Duration::ZERO,
         ..GateConfig::aws_defaults()
-    };
+    });
     let g = gate(fake, config);
     let mut starts = Vec::new();
-    for _ in 0..4 {
+    for _ in 0..7 {
         let _ = g.detach_network_interface("a", false).await;
         starts.push(*g.inner().times(None).last().unwrap());
     }
     let gaps: Vec<_> = starts.windows(2).map(|w| w[1] - w[0]).collect();
-    // Each gap is the larger of the penalty (200, 400, 800 ms) and the pacing at the cut rate
-    // (1 / (4 × 0.7^k) s: 357, 510, 729 ms).
-    let pacing = |k: i32| Duration::from_secs_f64(1.0 / (4.0 * rate::BETA.powi(k)));
+    // 200 ms doubling, capped at THROTTLED_MAX_DELAY (2 s), not at max_delay (20 s).
+    let expected = [200, 400, 800, 1600, 2000, 2000].map(Duration::from_millis);
     // (tokio's timer rounds a wake-up to the next millisecond.)
-    let expected = [pacing(1), pacing(2), Duration::from_millis(800)];
     for (gap, want) in gaps.iter().zip(expected) {
         assert!(
             *gap >= want && *gap <= want + Duration::from_millis(2),
             "{gaps:?} vs {expected:?}"
         );
     }
-    // After the success, the penalty is gone (1.6 s otherwise): only the pacing remains.
+    // After the success, the penalty is gone: only the pacing (at least the floor, 10/s)
+    // remains.
     let before = *starts.last().unwrap();
     g.detach_network_interface("a", false).await.unwrap();
     let gap = *g.inner().times(None).last().unwrap() - before;
-    assert!(gap <= pacing(3) + Duration::from_millis(2), "{gap:?}");
+    assert!(gap <= Duration::from_millis(102), "{gap:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_throttled_call_never_sleeps_longer_than_the_cap_between_attempts() {
+    let fake = Fake::default();
+    fake.fail(Operation::AttachNetworkInterface, "RequestLimitExceeded", 8);
+    let g = gate(fake, large_general_bucket(GateConfig::aws_defaults()));
+    g.attach_network_interface("eni-1", "i-1", 1).await.unwrap();
+    let times = g.inner().times(Some(Operation::AttachNetworkInterface));
+    assert_eq!(times.len(), 9);
+    let gaps: Vec<_> = times.windows(2).map(|w| w[1] - w[0]).collect();
+    // The exponential backoff (200 ms doubling) would reach 25.6 s by the eighth retry.
+    assert!(
+        gaps.iter()
+            .all(|g| *g <= THROTTLED_MAX_DELAY + Duration::from_millis(2)),
+        "{gaps:?}"
+    );
+}
+
+/// Every delete throttled from now until `until` (a spell of another tenant), then all
+/// answered.
+async fn spell(g: &Arc<Gate<Fake>>, until: Instant) {
+    g.inner().fail(
+        Operation::DeleteNetworkInterface,
+        "RequestLimitExceeded",
+        100_000,
+    );
+    tokio::time::sleep_until(until).await;
+    g.inner().script.lock().unwrap().clear();
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_rate_is_back_at_the_ceiling_soon_after_a_spell_ends() {
+    let g = gate(Fake::default(), GateConfig::aws_defaults());
+    let start = Instant::now();
+    let end = start + Duration::from_secs(20);
+    // A backlog of deletes throughout; every answer throttled for 20 s.
+    let spell_task = {
+        let g = g.clone();
+        tokio::spawn(async move { spell(&g, end).await })
+    };
+    tokio::task::yield_now().await;
+    let tasks: Vec<_> = (0..400)
+        .map(|_| {
+            let g = g.clone();
+            tokio::spawn(async move { g.delete_network_interface("eni-1").await })
+        })
+        .collect();
+    spell_task.await.unwrap();
+    let low = rate_of(&g, Bucket::DeleteNetworkInterface);
+    assert!(low < 0.5, "the spell cut the rate: {low}");
+    let mut back = None;
+    while back.is_none() && Instant::now() < end + Duration::from_secs(120) {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        if rate_of(&g, Bucket::DeleteNetworkInterface) == 4.0 {
+            back = Some(Instant::now() - end);
+        }
+    }
+    // Growth by successes alone takes over a thousand calls from the floor.
+    let back = back.expect("back at the ceiling within 120 s");
+    assert!(
+        back <= Duration::from_secs(20),
+        "back at the ceiling {back:?} after the spell"
+    );
+    for t in tasks {
+        t.await.unwrap().unwrap();
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn tokens_saved_while_paced_do_not_go_out_at_once() {
+    let g = gate(Fake::default(), GateConfig::aws_defaults());
+    // Ten calls from the burst of 80, then one throttled answer: the account's bucket is empty.
+    for _ in 0..10 {
+        g.delete_network_interface("eni-1").await.unwrap();
+    }
+    g.inner()
+        .fail(Operation::DeleteNetworkInterface, "RequestLimitExceeded", 1);
+    g.delete_network_interface("eni-1").await.unwrap();
+    let throttled = Instant::now();
+    let times = concurrent_deletes(&g, 200, throttled).await;
+    // Never more than the ceiling's 4 calls a second (and a token of rounding) from then on:
+    // the 69 tokens left in the burst went with the throttled answer.
+    assert_within_rate(times, 2, 4.0);
+    assert_eq!(rate_of(&g, Bucket::DeleteNetworkInterface), 4.0);
 }
 
 #[tokio::test(start_paused = true)]
@@ -794,11 +909,13 @@ async fn metrics_count_calls_by_outcome_and_response_code() {
     ] {
         assert!(text.contains(line), "missing {line} in\n{text}");
     }
-    // The throttled bucket reports its cut rate (grown by one success).
+    // The throttled bucket reports its cut rate: 0.7 × the one call sent in the measuring
+    // window, on its way back to the ceiling (the retry waited for the probe 2 s later).
     let line = text
         .lines()
         .find(|l| l.starts_with(r#"ec2_rate_limit_qps{bucket="assign-private-ip-addresses"}"#))
         .expect("the assign bucket's rate");
     let rate: f64 = line.rsplit(' ').next().unwrap().parse().unwrap();
-    assert!(rate > 2.8 && rate < 2.83, "{line}");
+    let cut = rate::BETA / rate::MEASURE.as_secs_f64();
+    assert!(rate > cut && rate < 4.0 * rate::BETA, "{line}");
 }
