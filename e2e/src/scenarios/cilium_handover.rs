@@ -182,14 +182,36 @@ impl Suite {
         op: &Mutex<Option<CiliumOperator>>,
         v: Version,
     ) -> Result<(Duration, Duration)> {
+        let (t0, wall0) = (Instant::now(), Timestamp::now());
+        let stopped = self.stop_cilium_leader(op).await?;
+        self.start_cilium_leader(op, v, wall0).await?;
+        Ok((stopped, t0.elapsed()))
+    }
+
+    /// The first half of [`Self::restart_cilium`]: SIGTERM; how long the process took to go.
+    pub(super) async fn stop_cilium_leader(
+        &self,
+        op: &Mutex<Option<CiliumOperator>>,
+    ) -> Result<Duration> {
         let old = op
             .lock()
             .expect("op")
             .take()
             .context("no Cilium operator")?;
-        let (t0, wall0) = (Instant::now(), Timestamp::now());
+        let t0 = Instant::now();
         old.stop(Duration::from_secs(20)).await?;
-        let stopped = t0.elapsed();
+        Ok(t0.elapsed())
+    }
+
+    /// The second half: a new process that waits for the Lease as a new pod does; returns when
+    /// it holds the Lease acquired at `wall0` or later, with how long that took.
+    pub(super) async fn start_cilium_leader(
+        &self,
+        op: &Mutex<Option<CiliumOperator>>,
+        v: Version,
+        wall0: Timestamp,
+    ) -> Result<Duration> {
+        let t0 = Instant::now();
         let new = CiliumOperator::start_keeping_lease(
             v,
             &self.ops.settings.ec2_endpoint,
@@ -219,7 +241,7 @@ impl Suite {
             })
         })
         .await?;
-        Ok((stopped, t0.elapsed()))
+        Ok(t0.elapsed())
     }
 
     /// `cilium-handover`: the migration doc step by step against Cilium's real operator 1.20;
