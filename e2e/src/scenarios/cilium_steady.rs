@@ -41,7 +41,12 @@ fn policy_objects() -> Result<Vec<(ApiResource, DynamicObject)>> {
         let types = obj.types.clone().context("no apiVersion/kind")?;
         let (group, version) = types.api_version.split_once('/').context("no API group")?;
         let gvk = GroupVersionKind::gvk(group, version, &types.kind);
-        let plural = format!("{}s", types.kind.to_lowercase());
+        // MutatingAdmissionPolicy -> mutatingadmissionpolicies, ...Binding -> ...bindings.
+        let kind = types.kind.to_lowercase();
+        let plural = match kind.strip_suffix('y') {
+            Some(stem) => format!("{stem}ies"),
+            None => format!("{kind}s"),
+        };
         out.push((ApiResource::from_gvk_with_plural(&gvk, &plural), obj));
     }
     ensure!(out.len() == 2, "policy and binding expected: {POLICY}");
@@ -91,9 +96,10 @@ impl Suite {
         for (ar, obj) in policy_objects()? {
             let api: Api<DynamicObject> = Api::all_with(self.kube.clone(), &ar);
             let name = obj.metadata.name.clone().context("unnamed")?;
-            match api.delete(&name, &DeleteParams::default()).await {
-                Err(e) if !is_status(&e, 404) => return Err(e.into()),
-                _ => {}
+            if let Err(e) = api.delete(&name, &DeleteParams::default()).await
+                && !is_status(&e, 404)
+            {
+                return Err(e.into());
             }
         }
         Ok(())
