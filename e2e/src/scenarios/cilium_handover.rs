@@ -174,6 +174,24 @@ impl Suite {
         .await
     }
 
+    /// Waits until our finalizer is on every node of `idxs`.
+    pub(super) async fn wait_taken_over(&self, idxs: &[usize], what: &str) -> Result<()> {
+        eventually(self.cfg.timeout, what, async || {
+            let mut left = Vec::new();
+            for &i in idxs {
+                if !self.has_our_finalizer(i).await? {
+                    left.push(self.nodes[i].name.clone());
+                }
+            }
+            Ok(if left.is_empty() {
+                Ok(())
+            } else {
+                Err(format!("no finalizer of ours on {left:?}"))
+            })
+        })
+        .await
+    }
+
     /// `kubectl rollout restart deploy/cilium-operator`: SIGTERM, then a new process that waits
     /// for the Lease as a new pod does. Returns when the new leader holds it, with how long the
     /// old one took to stop and the new one to lead.
@@ -420,20 +438,8 @@ impl Suite {
         self.set_pods(c, 14);
         let (stopped, led) = self.restart_cilium(op, v).await?;
         // Taken over (our finalizer) first: their pools may already cover the new demand.
-        eventually(self.cfg.timeout, "ours to take B and C over", async || {
-            let mut left = Vec::new();
-            for &i in idxs {
-                if !self.has_our_finalizer(i).await? {
-                    left.push(self.nodes[i].name.clone());
-                }
-            }
-            Ok(if left.is_empty() {
-                Ok(())
-            } else {
-                Err(format!("no finalizer of ours on {left:?}"))
-            })
-        })
-        .await?;
+        self.wait_taken_over(idxs, "ours to take B and C over")
+            .await?;
         self.served_beside(op, idxs, "all three served by ours")
             .await?;
         let calls = self.calls_since(sim, mark).await?;

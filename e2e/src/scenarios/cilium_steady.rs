@@ -191,24 +191,8 @@ impl Suite {
         )
         .await?;
         self.restart_cilium(op, Version::V120).await?;
-        eventually(
-            self.cfg.timeout,
-            "ours to take every node over",
-            async || {
-                let mut left = Vec::new();
-                for &i in idxs {
-                    if !self.has_our_finalizer(i).await? {
-                        left.push(self.nodes[i].name.clone());
-                    }
-                }
-                Ok(if left.is_empty() {
-                    Ok(())
-                } else {
-                    Err(format!("no finalizer of ours on {left:?}"))
-                })
-            },
-        )
-        .await?;
+        self.wait_taken_over(idxs, "ours to take every node over")
+            .await?;
         self.served_beside(op, idxs, "the handed-over nodes served by ours")
             .await?;
         Ok(())
