@@ -4,6 +4,8 @@
 #                           eni-operator in namespace eni-operator, plus its Namespace;
 #   manifests/shadow/       the same in shadow mode (release eni-operator-shadow);
 #   manifests/monitoring/   the ServiceMonitor, PrometheusRule and Grafana dashboard ConfigMap.
+#   manifests/cilium-ignore/ the MutatingAdmissionPolicy that annotates new CiliumNodes
+#                           (ciliumIgnoreAtCreation.enabled=true, every CiliumNode).
 # One file per chart template, named after it. `make manifests` runs it; tests/chart.rs renders
 # into a temporary directory and fails when the committed files differ.
 # Usage: HELM=/path/to/helm scripts/render-manifests.sh [OUT_DIR]   (default: manifests)
@@ -51,7 +53,7 @@ render() {
 
 rm -f "$OUT"/[0-9][0-9]-*.yaml "$OUT"/shadow/*.yaml \
   "$OUT"/monitoring/servicemonitor.yaml "$OUT"/monitoring/prometheusrule.yaml \
-  "$OUT"/monitoring/grafana-dashboard.yaml
+  "$OUT"/monitoring/grafana-dashboard.yaml "$OUT"/cilium-ignore/*.yaml
 render eni-operator | split "$OUT"
 render eni-operator-shadow --set mode=shadow | split "$OUT/shadow"
 render eni-operator --set serviceMonitor.enabled=true --set prometheusRule.enabled=true \
@@ -59,3 +61,5 @@ render eni-operator --set serviceMonitor.enabled=true --set prometheusRule.enabl
   --show-only templates/monitoring/servicemonitor.yaml \
   --show-only templates/monitoring/prometheusrule.yaml \
   --show-only templates/monitoring/grafana-dashboard.yaml | split "$OUT/monitoring"
+render eni-operator --set ciliumIgnoreAtCreation.enabled=true \
+  --show-only templates/cilium-ignore-policy.yaml | split "$OUT/cilium-ignore"

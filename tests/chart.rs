@@ -431,7 +431,7 @@ fn fresh_temp_dir(name: &str) -> PathBuf {
 /// The files of manifests/ that the chart renders (the rest, crd/ and aws/, are not its).
 fn rendered_files(dir: &Path) -> Vec<PathBuf> {
     let mut files = Vec::new();
-    for sub in ["", "shadow", "monitoring"] {
+    for sub in ["", "shadow", "monitoring", "cilium-ignore"] {
         let d = dir.join(sub);
         for entry in std::fs::read_dir(&d).unwrap() {
             let p = entry.unwrap().path();

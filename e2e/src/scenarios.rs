@@ -29,6 +29,7 @@ mod adopt;
 mod cilium_handover;
 mod cilium_refusal;
 mod cilium_shadow;
+mod cilium_steady;
 mod helm;
 mod real_cilium;
 mod reregister;
@@ -60,6 +61,7 @@ pub const ALL: &[&str] = &[
     "helm-install",
     "cilium-operator",
     "cilium-handover",
+    "cilium-steady-state",
     "cilium-shadow",
 ];
 
@@ -69,6 +71,7 @@ pub const SIM_ONLY: &[&str] = &[
     "throttled-account",
     "cilium-operator",
     "cilium-handover",
+    "cilium-steady-state",
     "cilium-shadow",
 ];
 
@@ -81,6 +84,7 @@ pub const LOCAL_ONLY: &[&str] = &[
     "handover",
     "helm-install",
     "cilium-handover",
+    "cilium-steady-state",
     "cilium-shadow",
 ];
 
@@ -267,6 +271,7 @@ impl Suite {
             "helm-install" => self.helm_install().await,
             "cilium-operator" => self.cilium_operator().await,
             "cilium-handover" => self.cilium_handover().await,
+            "cilium-steady-state" => self.cilium_steady_state().await,
             "cilium-shadow" => self.cilium_shadow().await,
             other => Err(anyhow!(
                 "unknown scenario {other:?} (known: {})",

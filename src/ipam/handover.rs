@@ -38,19 +38,24 @@ pub struct Writers {
     pub other_eni: Option<(String, Timestamp)>,
     /// When `ipam.cilium.io/ignore` was set, if a manager other than our main one owns it.
     pub ignore_set_at: Option<Timestamp>,
+    /// Some entry (any manager, with or without a time) owns `ipam.cilium.io/ignore`.
+    pub ignore_owned: bool,
 }
 
 impl Writers {
     pub fn from_managed_fields(entries: &[ManagedFieldsEntry]) -> Self {
         let mut w = Self::default();
+        let annotation = format!("f:{CILIUM_IGNORE_ANNOTATION}");
+        let annotation = ["f:metadata", "f:annotations", annotation.as_str()];
         for e in entries {
+            let fields = e.fields_v1.as_ref().map(|f| &f.0);
+            let owns = |path: &[&str]| fields.is_some_and(|f| owns(f, path));
+            w.ignore_owned |= owns(&annotation);
             let (Some(manager), Some(time)) = (e.manager.as_deref(), e.time.as_ref()) else {
                 continue;
             };
             let at = time.0;
             let status = e.subresource.as_deref() == Some("status");
-            let fields = e.fields_v1.as_ref().map(|f| &f.0);
-            let owns = |path: &[&str]| fields.is_some_and(|f| owns(f, path));
             if manager == OWN_FIELD_MANAGER {
                 let own = if status {
                     &mut w.own_status
@@ -60,8 +65,7 @@ impl Writers {
                 *own = (*own).max(Some(at));
                 continue;
             }
-            let annotation = format!("f:{CILIUM_IGNORE_ANNOTATION}");
-            if owns(&["f:metadata", "f:annotations", &annotation]) {
+            if owns(&annotation) {
                 w.ignore_set_at = w.ignore_set_at.max(Some(at));
             }
             if owns(&["f:spec", "f:ipam", "f:pool"]) {
@@ -72,6 +76,19 @@ impl Writers {
             }
         }
         w
+    }
+
+    /// `ipam.cilium.io/ignore` (when the node has it) was set as the API server created the
+    /// object. Every write through the API (create, update, patch, apply) records its fields in
+    /// `metadata.managedFields` under its manager before admission runs; a field that a mutating
+    /// admission policy adds on CREATE is recorded under nobody (tried on kube-apiserver 1.36:
+    /// the chart's policy, then a spec update and a status update by the creator, the
+    /// annotation stays unowned). So an annotation no entry owns was there from the creation on,
+    /// and any later setting of it (by us, `kubectl annotate`, an apply) has an owner and a time.
+    /// A creator that sends the annotation itself owns it: such a node is treated as annotated
+    /// later (the same second as the creation cannot be told from our own annotation then).
+    pub const fn ignore_at_creation(&self) -> bool {
+        !self.ignore_owned
     }
 }
 
@@ -88,6 +105,7 @@ fn later(slot: &mut Option<(String, Timestamp)>, manager: &str, at: Timestamp) {
 /// Cilium operator's leader Lease as last read.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LeaseView {
+    /// Empty when released.
     pub holder: String,
     pub acquired: Timestamp,
     pub renewed: Timestamp,
@@ -95,18 +113,44 @@ pub struct LeaseView {
 }
 
 impl LeaseView {
-    /// Renewed within its duration: Cilium's operator runs.
+    /// Released by its last holder (client-go's `ReleaseOnCancel`: an empty holder; Cilium's
+    /// operator does it when it stops, e.g. in a rollout restart).
+    pub const fn released(&self) -> bool {
+        self.holder.is_empty()
+    }
+
+    /// Cilium's operator runs: renewed within its duration. A released Lease counts as held for
+    /// its expiry plus one more duration: the next leader (a restarting pod, a standby) takes it
+    /// within that, and until it does nothing says it will keep off the nodes it would serve.
     pub fn fresh(&self, now: Timestamp) -> bool {
-        let d = SignedDuration::try_from(self.duration).unwrap_or(SignedDuration::MAX);
+        let d = if self.released() {
+            self.duration.saturating_mul(2)
+        } else {
+            self.duration
+        };
+        let d = SignedDuration::try_from(d).unwrap_or(SignedDuration::MAX);
         self.renewed.checked_add(d).is_ok_and(|until| until >= now)
+    }
+
+    /// Who holds it, for the node's operator-status.
+    pub fn who(&self) -> String {
+        if self.released() {
+            format!(
+                "none: its Lease was released at {} (restarting), its next leader is awaited",
+                self.renewed
+            )
+        } else {
+            self.holder.clone()
+        }
     }
 }
 
 /// Cilium operator's leader Lease as the guard knows it (§16: the guard fails closed).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum CiliumLease {
-    /// Read, and nobody holds it; or the user said Cilium's operator is absent
-    /// (`--cilium-operator-absent`).
+    /// Read, and never held (no renew time); or the user said Cilium's operator is absent
+    /// (`--cilium-operator-absent`). A released Lease is [`Held`](Self::Held) with an empty
+    /// holder ([`LeaseView::released`]).
     Absent,
     Held(LeaseView),
     /// Cannot be read (not yet, an API error, or not found where Cilium's operator should
@@ -270,7 +314,7 @@ pub fn other_allocator(s: &Signals) -> Option<OtherAllocator> {
     let lease = s.lease.filter(|l| l.fresh(s.now))?;
     if !s.cilium_ignore && !s.will_annotate {
         return Some(OtherAllocator::CiliumNotIgnored {
-            holder: lease.holder.clone(),
+            holder: lease.who(),
         });
     }
     // Everything below relies on Cilium's operator honouring the annotation: one that does
@@ -278,19 +322,29 @@ pub fn other_allocator(s: &Signals) -> Option<OtherAllocator> {
     // node, restarted after the annotation or not.
     if let Some(why) = s.ignore_unsupported {
         return Some(OtherAllocator::CiliumIgnoresAnnotation {
-            holder: lease.holder.clone(),
+            holder: lease.who(),
             why: why.to_string(),
         });
     }
-    // Annotated (or about to be): the running leader still serves the node if it took over
-    // before the annotation. Set by us just now: the annotation is newer than any leader.
+    // Annotated as the API server created it (the chart's MutatingAdmissionPolicy): no leader
+    // of Cilium's operator ever upserted the node. Its ciliumNodeSynchronizer (1.18+) skips the
+    // Upsert of an annotated node, and every event it ever had for this one showed the
+    // annotation; so whatever its Lease says (held, renewed, released), it has no copy to
+    // resync, and the node is ours at once. Operators that ignore the annotation (before 1.18)
+    // were stopped above.
+    if s.cilium_ignore && w.ignore_at_creation() {
+        return None;
+    }
+    // Annotated later (or about to be): the running leader still serves the node if it took
+    // over before the annotation. Set by us just now: the annotation is newer than any leader.
+    // A released Lease dates its release: a node annotated after it waits for the next holder.
     let annotated = if s.cilium_ignore {
         w.ignore_set_at?
     } else {
         s.now
     };
     (lease.acquired < annotated).then(|| OtherAllocator::CiliumLeaderKnewNode {
-        holder: lease.holder.clone(),
+        holder: lease.who(),
         acquired: lease.acquired,
         annotated,
     })
@@ -555,6 +609,136 @@ mod tests {
         // Cilium's operator stopped (Lease expired): nothing to keep off.
         let s = Signals { now: t(200), ..s };
         assert_eq!(other_allocator(&s), None);
+    }
+
+    /// The CiliumNode as the API server stores it when the chart's MutatingAdmissionPolicy set
+    /// `ipam.cilium.io/ignore` at its creation (seen on kube-apiserver 1.36,
+    /// tests/cilium_ignore_policy.rs): the creator's entries own its spec and status, nobody
+    /// owns the annotation.
+    fn annotated_at_creation() -> Writers {
+        Writers::from_managed_fields(&[
+            entry(
+                "cilium-agent",
+                None,
+                0,
+                json!({"f:spec": {".": {}, "f:instance-id": {}}}),
+            ),
+            entry(
+                "cilium-agent",
+                Some("status"),
+                1,
+                json!({"f:status": {"f:ipam": {"f:used": {}}}}),
+            ),
+        ])
+    }
+
+    #[test]
+    fn a_node_annotated_at_its_creation_is_served_whatever_ciliums_lease_says() {
+        let w = annotated_at_creation();
+        assert!(w.ignore_at_creation() && w.ignore_set_at.is_none());
+        // Cilium's leader since long before the node, renewing: no leader ever upserted it.
+        let running = lease(-1000, 100);
+        assert_eq!(other_allocator(&signals(&w, Some(&running), 105)), None);
+        let released = LeaseView {
+            holder: String::new(),
+            ..lease(100, 100)
+        };
+        assert_eq!(other_allocator(&signals(&w, Some(&released), 105)), None);
+        // Not annotated at all: Cilium's running operator serves it.
+        let mut s = signals(&w, Some(&running), 105);
+        s.cilium_ignore = false;
+        assert!(matches!(
+            other_allocator(&s),
+            Some(OtherAllocator::CiliumNotIgnored { .. })
+        ));
+        // Cilium's operator 1.16 ignores the annotation: at creation or not, it serves the node.
+        let v116 = "Cilium operator 1.16".to_string();
+        let mut s = signals(&w, Some(&running), 105);
+        s.ignore_unsupported = Some(&v116);
+        assert!(matches!(
+            other_allocator(&s),
+            Some(OtherAllocator::CiliumIgnoresAnnotation { .. })
+        ));
+    }
+
+    #[test]
+    fn a_node_annotated_after_its_creation_waits_for_a_leader_newer_than_the_annotation() {
+        let mut entries = vec![entry(
+            "cilium-agent",
+            None,
+            0,
+            json!({"f:spec": {".": {}, "f:instance-id": {}}}),
+        )];
+        // Whoever set it later owns it: kubectl, our handover manager, or the creator itself
+        // (the same second as the creation: cannot be told from a write just after it).
+        for manager in ["kubectl-annotate", HANDOVER_FIELD_MANAGER, "cilium-agent"] {
+            entries.push(entry(
+                manager,
+                None,
+                50,
+                json!({"f:metadata": {"f:annotations": {"f:ipam.cilium.io/ignore": {}}}}),
+            ));
+            let w = Writers::from_managed_fields(&entries);
+            assert!(!w.ignore_at_creation(), "{manager}");
+            let knew = lease(0, 100);
+            assert!(
+                matches!(
+                    other_allocator(&signals(&w, Some(&knew), 105)),
+                    Some(OtherAllocator::CiliumLeaderKnewNode { .. })
+                ),
+                "{manager}"
+            );
+            let newer = lease(60, 100);
+            assert_eq!(other_allocator(&signals(&w, Some(&newer), 105)), None);
+            entries.pop();
+        }
+        // Owned by an entry without a time (a no-op apply): not "at creation" either.
+        let mut e = entry(
+            HANDOVER_FIELD_MANAGER,
+            None,
+            50,
+            json!({"f:metadata": {"f:annotations": {"f:ipam.cilium.io/ignore": {}}}}),
+        );
+        e.time = None;
+        assert!(!Writers::from_managed_fields(&[e]).ignore_at_creation());
+    }
+
+    #[test]
+    fn a_released_lease_blocks_as_a_held_one_until_a_new_holder_or_its_expiry_plus_its_duration() {
+        // Released at 100 (client-go: empty holder, renew = acquire = the release).
+        let released = LeaseView {
+            holder: String::new(),
+            ..lease(100, 100)
+        };
+        assert!(released.released());
+        // Not annotated, not ours to annotate: its next leader serves it.
+        let w = Writers::default();
+        let mut s = signals(&w, Some(&released), 105);
+        s.cilium_ignore = false;
+        let other = other_allocator(&s).expect("blocked while released");
+        assert!(other.to_string().contains("released at"), "{other}");
+        // Ours to annotate now: after the release, so only its next leader's Lease clears it.
+        s.will_annotate = true;
+        for now in [105, 129] {
+            s.now = t(now);
+            assert!(
+                matches!(
+                    other_allocator(&s),
+                    Some(OtherAllocator::CiliumLeaderKnewNode { .. })
+                ),
+                "{now}"
+            );
+        }
+        // Expiry (100 + 15) plus the duration (15): no Cilium operator any more.
+        s.now = t(131);
+        assert_eq!(other_allocator(&s), None);
+        // A new holder that took over after our annotation (at 105, dated by our manager).
+        let w = annotated_by_handover(105);
+        let next = lease(110, 110);
+        assert_eq!(other_allocator(&signals(&w, Some(&next), 111)), None);
+        // Annotated before the release: the leader that knew it is gone, the next keeps off.
+        let w = annotated_by_handover(90);
+        assert_eq!(other_allocator(&signals(&w, Some(&released), 105)), None);
     }
 
     #[test]

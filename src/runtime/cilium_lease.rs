@@ -13,13 +13,24 @@ use crate::ipam::handover::{CILIUM_OPERATOR_LEASE, CiliumLease, LeaseView};
 /// How often the Lease is read (Cilium's lease duration is 15 s by default).
 pub const PERIOD: Duration = Duration::from_secs(5);
 
-/// The guard's view of a Lease (`None`: nobody holds it, or a field is missing).
+/// Cilium operator's default lease duration (`--leader-election-lease-duration`, 15 s).
+const CILIUM_LEASE_DURATION: i32 = 15;
+
+/// The guard's view of a Lease (`None`: never held, or no renew time). A released Lease (empty
+/// holder) is a view too ([`LeaseView::released`]): client-go's release writes the release time
+/// as both renew and acquire time and a duration of 1 s, which says nothing about how soon the
+/// next leader comes, so it gets at least Cilium's default duration.
 pub fn view(lease: &Lease) -> Option<LeaseView> {
     let spec = lease.spec.as_ref()?;
-    let holder = spec.holder_identity.clone().filter(|h| !h.is_empty())?;
+    let holder = spec.holder_identity.clone().unwrap_or_default();
     let renewed = spec.renew_time.as_ref()?.0;
     let acquired = spec.acquire_time.as_ref().map_or(renewed, |t| t.0);
-    let seconds = spec.lease_duration_seconds.unwrap_or(15).max(1);
+    let seconds = spec.lease_duration_seconds.unwrap_or(CILIUM_LEASE_DURATION);
+    let seconds = if holder.is_empty() {
+        seconds.max(CILIUM_LEASE_DURATION)
+    } else {
+        seconds.max(1)
+    };
     Some(LeaseView {
         holder,
         acquired,
@@ -100,6 +111,45 @@ mod tests {
         assert_eq!(v.acquired, Timestamp::from_second(100).unwrap());
         assert_eq!(v.duration, Duration::from_secs(15));
         assert!(view(&Lease::default()).is_none());
+    }
+
+    /// What client-go's release writes when Cilium's operator stops (`ReleaseOnCancel`): no
+    /// holder, renew = acquire = now, 1 s. It used to read as "nobody holds it", so a
+    /// restarting Cilium operator blocked nothing for the restart.
+    #[test]
+    fn a_released_lease_is_a_view_that_blocks_for_its_expiry_plus_ciliums_duration() {
+        use crate::ipam::handover::{Signals, Writers, other_allocator};
+        let at = |s: i64| Timestamp::from_second(1_800_000_000 + s).unwrap();
+        let released = Lease {
+            spec: Some(LeaseSpec {
+                holder_identity: None,
+                acquire_time: Some(MicroTime(at(100))),
+                renew_time: Some(MicroTime(at(100))),
+                lease_duration_seconds: Some(1),
+                ..LeaseSpec::default()
+            }),
+            ..Lease::default()
+        };
+        let v = state(Ok(Some(&released)), "kube-system", false)
+            .view()
+            .cloned()
+            .expect("a released Lease is not 'no Cilium'");
+        let w = Writers::default();
+        let blocked = |now| {
+            other_allocator(&Signals {
+                writers: &w,
+                cilium_ignore: false,
+                will_annotate: false,
+                lease: Some(&v),
+                new_cilium_enis: &[],
+                now: at(now),
+                quiet: Duration::from_secs(180),
+                ignore_unsupported: None,
+            })
+            .is_some()
+        };
+        assert!(blocked(101) && blocked(129), "within 15 s + 15 s");
+        assert!(!blocked(131));
     }
 
     /// Issue 29 item 3: a Lease that could not be read (none at first, a 403, a 404 in the

@@ -174,6 +174,24 @@ impl Suite {
         .await
     }
 
+    /// Waits until our finalizer is on every node of `idxs`.
+    pub(super) async fn wait_taken_over(&self, idxs: &[usize], what: &str) -> Result<()> {
+        eventually(self.cfg.timeout, what, async || {
+            let mut left = Vec::new();
+            for &i in idxs {
+                if !self.has_our_finalizer(i).await? {
+                    left.push(self.nodes[i].name.clone());
+                }
+            }
+            Ok(if left.is_empty() {
+                Ok(())
+            } else {
+                Err(format!("no finalizer of ours on {left:?}"))
+            })
+        })
+        .await
+    }
+
     /// `kubectl rollout restart deploy/cilium-operator`: SIGTERM, then a new process that waits
     /// for the Lease as a new pod does. Returns when the new leader holds it, with how long the
     /// old one took to stop and the new one to lead.
@@ -182,14 +200,36 @@ impl Suite {
         op: &Mutex<Option<CiliumOperator>>,
         v: Version,
     ) -> Result<(Duration, Duration)> {
+        let (t0, wall0) = (Instant::now(), Timestamp::now());
+        let stopped = self.stop_cilium_leader(op).await?;
+        self.start_cilium_leader(op, v, wall0).await?;
+        Ok((stopped, t0.elapsed()))
+    }
+
+    /// The first half of [`Self::restart_cilium`]: SIGTERM; how long the process took to go.
+    pub(super) async fn stop_cilium_leader(
+        &self,
+        op: &Mutex<Option<CiliumOperator>>,
+    ) -> Result<Duration> {
         let old = op
             .lock()
             .expect("op")
             .take()
             .context("no Cilium operator")?;
-        let (t0, wall0) = (Instant::now(), Timestamp::now());
+        let t0 = Instant::now();
         old.stop(Duration::from_secs(20)).await?;
-        let stopped = t0.elapsed();
+        Ok(t0.elapsed())
+    }
+
+    /// The second half: a new process that waits for the Lease as a new pod does; returns when
+    /// it holds the Lease acquired at `wall0` or later, with how long that took.
+    pub(super) async fn start_cilium_leader(
+        &self,
+        op: &Mutex<Option<CiliumOperator>>,
+        v: Version,
+        wall0: Timestamp,
+    ) -> Result<Duration> {
+        let t0 = Instant::now();
         let new = CiliumOperator::start_keeping_lease(
             v,
             &self.ops.settings.ec2_endpoint,
@@ -219,7 +259,7 @@ impl Suite {
             })
         })
         .await?;
-        Ok((stopped, t0.elapsed()))
+        Ok(t0.elapsed())
     }
 
     /// `cilium-handover`: the migration doc step by step against Cilium's real operator 1.20;
@@ -398,20 +438,8 @@ impl Suite {
         self.set_pods(c, 14);
         let (stopped, led) = self.restart_cilium(op, v).await?;
         // Taken over (our finalizer) first: their pools may already cover the new demand.
-        eventually(self.cfg.timeout, "ours to take B and C over", async || {
-            let mut left = Vec::new();
-            for &i in idxs {
-                if !self.has_our_finalizer(i).await? {
-                    left.push(self.nodes[i].name.clone());
-                }
-            }
-            Ok(if left.is_empty() {
-                Ok(())
-            } else {
-                Err(format!("no finalizer of ours on {left:?}"))
-            })
-        })
-        .await?;
+        self.wait_taken_over(idxs, "ours to take B and C over")
+            .await?;
         self.served_beside(op, idxs, "all three served by ours")
             .await?;
         let calls = self.calls_since(sim, mark).await?;
