@@ -548,7 +548,7 @@ impl<E: Ec2> Gate<E> {
             let labels = BucketLabels { bucket };
             gate.metrics.rate.get_or_create(&labels).set(rate);
             // Exported from the start at 0, so that rate() sees the first recovery.
-            gate.metrics.recoveries.get_or_create(&labels);
+            let _ = gate.metrics.recoveries.get_or_create(&labels);
         }
         gate
     }
