@@ -55,17 +55,28 @@ impl Kubectl {
     }
 
     /// Creates a CiliumNode the way an agent does (an Update-style create under its manager).
-    fn create_node(&self, name: &str, labels: Value, annotations: Value) {
+    fn try_create_node(
+        &self,
+        name: &str,
+        labels: Value,
+        annotations: Value,
+    ) -> Result<String, String> {
         let node = serde_json::json!({
             "apiVersion": "cilium.io/v2",
             "kind": "CiliumNode",
             "metadata": {"name": name, "labels": labels, "annotations": annotations},
             "spec": {"instance-id": format!("i-{name}")},
         });
-        self.ok(
+        self.run(
             &["create", "--field-manager=cilium-agent", "-f", "-"],
             Some(&node.to_string()),
-        );
+        )
+    }
+
+    fn create_node(&self, name: &str, labels: Value, annotations: Value) {
+        if let Err(e) = self.try_create_node(name, labels, annotations) {
+            panic!("creating CiliumNode {name}: {e}");
+        }
     }
 
     fn node(&self, name: &str) -> Value {
@@ -154,15 +165,19 @@ fn the_policy_annotates_ciliumnodes_at_creation_and_nobody_owns_the_annotation()
     let labelled = serde_json::json!({ LABEL: "true" });
     for i in 0.. {
         let probe = format!("probe-{i}");
-        k.create_node(&probe, labelled.clone(), serde_json::json!({}));
-        let annotated = annotation(&k.node(&probe)).is_some();
-        k.ok(&["delete", "ciliumnode", &probe], None);
+        // Right after Established the API server may still answer "kind not found" (503) for
+        // a moment: that is a retry, within the same bound.
+        let created = k.try_create_node(&probe, labelled.clone(), serde_json::json!({}));
+        let annotated = created.is_ok() && annotation(&k.node(&probe)).is_some();
+        if created.is_ok() {
+            k.ok(&["delete", "ciliumnode", &probe], None);
+        }
         if annotated {
             break;
         }
         assert!(
             start.elapsed() < Duration::from_secs(60),
-            "the policy never acted"
+            "the policy never acted (last create: {created:?})"
         );
         std::thread::sleep(Duration::from_millis(500));
     }
