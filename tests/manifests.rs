@@ -8,6 +8,9 @@
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
+use k8s_openapi::api::admissionregistration::v1::{
+    ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Service, ServiceAccount};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
@@ -95,6 +98,8 @@ struct Objects {
     deployments: Vec<Deployment>,
     pdbs: Vec<PodDisruptionBudget>,
     services: Vec<Service>,
+    admission_policies: Vec<ValidatingAdmissionPolicy>,
+    admission_policy_bindings: Vec<ValidatingAdmissionPolicyBinding>,
 }
 
 /// The CRD for clusters without Cilium (not in the default apply path).
@@ -129,6 +134,12 @@ fn objects() -> Objects {
             ("apps/v1", "Deployment") => o.deployments.push(typed(&file, &v)),
             ("policy/v1", "PodDisruptionBudget") => o.pdbs.push(typed(&file, &v)),
             ("v1", "Service") => o.services.push(typed(&file, &v)),
+            ("admissionregistration.k8s.io/v1", "ValidatingAdmissionPolicy") => {
+                o.admission_policies.push(typed(&file, &v))
+            }
+            ("admissionregistration.k8s.io/v1", "ValidatingAdmissionPolicyBinding") => {
+                o.admission_policy_bindings.push(typed(&file, &v))
+            }
             _ => panic!("{file}: unexpected object {api} {kind}"),
         }
     }
@@ -149,10 +160,21 @@ fn every_object_parses_and_the_set_is_complete() {
         o.deployments.len(),
         o.pdbs.len(),
         o.services.len(),
+        o.admission_policies.len(),
+        o.admission_policy_bindings.len(),
     ];
     // Two Roles and RoleBindings: leader election, and Cilium's Lease (in kube-system); two
-    // ClusterRoles and bindings: the operator's, and the CiliumNode CRD's label.
-    assert_eq!(counts, [1, 1, 2, 2, 2, 2, 1, 1, 1, 1]);
+    // ClusterRoles and bindings: the operator's, and the CiliumNode CRD's label; one admission
+    // policy and its binding: what a Cilium agent may write (docs/rules.md).
+    assert_eq!(counts, [1, 1, 2, 2, 2, 2, 1, 1, 1, 1, 1, 1]);
+    // Cluster-scoped, and the binding names its policy.
+    let (policy, binding) = (&o.admission_policies[0], &o.admission_policy_bindings[0]);
+    assert_eq!(policy.metadata.namespace, None);
+    assert_eq!(binding.metadata.namespace, None);
+    assert_eq!(
+        binding.spec.as_ref().and_then(|s| s.policy_name.clone()),
+        policy.metadata.name
+    );
     assert_eq!(o.namespaces[0].metadata.name.as_deref(), Some(NAMESPACE));
     // Namespaced objects all live in the operator's namespace (but the Role to read Cilium's
     // Lease, `rbac_reads_only_cilium_operators_lease`).
