@@ -82,9 +82,11 @@ fn lookup<'a>(v: &'a Value, path: &[String]) -> Option<&'a Value> {
 }
 
 /// Values `ci/every-value.yaml` keeps at their default on purpose: `mode` (shadow is linted and
-/// rendered on its own) and what the rest of the file needs on.
+/// rendered on its own), what the rest of the file needs on, and the admission API version the
+/// e2e's server-side dry run of this file needs served (v1 on Kubernetes 1.36; v1beta1 is off).
 const KEPT_AT_DEFAULT: &[&str] = &[
     "mode",
+    "ciliumIgnoreAtCreation.apiVersion",
     "metrics.service.enabled",
     "podDisruptionBudget.enabled",
     "nodeSelector.kubernetes.io/os",
