@@ -7,11 +7,10 @@
 //! Needs `KUBEBUILDER_ASSETS` (etcd, kube-apiserver, kube-controller-manager, kubectl; `.ci/run`
 //! sets it); without it: NOT RUN on stderr.
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
-use testkit::control_plane::{ControlPlane, assets_from_env};
+use testkit::control_plane::{ControlPlane, Kubectl, assets_from_env};
 
 const FINALIZER: &str = "eni-operator.cilium.io/release-enis";
 
@@ -19,47 +18,13 @@ fn root() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
 }
 
-/// kubectl with one identity (a kubeconfig).
-struct Kubectl {
-    bin: PathBuf,
-    kubeconfig: PathBuf,
+/// What only this test asks of kubectl.
+trait AgentKubectl {
+    fn refused(&self, args: &[&str], stdin: Option<&str>) -> String;
+    fn with_token(&self, cp: &ControlPlane, name: &str, token: &str) -> Kubectl;
 }
 
-impl Kubectl {
-    fn run(&self, args: &[&str], stdin: Option<&str>) -> Output {
-        let mut cmd = Command::new(&self.bin);
-        cmd.arg("--kubeconfig").arg(&self.kubeconfig).args(args);
-        cmd.stdin(if stdin.is_some() {
-            Stdio::piped()
-        } else {
-            Stdio::null()
-        })
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-        let mut child = cmd.spawn().expect("kubectl");
-        if let Some(text) = stdin {
-            use std::io::Write;
-            child
-                .stdin
-                .take()
-                .unwrap()
-                .write_all(text.as_bytes())
-                .unwrap();
-        }
-        child.wait_with_output().expect("kubectl")
-    }
-
-    /// Must succeed; its stdout.
-    fn ok(&self, args: &[&str], stdin: Option<&str>) -> String {
-        let out = self.run(args, stdin);
-        assert!(
-            out.status.success(),
-            "kubectl {args:?} failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    }
-
+impl AgentKubectl for Kubectl {
     /// Must be refused; the refusal.
     fn refused(&self, args: &[&str], stdin: Option<&str>) -> String {
         let out = self.run(args, stdin);

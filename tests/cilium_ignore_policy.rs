@@ -5,14 +5,14 @@
 //! (`handover::Writers::ignore_at_creation`). Needs `KUBEBUILDER_ASSETS` (kube-apiserver 1.36,
 //! etcd, kubectl) and `HELM`; without them it says NOT RUN on stderr and returns.
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::path::Path;
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use eni_operator::ipam::handover::Writers;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry;
 use serde_json::Value;
-use testkit::control_plane::{ControlPlane, assets_from_env};
+use testkit::control_plane::{ControlPlane, Kubectl, assets_from_env};
 
 const LABEL: &str = "eni-operator.cilium.io/handover";
 const IGNORE: &str = "ipam.cilium.io/ignore";
@@ -21,39 +21,19 @@ fn root() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
 }
 
-struct Kubectl {
-    bin: PathBuf,
-    kubeconfig: PathBuf,
+/// What only this test asks of kubectl.
+trait NodeKubectl {
+    fn try_create_node(
+        &self,
+        name: &str,
+        labels: Value,
+        annotations: Value,
+    ) -> Result<String, String>;
+    fn create_node(&self, name: &str, labels: Value, annotations: Value);
+    fn node(&self, name: &str) -> Value;
 }
 
-impl Kubectl {
-    fn run(&self, args: &[&str], stdin: Option<&str>) -> Result<String, String> {
-        let mut child = Command::new(&self.bin)
-            .arg(format!("--kubeconfig={}", self.kubeconfig.display()))
-            .args(args)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        {
-            use std::io::Write;
-            let mut input = child.stdin.take().unwrap();
-            input.write_all(stdin.unwrap_or("").as_bytes()).unwrap();
-        }
-        let out = child.wait_with_output().unwrap();
-        if out.status.success() {
-            Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-        } else {
-            Err(String::from_utf8_lossy(&out.stderr).into_owned())
-        }
-    }
-
-    fn ok(&self, args: &[&str], stdin: Option<&str>) -> String {
-        self.run(args, stdin)
-            .unwrap_or_else(|e| panic!("kubectl {args:?}: {e}"))
-    }
-
+impl NodeKubectl for Kubectl {
     /// Creates a CiliumNode the way an agent does (an Update-style create under its manager).
     fn try_create_node(
         &self,
@@ -67,7 +47,7 @@ impl Kubectl {
             "metadata": {"name": name, "labels": labels, "annotations": annotations},
             "spec": {"instance-id": format!("i-{name}")},
         });
-        self.run(
+        self.answer(
             &["create", "--field-manager=cilium-agent", "-f", "-"],
             Some(&node.to_string()),
         )

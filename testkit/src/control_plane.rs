@@ -29,7 +29,7 @@ use std::fs;
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
@@ -471,3 +471,58 @@ pub fn die_with_parent(cmd: &mut Command) {
 
 #[cfg(not(target_os = "linux"))]
 pub fn die_with_parent(_cmd: &mut Command) {}
+
+/// kubectl with one identity (a kubeconfig): tests that act on the API server as a user or an
+/// agent would.
+pub struct Kubectl {
+    pub bin: PathBuf,
+    pub kubeconfig: PathBuf,
+}
+
+impl Kubectl {
+    /// Runs it with `stdin` piped in; its output, whatever the exit.
+    pub fn run(&self, args: &[&str], stdin: Option<&str>) -> Output {
+        let mut child = Command::new(&self.bin)
+            .arg("--kubeconfig")
+            .arg(&self.kubeconfig)
+            .args(args)
+            .stdin(if stdin.is_some() {
+                Stdio::piped()
+            } else {
+                Stdio::null()
+            })
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("kubectl");
+        if let Some(text) = stdin {
+            child
+                .stdin
+                .take()
+                .expect("piped")
+                .write_all(text.as_bytes())
+                .expect("kubectl's stdin");
+        }
+        child.wait_with_output().expect("kubectl")
+    }
+
+    /// Its stdout when it succeeds, its stderr when it fails.
+    pub fn answer(
+        &self,
+        args: &[&str],
+        stdin: Option<&str>,
+    ) -> std::result::Result<String, String> {
+        let out = self.run(args, stdin);
+        if out.status.success() {
+            Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+        } else {
+            Err(String::from_utf8_lossy(&out.stderr).into_owned())
+        }
+    }
+
+    /// Must succeed; its stdout.
+    pub fn ok(&self, args: &[&str], stdin: Option<&str>) -> String {
+        self.answer(args, stdin)
+            .unwrap_or_else(|e| panic!("kubectl {args:?} failed: {e}"))
+    }
+}
