@@ -12,11 +12,7 @@
 use std::collections::BTreeMap;
 
 use crate::ec2::{Ec2, Ec2Error, InstanceFilter, Tags, collect_pages};
-
-/// The EKS tag on every instance of a managed node group: its value is the cluster's name.
-pub const EKS_TAG: &str = "aws:eks:cluster-name";
-/// The cloud provider's tag: `kubernetes.io/cluster/<name>` = `owned` | `shared`.
-pub const K8S_TAG_PREFIX: &str = "kubernetes.io/cluster/";
+use crate::ipam::ownership::{EKS_TAG, K8S_TAG_PREFIX};
 
 /// Instance IDs per DescribeInstances call (AWS accepts up to 1,000 IDs; smaller pages keep
 /// one answer small).
@@ -67,13 +63,6 @@ fn named_by(instance: &str, tags: &Tags) -> Result<Option<String>, Refusal> {
             names: many.join(", "),
         }),
     }
-}
-
-/// Whether an instance's tags name `cluster` (either tag, as [`derive`] reads them): the
-/// operator touches no instance that does not (docs/rules.md §15).
-pub fn names_cluster(tags: &Tags, cluster: &str) -> bool {
-    tags.get(EKS_TAG).is_some_and(|v| v == cluster)
-        || tags.contains_key(&format!("{K8S_TAG_PREFIX}{cluster}"))
 }
 
 /// The name the tagged instances agree on, and the instances that name no cluster (skipped:
@@ -140,7 +129,7 @@ pub async fn resolve<E: Ec2>(
         .items
         .iter()
         .filter_map(|n| n.spec.as_ref()?.provider_id.as_deref())
-        .filter_map(crate::runtime::source::instance_from_provider_id)
+        .filter_map(crate::k8s::source::instance_from_provider_id)
         .collect();
     let instances = describe(ec2, &ids).await.map_err(|e| {
         format!("--cluster-name is not set and the nodes' instances cannot be described to derive it: {e}; set --cluster-name")

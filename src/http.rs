@@ -16,9 +16,9 @@ use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+use crate::clock::now;
 use crate::config::ServerSettings;
 use crate::metrics::MetricsRegistry;
-use crate::runtime::clock::now;
 
 /// What `/readyz` answers: ready when the API server answered the last probe and
 /// * as a **standby**: nothing else. A standby runs no watches and holds no caches (by design:

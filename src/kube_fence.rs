@@ -1,7 +1,7 @@
 //! The lease fence (docs/rules.md §14.2) on the Kubernetes client, at the last moment a request
 //! can still be stopped: inside the client-side rate limiter ([`crate::kube_limit`]), so a write
 //! that waited for a token is checked when the token comes, not when it was planned, and once
-//! per request (a change set of three patches is three checks). `runtime::fence::FencedSink`
+//! per request (a change set of three patches is three checks). `k8s::fence::FencedSink`
 //! still checks first (cheap, and it covers sinks that are no HTTP client); this layer is what
 //! makes "right before each request leaves" true.
 //!
@@ -16,7 +16,7 @@ use std::task::{Context, Poll};
 use http::{Method, Request};
 use tower::{BoxError, Layer, Service};
 
-use crate::runtime::fence::{Fence, LEASE_EXPIRED};
+use crate::k8s::fence::{Fence, LEASE_EXPIRED};
 
 /// A request the fence stopped: never sent.
 #[derive(Debug, thiserror::Error)]

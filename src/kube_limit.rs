@@ -16,9 +16,9 @@ use kube::Client;
 use tower::{Layer, Service};
 
 use crate::ec2::gate::{Limiter, TokioClock, limiter};
+use crate::k8s::fence::Fence;
 use crate::kube_fence::FenceLayer;
 use crate::kube_metrics::{KubeClientMetrics, RequestMetricsLayer};
-use crate::runtime::fence::Fence;
 
 /// Builds [`RateLimit`] services sharing one bucket.
 #[derive(Clone)]

@@ -4,7 +4,10 @@
 //! * [`crd`]: the CiliumNode wire types.
 //! * [`ec2`]: the EC2 trait, the SDK client and the rate-limit gate.
 //! * [`ipam`]: the pure engine (demand, capacity, planning, release, write-back).
-//! * [`runtime`]: leader election, caches, deficit queue, reconciler, finalizer, GC.
+//! * [`k8s`]: the Kubernetes side: watches in, CiliumNode writes out, the Lease.
+//! * [`cache`]: the EC2 view (the cache, its refresher, instance-type limits).
+//! * [`reconcile`]: one pass over one node, its EC2 actions, Events, status, GC, finalizer.
+//! * [`event_loop`]: the allocation core: inputs, the queue's passes, refreshes.
 //! * [`config`], [`metrics`], [`http`]: settings, Prometheus registry, health/metrics server.
 //! * [`kube_limit`]: the client-side rate limit of Kubernetes API requests.
 //! * [`kube_fence`]: the lease fence on each Kubernetes write as it leaves.
@@ -19,14 +22,18 @@
 
 #![forbid(unsafe_code)]
 
+pub mod cache;
+pub mod clock;
 pub mod cluster_name;
 pub mod config;
 pub mod crd;
 pub mod credentials;
 pub mod ec2;
+pub mod event_loop;
 pub mod http;
 pub mod ipam;
 pub mod jitter;
+pub mod k8s;
 pub mod kube_fence;
 pub mod kube_limit;
 pub mod kube_metrics;
@@ -35,7 +42,7 @@ pub mod metrics_compat;
 pub mod modes;
 pub mod mutants;
 pub mod process_metrics;
-pub mod runtime;
+pub mod reconcile;
 pub mod status_cli;
 pub mod text_table;
 pub mod uninstall;

@@ -61,9 +61,9 @@ async fn main() -> ExitCode {
     // write has its rate-limit token (`kube_fence`). Shadow mode writes nothing and leads
     // nothing.
     let fence = if settings.kube.leader_election && settings.mode.mode == Mode::Active {
-        eni_operator::runtime::fence::Fence::closed()
+        eni_operator::k8s::fence::Fence::closed()
     } else {
-        eni_operator::runtime::fence::Fence::open()
+        eni_operator::k8s::fence::Fence::open()
     };
     let clients = tokio::select! {
         result = connect_kube(settings.kube.k8s_client_qps, settings.kube.k8s_client_burst, &registry, fence.clone()) => match result {
@@ -127,7 +127,7 @@ async fn plan(settings: Settings) -> ExitCode {
         settings.kube.k8s_client_qps,
         settings.kube.k8s_client_burst,
         &MetricsRegistry::new(),
-        eni_operator::runtime::fence::Fence::open(),
+        eni_operator::k8s::fence::Fence::open(),
     )
     .await
     {
@@ -149,7 +149,7 @@ async fn uninstall(settings: Settings) -> ExitCode {
     let wait = settings.kube.leader_election_lease_duration * 4;
     let (qps, burst) = (settings.kube.k8s_client_qps, settings.kube.k8s_client_burst);
     // A one-shot command: its client's metrics are not served anywhere.
-    let open = eni_operator::runtime::fence::Fence::open();
+    let open = eni_operator::k8s::fence::Fence::open();
     let client = match connect_kube(qps, burst, &MetricsRegistry::new(), open).await {
         Ok(c) => c.main,
         Err(e) => return fail(format!("cannot reach the Kubernetes API server: {e}")),
@@ -173,7 +173,7 @@ async fn uninstall(settings: Settings) -> ExitCode {
 async fn run_operator(
     settings: Settings,
     clients: eni_operator::kube_limit::Clients,
-    fence: eni_operator::runtime::fence::Fence,
+    fence: eni_operator::k8s::fence::Fence,
     registry: MetricsRegistry,
     readiness: Readiness,
     shutdown: CancellationToken,
@@ -182,12 +182,13 @@ async fn run_operator(
 
     use eni_operator::ec2::aws::AwsEc2;
     use eni_operator::ec2::gate::Gate;
-    use eni_operator::runtime::core::Core;
-    use eni_operator::runtime::fence::{Fenced, FencedSink};
-    use eni_operator::runtime::leader::{Elector, KubeLease};
-    use eni_operator::runtime::metrics::RuntimeMetrics;
-    use eni_operator::runtime::sink::KubeSink;
-    use eni_operator::runtime::{gc, source};
+    use eni_operator::event_loop::core::Core;
+    use eni_operator::k8s::fence::{Fenced, FencedSink};
+    use eni_operator::k8s::leader::{Elector, KubeLease};
+    use eni_operator::k8s::sink::KubeSink;
+    use eni_operator::k8s::source;
+    use eni_operator::reconcile::gc;
+    use eni_operator::reconcile::metrics::RuntimeMetrics;
 
     let aws = AwsEc2::new(&settings.ec2.aws_client_config()).await;
     tokio::spawn(eni_operator::credentials::warn_if_instance_role(
@@ -247,7 +248,7 @@ async fn run_operator(
             });
             let book = core.status_book();
             registry.set_debug_page("nodes", move || {
-                let page = book.page(eni_operator::runtime::clock::now());
+                let page = book.page(eni_operator::clock::now());
                 serde_json::to_value(page).unwrap_or_default()
             });
             let mut warm = core.warm();
@@ -316,7 +317,7 @@ async fn run_operator(
             }
             let cilium_version = async move {
                 if read_version {
-                    eni_operator::runtime::cilium_version::watch(version_client, move |v| {
+                    eni_operator::k8s::cilium_version::watch(version_client, move |v| {
                         version_core.set_cilium_version(v);
                     })
                     .await;
@@ -325,7 +326,7 @@ async fn run_operator(
             };
             let cilium_lease = async move {
                 if watch_lease {
-                    eni_operator::runtime::cilium_lease::watch(
+                    eni_operator::k8s::cilium_lease::watch(
                         lease_client,
                         &cilium_namespace,
                         absent,
@@ -385,7 +386,7 @@ async fn connect_kube(
     qps: f64,
     burst: u32,
     registry: &MetricsRegistry,
-    fence: eni_operator::runtime::fence::Fence,
+    fence: eni_operator::k8s::fence::Fence,
 ) -> anyhow::Result<eni_operator::kube_limit::Clients> {
     use eni_operator::kube_metrics::KubeClientMetrics;
     let metrics = registry.with(KubeClientMetrics::register);

@@ -267,7 +267,7 @@ fn source(cilium: &str) -> Source {
         "cilium_operator_ipam_empty_interface_slots" => {
             Source::Rename("eni_operator_ipam_empty_interface_slots")
         }
-        // runtime::metrics_cilium: the same events Cilium counts and times.
+        // reconcile::metrics_cilium: the same events Cilium counts and times.
         "cilium_operator_ipam_resync_total" => Source::Rename("eni_operator_ipam_resync_total"),
         "cilium_operator_ipam_allocation_duration_seconds" => {
             Source::Histogram("eni_operator_ipam_allocation_duration_seconds")

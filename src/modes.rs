@@ -14,14 +14,14 @@ use crate::crd::CiliumNode;
 use crate::ec2::aws::AwsEc2;
 use crate::ec2::gate::Gate;
 use crate::ec2::readonly::ReadOnlyEc2;
+use crate::event_loop::core::{Core, NodeInput};
 use crate::http::Readiness;
+use crate::k8s::readonly::ReadOnlySink;
+use crate::k8s::sink::KubeSink;
+use crate::k8s::source;
 use crate::metrics::MetricsRegistry;
-use crate::runtime::core::{Core, NodeInput};
-use crate::runtime::metrics::RuntimeMetrics;
-use crate::runtime::readonly::ReadOnlySink;
-use crate::runtime::shadow::{ShadowBook, ShadowMetrics, Summary, Would};
-use crate::runtime::sink::KubeSink;
-use crate::runtime::source;
+use crate::reconcile::metrics::RuntimeMetrics;
+use crate::reconcile::shadow::{ShadowBook, ShadowMetrics, Summary, Would};
 
 /// How long `plan` waits for every node's plan before printing what it has.
 const PLAN_TIMEOUT: Duration = Duration::from_secs(60);
@@ -61,7 +61,7 @@ async fn shadow_core(
     // The same per-node status as the active operator's, from the same passes.
     let status = core.status_book();
     registry.set_debug_page("nodes", move || {
-        serde_json::to_value(status.page(crate::runtime::clock::now())).unwrap_or_default()
+        serde_json::to_value(status.page(crate::clock::now())).unwrap_or_default()
     });
     Ok((core, book))
 }
@@ -112,7 +112,7 @@ pub async fn run_plan(settings: Settings, client: kube::Client) -> anyhow::Resul
         .collect();
     names.sort();
     // Every input is in before the core starts: its first EC2 listing is scoped to the VPC of
-    // the nodes it is told of (`runtime::start`), as the active operator's.
+    // the nodes it is told of (`event_loop::start`), as the active operator's.
     let (tx, rx) = tokio::sync::mpsc::channel(list.items.len() + node_inputs.len() + 2);
     for input in node_inputs {
         tx.send(input).await?;

@@ -11,7 +11,7 @@ use http_body_util::{BodyExt, Empty};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 
-use crate::runtime::status::Page;
+use crate::reconcile::status::page::Page;
 
 /// Read a running operator's per-node status (`/debug/nodes`).
 #[derive(Parser, Debug)]
@@ -169,7 +169,8 @@ pub async fn main(args: impl IntoIterator<Item = std::ffi::OsString>) -> std::pr
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::runtime::status::{Figures, NodeStatus, Wait, WaitReason, Would};
+    use crate::reconcile::status::page::{NodeStatus, Wait};
+    use crate::reconcile::status::{Figures, WaitReason, Would};
 
     fn page() -> Page {
         let mut p = Page::default();

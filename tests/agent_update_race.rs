@@ -5,10 +5,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use eni_operator::crd::{CiliumNode, IpamPoolDemand, IpamPoolRequest};
+use eni_operator::event_loop::core::{Core, CoreConfig, NodeInput};
 use eni_operator::ipam::{ChangeSet, IpamConfig};
-use eni_operator::runtime::core::{Core, CoreConfig, NodeInput};
-use eni_operator::runtime::metrics::RuntimeMetrics;
-use eni_operator::runtime::sink::{NodeEvent, NodeRef, NodeSink, SinkResult};
+use eni_operator::k8s::sink::{NodeEvent, NodeRef, NodeSink, SinkResult};
+use eni_operator::reconcile::metrics::RuntimeMetrics;
 use testkit::cluster::{Cluster, agent_node};
 use testkit::sim::Simulator;
 use testkit::sink::MemorySink;

@@ -409,13 +409,13 @@ fn the_schemas_duration_pattern_is_the_operators_parser() {
     ];
     for v in both_accept {
         assert!(re.is_match(v), "the schema refuses {v:?}");
-        let parsed = eni_operator::config::parse_duration(v);
+        let parsed = eni_operator::config::values::parse_duration(v);
         assert!(parsed.is_ok(), "the operator refuses {v:?}: {parsed:?}");
     }
     for v in both_refuse {
         assert!(!re.is_match(v), "the schema accepts {v:?}");
         assert!(
-            eni_operator::config::parse_duration(v).is_err(),
+            eni_operator::config::values::parse_duration(v).is_err(),
             "the operator accepts {v:?}"
         );
     }
@@ -784,7 +784,7 @@ fn the_runbook_explains_every_problem_and_wait_reason() {
         .collect();
     assert!(problems.len() >= 19, "{problems:?}");
     assert!(problems.contains(&"CiliumIgnoresAnnotation"));
-    let status = std::fs::read_to_string(root().join("src/runtime/status.rs")).unwrap();
+    let status = std::fs::read_to_string(root().join("src/reconcile/status.rs")).unwrap();
     let enum_body = &status[status.find("pub enum WaitReason").unwrap()..];
     let enum_body = &enum_body[..enum_body.find("\n}").unwrap()];
     let waits: Vec<String> = enum_body

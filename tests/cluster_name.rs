@@ -6,8 +6,9 @@ use std::convert::Infallible;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use eni_operator::cluster_name::{EKS_TAG, Source, resolve, settle};
+use eni_operator::cluster_name::{Source, resolve, settle};
 use eni_operator::ec2::{Operation, Tags};
+use eni_operator::ipam::ownership::EKS_TAG;
 use testkit::sim::Simulator;
 
 /// An API server that answers every request with a NodeList of these provider IDs (`None`:

@@ -235,3 +235,34 @@ fn the_reference_parsers_find_what_they_should() {
     assert_eq!(sections(page), BTreeSet::from(["7".into(), "7.4".into()]));
     assert_eq!(rules_defined(page), BTreeSet::from([3]));
 }
+
+/// The paths the architecture page names in backticks (`src/...`, `tests/...`, a crate's
+/// folder): the page is a newcomer's map, so each must lead to a file or folder that exists.
+fn missing_paths(page: &str) -> Vec<String> {
+    const ROOTS: &[&str] = &[
+        "src/", "tests/", "testkit/", "bench/", "dst/", "e2e/", "crd-gen/", "charts/", "docs/",
+    ];
+    page.split('`')
+        .skip(1)
+        .step_by(2)
+        .filter(|t| ROOTS.iter().any(|r| t.starts_with(r)))
+        .filter(|t| !t.contains(|c: char| c.is_whitespace() || "*{<".contains(c)))
+        .filter(|t| !root().join(t).exists())
+        .map(str::to_string)
+        .collect()
+}
+
+#[test]
+fn every_path_the_architecture_page_names_exists() {
+    let page = std::fs::read_to_string(root().join("docs/architecture.md")).unwrap();
+    let missing = missing_paths(&page);
+    assert!(
+        missing.is_empty(),
+        "docs/architecture.md names paths that do not exist:\n{}",
+        missing.join("\n")
+    );
+    assert_eq!(
+        missing_paths("see `src/nowhere.rs` and `src/ipam/` and `cargo test`"),
+        ["src/nowhere.rs"]
+    );
+}

@@ -6,15 +6,15 @@ use std::net::Ipv4Addr;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
+use eni_operator::cache::Ec2Cache;
 use eni_operator::crd::CiliumNode;
 use eni_operator::ec2::{
     AddressRequest, Ec2, EniFilter, EniState, NetworkInterface, Operation, Tags, collect_pages,
 };
+use eni_operator::event_loop::core::{Core, CoreConfig, NodeInput};
 use eni_operator::ipam::{Action, Assign, IpamConfig, Release};
-use eni_operator::runtime::cache::Ec2Cache;
-use eni_operator::runtime::core::{Core, CoreConfig, NodeInput};
-use eni_operator::runtime::executor::Executor;
-use eni_operator::runtime::metrics::RuntimeMetrics;
+use eni_operator::reconcile::executor::Executor;
+use eni_operator::reconcile::metrics::RuntimeMetrics;
 use testkit::sim::Simulator;
 use testkit::sink::MemorySink;
 use tokio::sync::mpsc;
@@ -58,7 +58,7 @@ async fn as_in_production(sim: &Simulator, tx: &mpsc::Sender<NodeInput>, nodes: 
                 "owned".to_string(),
             )]),
         );
-        let facts = eni_operator::runtime::identity::NodeFacts {
+        let facts = eni_operator::k8s::input::NodeFacts {
             instance: Some(instance.to_string()),
             internal_ips: Vec::new(),
         };

@@ -7,11 +7,11 @@ use std::time::Duration;
 
 use eni_operator::ec2::{AddressRequest, Ec2, Operation, Tags};
 use eni_operator::ipam::ChangeSet;
-use eni_operator::runtime::fence::{Fence, Fenced, FencedSink, LEASE_EXPIRED};
-use eni_operator::runtime::leader::{
+use eni_operator::k8s::fence::{Fence, Fenced, FencedSink, LEASE_EXPIRED};
+use eni_operator::k8s::leader::{
     Elector, LeaderConfig, LeadershipLost, LeaseError, LeaseLock, LeaseRecord,
 };
-use eni_operator::runtime::sink::{NodeRef, NodeSink, SinkError};
+use eni_operator::k8s::sink::{NodeRef, NodeSink, SinkError};
 use testkit::lease::{MemoryLease, MemoryLeaseClient};
 use testkit::sim::Simulator;
 use testkit::sink::MemorySink;
@@ -151,7 +151,7 @@ async fn no_mutating_call_or_write_leaves_a_process_whose_fence_ran_out() {
 /// fence still let calls out until 2.4 s. Durations beyond an int32 of seconds saturate.
 #[tokio::test(start_paused = true)]
 async fn a_sub_second_lease_duration_is_written_rounded_up() {
-    use eni_operator::runtime::leader::whole_seconds_up;
+    use eni_operator::k8s::leader::whole_seconds_up;
     let lease = Arc::new(MemoryLease::new());
     let config = |id: &str| LeaderConfig {
         lease_duration: Duration::from_millis(2500),

@@ -9,8 +9,8 @@ use std::time::Duration;
 use eni_operator::crd::AllocationIp;
 use eni_operator::crd::{CILIUM_IGNORE_ANNOTATION, FINALIZER};
 use eni_operator::ec2::{AddressRequest, Ec2, Operation};
-use eni_operator::runtime::core::{Core, CoreConfig, NodeInput};
-use eni_operator::runtime::metrics::RuntimeMetrics;
+use eni_operator::event_loop::core::{Core, CoreConfig, NodeInput};
+use eni_operator::reconcile::metrics::RuntimeMetrics;
 use testkit::cilium_signals::{
     annotated_ignore, cilium_creates_eni_with, cilium_lease, cilium_pool_write, own_write,
 };

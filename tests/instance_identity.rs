@@ -8,10 +8,10 @@ use std::time::Duration;
 
 use eni_operator::crd::{FINALIZER, IGNORE_ANNOTATION};
 use eni_operator::ec2::{Instance, Operation};
-use eni_operator::runtime::core::{CoreConfig, NodeInput};
-use eni_operator::runtime::identity::NodeFacts;
-use eni_operator::runtime::metrics::RuntimeMetrics;
-use eni_operator::runtime::status::WaitReason;
+use eni_operator::event_loop::core::{CoreConfig, NodeInput};
+use eni_operator::k8s::input::NodeFacts;
+use eni_operator::reconcile::metrics::RuntimeMetrics;
+use eni_operator::reconcile::status::WaitReason;
 use testkit::cluster::{Cluster, agent_node};
 use testkit::running;
 use testkit::sink::MemorySink;
@@ -26,8 +26,8 @@ struct World {
     tx: mpsc::Sender<NodeInput>,
     metrics: RuntimeMetrics,
     grace: Duration,
-    cache: Arc<std::sync::RwLock<eni_operator::runtime::cache::Ec2Cache>>,
-    status: Arc<eni_operator::runtime::status::StatusBook>,
+    cache: Arc<std::sync::RwLock<eni_operator::cache::Ec2Cache>>,
+    status: Arc<eni_operator::reconcile::status::StatusBook>,
     _task: tokio::task::JoinHandle<eni_operator::ec2::Result<()>>,
 }
 

@@ -7,9 +7,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use eni_operator::ec2::Operation;
+use eni_operator::event_loop::core::NodeInput;
 use eni_operator::ipam::handover::CiliumLease;
-use eni_operator::runtime::core::NodeInput;
-use eni_operator::runtime::metrics::RuntimeMetrics;
+use eni_operator::reconcile::metrics::RuntimeMetrics;
 use testkit::cluster::{Cluster, agent_node};
 use testkit::running;
 use testkit::sink::MemorySink;

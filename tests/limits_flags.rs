@@ -7,9 +7,9 @@ use std::time::Duration;
 
 use eni_operator::ec2::Operation;
 use eni_operator::ec2::limits::LimitOverride;
+use eni_operator::event_loop::core::{Core, CoreConfig, NodeInput};
 use eni_operator::ipam::IpamConfig;
-use eni_operator::runtime::core::{Core, CoreConfig, NodeInput};
-use eni_operator::runtime::metrics::RuntimeMetrics;
+use eni_operator::reconcile::metrics::RuntimeMetrics;
 use testkit::cluster::{Cluster, agent_node};
 use testkit::sim::Simulator;
 use testkit::sink::MemorySink;

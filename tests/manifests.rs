@@ -687,7 +687,7 @@ fn readme_lists_every_rbac_grant() {
     }
 }
 
-/// Every grant matches an API call in src/runtime/{source,sink,leader}.rs, and nothing more:
+/// Every grant matches an API call in src/k8s/{source,sink,leader}.rs, and nothing more:
 /// watches (list, watch) of CiliumNodes, Nodes and pending Pods; merge patches of CiliumNodes
 /// and their status; a get of a CiliumNode after a conflict and of a Node before releasing its
 /// ENIs; deletes of CiliumNodes whose Node is gone; events.k8s.io Events (kube-runtime's

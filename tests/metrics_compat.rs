@@ -7,11 +7,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use eni_operator::ec2::gate::{Gate, GateConfig};
+use eni_operator::event_loop::core::{Core, CoreConfig, NodeInput};
 use eni_operator::ipam::IpamConfig;
 use eni_operator::metrics::MetricsRegistry;
 use eni_operator::metrics_compat::{MetricsCompat, TEXT_CONTENT_TYPE, parse_sample};
-use eni_operator::runtime::core::{Core, CoreConfig, NodeInput};
-use eni_operator::runtime::metrics::RuntimeMetrics;
+use eni_operator::reconcile::metrics::RuntimeMetrics;
 use testkit::cluster::{Cluster, agent_node};
 use testkit::sink::MemorySink;
 use testkit::{served, wait_until};
@@ -216,7 +216,7 @@ async fn cilium_compat_exposes_every_cilium_family_with_its_name_type_and_labels
         ) >= 1.0
     );
     assert!(text.contains("cilium_operator_ec2_api_rate_limit_duration_seconds_count{operation="));
-    // The families filled from runtime::metrics_cilium (issue 22, part 3).
+    // The families filled from reconcile::metrics_cilium (issue 22, part 3).
     assert!(value("cilium_operator_ipam_resync_total ") >= 1.0);
     assert!(
         value("cilium_operator_ipam_background_sync_duration_seconds_count{status=\"success\"}")

@@ -6,6 +6,7 @@ use std::net::Ipv4Addr;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
+use eni_operator::cache::Ec2Cache;
 use eni_operator::crd::{
     AllocationIp, CiliumNode, FINALIZER, IpamPoolAllocation, IpamPoolDemand, IpamPoolRequest,
     ReleaseState,
@@ -16,15 +17,14 @@ use eni_operator::ec2::{
     InstanceFilter, InstanceState, InstanceTypeLimits, NetworkInterface, Operation, Page,
     ResourceFilter, Result, RouteTable, SecurityGroup, Subnet, Tags, Vpc, collect_pages,
 };
+use eni_operator::event_loop::core::{Core, CoreConfig, NodeInput};
 use eni_operator::ipam::ownership::ownership_tags;
 use eni_operator::ipam::{Action, IpamConfig, Release};
-use eni_operator::runtime::cache::Ec2Cache;
-use eni_operator::runtime::core::{Core, CoreConfig, NodeInput};
-use eni_operator::runtime::executor::Executor;
-use eni_operator::runtime::gc::EniGc;
-use eni_operator::runtime::leader::{Elector, LeaderConfig, LeadershipLost};
-use eni_operator::runtime::metrics::RuntimeMetrics;
-use eni_operator::runtime::source::{node_input, parse_node, to_input};
+use eni_operator::k8s::leader::{Elector, LeaderConfig, LeadershipLost};
+use eni_operator::k8s::source::{node_input, parse_node, to_input};
+use eni_operator::reconcile::executor::Executor;
+use eni_operator::reconcile::gc::EniGc;
+use eni_operator::reconcile::metrics::RuntimeMetrics;
 use ipnet::Ipv4Net;
 use kube::api::DynamicObject;
 use kube::runtime::watcher::Event;
@@ -2105,13 +2105,13 @@ async fn nodes_whose_instances_lack_the_instance_tags_are_left_alone() {
     assert_eq!(sink.writes("ours"), writes);
 }
 
-/// The elector against an in-memory Lease (moved from `src/runtime/leader.rs`: the Lease double
+/// The elector against an in-memory Lease (moved from `src/k8s/leader.rs`: the Lease double
 /// lives in testkit).
 mod leader {
     use std::sync::Arc;
     use std::time::Duration;
 
-    use eni_operator::runtime::leader::{Elector, LeaderConfig};
+    use eni_operator::k8s::leader::{Elector, LeaderConfig};
     use testkit::lease::{MemoryLease, MemoryLeaseClient};
     use tokio::time::Instant;
 
@@ -2161,15 +2161,15 @@ mod leader {
     }
 }
 
-/// The refresher against the simulator (moved from `src/runtime/refresher.rs`).
+/// The refresher against the simulator (moved from `src/cache/refresher.rs`).
 mod refresher {
     use std::collections::BTreeSet;
     use std::sync::{Arc, RwLock};
     use std::time::Duration;
 
+    use eni_operator::cache::Ec2Cache;
+    use eni_operator::cache::refresher::{Refresher, Scope};
     use eni_operator::ec2::Tags;
-    use eni_operator::runtime::cache::Ec2Cache;
-    use eni_operator::runtime::refresher::{Refresher, Scope};
     use testkit::sim::Simulator;
 
     #[tokio::test(start_paused = true)]
@@ -2209,12 +2209,12 @@ mod refresher {
     }
 }
 
-/// Event publishing into MemorySink (moved from `src/runtime/events.rs`).
+/// Event publishing into MemorySink (moved from `src/reconcile/events.rs`).
 mod events {
     use eni_operator::ipam::ProblemReason;
-    use eni_operator::runtime::events::{EventReason, PROBLEMS_DOC, publish};
-    use eni_operator::runtime::metrics::RuntimeMetrics;
-    use eni_operator::runtime::sink::{NodeEvent, NodeRef};
+    use eni_operator::k8s::sink::{NodeEvent, NodeRef};
+    use eni_operator::reconcile::events::{EventReason, PROBLEMS_DOC, publish};
+    use eni_operator::reconcile::metrics::RuntimeMetrics;
     use testkit::sink::MemorySink;
 
     fn errors(m: &RuntimeMetrics, label: &str) -> u64 {
@@ -2440,7 +2440,7 @@ async fn a_restart_after_refused_attaches_replays_no_spent_token() {
 #[tokio::test(start_paused = true)]
 async fn an_agent_write_before_a_release_proposal_makes_it_conflict_even_after_a_pool_removal() {
     use eni_operator::ipam::{DesiredState, changes};
-    use eni_operator::runtime::sink::{NodeRef, NodeSink, SinkError};
+    use eni_operator::k8s::sink::{NodeRef, NodeSink, SinkError};
 
     let sink = MemorySink::new();
     let mut n = CiliumNode::new("n", Default::default());

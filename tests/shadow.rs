@@ -8,13 +8,13 @@ use std::time::Duration;
 use eni_operator::ec2::gate::{Gate, GateConfig};
 use eni_operator::ec2::readonly::ReadOnlyEc2;
 use eni_operator::ec2::{AddressRequest, Ec2, Operation, Tags};
+use eni_operator::event_loop::core::{Core, CoreConfig, NodeInput};
 use eni_operator::ipam::IpamConfig;
+use eni_operator::k8s::readonly::ReadOnlySink;
+use eni_operator::k8s::sink::{NodeRef, NodeSink};
 use eni_operator::metrics::MetricsRegistry;
-use eni_operator::runtime::core::{Core, CoreConfig, NodeInput};
-use eni_operator::runtime::metrics::RuntimeMetrics;
-use eni_operator::runtime::readonly::ReadOnlySink;
-use eni_operator::runtime::shadow::{Kind, ShadowBook, ShadowMetrics};
-use eni_operator::runtime::sink::{NodeRef, NodeSink};
+use eni_operator::reconcile::metrics::RuntimeMetrics;
+use eni_operator::reconcile::shadow::{Kind, ShadowBook, ShadowMetrics};
 use testkit::cluster::{Cluster, agent_node};
 use testkit::other_allocator::OtherAllocator;
 use testkit::sim::Simulator;
@@ -139,7 +139,7 @@ async fn a_shadow_writes_nothing_and_measures_the_other_allocators_deficits() {
         assert!(st.in_deficit, "{n}: {st:?}");
         assert_eq!(st.figures.needed, 12, "{n}");
         assert!(
-            matches!(st.would, eni_operator::runtime::shadow::Would::CreateEni { ref subnet, .. } if *subnet == w.subnet),
+            matches!(st.would, eni_operator::reconcile::shadow::Would::CreateEni { ref subnet, .. } if *subnet == w.subnet),
             "{n} would get an ENI in the node's subnet: {st:?}"
         );
     }
@@ -396,7 +396,7 @@ async fn the_read_only_types_refuse_every_write_and_mutating_call() {
     assert!(ro.set_annotation(&r, "k", Some("v")).await.is_err());
     assert!(ro.delete("n1").await.is_err());
     assert!(ro.apply(&r, &Default::default()).await.is_err());
-    ro.event(&r, eni_operator::runtime::sink::NodeEvent::normal("X", "y"))
+    ro.event(&r, eni_operator::k8s::sink::NodeEvent::normal("X", "y"))
         .await;
     assert_eq!(ro.refused(), 5);
     assert!(ro.fetch("n1").await.unwrap().is_some(), "reads pass");

@@ -2,8 +2,8 @@
 
 use std::convert::Infallible;
 
-use eni_operator::runtime::core::NodeInput;
-use eni_operator::runtime::source::watch_nodes;
+use eni_operator::event_loop::core::NodeInput;
+use eni_operator::k8s::source::watch_nodes;
 use tokio::sync::mpsc;
 
 /// The Node watch delivers, per Node, what it says about its instance (providerID,

@@ -14,14 +14,14 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::task::AbortOnDropHandle;
 
+use eni_operator::cache::Ec2Cache;
+use eni_operator::cache::refresher::{Refresher, Scope};
 use eni_operator::crd::{CiliumNode, ReleaseState};
 use eni_operator::ec2::gate::{Gate, GateConfig};
 use eni_operator::ec2::{Operation, Tags};
+use eni_operator::event_loop::core::{Core, CoreConfig, NodeInput};
 use eni_operator::ipam::IpamConfig;
-use eni_operator::runtime::cache::Ec2Cache;
-use eni_operator::runtime::core::{Core, CoreConfig, NodeInput};
-use eni_operator::runtime::metrics::RuntimeMetrics;
-use eni_operator::runtime::refresher::{Refresher, Scope};
+use eni_operator::reconcile::metrics::RuntimeMetrics;
 use testkit::agent::step_pods;
 use testkit::sim::{SimStats, Simulator, default_instance_types};
 use testkit::sink::{MemorySink, WriteCounts};

@@ -1,6 +1,6 @@
 //! The API server's side of the world, beyond what `MemorySink` stores: write faults (409
 //! Conflict, 5xx) and watches that end and relist, delivered to every running operator
-//! instance the way the runtime's watches (`runtime::source`) would deliver them.
+//! instance the way the runtime's watches (`k8s::source`) would deliver them.
 //!
 //! Watches, as kube's `watcher` has them: when a watch ends with an error (the API server
 //! restarts, a 410 Gone because the resourceVersion is too old), the watcher backs off and
@@ -15,8 +15,8 @@
 
 use std::collections::BTreeMap;
 
-use eni_operator::runtime::core::NodeInput;
-use eni_operator::runtime::source::{Listed, node_inputs, to_input};
+use eni_operator::event_loop::core::NodeInput;
+use eni_operator::k8s::source::{Listed, node_inputs, to_input};
 use kube::api::DynamicObject;
 use kube::runtime::watcher::Event;
 use rand::rngs::StdRng;
@@ -135,7 +135,7 @@ impl Watcher {
             };
             self.deliver(gone);
         }
-        // As `runtime::source` at `InitDone`: a name the Node listing did not show has no
+        // As `k8s::source` at `InitDone`: a name the Node listing did not show has no
         // Node (§15); the CiliumNodes present at the start are in (the first EC2 listing).
         self.deliver(match watch {
             Watch::Nodes => NodeInput::NodesListed,

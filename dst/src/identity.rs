@@ -24,7 +24,7 @@ use std::sync::Mutex;
 
 use eni_operator::crd::CiliumNode;
 use eni_operator::ec2::{EniState, NetworkInterface};
-use eni_operator::runtime::core::NodeInput;
+use eni_operator::event_loop::core::NodeInput;
 use kube::runtime::watcher::Event;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};

@@ -11,7 +11,7 @@
 //! The invariant observed here: no two leaders writing at once. Every mutating EC2 call and
 //! every API write of an instance is checked, when it is issued, against the Lease: issued while
 //! the Lease names another holder is a violation. client-go's election (and ours,
-//! `runtime::leader`) guarantees this only because the renew deadline (10 s) is shorter than
+//! `k8s::leader`) guarantees this only because the renew deadline (10 s) is shorter than
 //! the lease duration (15 s): the old leader stops issuing calls at its renew deadline, at
 //! least 5 s before anyone may take over. Calls it issued before and that are still in flight
 //! when the lease moves are the stated grace (the 5 s margin covers them: the simulator answers
@@ -24,13 +24,13 @@ use eni_operator::crd::CiliumNode;
 use eni_operator::ec2::gate::{Gate, GateConfig};
 use eni_operator::ec2::guarded::{Guarded, MutationGuard};
 use eni_operator::ec2::{Operation, Result};
+use eni_operator::event_loop::core::{Core, CoreConfig, NodeInput};
 use eni_operator::ipam::ChangeSet;
-use eni_operator::runtime::core::{Core, CoreConfig, NodeInput};
-use eni_operator::runtime::fence::{Fence, Fenced, FencedSink};
-use eni_operator::runtime::gc;
-use eni_operator::runtime::leader::{Elector, LeaderConfig, LeaseError, LeaseLock, LeaseRecord};
-use eni_operator::runtime::metrics::RuntimeMetrics;
-use eni_operator::runtime::sink::{NodeEvent, NodeRef, NodeSink, SinkResult};
+use eni_operator::k8s::fence::{Fence, Fenced, FencedSink};
+use eni_operator::k8s::leader::{Elector, LeaderConfig, LeaseError, LeaseLock, LeaseRecord};
+use eni_operator::k8s::sink::{NodeEvent, NodeRef, NodeSink, SinkResult};
+use eni_operator::reconcile::gc;
+use eni_operator::reconcile::metrics::RuntimeMetrics;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use testkit::lease::{MemoryLease, MemoryLeaseClient};

@@ -260,7 +260,7 @@ impl crate::world::World {
     /// name kept its count, and a restarted operator held that name for good.)
     pub fn pods_gone(&mut self, name: &str) {
         if self.agents.pending_sent.remove(name).is_some_and(|c| c > 0) {
-            self.send(eni_operator::runtime::core::NodeInput::PendingPods {
+            self.send(eni_operator::event_loop::core::NodeInput::PendingPods {
                 name: name.to_string(),
                 count: 0,
             });
@@ -283,7 +283,7 @@ impl crate::world::World {
                 .map(|(name, count)| (name.clone(), *count))
                 .collect();
             for (name, count) in sent {
-                self.send(eni_operator::runtime::core::NodeInput::PendingPods { name, count });
+                self.send(eni_operator::event_loop::core::NodeInput::PendingPods { name, count });
             }
             return;
         }
@@ -303,7 +303,7 @@ impl crate::world::World {
             let was = self.agents.pending_sent.get(&name).copied().unwrap_or(0);
             if was != count {
                 self.agents.pending_sent.insert(name.clone(), count);
-                self.send(eni_operator::runtime::core::NodeInput::PendingPods { name, count });
+                self.send(eni_operator::event_loop::core::NodeInput::PendingPods { name, count });
             }
         }
     }

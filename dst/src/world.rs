@@ -11,9 +11,9 @@ use eni_operator::crd::CiliumNode;
 use eni_operator::ec2::{
     AddressRequest, CreateEniRequest, Ec2, InstanceTypeLimits, NetworkInterface, Operation, Tags,
 };
+use eni_operator::event_loop::core::{CoreConfig, NodeInput};
 use eni_operator::ipam::IpamConfig;
-use eni_operator::runtime::core::{CoreConfig, NodeInput};
-use eni_operator::runtime::source::node_inputs;
+use eni_operator::k8s::source::node_inputs;
 use k8s_openapi::api::core::v1::Node;
 use kube::runtime::watcher::Event;
 use rand::Rng;
@@ -342,7 +342,7 @@ impl World {
             &self.cfg,
             self.subnet_ids(),
             Observer::alone(),
-            eni_operator::runtime::fence::Fence::open(),
+            eni_operator::k8s::fence::Fence::open(),
             // Retry jitter from the seed (one stream per operator start): a seed replays exactly.
             self.jitter_seed(u64::from(self.restarts)),
         );

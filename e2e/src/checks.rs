@@ -299,10 +299,10 @@ pub const FORBIDDEN_ACCESS: &[Access] = &[
 /// AWS keeps an ENI's own groups. The first real-API-server run failed on exactly that write,
 /// 34 s after a 12 s settle window.
 ///
-/// [`DESCRIBE_LAG`]: eni_operator::runtime::cache::DESCRIBE_LAG
+/// [`DESCRIBE_LAG`]: eni_operator::cache::DESCRIBE_LAG
 pub fn settle_window(resync: std::time::Duration) -> std::time::Duration {
     let margin = std::time::Duration::from_secs(2);
-    (resync * 2 + margin).max(eni_operator::runtime::cache::DESCRIBE_LAG + resync + margin)
+    (resync * 2 + margin).max(eni_operator::cache::DESCRIBE_LAG + resync + margin)
 }
 
 /// Whether a CiliumNode CRD (as read from the cluster) prunes `status.eni-operator`, our
@@ -638,7 +638,7 @@ mod tests {
     #[test]
     fn the_settle_window_outlasts_the_describe_lag_after_our_own_changes() {
         use std::time::Duration;
-        let lag = eni_operator::runtime::cache::DESCRIBE_LAG;
+        let lag = eni_operator::cache::DESCRIBE_LAG;
         for resync in [
             Duration::from_secs(1),
             Duration::from_secs(5),

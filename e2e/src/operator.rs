@@ -433,7 +433,10 @@ impl Operators {
     }
 
     /// `eni-operator status --address <address> --output json` (local mode): the page it read.
-    pub async fn run_status(&self, address: &str) -> Result<eni_operator::runtime::status::Page> {
+    pub async fn run_status(
+        &self,
+        address: &str,
+    ) -> Result<eni_operator::reconcile::status::page::Page> {
         let Mode::Local { bin, .. } = &self.mode else {
             return Err(anyhow!("status runs the local binary: local mode only"));
         };

@@ -22,7 +22,7 @@ use crate::faultproxy::{Fault, FaultProxy};
 use crate::kube_agent::{AgentHandle, spawn_agent};
 use crate::operator::{OperatorOptions, Operators};
 use crate::simctl::SimControl;
-use eni_operator::runtime::status::WaitReason;
+use eni_operator::reconcile::status::WaitReason;
 use testkit::agent::{Generation, endpoints};
 
 mod adopt;

@@ -752,7 +752,7 @@ impl<E: Ec2> Gate<E> {
                     .inc();
                 tracing::debug!(%op, code = %err.code, ?delay, "retrying EC2 call");
                 if err.is_throttled() {
-                    crate::runtime::status::note_throttled(op.name(), delay);
+                    crate::reconcile::status::note_throttled(op.name(), delay);
                 }
             })
             .await

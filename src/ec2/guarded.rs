@@ -1,5 +1,5 @@
 //! One wrapper for EC2 clients that let describes through and hold each mutating call to a
-//! check first: the fence of a leader (`runtime::fence`), the refusal of a shadow
+//! check first: the fence of a leader (`k8s::fence`), the refusal of a shadow
 //! (`ec2::readonly`), the simulation's observers. The check is the guard's job; passing every
 //! call of the [`Ec2`] trait along is this type's, written once.
 

@@ -11,6 +11,18 @@ use crate::ec2::{NetworkInterface, Tags};
 
 use super::capacity::Kind;
 
+/// The EKS tag on every instance of a managed node group: its value is the cluster's name.
+pub const EKS_TAG: &str = "aws:eks:cluster-name";
+/// The cloud provider's tag: `kubernetes.io/cluster/<name>` = `owned` | `shared`.
+pub const K8S_TAG_PREFIX: &str = "kubernetes.io/cluster/";
+
+/// Whether an instance's tags name `cluster` (either tag, as `cluster_name::derive` reads them): the
+/// operator touches no instance that does not (docs/rules.md §15).
+pub fn names_cluster(tags: &Tags, cluster: &str) -> bool {
+    tags.get(EKS_TAG).is_some_and(|v| v == cluster)
+        || tags.contains_key(&format!("{K8S_TAG_PREFIX}{cluster}"))
+}
+
 /// Tag key naming the cluster that owns the ENI.
 pub const CLUSTER_TAG: &str = "eni-operator.io/cluster-name";
 /// Tag key naming the instance the ENI was created for.

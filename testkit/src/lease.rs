@@ -2,7 +2,7 @@
 
 use std::sync::Mutex;
 
-use eni_operator::runtime::leader::{LeaseError, LeaseLock, LeaseRecord};
+use eni_operator::k8s::leader::{LeaseError, LeaseLock, LeaseRecord};
 
 /// A Lease in memory, shared by electors in tests. `partition(id)` makes calls from that
 /// identity fail (as if its API server connection broke).

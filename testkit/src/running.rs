@@ -4,11 +4,11 @@
 
 use std::sync::{Arc, RwLock};
 
+use eni_operator::cache::Ec2Cache;
 use eni_operator::ec2::{Ec2, Ec2Error};
-use eni_operator::runtime::cache::Ec2Cache;
-use eni_operator::runtime::core::{Core, CoreConfig, NodeInput};
-use eni_operator::runtime::metrics::RuntimeMetrics;
-use eni_operator::runtime::sink::NodeSink;
+use eni_operator::event_loop::core::{Core, CoreConfig, NodeInput};
+use eni_operator::k8s::sink::NodeSink;
+use eni_operator::reconcile::metrics::RuntimeMetrics;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 

@@ -9,7 +9,7 @@ use std::sync::Mutex;
 use eni_operator::crd::{CILIUM_IGNORE_ANNOTATION, CiliumNode};
 use eni_operator::ipam::handover::{HANDOVER_FIELD_MANAGER, OWN_FIELD_MANAGER};
 use eni_operator::ipam::{ChangeSet, Subresource};
-use eni_operator::runtime::sink::{
+use eni_operator::k8s::sink::{
     NodeEvent, NodeRef, NodeSink, SinkError, SinkResult, annotation_patch, finalizer_patch,
     with_version,
 };

@@ -15,9 +15,9 @@ use crate::checks::NodeVariant;
 use crate::faultproxy::FaultProxy;
 use crate::operator::OperatorOptions;
 use crate::other_alloc::OtherAllocator;
-use eni_operator::runtime::status::WaitReason;
+use eni_operator::reconcile::status::WaitReason;
 
-/// Field managers of the operator's writes (`src/runtime/sink.rs`, `src/ipam/handover.rs`).
+/// Field managers of the operator's writes (`src/k8s/sink.rs`, `src/ipam/handover.rs`).
 const OUR_MANAGERS: &[&str] = &[
     eni_operator::ipam::handover::OWN_FIELD_MANAGER,
     eni_operator::ipam::handover::HANDOVER_FIELD_MANAGER,

@@ -7,7 +7,8 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use anyhow::{Result, ensure};
-use eni_operator::runtime::status::{Page, WaitReason};
+use eni_operator::reconcile::status::WaitReason;
+use eni_operator::reconcile::status::page::Page;
 
 use super::Suite;
 

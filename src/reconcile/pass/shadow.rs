@@ -1,0 +1,172 @@
+//! A shadow's pass over one node (`--mode=shadow`): [`super::snapshot`] and [`super::plan`] as
+//! the active operator runs them, then the comparison ([`ShadowBook::observe`]) instead of
+//! execute, write and report. Nothing here writes or mutates; the shadow's sink and EC2 client
+//! are read-only types besides ([`crate::k8s::readonly`], [`crate::ec2::readonly`]), so a
+//! step that tried would be refused and counted.
+
+use std::sync::Arc;
+
+use crate::clock::now;
+use crate::ec2::Ec2;
+use crate::k8s::sink::NodeSink;
+use crate::k8s::stored::StoredNode;
+use crate::reconcile::queue::Outcome;
+use crate::reconcile::shadow::{EniSeen, Observation, ShadowBook};
+use crate::reconcile::shared::Shared;
+
+use super::{DONE, Step, Verdict, plan, snapshot};
+
+pub(super) async fn pass<E: Ec2, S: NodeSink>(
+    inner: &Shared<E, S>,
+    name: &str,
+    book: &Arc<ShadowBook>,
+) -> Verdict {
+    steps(inner, name, book).await.unwrap_or_else(|end| end)
+}
+
+async fn steps<E: Ec2, S: NodeSink>(
+    inner: &Shared<E, S>,
+    name: &str,
+    book: &ShadowBook,
+) -> Step<Verdict> {
+    let Ok(mut snap) = snapshot::take(inner, name) else {
+        book.forget(name);
+        inner.status.forget(name);
+        return Err(DONE);
+    };
+    if let Some(invalid) = &snap.invalid {
+        // What the active operator would report on the node, as an error of ours.
+        let obs = Observation {
+            error: Some(invalid.error.clone()),
+            ..Observation::default()
+        };
+        book.observe(name, obs, now());
+        return Err(DONE);
+    }
+    let node = snap.node.as_ref().map(StoredNode::node).ok_or(DONE)?;
+    if snap.ignored || node.metadata.deletion_timestamp.is_some() || snap.k8s_node == Some(false) {
+        // Opted out or going away: nothing to compare.
+        book.forget(name);
+        return Err(DONE);
+    }
+    let instance = node.spec.instance_id.clone();
+    // The active operator's verdict on whose instance this is (§15), as an error of ours.
+    match super::identity::judge(inner, name, &instance) {
+        None => {}
+        Some(super::identity::Refusal::Unknown) => {
+            return Err((Outcome::RetryAfter(std::time::Duration::from_secs(5)), None));
+        }
+        Some(super::identity::Refusal::Say(reason, message)) => {
+            let obs = Observation {
+                error: Some(format!("{}: {message}", reason.as_str())),
+                ..Observation::default()
+            };
+            book.observe(name, obs, now());
+            return Err(DONE);
+        }
+    }
+    let in_scope = inner.cache.read().expect("cache").in_scope(&instance);
+    match in_scope {
+        Some(true) => {}
+        None => return Err((Outcome::RetryAfter(inner.config.unhealthy_retry), None)),
+        Some(false) => {
+            book.forget(name);
+            return Err(DONE);
+        }
+    }
+    // The serving allocator's changes reach our cache only through describes (we make none of
+    // our own to confirm): describe the instance when its CiliumNode names an ENI, address or
+    // prefix we do not know, so that a deficit ends on the write that serves it, not at our
+    // next full listing (docs/shadow-mode.md).
+    if names_unknown(inner, &node) {
+        inner
+            .refresh_instances(std::slice::from_ref(&instance), &[])
+            .await;
+    }
+    let mut memory = std::mem::take(&mut snap.memory);
+    let planned = match plan::plan(inner, name, &node, &mut memory, &snap).await {
+        Ok(p) => p,
+        Err(end) => {
+            inner.with_slot(name, |s| s.memory = memory);
+            return Err(end);
+        }
+    };
+    if let Some(u) = planned.limits.as_ref().filter(|u| !u.invalid_type) {
+        // Our own missing data (the lookup failed), not a disagreement with the serving
+        // allocator: compare once the limits are known.
+        inner.with_slot(name, |s| s.memory = memory);
+        return Err((
+            Outcome::RetryAfter(u.retry_at.saturating_duration_since(now())),
+            None,
+        ));
+    }
+    // The deficit is the agent's: addresses count once the serving allocator has written them.
+    let (enis, seen) = {
+        let cache = inner.cache.read().expect("cache");
+        let view = cache.view(&instance, &planned.instance_type);
+        let enis = match view.instance {
+            crate::ipam::InstanceView::Known { enis, .. } => Some(EniSeen::secondary(enis)),
+            _ => None,
+        };
+        let seen = crate::ipam::published::agent_demand(&node, &view, &inner.config.ipam);
+        (enis, seen)
+    };
+    let obs = Observation::of(
+        &instance,
+        &planned.plan,
+        seen.as_ref(),
+        &planned.action,
+        enis,
+    );
+    inner
+        .status
+        .observed(name, obs.figures.clone(), obs.would.clone());
+    if let Some(e) = &obs.error {
+        inner.status.error(name, e.clone(), planned.at);
+    }
+    book.observe(name, obs, planned.at);
+    let demand = planned.plan.demand.clone();
+    inner.with_slot(name, |s| {
+        s.memory = memory;
+        s.demand = demand;
+    });
+    // Nothing was done: the next input (or the rescan) plans the node again.
+    Ok(DONE)
+}
+
+/// The CiliumNode lists an ENI the EC2 cache does not have on its instance, or an address or
+/// prefix (in `status.eni.enis` or the pool) that the cache's copy of the ENI lacks: the
+/// serving allocator changed EC2 since our last describe of the instance.
+fn names_unknown<E: Ec2, S: NodeSink>(inner: &Shared<E, S>, node: &crate::crd::CiliumNode) -> bool {
+    let cache = inner.cache.read().expect("cache");
+    let view = cache.view(&node.spec.instance_id, &node.spec.eni.instance_type);
+    let crate::ipam::InstanceView::Known { enis, .. } = view.instance else {
+        return false;
+    };
+    let lacks = |eni: &str, addr: &str| -> bool {
+        let Some(e) = enis.iter().find(|e| e.id == eni) else {
+            return true;
+        };
+        if let Ok(ip) = addr.parse::<std::net::Ipv4Addr>() {
+            return ip != e.primary_ip
+                && !e.secondary_ips.contains(&ip)
+                && !e.prefixes.iter().any(|p| p.contains(&ip));
+        }
+        addr.parse::<ipnet::Ipv4Net>()
+            .is_ok_and(|net| !e.prefixes.contains(&net))
+    };
+    let in_status = node.status.as_ref().is_some_and(|s| {
+        s.eni.enis.iter().any(|(id, entry)| {
+            !enis.iter().any(|e| &e.id == id)
+                || entry.addresses.iter().any(|a| lacks(id, a))
+                || entry.prefixes.iter().any(|p| lacks(id, p))
+        })
+    });
+    in_status
+        || node
+            .spec
+            .ipam
+            .pool
+            .iter()
+            .any(|(ip, a)| !a.resource.is_empty() && lacks(&a.resource, ip))
+}

@@ -1,0 +1,230 @@
+//! Step 2b (between lifecycle and plan): the node's static IP (`spec.ipam.static-ip-tags`),
+//! before anything is allocated, as Cilium does (`ipam::static_ip` says what is decided and
+//! where it follows Cilium). Calls go through the gate like every other EC2 call.
+//!
+//! Idempotence: every attempt starts with `DescribeAddresses` and adopts an address already
+//! associated with the node's primary ENI, so a lost answer, a lost status write or a restart
+//! never associates a second address. `AssociateAddress` is never repeated blindly (the gate
+//! does not repeat it after a lost answer): the next pass describes first.
+
+use std::net::Ipv4Addr;
+
+use serde_json::json;
+use tracing::{debug, info};
+
+use crate::crd::CiliumNode;
+use crate::ec2::{Ec2, Ec2Error};
+use crate::ipam::static_ip::{self, Decision};
+use crate::ipam::{Action, ChangeSet, Problem, ProblemReason, Subresource, Write, writeback};
+use crate::k8s::sink::{NodeRef, NodeSink, SinkError};
+use crate::reconcile::events;
+use crate::reconcile::queue::Outcome;
+use crate::reconcile::shared::Shared;
+
+use super::plan::Planned;
+use super::{FAILED, Step, Verdict};
+
+/// What the step leaves for the rest of the pass.
+#[derive(Debug, Default)]
+pub(super) struct StaticIp {
+    /// No static IP yet: nothing is allocated this pass, the node reports this problem and
+    /// retries with backoff.
+    pub blocked: Option<Problem>,
+}
+
+impl StaticIp {
+    /// Cilium allocates nothing before the static IP is assigned: the pass plans no EC2 action
+    /// and reports why.
+    pub(super) fn hold(&self, planned: &mut Planned) {
+        if let Some(p) = &self.blocked {
+            planned.action = Action::None;
+            planned.plan.problem = Some(p.clone());
+        }
+    }
+
+    /// A blocked node is retried with the queue's backoff.
+    pub(super) fn verdict(&self, verdict: Verdict) -> Verdict {
+        match self.blocked {
+            Some(_) => (Outcome::Failed, verdict.1),
+            None => verdict,
+        }
+    }
+}
+
+/// Make sure the node has its static IP when it asks for one; returns the node (with the
+/// address published when this step published it).
+pub(super) async fn ensure<E: Ec2, S: NodeSink>(
+    inner: &Shared<E, S>,
+    name: &str,
+    node: CiliumNode,
+) -> Step<(CiliumNode, StaticIp)> {
+    let Some(tags) = static_ip::wanted(&node).cloned() else {
+        return Ok((node, StaticIp::default()));
+    };
+    let primary = {
+        let cache = inner.cache.read().expect("cache");
+        let instance = node.spec.instance_id.as_str();
+        cache
+            .instance(instance)
+            .and_then(|e| static_ip::primary_eni(instance, &e.enis))
+            .map(|e| (e.id.clone(), e.primary_ip, e.interface_type.clone()))
+    };
+    // The instance is not known yet: the plan step asks for it; the static IP comes next pass.
+    let Some((eni_id, private_ip, kind)) = primary else {
+        return Ok((node, StaticIp::default()));
+    };
+    // Never on an EFA interface (§5.4): a node whose primary ENI is one says so.
+    if kind != crate::ec2::InterfaceType::Interface {
+        let message = format!(
+            "the primary ENI {eni_id} is an `{}` interface; a static IP goes on an ENA \
+             `interface` only",
+            kind.as_str()
+        );
+        return Ok((node, blocked(ProblemReason::NoStaticIp, message)));
+    }
+    match assign(inner, &tags, &eni_id, private_ip).await {
+        Ok(Some(ip)) => {
+            info!(node = name, %ip, eni = %eni_id, "static IP assigned");
+            let node = publish(inner, name, node, ip).await?;
+            Ok((node, StaticIp::default()))
+        }
+        Ok(None) => Ok((
+            node,
+            blocked(
+                ProblemReason::NoStaticIp,
+                static_ip::none_free_message(&tags),
+            ),
+        )),
+        Err(e) => {
+            events::count_ec2_error(&inner.metrics, &e);
+            Ok((node, blocked(ProblemReason::Ec2Error, e.to_string())))
+        }
+    }
+}
+
+fn blocked(reason: ProblemReason, message: String) -> StaticIp {
+    StaticIp {
+        blocked: Some(Problem { reason, message }),
+    }
+}
+
+/// Describe, then adopt or associate. `Ok(None)`: no free address carries the tags.
+async fn assign<E: Ec2, S: NodeSink>(
+    inner: &Shared<E, S>,
+    tags: &crate::ec2::Tags,
+    eni_id: &str,
+    private_ip: Ipv4Addr,
+) -> Result<Option<Ipv4Addr>, Ec2Error> {
+    let addresses = inner.ec2.describe_addresses(tags).await?;
+    let candidates = match static_ip::decide(&addresses, eni_id) {
+        Decision::Adopt(ip) => return Ok(Some(ip)),
+        Decision::NoneFree => return Ok(None),
+        Decision::Try(c) => c,
+    };
+    for (allocation_id, public_ip) in candidates {
+        match inner
+            .ec2
+            .associate_address(&allocation_id, eni_id, private_ip)
+            .await
+        {
+            Ok(_) => return Ok(Some(public_ip)),
+            // Planted defect (dst-mutants): a lost race taken for a win.
+            Err(e) if e.is_already_associated() && crate::mutants::active("static-ip-race-won") => {
+                return Ok(Some(public_ip));
+            }
+            // Another node (or another tool) took it since the describe: the next one.
+            Err(e) if e.is_already_associated() => {
+                debug!(allocation_id, "Elastic IP taken meanwhile; trying the next");
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(None)
+}
+
+/// Write `status.ipam.assigned-static-ip` (the agent waits for it).
+async fn publish<E: Ec2, S: NodeSink>(
+    inner: &Shared<E, S>,
+    name: &str,
+    node: CiliumNode,
+    ip: Ipv4Addr,
+) -> Step<CiliumNode> {
+    let changes = ChangeSet {
+        writes: vec![Write {
+            subresource: Subresource::Status,
+            patch: json!({"status": {"ipam": {"assigned-static-ip": ip.to_string()}}}),
+            needs_resource_version: false,
+        }],
+    };
+    let ticket = inner.ticket(name);
+    match inner.sink.apply(&NodeRef::of(&node), &changes).await {
+        Ok(Some(written)) => {
+            inner.store(name, &written, ticket);
+            Ok(written)
+        }
+        Ok(None) => Ok(writeback::apply(&node, &changes)),
+        Err(SinkError::NotFound) => Err(super::DONE),
+        Err(SinkError::Conflict(fresh)) => Err(inner.conflict(name, fresh, ticket)),
+        // The next pass describes and adopts the address: nothing is associated twice.
+        Err(_) => Err(FAILED),
+    }
+}
+
+/// The node is gone: take its static IP off its ENIs (disassociate, never release: the
+/// address is the user's, for the next node that carries the tags). The node's tags come from
+/// its last stored version, its ENIs from the cache (the instance is forgotten after this).
+pub(super) async fn disassociate<E: Ec2, S: NodeSink>(
+    inner: &Shared<E, S>,
+    name: &str,
+    r: &NodeRef,
+    instance: &str,
+) -> Result<(), Ec2Error> {
+    let tags = inner
+        .with_slot(name, |s| {
+            s.node
+                .as_ref()
+                .map(|n| n.node().spec.ipam.static_ip_tags.clone())
+        })
+        .flatten()
+        .unwrap_or_default();
+    if tags.is_empty() {
+        return Ok(());
+    }
+    let enis: Vec<String> = {
+        let cache = inner.cache.read().expect("cache");
+        cache
+            .instance(instance)
+            .map(|e| e.enis.iter().map(|e| e.id.clone()).collect())
+            .unwrap_or_default()
+    };
+    let result = async {
+        let mut n = 0;
+        for a in inner.ec2.describe_addresses(&tags).await? {
+            let on_node = a
+                .network_interface_id
+                .as_ref()
+                .is_some_and(|eni| enis.contains(eni));
+            let Some(assoc) = a.association_id.as_deref().filter(|_| on_node) else {
+                continue;
+            };
+            match inner.ec2.disassociate_address(assoc).await {
+                // Gone already (a repeat whose first answer was lost, or the instance ended).
+                Ok(()) => n += 1,
+                Err(e) if e.is_not_found() => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok::<_, Ec2Error>(n)
+    };
+    match result.await {
+        Ok(0) => Ok(()),
+        Ok(n) => {
+            let message = format!("disassociated {n} static IP(s) of {instance}");
+            info!(node = name, "{message}");
+            let reason = events::EventReason::StaticIpReleased;
+            events::publish(&*inner.sink, &inner.metrics, r, reason, message).await;
+            Ok(())
+        }
+        Err(e) => Err(e),
+    }
+}
