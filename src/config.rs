@@ -10,20 +10,12 @@
 //! * `RUST_LOG`: the tracing filter (default `info`);
 //! * `POD_NAMESPACE` / `POD_NAME` (downward API): fallbacks for `--namespace` / `--identity`.
 
-use std::collections::BTreeMap;
-use std::fmt;
 use std::net::SocketAddr;
-use std::str::FromStr;
 use std::time::Duration;
 
 use clap::{Args, Parser, ValueEnum};
 
-use crate::cache::refresher::Scope;
-use crate::ec2::Bucket;
-use crate::ec2::aws::AwsClientConfig;
-use crate::ec2::gate::GateConfig;
 use crate::event_loop::core::CoreConfig;
-use crate::ipam::IpamConfig;
 use crate::k8s::leader::LeaderConfig;
 
 pub mod ec2_client;
@@ -34,7 +26,7 @@ pub mod values;
 use ec2_client::{Ec2Settings, GateSettings};
 use ipam::{HandoverSettings, IpamSettings};
 use loops::RuntimeSettings;
-use values::{BucketOverride, Tag, parse_duration};
+use values::parse_duration;
 
 pub const DEFAULT_NAMESPACE: &str = "eni-operator";
 

@@ -34,8 +34,7 @@ use std::time::{Duration, Instant};
 use ipnet::Ipv4Net;
 
 use crate::ec2::{
-    Assigned, Attachment, EniState, InstanceTypeLimits, NetworkInterface, PREFIX_SIZE, RouteTable,
-    SecurityGroup, Subnet, Vpc,
+    EniState, InstanceTypeLimits, NetworkInterface, RouteTable, SecurityGroup, Subnet, Vpc,
 };
 use crate::ipam::ownership::{INSTANCE_TAG, is_owned_by};
 use crate::ipam::{Ec2View, InstanceView};

@@ -2,11 +2,18 @@
 //! cool-downs, and the results of our own EC2 calls, applied at once (the executor's writes).
 
 use std::collections::BTreeSet;
+use std::net::Ipv4Addr;
 use std::time::Instant;
 
-use crate::ec2::{Assigned, InstanceTypeLimits, NetworkInterface};
+use ipnet::Ipv4Net;
 
-use super::{Ec2Cache, InstanceEntry, Unassigned, each_address_once, local_change_newer};
+use crate::ec2::{
+    Assigned, Attachment, EniState, InstanceTypeLimits, NetworkInterface, PREFIX_SIZE,
+};
+
+use super::{
+    DESCRIBE_LAG, Ec2Cache, InstanceEntry, Unassigned, each_address_once, local_change_newer,
+};
 
 impl Ec2Cache {
     pub fn set_limits(&mut self, limits: impl IntoIterator<Item = InstanceTypeLimits>) {

@@ -1,6 +1,14 @@
 //! The EC2 client's flags and its gate's (client-side throttling), and what they build.
 
-use super::*;
+use std::time::Duration;
+
+use clap::Args;
+
+use crate::ec2::Bucket;
+use crate::ec2::aws::AwsClientConfig;
+use crate::ec2::gate::GateConfig;
+
+use super::values::{BucketOverride, parse_duration};
 
 /// The EC2 client.
 #[derive(Args, Debug, Clone)]

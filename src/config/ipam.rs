@@ -1,7 +1,15 @@
 //! IPAM behaviour and the handover from Cilium's operator: the flags and the engine's
 //! [`IpamConfig`] and the refresher's [`Scope`] they build.
 
-use super::*;
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use clap::Args;
+
+use crate::cache::refresher::Scope;
+use crate::ipam::IpamConfig;
+
+use super::values::{Tag, parse_duration};
 
 /// IPAM behaviour.
 #[derive(Args, Debug, Clone)]

@@ -1,6 +1,11 @@
 //! Loops and concurrency of the running operator (workers, resyncs, GC, probes).
 
-use super::*;
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use clap::Args;
+
+use super::values::{Tag, parse_duration};
 
 /// Loops and concurrency of the running operator.
 #[derive(Args, Debug, Clone)]

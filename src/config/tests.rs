@@ -1,5 +1,10 @@
-use super::*;
+use std::collections::BTreeMap;
+
 use clap::{CommandFactory, FromArgMatches};
+
+use super::values::{BucketOverride, Tag};
+use super::*;
+use crate::ec2::Bucket;
 
 /// The settings' command line without their environment variables, so a developer's shell
 /// cannot change what a test parses. How the environment overrides defaults and yields to

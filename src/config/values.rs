@@ -1,6 +1,11 @@
 //! The grammars of flag values: Go durations, `key=value` tags, gate bucket overrides.
 
-use super::*;
+use std::collections::BTreeMap;
+use std::fmt;
+use std::str::FromStr;
+use std::time::Duration;
+
+use crate::ec2::Bucket;
 
 /// Parse a duration in Go's `time.ParseDuration` grammar (`500ms`, `1.5m`, `1h30m`, `0`), as
 /// Cilium's flags and Helm values take them, so a value pasted from a Cilium install means the

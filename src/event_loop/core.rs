@@ -17,7 +17,6 @@ use tokio::sync::mpsc;
 
 use crate::ec2::readonly::ReadOnlyEc2;
 use crate::ec2::{Ec2, Ec2Error};
-use crate::ipam::Demand;
 
 use crate::cache::Ec2Cache;
 use crate::clock::{self, now};

@@ -11,19 +11,15 @@
 //! token with the deleted ENI, so the node was stuck for good.
 
 use std::sync::{Arc, RwLock};
-use std::time::Duration;
 
 use tracing::{info, warn};
 
-use crate::ec2::{
-    AddressRequest, Assigned, Attachment, Ec2, Ec2Error, EniFilter, ErrorKind, NetworkInterface,
-    Resource, collect_pages,
-};
-use crate::ipam::{Action, Assign, CreateEni, Release};
+use crate::ec2::{AddressRequest, Assigned, Ec2, Ec2Error, ErrorKind};
+use crate::ipam::{Action, Assign, Release};
 
-use crate::cache::{Ec2Cache, next_free_index};
+use crate::cache::Ec2Cache;
 use crate::clock::now;
-use crate::reconcile::metrics::{self, RuntimeMetrics};
+use crate::reconcile::metrics::RuntimeMetrics;
 
 mod create;
 

@@ -16,7 +16,6 @@ use crate::ipam::{Demand, NodeMemory};
 
 use crate::cache::Ec2Cache;
 use crate::k8s::input::{InvalidNode, NodeInput};
-use crate::k8s::sink::NodeRef;
 use crate::k8s::stored::StoredNode;
 use crate::reconcile::queue::Priority;
 

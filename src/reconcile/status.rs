@@ -26,7 +26,7 @@ use serde::{Deserialize, Serialize};
 use crate::ipam::{Action, Demand, Generation, ProblemReason};
 
 pub mod page;
-use page::{Message, NodeStatus, Page, Stamped, Totals, Wait};
+use page::{Message, NodeStatus, Page, Stamped, Wait};
 
 type Labels = Vec<(&'static str, String)>;
 

@@ -6,11 +6,15 @@ use std::time::Duration;
 
 use tracing::{info, warn};
 
-use crate::ec2::{Attachment, Ec2, Ec2Error, EniFilter, ErrorKind, NetworkInterface, Resource};
+use crate::ec2::{
+    AddressRequest, Attachment, Ec2, Ec2Error, EniFilter, ErrorKind, NetworkInterface, Resource,
+    collect_pages,
+};
 use crate::ipam::CreateEni;
 
 use crate::cache::next_free_index;
 use crate::clock::now;
+use crate::reconcile::metrics;
 
 use super::{ExecOutcome, Executor, Success};
 
@@ -275,7 +279,7 @@ impl<E: Ec2> Executor<E> {
         eni.attachment.filter(|a| a.instance_id == instance_id)
     }
 
-    async fn describe_eni(&self, eni_id: &str) -> Option<NetworkInterface> {
+    pub(super) async fn describe_eni(&self, eni_id: &str) -> Option<NetworkInterface> {
         let filter = EniFilter {
             ids: vec![eni_id.to_string()],
             ..Default::default()

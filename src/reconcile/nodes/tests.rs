@@ -1,5 +1,6 @@
 use super::*;
 use crate::ipam::testkit;
+use crate::k8s::sink::NodeRef;
 
 fn cache() -> RwLock<Ec2Cache> {
     RwLock::new(Ec2Cache::for_cluster("test"))
