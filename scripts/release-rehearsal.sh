@@ -147,7 +147,7 @@ took "SBOMs"
 figure "SBOM packages (Cargo.lock / image)" "$(python3 -c '
 import json, sys
 print(" / ".join(str(len(json.load(open(f)).get("packages", []))) for f in sys.argv[1:]))
-' "$WORK/eni-operator-v$VERSION.spdx.json" "$WORK/eni-operator-v$VERSION-image.spdx.json")"
+' "$WORK/eni-operator-v$VERSION.spdx.json" "$WORK/eni-operator-v$VERSION.image.spdx.json")"
 
 # 3. The chart, with the digest, pushed as OCI; and a second chart version for the upgrade.
 step "3. chart with the digest, helm push to oci://$REGISTRY/charts"

