@@ -158,9 +158,13 @@ figure "chart" "oci://$REGISTRY/charts/eni-operator $VERSION ($(stat -c %s "$WOR
 
 # 4. A real API server; helm install from the OCI reference.
 step "4. control plane (testkit control-plane from KUBEBUILDER_ASSETS)"
-cargo build --locked -q -p testkit --bin control-plane
+# CONTROL_PLANE_BIN: a control-plane binary built already (a debug build of the workspace has it).
+if [ -z "${CONTROL_PLANE_BIN:-}" ]; then
+  cargo build --locked -q -p testkit --bin control-plane
+  CONTROL_PLANE_BIN=$CARGO_TARGET_DIR/debug/control-plane
+fi
 export KUBECONFIG=$DIR/kubeconfig
-"$CARGO_TARGET_DIR/debug/control-plane" --kubeconfig "$KUBECONFIG" >"$DIR/control-plane.log" 2>&1 &
+"$CONTROL_PLANE_BIN" --kubeconfig "$KUBECONFIG" >"$DIR/control-plane.log" 2>&1 &
 PIDS+=($!)
 for _ in $(seq 300); do
   [ -s "$KUBECONFIG" ] && break
@@ -172,14 +176,14 @@ took "control plane build + start"
 figure "API server" "$("$KUBECTL" version -o json | python3 -c 'import json,sys; print(json.load(sys.stdin)["serverVersion"]["gitVersion"])')"
 
 deployed() {
-  local want_rev=$1 want_chart=$2 status
-  status=$("$HELM" status "$RELEASE" -n "$NAMESPACE" -o json)
-  python3 - "$want_rev" "$want_chart" "$status" <<'EOF' || die "helm status is not revision $want_rev of $want_chart"
+  local want_rev=$1 want_chart=$2 history
+  # `helm history -o json` has the same keys in Helm 3 and 4 (Helm 4's `status` has no chart).
+  history=$("$HELM" history "$RELEASE" -n "$NAMESPACE" -o json)
+  python3 - "$want_rev" "eni-operator-$want_chart" "$history" <<'EOF' || die "the release is not revision $want_rev of $want_chart, deployed"
 import json, sys
-rev, chart, s = int(sys.argv[1]), sys.argv[2], json.loads(sys.argv[3])
-ok = s["version"] == rev and s["info"]["status"] == "deployed" and s["chart"]["metadata"]["version"] == chart
-print(f"helm status: revision {s['version']}, {s['info']['status']}, chart {s['chart']['metadata']['version']}")
-sys.exit(0 if ok else 1)
+rev, chart, last = int(sys.argv[1]), sys.argv[2], json.loads(sys.argv[3])[-1]
+print(f"helm history: revision {last['revision']}, {last['status']}, {last['chart']}")
+sys.exit(0 if (last["revision"], last["status"], last["chart"]) == (rev, "deployed", chart) else 1)
 EOF
   local image label
   image=$("$KUBECTL" -n "$NAMESPACE" get deployment "$RELEASE" -o jsonpath='{.spec.template.spec.containers[0].image}')
