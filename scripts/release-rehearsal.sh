@@ -33,6 +33,8 @@ cd "$ROOT"
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}
 VERSION=$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -n 1)
 UPGRADE_VERSION=$VERSION-rehearsal.1
+# IMAGE_ARCHS="amd64" rehearses one platform (scripts/image.sh); a release has both.
+ARCHS=${IMAGE_ARCHS:-amd64 arm64}
 HELM=${HELM:-helm}
 export HELM
 NAMESPACE=eni-operator
@@ -79,6 +81,7 @@ step() {
 took() { figure "$1" "$((SECONDS - step_start)) s"; }
 log "eni-operator $VERSION release rehearsal in $DIR (log: $DIR/rehearsal.log)"
 printf '| what | figure |\n|---|---|\n' >>"$SUMMARY"
+figure "platforms" "$ARCHS"
 
 PIDS=()
 cleanup() {
@@ -120,7 +123,7 @@ figure "registry" "docker-registry $(docker-registry --version | awk '{print $3}
 step "2a. static binaries (cargo zigbuild --release, both targets)"
 bash scripts/image.sh binaries
 took "cross builds (incremental: cargo rebuilds what changed)"
-for arch in amd64 arm64; do
+for arch in $ARCHS; do
   figure "binary linux/$arch" "$(stat -c %s "$CARGO_TARGET_DIR/image/context/bin/$arch/eni-operator") bytes"
 done
 step "2b. image index (buildah)"
@@ -136,7 +139,7 @@ DIGEST=$(cat "$WORK/digest")
 IMAGE=$REGISTRY/eni-operator@$DIGEST
 figure "pushed index digest" "\`$DIGEST\`"
 index=$(skopeo inspect --tls-verify=false --raw "docker://$IMAGE")
-for arch in amd64 arm64; do
+for arch in $ARCHS; do
   case "$index" in *"\"architecture\":\"$arch\""*) ;; *) die "the pushed index has no $arch image: $index" ;; esac
 done
 bash scripts/release.sh cli >/dev/null
@@ -203,7 +206,7 @@ took "helm install from OCI"
 # 5. The pushed digest, run for both platforms.
 step "5. podman run $IMAGE (linux/amd64, linux/arm64)"
 STORAGE=(--storage-driver vfs --root "$DIR/podman/storage" --runroot "$DIR/podman/run")
-for arch in amd64 arm64; do
+for arch in $ARCHS; do
   podman "${STORAGE[@]}" pull -q --tls-verify=false --platform "linux/$arch" "$IMAGE" >/dev/null
   run=(podman "${STORAGE[@]}" --runtime runc --cgroup-manager cgroupfs run --rm --pull never --network none
     --ulimit nofile=1024:1024 --ulimit nproc=1024:1024 --platform "linux/$arch" "$IMAGE")

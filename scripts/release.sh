@@ -9,6 +9,7 @@
 #   login         registry login for skopeo and helm ($GHCR_TOKEN, $REGISTRY_USER)
 #   push          the image index (both platforms) to $REGISTRY/eni-operator, by digest
 #   cli           the static CLI binaries of the image, renamed per platform, and SHA256SUMS
+#                 (IMAGE_ARCHS, as in scripts/image.sh: both by default)
 #   sbom          SPDX SBOMs (syft): Cargo.lock's crates (what the binary is built from; the
 #                 lockfile is the workspace's, a superset) and the pushed image's files
 #   attest        the SBOM attached to the image digest (cosign attest, keyless)
@@ -98,7 +99,7 @@ case "${1:-}" in
     ;;
   cli)
     rm -f "$WORK"/eni-operator-v*-linux-* "$WORK/SHA256SUMS"
-    for arch in amd64 arm64; do
+    for arch in ${IMAGE_ARCHS:-amd64 arm64}; do
       [ -x "$BIN_DIR/$arch/eni-operator" ] || die "no $arch binary in $BIN_DIR: make image"
       cp "$BIN_DIR/$arch/eni-operator" "$WORK/eni-operator-v$VERSION-linux-$arch"
     done
