@@ -76,7 +76,9 @@ fn yaml(path: &str) -> serde_json::Value {
 
 /// `(major, minor, patch)` of "1.95.0" or "1.94" (patch 0).
 fn semver(v: &str) -> (u32, u32, u32) {
-    let mut parts = v.split('.').map(|p| p.parse::<u32>().unwrap_or_else(|e| panic!("{v}: {e}")));
+    let mut parts = v
+        .split('.')
+        .map(|p| p.parse::<u32>().unwrap_or_else(|e| panic!("{v}: {e}")));
     let mut next = || parts.next().unwrap_or(0);
     (next(), next(), next())
 }
@@ -103,7 +105,10 @@ fn the_toolchain_is_pinned_with_rustfmt_and_clippy() {
     );
     let msrv = value(&read("Cargo.toml"), "rust-version");
     let msrv = msrv.trim_matches('"');
-    assert!(semver(channel) >= semver(msrv), "{channel} < rust-version {msrv}");
+    assert!(
+        semver(channel) >= semver(msrv),
+        "{channel} < rust-version {msrv}"
+    );
     let components = value(&toolchain, "components");
     for c in ["\"rustfmt\"", "\"clippy\""] {
         assert!(components.contains(c), "rust-toolchain.toml lacks {c}");
@@ -123,9 +128,18 @@ fn the_release_workflow_installs_its_tools_where_they_run() {
         .nth(1)
         .and_then(|t| t.split("\n    ;;\n").next())
         .expect("scripts/release.sh has a tools step");
+    // Its commands, without the comments that say why.
+    let tools: String = tools
+        .lines()
+        .filter(|l| !l.trim_start().starts_with('#'))
+        .collect::<Vec<_>>()
+        .join("\n");
     assert!(!tools.contains("go install"), "{tools}");
     assert!(!tools.contains("--user"), "{tools}");
-    assert!(tools.contains("GITHUB_PATH"), "the venv's bin is not put on PATH");
+    assert!(
+        tools.contains("GITHUB_PATH"),
+        "the venv's bin is not put on PATH"
+    );
     assert!(tools.contains("rustup toolchain install"), "{tools}");
     let pip = tools
         .split("pip\" install")
@@ -179,13 +193,25 @@ fn the_release_workflow_installs_its_tools_where_they_run() {
     }
     for target in &targets {
         assert!(
-            makefile.lines().any(|l| l.starts_with(&format!("{target}:"))),
+            makefile
+                .lines()
+                .any(|l| l.starts_with(&format!("{target}:"))),
             "release.yml runs make {target}, which the Makefile lacks"
         );
     }
     assert_eq!(targets.first(), Some(&"release-tools"), "{targets:?}");
-    for needed in ["cli-binaries", "sbom", "sign", "attest", "chart-push", "github-release"] {
-        assert!(targets.contains(&needed), "release.yml never runs make {needed}");
+    for needed in [
+        "cli-binaries",
+        "sbom",
+        "sign",
+        "attest",
+        "chart-push",
+        "github-release",
+    ] {
+        assert!(
+            targets.contains(&needed),
+            "release.yml never runs make {needed}"
+        );
     }
     let darwin = serde_json::to_string(&jobs["darwin"]).unwrap();
     for target in ["aarch64-apple-darwin", "x86_64-apple-darwin"] {
@@ -210,7 +236,10 @@ fn make_demo_builds_only_what_it_runs() {
         .iter()
         .find(|l| l.contains("cargo build"))
         .expect("demo builds");
-    assert!(!build.contains("--all-targets") && !build.contains("--workspace"), "{build}");
+    assert!(
+        !build.contains("--all-targets") && !build.contains("--workspace"),
+        "{build}"
+    );
     for bin in ["demo", "eni-operator", "ec2-sim"] {
         assert!(build.contains(&format!("--bin {bin}")), "{build}");
     }
