@@ -40,7 +40,7 @@ use std::collections::BTreeMap;
 use std::future::Future;
 use std::net::Ipv4Addr;
 use std::num::NonZeroU32;
-use std::sync::Mutex;
+use std::sync::{Mutex, OnceLock};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
@@ -76,9 +76,11 @@ pub struct GateConfig {
     pub single_bucket: Option<(f64, u32)>,
     /// Attempts per call, the first included, counting failures other than throttling.
     pub max_attempts: u32,
-    /// How long a call keeps retrying throttled answers (from its first attempt). A throttled
-    /// call was not executed, so retrying is always safe; giving up early would turn scarcity
-    /// into failed operations (and the executor's error paths), so the bound is generous.
+    /// How long a call keeps retrying throttled answers, from its first attempt's send (not from
+    /// when it began waiting for a token: under pacing a call may wait its turn for minutes).
+    /// A throttled call was not executed, so retrying is always safe; giving up early would
+    /// turn scarcity into failed operations (and the executor's error paths), so the bound is
+    /// generous.
     pub throttle_deadline: Duration,
     pub base_delay: Duration,
     pub max_delay: Duration,
@@ -635,10 +637,12 @@ impl<E: Ec2> Gate<E> {
 
     /// One attempt: token, call, bookkeeping. `call` is lazy: nothing is sent before the token.
     /// `tokens` is the number of AWS calls the trait call makes (unassign may make two).
+    /// `first_sent` is set at the call's first send (the throttle deadline counts from it).
     async fn attempt<T>(
         &self,
         op: Operation,
         tokens: u32,
+        first_sent: &OnceLock<Instant>,
         call: impl Future<Output = Result<T>>,
     ) -> Result<T> {
         let i = op_index(op);
@@ -659,6 +663,7 @@ impl<E: Ec2> Gate<E> {
         self.counters.wait_nanos[i].fetch_add(waited.as_nanos() as u64, Ordering::Relaxed);
 
         let started = Instant::now();
+        first_sent.get_or_init(|| started);
         self.counters.calls[i].fetch_add(u64::from(tokens), Ordering::Relaxed);
         let result = call.await;
         self.metrics
@@ -720,9 +725,9 @@ impl<E: Ec2> Gate<E> {
         if let Some(seed) = self.jitter.seed() {
             backoff = backoff.with_jitter_seed(seed);
         }
-        let first = Instant::now();
+        let first_sent = OnceLock::new();
         let mut failures = 0u32;
-        (|| self.attempt(op, tokens, call()))
+        (|| self.attempt(op, tokens, &first_sent, call()))
             .retry(backoff)
             .sleep(tokio::time::sleep)
             .adjust(|e: &Ec2Error, delay| {
@@ -735,7 +740,9 @@ impl<E: Ec2> Gate<E> {
             .when(|e: &Ec2Error| {
                 if e.is_throttled() {
                     // Not executed: wait (the bucket is paced meanwhile) and try again.
-                    return first.elapsed() < self.config.throttle_deadline;
+                    return first_sent
+                        .get()
+                        .is_none_or(|t| t.elapsed() < self.config.throttle_deadline);
                 }
                 failures += 1;
                 e.is_retryable()

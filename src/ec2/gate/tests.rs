@@ -524,6 +524,30 @@ async fn throttled_answers_are_retried_until_the_deadline_not_the_attempt_count(
     );
 }
 
+#[tokio::test(start_paused = true)]
+async fn the_throttle_deadline_counts_from_the_first_send_not_the_wait_for_a_token() {
+    // One token a minute: the second call waits its turn for a minute, longer than the
+    // deadline, before it is sent at all. Its one throttled answer is scarcity like any other.
+    let config = GateConfig {
+        overrides: [(Bucket::CreateNetworkInterface, (1, 1.0 / 60.0))].into(),
+        throttle_deadline: Duration::from_secs(30),
+        ..GateConfig::aws_defaults()
+    };
+    let g = gate(Fake::default(), config);
+    g.create_network_interface(&create_request())
+        .await
+        .expect("the first takes the token");
+    g.inner()
+        .fail(Operation::CreateNetworkInterface, "RequestLimitExceeded", 1);
+    let start = Instant::now();
+    g.create_network_interface(&create_request())
+        .await
+        .expect("retried: its deadline started when it was sent, not when it began to wait");
+    assert!(start.elapsed() >= Duration::from_secs(59), "it waited its turn");
+    assert_eq!(g.stats().total_failed(), 0);
+    assert_eq!(g.stats().total_throttled(), 1);
+}
+
 fn rate_of(g: &Gate<Fake>, bucket: Bucket) -> f64 {
     g.rates()
         .into_iter()
