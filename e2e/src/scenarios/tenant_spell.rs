@@ -66,20 +66,25 @@ impl Suite {
         tokio::time::sleep_until(end.into()).await;
         let throttled = sim.throttled().await? - before;
         let ceilings = GateConfig::aws_defaults();
-        let recovered = eventually(RECOVERY, "the adaptive rates back at their ceiling", async || {
-            let metrics = http_get(&addr, "/metrics").await?;
-            let below: Vec<String> = BURST_BUCKETS
-                .iter()
-                .filter_map(|b| {
-                    let rate = rate_gauge(&metrics, b.name())?;
-                    (rate < ceilings.bucket_limits(*b).1).then(|| format!("{} {rate:.2}/s", b.name()))
-                })
-                .collect();
-            if below.is_empty() || self.served_notes(&idxs).await?.is_ok() {
-                return Ok(Ok(end.elapsed()));
-            }
-            Ok(Err(format!("below the ceiling: {}", below.join(", "))))
-        })
+        let recovered = eventually(
+            RECOVERY,
+            "the adaptive rates back at their ceiling",
+            async || {
+                let metrics = http_get(&addr, "/metrics").await?;
+                let below: Vec<String> = BURST_BUCKETS
+                    .iter()
+                    .filter_map(|b| {
+                        let rate = rate_gauge(&metrics, b.name())?;
+                        (rate < ceilings.bucket_limits(*b).1)
+                            .then(|| format!("{} {rate:.2}/s", b.name()))
+                    })
+                    .collect();
+                if below.is_empty() || self.served_notes(&idxs).await?.is_ok() {
+                    return Ok(Ok(end.elapsed()));
+                }
+                Ok(Err(format!("below the ceiling: {}", below.join(", "))))
+            },
+        )
         .await?;
         self.wait_served(&idxs, self.cfg.timeout).await?;
         let served = end.elapsed();
