@@ -40,8 +40,8 @@ use std::collections::BTreeMap;
 use std::future::Future;
 use std::net::Ipv4Addr;
 use std::num::NonZeroU32;
-use std::sync::{Mutex, OnceLock};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
 use backon::{ExponentialBuilder, Retryable};

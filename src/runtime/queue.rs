@@ -328,7 +328,9 @@ mod tests {
         let order: Vec<_> = std::iter::from_fn(|| q.pop(now)).collect();
         assert_eq!(
             order,
-            ["starved", "pods", "big", "small", "small2", "excess", "routine"]
+            [
+                "starved", "pods", "big", "small", "small2", "excess", "routine"
+            ]
         );
     }
 

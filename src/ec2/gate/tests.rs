@@ -543,7 +543,10 @@ async fn the_throttle_deadline_counts_from_the_first_send_not_the_wait_for_a_tok
     g.create_network_interface(&create_request())
         .await
         .expect("retried: its deadline started when it was sent, not when it began to wait");
-    assert!(start.elapsed() >= Duration::from_secs(59), "it waited its turn");
+    assert!(
+        start.elapsed() >= Duration::from_secs(59),
+        "it waited its turn"
+    );
     assert_eq!(g.stats().total_failed(), 0);
     assert_eq!(g.stats().total_throttled(), 1);
 }
