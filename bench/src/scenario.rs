@@ -709,10 +709,12 @@ pub async fn shared_account(
             win.op_notes(nodes)
         ),
         format!(
-            "{}, other tenant {:.0} %: gate rates at the end (calls/s): {rates}; gate retries {}",
+            "{}, other tenant {:.0} %: gate rates at the end (calls/s): {rates}; gate retries {}; \
+             failed operations by action: {}",
             row.gate,
             other_share * 100.0,
-            gate.total_retries()
+            gate.total_retries(),
+            by_op(&gate.failed)
         ),
     ];
     if let Err(e) = w.sim.check_invariants() {
@@ -722,6 +724,16 @@ pub async fn shared_account(
         row,
         waiting: curve,
         notes,
+    }
+}
+
+/// `Action n, ...` of the non-zero counts, or `none`.
+fn by_op(counts: &BTreeMap<Operation, u64>) -> String {
+    let parts: Vec<String> = counts.iter().map(|(op, n)| format!("{op} {n}")).collect();
+    if parts.is_empty() {
+        "none".into()
+    } else {
+        parts.join(", ")
     }
 }
 

@@ -34,6 +34,7 @@ mod helm;
 mod real_cilium;
 mod reregister;
 mod status;
+mod tenant_spell;
 
 /// Every scenario, in the order they run.
 pub const ALL: &[&str] = &[
@@ -53,6 +54,7 @@ pub const ALL: &[&str] = &[
     "rbac",
     "cilium-crd-steady-state",
     "throttled-account",
+    "tenant-spell",
     "shadow",
     "plan",
     "handover",
@@ -69,6 +71,7 @@ pub const ALL: &[&str] = &[
 /// list on other endpoints (moto and LocalStack never throttle).
 pub const SIM_ONLY: &[&str] = &[
     "throttled-account",
+    "tenant-spell",
     "cilium-operator",
     "cilium-handover",
     "cilium-steady-state",
@@ -263,6 +266,7 @@ impl Suite {
             "rbac" => self.rbac().await,
             "cilium-crd-steady-state" => self.cilium_crd_steady_state().await,
             "throttled-account" => self.throttled_account().await,
+            "tenant-spell" => self.tenant_spell().await,
             "shadow" => self.shadow().await,
             "plan" => self.plan().await,
             "handover" => self.handover().await,

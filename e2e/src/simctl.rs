@@ -65,6 +65,26 @@ impl SimControl {
         Ok(())
     }
 
+    /// Another tenant's spell, `after` from now: it takes every token left in every bucket,
+    /// then `share` of every refill for `length` (`POST /_sim/tenant-spell`).
+    pub async fn tenant_spell(
+        &self,
+        after: std::time::Duration,
+        length: std::time::Duration,
+        share: f64,
+    ) -> Result<()> {
+        let q = format!(
+            "/_sim/tenant-spell?after_ms={}&length_ms={}&share={share}",
+            after.as_millis(),
+            length.as_millis()
+        );
+        let (status, body) = self.call(Method::POST, &q).await?;
+        if status != 204 {
+            bail!("{q}: {status} {}", String::from_utf8_lossy(&body));
+        }
+        Ok(())
+    }
+
     /// Back to AWS's documented buckets.
     pub async fn reset_throttling(&self) -> Result<()> {
         let (status, _) = self.call(Method::POST, "/_sim/reset-throttling").await?;

@@ -76,9 +76,12 @@ pub struct GateConfig {
     pub single_bucket: Option<(f64, u32)>,
     /// Attempts per call, the first included, counting failures other than throttling.
     pub max_attempts: u32,
-    /// How long a call keeps retrying throttled answers (from its first attempt). A throttled
-    /// call was not executed, so retrying is always safe; giving up early would turn scarcity
-    /// into failed operations (and the executor's error paths), so the bound is generous.
+    /// How long a call keeps retrying throttled answers: time since its first send, less the
+    /// time it then waited its turn for tokens (under pacing a call waits its turn for
+    /// minutes; only the attempts and their backoff count).
+    /// A throttled call was not executed, so retrying is always safe; giving up early would
+    /// turn scarcity into failed operations (and the executor's error paths), so the bound is
+    /// generous.
     pub throttle_deadline: Duration,
     pub base_delay: Duration,
     pub max_delay: Duration,
@@ -171,6 +174,28 @@ struct Pacing {
     local: LocalBucket,
     /// Recoveries already counted in the metrics.
     reported: u64,
+}
+
+/// How long one call has been retrying: from its first send, less its later waits for tokens.
+#[derive(Debug, Default)]
+struct RetryClock {
+    first_sent: Option<Instant>,
+    queued: Duration,
+}
+
+impl RetryClock {
+    /// An attempt is sent at `at` after waiting `waited` for its tokens.
+    fn sent(&mut self, at: Instant, waited: Duration) {
+        match self.first_sent {
+            None => self.first_sent = Some(at),
+            Some(_) => self.queued += waited,
+        }
+    }
+
+    fn retrying(&self) -> Duration {
+        self.first_sent
+            .map_or(Duration::ZERO, |t| t.elapsed().saturating_sub(self.queued))
+    }
 }
 
 /// A throttled call's retry delay and a bucket's penalty never exceed this: the learned rate
@@ -635,10 +660,12 @@ impl<E: Ec2> Gate<E> {
 
     /// One attempt: token, call, bookkeeping. `call` is lazy: nothing is sent before the token.
     /// `tokens` is the number of AWS calls the trait call makes (unassign may make two).
+    /// `clock` measures the call's retrying time (the throttle deadline).
     async fn attempt<T>(
         &self,
         op: Operation,
         tokens: u32,
+        clock: &Mutex<RetryClock>,
         call: impl Future<Output = Result<T>>,
     ) -> Result<T> {
         let i = op_index(op);
@@ -659,6 +686,7 @@ impl<E: Ec2> Gate<E> {
         self.counters.wait_nanos[i].fetch_add(waited.as_nanos() as u64, Ordering::Relaxed);
 
         let started = Instant::now();
+        clock.lock().expect("retry clock").sent(started, waited);
         self.counters.calls[i].fetch_add(u64::from(tokens), Ordering::Relaxed);
         let result = call.await;
         self.metrics
@@ -720,9 +748,9 @@ impl<E: Ec2> Gate<E> {
         if let Some(seed) = self.jitter.seed() {
             backoff = backoff.with_jitter_seed(seed);
         }
-        let first = Instant::now();
+        let clock = Mutex::new(RetryClock::default());
         let mut failures = 0u32;
-        (|| self.attempt(op, tokens, call()))
+        (|| self.attempt(op, tokens, &clock, call()))
             .retry(backoff)
             .sleep(tokio::time::sleep)
             .adjust(|e: &Ec2Error, delay| {
@@ -735,7 +763,8 @@ impl<E: Ec2> Gate<E> {
             .when(|e: &Ec2Error| {
                 if e.is_throttled() {
                     // Not executed: wait (the bucket is paced meanwhile) and try again.
-                    return first.elapsed() < self.config.throttle_deadline;
+                    let retrying = clock.lock().expect("retry clock").retrying();
+                    return retrying < self.config.throttle_deadline;
                 }
                 failures += 1;
                 e.is_retryable()

@@ -73,12 +73,13 @@ pub fn priority_of(slot: &Slot) -> Priority {
         _ if slot.invalid.as_ref().is_some_and(|i| i.deleting) => Priority::Deleting,
         Some(n) if n.deleting() => Priority::Deleting,
         Some(_) if slot.k8s_node == Some(false) => Priority::Deleting,
-        Some(n) if n.pool_empty() && slot.demand == Demand::default() => Priority::NoFreeIp(8),
+        Some(n) if n.pool_empty() && slot.demand == Demand::default() => Priority::NoFreeIp,
         _ => Priority::from_demand(
             slot.demand.available,
             slot.demand.used,
             slot.demand.needed,
             slot.demand.excess,
+            slot.pending_pods,
         ),
     }
 }
@@ -278,7 +279,12 @@ fn pending_pods(slots: &mut Slots, name: String, count: u32) -> Accepted {
     if slot.pending_pods != count {
         slot.pending_pods = count;
         if slot.node.is_some() {
-            accepted = Accepted::queue(name.clone(), Priority::Deficit(count));
+            let p = if count > 0 {
+                Priority::PodsWaiting(count).max(priority_of(slot))
+            } else {
+                priority_of(slot)
+            };
+            accepted = Accepted::queue(name.clone(), p);
         }
     }
     if slot.node.is_none() && slot.invalid.is_none() && slot.pending_pods == 0 {

@@ -2,8 +2,12 @@
 //!
 //! Pure: no clocks, no I/O. Callers pass `now` and a jitter sample, so every rule is tested with
 //! plain values.
-//! * ordered by severity: a node with no free address first, then the biggest deficit, then
-//!   excess to release, then routine passes;
+//! * ordered by urgency: a node with no free address first (first come, first served: a node
+//!   that has none outranks one that has some whatever the counts), then nodes whose pods wait
+//!   for addresses, then reserves by the biggest deficit, then excess to release, then routine
+//!   passes;
+//! * a node keeps its urgency through a failed pass or a wait: after its delay it comes back
+//!   where it was, not behind every reserve;
 //! * one entry per node (a push while queued raises the priority, never duplicates);
 //! * never two workers on one node: a node being worked on is not handed out again; a push
 //!   meanwhile is remembered and re-queued when the worker finishes;
@@ -21,20 +25,30 @@ pub enum Priority {
     Routine,
     /// Addresses in excess (release work), by how many.
     Excess(u32),
-    /// Addresses missing, by how many; some are still free.
+    /// Addresses missing for the node's reserve, by how many; some are still free.
     Deficit(u32),
-    /// No free address at all (pods cannot start), by how many are missing.
-    NoFreeIp(u32),
+    /// Addresses missing while pods wait for them (the Pod watch's count), by how many pods.
+    PodsWaiting(u32),
+    /// No free address at all: the next pod cannot start.
+    NoFreeIp,
     /// Deletion work (finalizer): unblock it first.
     Deleting,
 }
 
 impl Priority {
-    /// From the node's last known demand figures.
-    pub fn from_demand(available: i64, used: i64, needed: i64, excess: i64) -> Self {
+    /// From the node's last known demand figures and the pods waiting on it.
+    pub fn from_demand(
+        available: i64,
+        used: i64,
+        needed: i64,
+        excess: i64,
+        pending_pods: u32,
+    ) -> Self {
         let clamp = |n: i64| u32::try_from(n.max(0)).unwrap_or(u32::MAX);
         if needed > 0 && available - used <= 0 {
-            Priority::NoFreeIp(clamp(needed))
+            Priority::NoFreeIp
+        } else if needed > 0 && pending_pods > 0 {
+            Priority::PodsWaiting(pending_pods)
         } else if needed > 0 {
             Priority::Deficit(clamp(needed))
         } else if excess > 0 {
@@ -80,7 +94,8 @@ pub struct DeficitQueue<K: Clone + Eq + Hash + Ord> {
     delayed: HashMap<K, (Instant, Priority)>,
     /// `delayed` ordered by due time: finding the next due node must not scan every node.
     due: BTreeSet<(Instant, K)>,
-    running: HashSet<K>,
+    /// Handed out, with the priority it had: a failed or waiting pass queues it at that again.
+    running: HashMap<K, Priority>,
     /// Pushed while running: re-queue on finish.
     again: HashMap<K, Priority>,
     /// Woken while running ([`DeficitQueue::wake`]): re-queued on finish without the delay
@@ -99,7 +114,7 @@ impl<K: Clone + Eq + Hash + Ord> Default for DeficitQueue<K> {
             queued: HashMap::new(),
             delayed: HashMap::new(),
             due: BTreeSet::new(),
-            running: HashSet::new(),
+            running: HashMap::new(),
             again: HashMap::new(),
             woken: HashSet::new(),
             failures: HashMap::new(),
@@ -127,7 +142,7 @@ impl<K: Clone + Eq + Hash + Ord> DeficitQueue<K> {
     /// Ask for a pass over `node`. De-duplicated; raises the priority of a queued entry.
     pub fn push(&mut self, node: K, priority: Priority) {
         self.pushes += 1;
-        if self.running.contains(&node) {
+        if self.running.contains_key(&node) {
             let p = self.again.entry(node).or_insert(priority);
             *p = (*p).max(priority);
             return;
@@ -174,22 +189,24 @@ impl<K: Clone + Eq + Hash + Ord> DeficitQueue<K> {
         self.promote(now);
         let first = self.ready.iter().next().cloned()?;
         self.ready.remove(&first);
-        let (_, node) = first;
+        let (key, node) = first;
         self.queued.remove(&node);
-        self.running.insert(node.clone());
+        self.running.insert(node.clone(), key.priority);
         Some(node)
     }
 
     /// A worker is done with `node`. `jitter` in [0, 1) spreads backoff delays.
     pub fn finish(&mut self, node: &K, outcome: Outcome, now: Instant, jitter: f64) {
-        self.running.remove(node);
+        let held = self.running.remove(node);
         let again = self.again.remove(node);
+        // What a failed or waiting pass did not serve is as urgent as before it.
+        let kept = again.max(held).unwrap_or(Priority::Routine);
         if self.woken.remove(node) {
             // The reason for any wait this pass sets may be gone: look again at once.
             if outcome == Outcome::Failed {
                 *self.failures.entry(node.clone()).or_insert(0) += 1;
             }
-            self.insert_ready(node.clone(), again.unwrap_or(Priority::Routine));
+            self.insert_ready(node.clone(), kept);
             return;
         }
         match outcome {
@@ -203,13 +220,9 @@ impl<K: Clone + Eq + Hash + Ord> DeficitQueue<K> {
                 let n = self.failures.entry(node.clone()).or_insert(0);
                 *n += 1;
                 let delay = backoff_delay(*n, jitter);
-                let p = again.unwrap_or(Priority::Routine);
-                self.delay(node, now + delay, p);
+                self.delay(node, now + delay, kept);
             }
-            Outcome::RetryAfter(delay) => {
-                let p = again.unwrap_or(Priority::Routine);
-                self.delay(node, now + delay, p);
-            }
+            Outcome::RetryAfter(delay) => self.delay(node, now + delay, kept),
         }
     }
 
@@ -226,7 +239,7 @@ impl<K: Clone + Eq + Hash + Ord> DeficitQueue<K> {
     /// keep the delay: a Node that came back during a pass that waited for it was looked at
     /// again only at the next rescan).
     pub fn wake(&mut self, node: K, priority: Priority) {
-        if self.running.contains(&node) {
+        if self.running.contains_key(&node) {
             self.woken.insert(node.clone());
         } else {
             self.remove(&node);
@@ -272,7 +285,7 @@ impl<K: Clone + Eq + Hash + Ord> DeficitQueue<K> {
     }
 
     pub fn is_running(&self, node: &K) -> bool {
-        self.running.contains(node)
+        self.running.contains_key(node)
     }
 
     pub fn running(&self) -> usize {
@@ -309,12 +322,15 @@ mod tests {
         q.push("excess", Priority::Excess(40));
         q.push("small", Priority::Deficit(2));
         q.push("big", Priority::Deficit(30));
-        q.push("starved", Priority::NoFreeIp(1));
+        q.push("starved", Priority::NoFreeIp);
+        q.push("pods", Priority::PodsWaiting(1));
         q.push("small2", Priority::Deficit(2));
         let order: Vec<_> = std::iter::from_fn(|| q.pop(now)).collect();
         assert_eq!(
             order,
-            ["starved", "big", "small", "small2", "excess", "routine"]
+            [
+                "starved", "pods", "big", "small", "small2", "excess", "routine"
+            ]
         );
     }
 
@@ -325,7 +341,7 @@ mod tests {
         q.push("a", Priority::Routine);
         q.push("b", Priority::Deficit(5));
         q.push("a", Priority::Routine);
-        q.push("a", Priority::NoFreeIp(3));
+        q.push("a", Priority::NoFreeIp);
         assert_eq!(q.depth(), 2);
         assert_eq!(q.pop(now), Some("a"));
         assert_eq!(q.pop(now), Some("b"));
@@ -415,7 +431,7 @@ mod tests {
         q.push("a", Priority::Routine);
         q.pop(now);
         q.finish(&"a", Outcome::RetryAfter(Duration::from_secs(60)), now, 0.0);
-        q.push("a", Priority::NoFreeIp(4));
+        q.push("a", Priority::NoFreeIp);
         assert_eq!(q.pop(now + Duration::from_secs(59)), None);
         q.push("b", Priority::Deficit(1));
         let later = now + Duration::from_secs(60);
@@ -447,10 +463,49 @@ mod tests {
 
     #[test]
     fn priority_from_demand() {
-        assert_eq!(Priority::from_demand(0, 0, 8, 0), Priority::NoFreeIp(8));
-        assert_eq!(Priority::from_demand(10, 10, 4, 0), Priority::NoFreeIp(4));
-        assert_eq!(Priority::from_demand(10, 2, 4, 0), Priority::Deficit(4));
-        assert_eq!(Priority::from_demand(30, 2, 0, 12), Priority::Excess(12));
-        assert_eq!(Priority::from_demand(10, 2, 0, 0), Priority::Routine);
+        assert_eq!(Priority::from_demand(0, 0, 8, 0, 0), Priority::NoFreeIp);
+        assert_eq!(Priority::from_demand(10, 10, 4, 0, 3), Priority::NoFreeIp);
+        assert_eq!(
+            Priority::from_demand(10, 2, 4, 0, 3),
+            Priority::PodsWaiting(3)
+        );
+        assert_eq!(Priority::from_demand(10, 2, 4, 0, 0), Priority::Deficit(4));
+        assert_eq!(Priority::from_demand(30, 2, 0, 12, 0), Priority::Excess(12));
+        assert_eq!(Priority::from_demand(10, 2, 0, 0, 5), Priority::Routine);
+    }
+
+    #[test]
+    fn a_node_without_addresses_is_served_before_reserves_whatever_the_counts() {
+        let now = t0();
+        let mut q = DeficitQueue::new();
+        // A node that got its first ENI still needs more than a new node needs in all.
+        q.push("topping-up", Priority::Deficit(16));
+        q.push("new", Priority::NoFreeIp);
+        q.push("pods", Priority::PodsWaiting(2));
+        q.push("new2", Priority::NoFreeIp);
+        let order: Vec<_> = std::iter::from_fn(|| q.pop(now)).collect();
+        assert_eq!(order, ["new", "new2", "pods", "topping-up"]);
+    }
+
+    #[test]
+    fn a_failed_or_waiting_pass_keeps_the_nodes_urgency() {
+        let now = t0();
+        let mut q = DeficitQueue::new();
+        q.push("a", Priority::NoFreeIp);
+        q.push("w", Priority::NoFreeIp);
+        assert_eq!(q.pop(now), Some("a"));
+        assert_eq!(q.pop(now), Some("w"));
+        // Its create was throttled; the other waits for its instance's describe.
+        q.finish(&"a", Outcome::Failed, now, 0.0);
+        q.finish(&"w", Outcome::RetryAfter(Duration::from_secs(1)), now, 0.0);
+        for name in ["reserve-1", "reserve-2", "reserve-3"] {
+            q.push(name, Priority::Deficit(16));
+        }
+        let later = now + Duration::from_secs(1);
+        assert_eq!(q.pop(later), Some("a"), "still without addresses");
+        assert_eq!(q.pop(later), Some("w"));
+        // A done pass asks for nothing more: the node leaves the queue's urgent part.
+        q.finish(&"a", Outcome::Done, later, 0.0);
+        assert_eq!(q.due(&"a", later), None);
     }
 }

@@ -524,6 +524,35 @@ async fn throttled_answers_are_retried_until_the_deadline_not_the_attempt_count(
     );
 }
 
+#[tokio::test(start_paused = true)]
+async fn the_throttle_deadline_counts_retrying_not_waiting_for_a_token() {
+    // One token a minute: each attempt waits its turn for about a minute, longer than the
+    // deadline. Its throttled answers are scarcity like any other: only the attempts and their
+    // backoff count against the deadline, not the waits in line.
+    let config = GateConfig {
+        overrides: [(Bucket::CreateNetworkInterface, (1, 1.0 / 60.0))].into(),
+        throttle_deadline: Duration::from_secs(30),
+        ..GateConfig::aws_defaults()
+    };
+    let g = gate(Fake::default(), config);
+    g.create_network_interface(&create_request())
+        .await
+        .expect("the first takes the token");
+    g.inner()
+        .fail(Operation::CreateNetworkInterface, "RequestLimitExceeded", 2);
+    let start = Instant::now();
+    g.create_network_interface(&create_request())
+        .await
+        .expect("retried: waiting in line is not retrying");
+    assert!(
+        start.elapsed() >= Duration::from_secs(120),
+        "it waited its turn three times: {:?}",
+        start.elapsed()
+    );
+    assert_eq!(g.stats().total_failed(), 0);
+    assert_eq!(g.stats().total_throttled(), 2);
+}
+
 fn rate_of(g: &Gate<Fake>, bucket: Bucket) -> f64 {
     g.rates()
         .into_iter()

@@ -96,11 +96,13 @@ fn verdict<E: Ec2, S: NodeSink>(
         outcome = Outcome::Failed;
     } else if exec.changed {
         let d = &planned.plan.demand;
+        let pending = inner.with_slot(name, |s| s.pending_pods).unwrap_or(0);
         again = Some(Priority::from_demand(
             d.available,
             d.used,
             d.needed,
             d.excess,
+            pending,
         ));
         info!(node = name, "EC2 changed for the node");
     } else if let Some(u) = &planned.limits

@@ -54,6 +54,11 @@ struct Args {
     /// Share (0..1) of every bucket's refill used by another tenant of the account.
     #[arg(long, default_value_t = 0.0)]
     other_tenant_share: f64,
+    /// Another tenant's spell: AFTER seconds from the start it takes every token left and 90 %
+    /// (or SHARE) of every bucket's refill for LENGTH seconds (`POST /_sim/tenant-spell` sets
+    /// one while running).
+    #[arg(long, value_name = "AFTER:LENGTH[:SHARE]")]
+    tenant_spell: Option<String>,
     /// Answer a fraction of an action's calls with an error: ACTION=RATE[:CODE] (repeatable;
     /// CODE defaults to InternalError, HTTP 500).
     #[arg(long = "fault-rate", value_name = "ACTION=RATE[:CODE]")]
@@ -125,6 +130,15 @@ fn configure(sim: &Simulator, a: &Args) -> Result<(), String> {
     }
     if a.other_tenant_share > 0.0 {
         sim.set_other_tenant_share(a.other_tenant_share);
+    }
+    if let Some(spell) = &a.tenant_spell {
+        let mut parts = spell.split(':');
+        let (Some(after), Some(length)) = (parts.next(), parts.next()) else {
+            return Err(format!("{spell:?}: expected AFTER:LENGTH[:SHARE]"));
+        };
+        let share = parts.next().map_or(Ok(0.9), |s| num(s, "share"))?;
+        let secs = |s: &str, what| num::<f64>(s, what).map(|n| Duration::from_secs_f64(n.max(0.0)));
+        sim.tenant_spell(secs(after, "after")?, secs(length, "length")?, share);
     }
     for f in &a.fault_rates {
         let (name, v) = split_pair(f)?;

@@ -181,6 +181,19 @@ impl Simulator {
         self.lock().throttle.set_other_tenant(share, Instant::now());
     }
 
+    /// Another tenant's spell, `after` from now: it takes every token left in every throttling
+    /// bucket, then `share` (0 to 1) of every refill for `length`; then the steady share
+    /// (`set_other_tenant_share`) is back. Replaces a spell not over yet.
+    pub fn tenant_spell(&self, after: Duration, length: Duration, share: f64) {
+        let now = Instant::now();
+        let spell = throttle::Spell {
+            start: now + after,
+            length,
+            share,
+        };
+        self.lock().throttle.set_spell(spell, now);
+    }
+
     /// Another caller's burst takes every token left in every throttling bucket now (they
     /// refill from empty, at the share `set_other_tenant_share` leaves).
     pub fn empty_buckets(&self) {

@@ -7,8 +7,14 @@
 //! *other tenant* models them: another caller draining each bucket at a share of its refill.
 //! Its steady trickle of calls takes its tokens as they come, so only `1 − share` of the refill
 //! is left to the operator (the burst is there at the start, as after a quiet period).
+//!
+//! A *spell* ([`Spell`]) is that tenant's busy time scheduled ahead (a fleet launch, a nightly
+//! Terraform apply): at its start it takes every token left and a larger share of the refill,
+//! at its end the steady share is back. Scheduled, so a separate process (ec2-sim) plays it at
+//! the right moment without a driver calling in.
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use tokio::time::Instant;
 
@@ -47,12 +53,23 @@ impl TokenBucket {
     }
 }
 
+/// Another tenant's spell: from `start` it empties every bucket and takes `share` of every
+/// refill until `start + length`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct Spell {
+    pub start: Instant,
+    pub length: Duration,
+    pub share: f64,
+}
+
 /// The account's buckets; `None` when throttling is disabled.
 #[derive(Clone, Debug)]
 pub(crate) struct Throttle {
     buckets: Option<BTreeMap<Bucket, TokenBucket>>,
     /// Share of every bucket's refill the other tenant uses (0 to 1).
     other_share: f64,
+    /// A spell scheduled or under way (its start passed: `started`).
+    spell: Option<(Spell, bool)>,
 }
 
 impl Throttle {
@@ -68,6 +85,7 @@ impl Throttle {
         Self {
             buckets: Some(buckets),
             other_share: 0.0,
+            spell: None,
         }
     }
 
@@ -75,21 +93,66 @@ impl Throttle {
         Self {
             buckets: None,
             other_share: 0.0,
+            spell: None,
         }
     }
 
-    /// Another tenant of the account uses `share` of every bucket's refill from now on.
-    pub(crate) fn set_other_tenant(&mut self, share: f64, now: Instant) {
-        // Refill up to now at the old share first.
+    /// The share the other tenant takes now (its spell's while one is under way).
+    fn share(&self) -> f64 {
+        match self.spell {
+            Some((spell, true)) => spell.share,
+            _ => self.other_share,
+        }
+    }
+
+    /// Refill every bucket up to `at` at the share in force.
+    fn refill_all(&mut self, at: Instant) {
+        let share = self.share();
         if let Some(buckets) = &mut self.buckets {
             for b in buckets.values_mut() {
-                let elapsed = now.saturating_duration_since(b.last).as_secs_f64();
-                b.tokens =
-                    (b.tokens + elapsed * b.per_second * (1.0 - self.other_share)).min(b.burst);
-                b.last = now;
+                let elapsed = at.saturating_duration_since(b.last).as_secs_f64();
+                b.tokens = (b.tokens + elapsed * b.per_second * (1.0 - share)).min(b.burst);
+                b.last = b.last.max(at);
             }
         }
+    }
+
+    /// Play the spell's start and end if `now` has passed them.
+    fn advance(&mut self, now: Instant) {
+        let Some((spell, started)) = self.spell else {
+            return;
+        };
+        if !started && now >= spell.start {
+            self.refill_all(spell.start);
+            self.spell = Some((spell, true));
+            self.empty(spell.start);
+        }
+        let end = spell.start + spell.length;
+        if now >= end {
+            self.refill_all(end);
+            self.spell = None;
+        }
+    }
+
+    /// Another tenant of the account uses `share` of every bucket's refill from now on (after
+    /// a spell under way, if any).
+    pub(crate) fn set_other_tenant(&mut self, share: f64, now: Instant) {
+        // Refill up to now at the old share first.
+        self.advance(now);
+        self.refill_all(now);
         self.other_share = share.clamp(0.0, 1.0);
+    }
+
+    /// Schedule a spell of the other tenant (replacing one not over yet).
+    pub(crate) fn set_spell(&mut self, spell: Spell, now: Instant) {
+        self.advance(now);
+        self.refill_all(now);
+        let spell = Spell {
+            share: spell.share.clamp(0.0, 1.0),
+            ..spell
+        };
+        self.spell = Some((spell, false));
+        self.advance(now);
     }
 
     /// Another caller's burst (a fleet launch, a Terraform apply) takes every token left in
@@ -113,19 +176,19 @@ impl Throttle {
 
     /// Take a token from `bucket`; false means answer `RequestLimitExceeded`.
     pub(crate) fn try_take(&mut self, bucket: Bucket, now: Instant) -> bool {
+        self.advance(now);
+        let share = self.share();
         match &mut self.buckets {
             None => true,
             Some(buckets) => buckets
                 .get_mut(&bucket)
-                .is_none_or(|b| b.try_take(now, self.other_share)),
+                .is_none_or(|b| b.try_take(now, share)),
         }
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use std::time::Duration;
-
     use super::*;
 
     fn drain(t: &mut Throttle, bucket: Bucket) -> u32 {
@@ -207,5 +270,34 @@ mod tests {
         assert_eq!(drain(&mut t, Bucket::GeneralMutating), 50);
         tokio::time::advance(Duration::from_secs(1)).await;
         assert_eq!(drain(&mut t, Bucket::Describe), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_spell_empties_the_buckets_takes_its_share_then_leaves() {
+        let mut t = Throttle::aws_default(Instant::now());
+        t.set_other_tenant(0.5, Instant::now());
+        t.set_spell(
+            Spell {
+                start: Instant::now() + Duration::from_secs(10),
+                length: Duration::from_secs(20),
+                share: 0.9,
+            },
+            Instant::now(),
+        );
+        // Before it: the burst, then half the refill.
+        assert_eq!(drain(&mut t, Bucket::CreateNetworkInterface), 100);
+        tokio::time::advance(Duration::from_secs(4)).await;
+        assert_eq!(drain(&mut t, Bucket::CreateNetworkInterface), 10);
+        // It starts at 10 s: what was left is gone, a tenth of the refill is ours.
+        tokio::time::advance(Duration::from_secs(8)).await;
+        assert_eq!(drain(&mut t, Bucket::CreateNetworkInterface), 1);
+        assert_eq!(drain(&mut t, Bucket::GeneralMutating), 1);
+        tokio::time::advance(Duration::from_secs(10)).await;
+        assert_eq!(drain(&mut t, Bucket::CreateNetworkInterface), 5);
+        // It ends at 30 s (8 s at 0.5/s, 2 s at 2.5/s), and the steady share is back.
+        tokio::time::advance(Duration::from_secs(10)).await;
+        assert_eq!(drain(&mut t, Bucket::CreateNetworkInterface), 9);
+        tokio::time::advance(Duration::from_secs(2)).await;
+        assert_eq!(drain(&mut t, Bucket::CreateNetworkInterface), 5);
     }
 }

@@ -14,7 +14,10 @@
 //!   JSON), `POST /_sim/bucket?bucket=NAME&burst=N&per_second=N`,
 //!   `POST /_sim/reset-throttling`, `POST /_sim/fault?operation=OP&code=CODE&times=N`,
 //!   `POST /_sim/other-tenant?share=F[&empty=true]` (another tenant uses that share of every
-//!   bucket's refill from now on; with `empty`, its burst first takes every token left).
+//!   bucket's refill from now on; with `empty`, its burst first takes every token left),
+//!   `POST /_sim/tenant-spell?after_ms=N&length_ms=N[&share=F]` (that tenant's spell, scheduled:
+//!   after `after_ms` it takes every token left and `share`, 0.9 by default, of every refill
+//!   for `length_ms`).
 //!
 //! Adding an action is one line in [`dispatch`] and one function in `actions`.
 
@@ -27,6 +30,7 @@ mod xml;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use axum::Router;
 use axum::body::Bytes;
@@ -155,6 +159,7 @@ impl Server {
             .route("/_sim/stats", get(stats))
             .route("/_sim/bucket", post(set_bucket))
             .route("/_sim/other-tenant", post(set_other_tenant))
+            .route("/_sim/tenant-spell", post(set_tenant_spell))
             .route("/_sim/reset-throttling", post(reset_throttling))
             .route("/_sim/fault", post(inject_fault))
             .route("/_sim/clients", get(client_record))
@@ -374,6 +379,22 @@ async fn set_other_tenant(State(s): State<Server>, RawQuery(q): RawQuery, body: 
         }
         _ => control_error("share must be a number from 0 to 1".into()),
     }
+}
+
+/// Schedule another tenant's spell (see [`crate::sim::Simulator::tenant_spell`]).
+async fn set_tenant_spell(State(s): State<Server>, RawQuery(q): RawQuery, body: Bytes) -> Response {
+    let p = Params::parse(q.as_deref(), &body);
+    let (Ok(Some(after)), Ok(Some(length))) = (p.int("after_ms"), p.int("length_ms")) else {
+        return control_error("after_ms and length_ms must be integers".into());
+    };
+    let share = match p.get("share").map(str::parse::<f64>) {
+        None => 0.9,
+        Some(Ok(share)) if (0.0..=1.0).contains(&share) => share,
+        Some(_) => return control_error("share must be a number from 0 to 1".into()),
+    };
+    let ms = |n: i64| Duration::from_millis(n.max(0) as u64);
+    s.sim.tenant_spell(ms(after), ms(length), share);
+    StatusCode::NO_CONTENT.into_response()
 }
 
 async fn reset_throttling(State(s): State<Server>) -> Response {
