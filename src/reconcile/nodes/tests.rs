@@ -159,7 +159,8 @@ fn pending_pods_before_the_cilium_node_are_kept_until_zero() {
     assert!(slots.lock().unwrap().is_empty());
     accept(&slots, NodeInput::Upsert(node("n1", "")), &cache(), all);
     let a = accept(&slots, pods(4), &cache(), all);
-    assert_eq!(a.queue, Some(("n1".into(), Priority::Deficit(4))));
+    // Pods wait on a node with no address yet: the most urgent kind.
+    assert_eq!(a.queue, Some(("n1".into(), Priority::NoFreeIp)));
 }
 
 #[test]
