@@ -4,7 +4,7 @@
 //! `ENI_DST_MUTANT=<name>` selects the defect of a run.
 
 /// Every planted defect, by name.
-pub const ALL: [&str; 15] = [
+pub const ALL: [&str; 19] = [
     "release-used",
     "drain-is-gone",
     "reuse-burned-token",
@@ -20,6 +20,10 @@ pub const ALL: [&str; 15] = [
     "keep-write-answer",
     "serve-without-node",
     "release-named-instance",
+    "serve-cilium-known-node",
+    "trust-forged-finalizer",
+    "trust-named-instance",
+    "manage-refused-instance",
 ];
 
 /// Whether the defects are compiled into this build.

@@ -99,6 +99,8 @@ fn always_on(w: &World) -> Result<(), Broken> {
     }
     // Before the guard, which would see a finalizer's release too, under its own name.
     crate::identity::check(w)?;
+    crate::cilium::check(w)?;
+    crate::forgery::check(w)?;
     w.guard.check(w)?;
     let mut pooled: BTreeMap<String, &str> = BTreeMap::new();
     for (name, n) in &w.nodes {
@@ -238,7 +240,10 @@ pub fn no_available_owned(w: &World) -> Result<(), Broken> {
         .sim
         .network_interfaces()
         .into_iter()
+        // In the cluster's VPC: a same-named cluster's ENIs elsewhere are not ours
+        // (crate::forgery's peered VPC).
         .filter(|e| ours(e) && e.attachment.is_none() && e.state == EniState::Available)
+        .filter(|e| e.vpc_id == w.vpc)
         .map(|e| e.id)
         .collect();
     if left.is_empty() {
@@ -253,7 +258,8 @@ pub fn no_available_owned(w: &World) -> Result<(), Broken> {
 /// node that comes back under that name would inherit it.
 pub fn no_vanished_nodes(w: &World) -> Result<(), Broken> {
     for core in w.cores() {
-        for name in w.nodes.keys().chain(w.identity.names()) {
+        let others = w.identity.names().chain(w.forgery.names());
+        for name in w.nodes.keys().chain(others) {
             if w.sink.raw(name).is_none() && core.demand(name).is_some() {
                 return Err((
                     "no node held after its CiliumNode is gone",

@@ -517,6 +517,7 @@ pub fn tick(w: &mut World, t: u64) {
             w.api.connect_core(Some(core), tx, &listing);
             w.log(t, format!("replica {id} leads; its watches list"));
         }
+        crate::cilium::tell(w);
     }
 }
 

@@ -8,7 +8,9 @@ pub mod account;
 pub mod agent;
 pub mod api;
 pub mod check;
+pub mod cilium;
 pub mod first_action;
+pub mod forgery;
 pub mod guard;
 pub mod identity;
 pub mod leadership;
@@ -179,6 +181,7 @@ async fn simulate(seed: u64, opts: &Options, watch: &Watch) -> Outcome {
             events(&mut w, &mut rng, t).await;
         } else if t == fault_end {
             refusals::end(&mut w, t);
+            cilium::faults_end(&mut w, t);
             // "After the faults stop" means it: one-off faults still queued for a call that has
             // not come (an attach fault waiting for the next node to join) go too.
             w.sim.drop_queued_faults();
@@ -258,6 +261,8 @@ async fn events(w: &mut World, rng: &mut StdRng, t: u64) {
     unassign_crash::events(w, t);
     slow_answer::events(w, t);
     identity::events(w, t);
+    cilium::events(w, t);
+    forgery::events(w, t).await;
     if roll(rng, P_EC2_FAULT) {
         let op = *[
             Operation::CreateNetworkInterface,

@@ -171,6 +171,10 @@ pub struct World {
     pub slow_answer: crate::slow_answer::SlowAnswer,
     /// CiliumNodes without a Node and instances named twice (crate::identity).
     pub identity: crate::identity::Identity,
+    /// Cilium's own operator beside ours, in some runs (crate::cilium).
+    pub cilium: Option<crate::cilium::Cilium>,
+    /// What agents write that they should not (crate::forgery).
+    pub forgery: crate::forgery::Forgery,
 }
 
 impl World {
@@ -265,7 +269,16 @@ impl World {
             first_action: Default::default(),
             slow_answer: crate::slow_answer::SlowAnswer::new(seed),
             identity: crate::identity::Identity::new(seed),
+            cilium: crate::cilium::Cilium::draw(seed),
+            forgery: crate::forgery::Forgery::new(seed),
         };
+        // One wall clock for the run: the API server's managedFields times and every core's.
+        w.cfg.wall_epoch = Some((crate::cilium::epoch(), w.start.into_std()));
+        w.sink.stamp_times(crate::cilium::epoch(), w.start);
+        if w.cilium.is_some() {
+            w.cfg.annotate_cilium_ignore = true;
+            w.log(0, "Cilium's operator runs beside ours".into());
+        }
         w.log(
             0,
             format!(
@@ -301,7 +314,12 @@ impl World {
 
     /// Another tool creates an ENI, through the same account (its calls take tokens from the
     /// shared throttling buckets and meet the injected faults, so it retries like any client).
-    async fn foreign_eni(&self, subnet: &str, tags: Tags, token: &str) -> NetworkInterface {
+    pub(crate) async fn foreign_eni(
+        &self,
+        subnet: &str,
+        tags: Tags,
+        token: &str,
+    ) -> NetworkInterface {
         let req = CreateEniRequest {
             subnet_id: subnet.to_string(),
             security_groups: vec![self.sg.clone()],
@@ -319,7 +337,12 @@ impl World {
     }
 
     /// The other tool attaches its ENI, retrying until EC2 shows it attached.
-    async fn foreign_attach(&self, eni: &str, instance: &str, at: u32) -> NetworkInterface {
+    pub(crate) async fn foreign_attach(
+        &self,
+        eni: &str,
+        instance: &str,
+        at: u32,
+    ) -> NetworkInterface {
         loop {
             let _ = self.sim.attach_network_interface(eni, instance, at).await;
             let now = self.sim.network_interface(eni).expect("exists");
@@ -354,6 +377,7 @@ impl World {
         // What the watches list at start: every Node, then every CiliumNode.
         let listing = crate::api::listing(self);
         self.api.connect_core(core, parts.tx, &listing);
+        crate::cilium::tell(self);
         self.report_pending(true);
         if t > 0 {
             self.log(t, format!("operator restarted ({})", self.restarts));
@@ -501,9 +525,11 @@ impl World {
         if crate::statics::wants(self.next_node - 1) {
             n.spec.ipam.static_ip_tags = crate::statics::tags();
         }
+        crate::cilium::admit(self, &mut n);
         let node = self.put_node(&name, zone, &inst.id);
         self.node_event(Event::Apply(node));
         let stored = self.sink.put(&n);
+        crate::cilium::created(self, &stored, t);
         self.send(NodeInput::Upsert(Box::new(stored)));
         let target = rng.random_range(0..=capacity);
         let multi_pool = self.agents.draw_multi_pool();
@@ -716,8 +742,10 @@ impl World {
         self.restart_exited(t);
         crate::api::tick(self, t);
         crate::leadership::tick(self, t);
+        crate::cilium::tick(self, t);
         crate::reuse::tick(self, t);
         crate::identity::tick(self, t);
+        crate::forgery::tick(self, t);
         let due: Vec<(String, Phase)> = self
             .nodes
             .iter()

@@ -40,7 +40,10 @@ impl Confirmed {
                     (ours || own, other || !own)
                 })
         };
-        let only_ours = |path: &[&str]| owners(path) == (true, false);
+        // Planted defect (dst-mutants): the record and the finalizer read without their owner.
+        let only_ours = |path: &[&str]| {
+            owners(path) == (true, false) || crate::mutants::active("trust-forged-finalizer")
+        };
         let annotation = format!("f:{CONFIRMED_INSTANCE_ANNOTATION}");
         let instance = meta
             .annotations

@@ -343,7 +343,8 @@ pub fn other_allocator(s: &Signals) -> Option<OtherAllocator> {
     } else {
         s.now
     };
-    (lease.acquired < annotated).then(|| OtherAllocator::CiliumLeaderKnewNode {
+    let knew = lease.acquired < annotated && !crate::mutants::active("serve-cilium-known-node");
+    knew.then(|| OtherAllocator::CiliumLeaderKnewNode {
         holder: lease.who(),
         acquired: lease.acquired,
         annotated,

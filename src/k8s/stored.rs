@@ -36,6 +36,11 @@ impl StoredNode {
             serde_json::to_vec(node)
         }
         .expect("a CiliumNode serialises to JSON");
+        let mut confirmed = Confirmed::of(&node.metadata);
+        // Planted defect (dst-mutants): the instance the object names counts as confirmed.
+        if crate::mutants::active("trust-named-instance") {
+            confirmed.instance = Some(node.spec.instance_id.clone());
+        }
         Self {
             json: json.into(),
             instance_id: node.spec.instance_id.clone(),
@@ -45,7 +50,7 @@ impl StoredNode {
             writers: Arc::new(Writers::from_managed_fields(
                 node.metadata.managed_fields.as_deref().unwrap_or_default(),
             )),
-            confirmed: Arc::new(Confirmed::of(&node.metadata)),
+            confirmed: Arc::new(confirmed),
         }
     }
 

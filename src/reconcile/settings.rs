@@ -35,6 +35,10 @@ pub struct CoreConfig {
     /// Seed of the work queue's backoff jitter; `None` (production): the OS's randomness.
     /// The simulation sets it so a seed replays exactly ([`crate::jitter`]).
     pub jitter_seed: Option<u64>,
+    /// Wall time at a clock instant, for `wall_now`; `None` (production): the system's clock at
+    /// the core's start. The simulation gives every process of a run one clock, as the API
+    /// server's timestamps are.
+    pub wall_epoch: Option<(k8s_openapi::jiff::Timestamp, std::time::Instant)>,
     /// `--update-ec2-adapter-limit-via-api`: limits from `DescribeInstanceTypes`; false: from
     /// the built-in table only, and no `DescribeInstanceTypes` call is ever made.
     pub limits_via_api: bool,
@@ -83,6 +87,7 @@ impl Default for CoreConfig {
             scope: Scope::default(),
             annotate_cilium_ignore: false,
             jitter_seed: None,
+            wall_epoch: None,
             limits_via_api: true,
             limit_overrides: Vec::new(),
             handover_quiet: Duration::from_secs(180),

@@ -75,7 +75,9 @@ impl<E: Ec2, S> Shared<E, S> {
             config.instance_refresh_spacing,
         );
         let executor = Executor::new(ec2.clone(), cache.clone()).with_metrics(metrics.clone());
-        let epoch = (k8s_openapi::jiff::Timestamp::now(), crate::clock::now());
+        let epoch = config
+            .wall_epoch
+            .unwrap_or_else(|| (k8s_openapi::jiff::Timestamp::now(), crate::clock::now()));
         let status =
             crate::reconcile::status::StatusBook::new(metrics.nodes_waiting.clone(), epoch);
         Self {

@@ -3,7 +3,8 @@
 //! Update (a PUT or a merge patch) owns the fields it changed, taken from whoever owned them;
 //! a field written with the value it had changes no owner; a removed field is owned by nobody
 //! (Kubernetes, "Server-Side Apply", "Field management": managers of Update operations).
-//! Entries carry no `time`, so the handover guard's reading of them is left as it was.
+//! Entries carry no `time` unless the sink has a clock ([`record_at`]; the simulation's), as the
+//! API server stamps each entry it changes.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -40,6 +41,16 @@ impl Owned {
 
 /// Record in `obj` that `manager(field)` changed what differs between `before` and `obj`.
 pub fn record(obj: &mut Value, before: &Owned, manager: impl Fn(Option<&str>) -> &'static str) {
+    record_at(obj, before, manager, None);
+}
+
+/// [`record`], stamping the entries that gain a field with `time` (RFC 3339, seconds).
+pub fn record_at(
+    obj: &mut Value,
+    before: &Owned,
+    manager: impl Fn(Option<&str>) -> &'static str,
+    time: Option<&str>,
+) {
     let after = Owned::of(obj);
     let keys: BTreeSet<&String> = before
         .annotations
@@ -64,11 +75,11 @@ pub fn record(obj: &mut Value, before: &Owned, manager: impl Fn(Option<&str>) ->
         changes.push((path, after.finalizer.then(|| manager(None))));
     }
     for (path, owner) in changes {
-        set_owner(obj, &path, owner);
+        set_owner(obj, &path, owner, time);
     }
 }
 
-fn set_owner(obj: &mut Value, path: &[String], owner: Option<&str>) {
+fn set_owner(obj: &mut Value, path: &[String], owner: Option<&str>, time: Option<&str>) {
     let meta = obj["metadata"].as_object_mut().expect("metadata");
     let entries = meta
         .entry("managedFields")
@@ -98,6 +109,9 @@ fn set_owner(obj: &mut Value, path: &[String], owner: Option<&str>) {
             entries.len() - 1
         }
     };
+    if let Some(time) = time {
+        entries[at]["time"] = json!(time);
+    }
     path.iter().fold(&mut entries[at]["fieldsV1"], |v, k| {
         let m = v.as_object_mut().expect("fieldsV1 objects");
         m.entry(k.clone())

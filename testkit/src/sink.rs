@@ -96,6 +96,8 @@ pub struct MemorySink {
     /// How long the answers to the next `apply`s take after they are committed, one each
     /// (a slow response: the watch may deliver later writes before it arrives).
     slow_answers: Mutex<std::collections::VecDeque<std::time::Duration>>,
+    /// Wall time at a tokio instant: when set, managedFields entries get their `time`.
+    clock: Mutex<Option<(k8s_openapi::jiff::Timestamp, tokio::time::Instant)>>,
 }
 
 impl MemorySink {
@@ -110,6 +112,22 @@ impl MemorySink {
             schema: Some(schema),
             ..Self::default()
         }
+    }
+
+    /// Stamp managedFields entries with the wall time `at` was at `instant`, moving with tokio's
+    /// clock (the simulation's one clock; the core's `wall_epoch`).
+    pub fn stamp_times(&self, at: k8s_openapi::jiff::Timestamp, instant: tokio::time::Instant) {
+        *self.clock.lock().expect("clock") = Some((at, instant));
+    }
+
+    /// Now as a managedFields `time` (seconds), if the sink has a clock.
+    fn stamp(&self) -> Option<String> {
+        let (at, instant) = (*self.clock.lock().expect("clock"))?;
+        let elapsed = tokio::time::Instant::now().saturating_duration_since(instant);
+        let now = at.checked_add(elapsed).ok()?;
+        k8s_openapi::jiff::Timestamp::from_second(now.as_second())
+            .ok()
+            .map(|t| t.to_string())
     }
 
     /// The next `times` writes of the operator (patches and deletes) meet `fault`.
@@ -205,12 +223,24 @@ impl MemorySink {
                 v["metadata"]["managedFields"] = x.clone();
             }
             let before = managed_fields::Owned::of(old);
-            managed_fields::record(&mut v, &before, |_| managed_fields::AGENT_MANAGER);
+            let time = self.stamp();
+            managed_fields::record_at(
+                &mut v,
+                &before,
+                |_| managed_fields::AGENT_MANAGER,
+                time.as_deref(),
+            );
         } else {
             // A creator owns what it set, unless the test forges the record itself.
             if node.metadata.managed_fields.is_none() {
                 let before = managed_fields::Owned::default();
-                managed_fields::record(&mut v, &before, |_| managed_fields::AGENT_MANAGER);
+                let time = self.stamp();
+                managed_fields::record_at(
+                    &mut v,
+                    &before,
+                    |_| managed_fields::AGENT_MANAGER,
+                    time.as_deref(),
+                );
             }
             // Like the API server: every new object gets a new uid, also under a name used
             // before (a deleted CiliumNode written again).
@@ -443,6 +473,7 @@ impl MemorySink {
         patch: &Value,
         sub: Option<Subresource>,
     ) -> SinkResult<Option<CiliumNode>> {
+        let time = self.stamp();
         let mut s = self.state.lock().expect("sink lock");
         s.next_version += 1;
         let version = s.next_version.to_string();
@@ -475,7 +506,7 @@ impl MemorySink {
         }
         let before = managed_fields::Owned::of(obj);
         json_patch::merge(obj, &p);
-        managed_fields::record(obj, &before, operator_manager);
+        managed_fields::record_at(obj, &before, operator_manager, time.as_deref());
         if let Some(schema) = &self.schema {
             schema.prune_object(obj);
         }
