@@ -181,12 +181,13 @@ async fn run_operator(
     use std::sync::Arc;
 
     use eni_operator::ec2::aws::AwsEc2;
-    use eni_operator::ec2::gate::Gate;
+    use eni_operator::ec2::gate::{Gate, GateLayer};
     use eni_operator::runtime::core::Core;
     use eni_operator::runtime::fence::{Fenced, FencedSink};
     use eni_operator::runtime::leader::{Elector, KubeLease};
     use eni_operator::runtime::metrics::RuntimeMetrics;
     use eni_operator::runtime::sink::KubeSink;
+    use eni_operator::runtime::status::ThrottledPasses;
     use eni_operator::runtime::{gc, source};
 
     let aws = AwsEc2::new(&settings.ec2.aws_client_config()).await;
@@ -195,7 +196,9 @@ async fn run_operator(
     ));
     let client = clients.main;
     let aws = Fenced::new(aws, fence.clone());
-    let ec2 = Arc::new(Gate::new(aws, settings.gate.gate_config()));
+    // A throttled call shows as its node's wait (`/debug/nodes`).
+    let gate = GateLayer::new(settings.gate.gate_config()).reporting_throttles_to(ThrottledPasses);
+    let ec2 = Arc::new(Gate::new(aws, gate));
     registry.with(|r| ec2.metrics().register(r));
     let metrics = registry.with(RuntimeMetrics::register);
 

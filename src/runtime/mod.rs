@@ -33,6 +33,7 @@ pub mod settings;
 pub mod shadow;
 mod shared;
 pub mod sink;
+pub mod sink_layer;
 pub mod source;
 mod start;
 pub mod status;

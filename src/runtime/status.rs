@@ -10,8 +10,8 @@
 //! `/debug/shadow` share the figures ([`Figures`]) and the action ([`Would`]) of a node.
 //!
 //! Code deep in a pass that has no handle on the book (the EC2 gate retrying a throttled
-//! call) reports through [`note_throttled`], which finds the node's book and name in a task
-//! local set for the pass ([`scope`]).
+//! call) reports to [`ThrottledPasses`], the observer the gate is given, which finds the node's
+//! book and name in a task local set for the pass ([`scope`]).
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -23,6 +23,8 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use serde::{Deserialize, Serialize};
 
+use crate::ec2::Operation;
+use crate::ec2::gate::ThrottleObserver;
 use crate::ipam::{Action, Demand, Generation, ProblemReason};
 
 type Labels = Vec<(&'static str, String)>;
@@ -528,14 +530,20 @@ pub async fn scope<F: Future>(book: Arc<StatusBook>, name: String, pass: F) -> F
     CURRENT.scope((book, name), pass).await
 }
 
-/// A call of this task's pass was throttled (`operation`): EC2 retries it after `delay`.
-/// Nothing outside a pass (refreshes, the GC).
-pub fn note_throttled(operation: &str, delay: Duration) {
-    let _ = CURRENT.try_with(|(book, name)| {
-        let retry = crate::runtime::clock::now() + delay;
-        let detail = format!("{operation} answered RequestLimitExceeded; the EC2 gate retries it");
-        book.wait_live(name, WaitReason::Throttled, detail, retry);
-    });
+/// The gate's [`ThrottleObserver`]: a throttled call of a pass marks that pass's node as waiting
+/// until the retry. Nothing outside a pass (refreshes, the GC).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ThrottledPasses;
+
+impl ThrottleObserver for ThrottledPasses {
+    fn throttled(&self, operation: Operation, delay: Duration) {
+        let _ = CURRENT.try_with(|(book, name)| {
+            let retry = crate::runtime::clock::now() + delay;
+            let detail =
+                format!("{operation} answered RequestLimitExceeded; the EC2 gate retries it");
+            book.wait_live(name, WaitReason::Throttled, detail, retry);
+        });
+    }
 }
 
 #[cfg(test)]
@@ -654,7 +662,8 @@ mod tests {
     #[tokio::test]
     async fn a_throttled_call_inside_a_pass_marks_its_node() {
         let b = Arc::new(book());
-        note_throttled("AssignPrivateIpAddresses", Duration::from_secs(1));
+        let gate = ThrottledPasses;
+        gate.throttled(Operation::AssignPrivateIpAddresses, Duration::from_secs(1));
         assert_eq!(
             b.page(Instant::now()).totals.nodes,
             0,
@@ -662,7 +671,7 @@ mod tests {
         );
         b.begin("n1", crate::runtime::clock::now());
         scope(b.clone(), "n1".into(), async {
-            note_throttled("AttachNetworkInterface", Duration::from_secs(3));
+            gate.throttled(Operation::AttachNetworkInterface, Duration::from_secs(3));
         })
         .await;
         assert_eq!(
@@ -677,7 +686,7 @@ mod tests {
         // Throttled, then served in the same pass: it waits no more.
         b.begin("n1", crate::runtime::clock::now());
         scope(b.clone(), "n1".into(), async {
-            note_throttled("AttachNetworkInterface", Duration::from_secs(3));
+            gate.throttled(Operation::AttachNetworkInterface, Duration::from_secs(3));
         })
         .await;
         b.acted("n1", Would::Nothing, crate::runtime::clock::now());
