@@ -189,6 +189,8 @@ async fn run_operator(
     use eni_operator::k8s::source;
     use eni_operator::reconcile::gc;
     use eni_operator::reconcile::metrics::RuntimeMetrics;
+    use eni_operator::ec2::gate::{Gate, GateLayer};
+    use eni_operator::reconcile::status::ThrottledPasses;
 
     let aws = AwsEc2::new(&settings.ec2.aws_client_config()).await;
     tokio::spawn(eni_operator::credentials::warn_if_instance_role(
@@ -196,7 +198,9 @@ async fn run_operator(
     ));
     let client = clients.main;
     let aws = Fenced::new(aws, fence.clone());
-    let ec2 = Arc::new(Gate::new(aws, settings.gate.gate_config()));
+    // A throttled call shows as its node's wait (`/debug/nodes`).
+    let gate = GateLayer::new(settings.gate.gate_config()).reporting_throttles_to(ThrottledPasses);
+    let ec2 = Arc::new(Gate::new(aws, gate));
     registry.with(|r| ec2.metrics().register(r));
     let metrics = registry.with(RuntimeMetrics::register);
 

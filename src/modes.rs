@@ -12,7 +12,7 @@ use tokio_util::sync::CancellationToken;
 use crate::config::{Output, Settings};
 use crate::crd::CiliumNode;
 use crate::ec2::aws::AwsEc2;
-use crate::ec2::gate::Gate;
+use crate::ec2::gate::{Gate, GateLayer};
 use crate::ec2::readonly::ReadOnlyEc2;
 use crate::event_loop::core::{Core, NodeInput};
 use crate::http::Readiness;
@@ -22,6 +22,7 @@ use crate::k8s::source;
 use crate::metrics::MetricsRegistry;
 use crate::reconcile::metrics::RuntimeMetrics;
 use crate::reconcile::shadow::{ShadowBook, ShadowMetrics, Summary, Would};
+use crate::reconcile::status::ThrottledPasses;
 
 /// How long `plan` waits for every node's plan before printing what it has.
 const PLAN_TIMEOUT: Duration = Duration::from_secs(60);
@@ -35,11 +36,12 @@ async fn shadow_core(
     registry: &MetricsRegistry,
 ) -> anyhow::Result<(ShadowCore, Arc<ShadowBook>)> {
     let aws = AwsEc2::new(&settings.ec2.aws_client_config()).await;
-    let gate = Gate::new(aws, settings.gate.gate_config());
+    let layer = GateLayer::new(settings.gate.gate_config()).reporting_throttles_to(ThrottledPasses);
+    let gate = Gate::new(aws, layer);
     registry.with(|r| gate.metrics().register(r));
     let ec2 = Arc::new(ReadOnlyEc2::read_only(gate));
     let kube_sink = KubeSink::new(client.clone(), Some(settings.kube.identity().to_string()));
-    let sink = Arc::new(ReadOnlySink::new(Arc::new(kube_sink)));
+    let sink = Arc::new(ReadOnlySink::read_only(Arc::new(kube_sink)));
     let metrics = registry.with(RuntimeMetrics::register);
     let book = Arc::new(
         ShadowBook::new(registry.with(ShadowMetrics::register))

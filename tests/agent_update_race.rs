@@ -9,6 +9,7 @@ use eni_operator::event_loop::core::{Core, CoreConfig, NodeInput};
 use eni_operator::ipam::{ChangeSet, IpamConfig};
 use eni_operator::k8s::sink::{NodeEvent, NodeRef, NodeSink, SinkResult};
 use eni_operator::reconcile::metrics::RuntimeMetrics;
+use eni_operator::k8s::sink_layer::{LayeredSink, Pending, SinkLayer, Write};
 use testkit::cluster::{Cluster, agent_node};
 use testkit::sim::Simulator;
 use testkit::sink::MemorySink;
@@ -18,49 +19,35 @@ use tokio::sync::mpsc;
 /// lands right after the operator's (a newer version) and the watch delivers it before the
 /// operator's answer arrives (a slow response; the operator's pass then still publishes its
 /// Event and ends).
-struct RacingSink {
-    inner: Arc<MemorySink>,
+type RacingSink = LayeredSink<Arc<MemorySink>, Race>;
+
+struct Race {
+    memory: Arc<MemorySink>,
     /// The agent's update and where the watch delivers it; taken by the next write.
     race: Mutex<Option<(mpsc::Sender<NodeInput>, i64)>>,
 }
 
-impl NodeSink for RacingSink {
-    async fn apply(&self, node: &NodeRef, changes: &ChangeSet) -> SinkResult<Option<CiliumNode>> {
-        let answer = self.inner.apply(node, changes).await;
-        let race = self.race.lock().unwrap().take();
+impl SinkLayer for Race {
+    async fn around<'a, T: Send + 'a>(
+        &'a self,
+        write: Write<'a>,
+        send: Pending<'a, T>,
+    ) -> SinkResult<T> {
+        let answer = send.await;
+        let race = match write {
+            Write::Patch(_) => self.race.lock().unwrap().take(),
+            _ => None,
+        };
         if let Some((tx, requested)) = race {
             let theirs = self
-                .inner
-                .update(&node.name, |n| set_requested(n, requested))
+                .memory
+                .update(write.node(), |n| set_requested(n, requested))
                 .expect("the node exists");
             tx.send(NodeInput::Upsert(Box::new(theirs))).await.unwrap();
             // The answer is slow: the core's event loop takes the watch's event in first.
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         answer
-    }
-    async fn event(&self, node: &NodeRef, event: NodeEvent) {
-        self.inner.event(node, event).await;
-    }
-    async fn set_finalizer(&self, node: &NodeRef, present: bool) -> SinkResult<Option<CiliumNode>> {
-        self.inner.set_finalizer(node, present).await
-    }
-    async fn set_annotation(
-        &self,
-        node: &NodeRef,
-        key: &str,
-        value: Option<&str>,
-    ) -> SinkResult<Option<CiliumNode>> {
-        self.inner.set_annotation(node, key, value).await
-    }
-    async fn delete(&self, name: &str) -> SinkResult<()> {
-        self.inner.delete(name).await
-    }
-    async fn node_exists(&self, name: &str) -> SinkResult<bool> {
-        self.inner.node_exists(name).await
-    }
-    async fn fetch(&self, name: &str) -> SinkResult<Option<CiliumNode>> {
-        self.inner.fetch(name).await
     }
 }
 
@@ -86,10 +73,13 @@ fn pool_size(sink: &MemorySink) -> usize {
 async fn an_agent_update_delivered_during_a_write_is_not_overwritten_by_its_answer() {
     let w = Cluster::new();
     let memory = Arc::new(MemorySink::new());
-    let sink = Arc::new(RacingSink {
-        inner: memory.clone(),
-        race: Mutex::new(None),
-    });
+    let sink = Arc::new(RacingSink::new(
+        memory.clone(),
+        Race {
+            memory: memory.clone(),
+            race: Mutex::new(None),
+        },
+    ));
     let cfg = CoreConfig {
         workers: 2,
         ipam: IpamConfig {
@@ -124,7 +114,7 @@ async fn an_agent_update_delivered_during_a_write_is_not_overwritten_by_its_answ
 
     // The agent wants 13; the operator's write for them is answered by the agent at once
     // with 18 (its pods keep coming).
-    *sink.race.lock().unwrap() = Some((tx.clone(), 18));
+    *sink.layer().race.lock().unwrap() = Some((tx.clone(), 18));
     let n = memory.update("mp", |n| set_requested(n, 13)).unwrap();
     tx.send(NodeInput::Upsert(Box::new(n))).await.unwrap();
     assert!(
@@ -132,5 +122,8 @@ async fn an_agent_update_delivered_during_a_write_is_not_overwritten_by_its_answ
         "the agent's 18 (delivered during the operator's write) is met: pool {}",
         pool_size(&memory)
     );
-    assert!(sink.race.lock().unwrap().is_none(), "the race happened");
+    assert!(
+        sink.layer().race.lock().unwrap().is_none(),
+        "the race happened"
+    );
 }

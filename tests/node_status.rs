@@ -9,11 +9,13 @@ use std::time::Duration;
 
 use eni_operator::clock::now;
 use eni_operator::ec2::gate::{Gate, GateConfig};
+use eni_operator::ec2::gate::{Gate, GateConfig, GateLayer};
 use eni_operator::ec2::{Ec2, Operation};
 use eni_operator::event_loop::core::{Core, NodeInput};
 use eni_operator::metrics::MetricsRegistry;
 use eni_operator::reconcile::metrics::RuntimeMetrics;
 use eni_operator::reconcile::status::{WaitReason, Would};
+use eni_operator::reconcile::status::{ThrottledPasses, WaitReason, Would};
 use testkit::cilium_signals::{annotated_ignore, cilium_lease, cilium_pool_write};
 use testkit::cluster::{Cluster, agent_node};
 use testkit::running;
@@ -117,7 +119,9 @@ async fn a_throttled_node_says_so_while_the_gate_retries_then_shows_what_it_got(
     w.sim
         .inject_error(Operation::AttachNetworkInterface, "RequestLimitExceeded", 3);
     let sink = Arc::new(MemorySink::new());
-    let gate = Gate::new(w.sim.clone(), GateConfig::aws_defaults());
+    // The gate reports throttled calls to the passes' status, as the operator's does.
+    let layer = GateLayer::new(GateConfig::aws_defaults()).reporting_throttles_to(ThrottledPasses);
+    let gate = Gate::new(w.sim.clone(), layer);
     let (core, tx, registry) = start(gate, &sink);
     let inst = w.instance();
     let n = sink.put(&agent_node(&w, "n", &inst.id, 8));

@@ -12,10 +12,10 @@ use eni_operator::crd::{
     ReleaseState,
 };
 use eni_operator::ec2::gate::{Gate, GateConfig};
+use eni_operator::ec2::layer::{Layered, MutationGuard};
 use eni_operator::ec2::{
-    Address, AddressRequest, Assigned, CreateEniRequest, Ec2, EniFilter, EniState, Instance,
-    InstanceFilter, InstanceState, InstanceTypeLimits, NetworkInterface, Operation, Page,
-    ResourceFilter, Result, RouteTable, SecurityGroup, Subnet, Tags, Vpc, collect_pages,
+    AddressRequest, CreateEniRequest, Ec2, EniFilter, EniState, Instance, InstanceState,
+    NetworkInterface, Operation, Result, Tags, collect_pages,
 };
 use eni_operator::event_loop::core::{Core, CoreConfig, NodeInput};
 use eni_operator::ipam::ownership::ownership_tags;
@@ -368,115 +368,20 @@ async fn a_crash_between_create_and_attach_leaves_an_eni_that_gc_removes() {
 }
 
 /// Records every mutating call with whether its caller held the lease at that moment.
-struct Guarded<E> {
-    inner: E,
+struct Recorder {
     lease: Arc<MemoryLease>,
     identity: String,
     log: Arc<Mutex<Vec<(String, bool)>>>,
 }
 
-impl<E> Guarded<E> {
-    fn record(&self) {
+impl MutationGuard for Recorder {
+    async fn before(&self, _: Operation) -> Result<()> {
         let holds = self.lease.holder().as_deref() == Some(self.identity.as_str());
         self.log
             .lock()
             .unwrap()
             .push((self.identity.clone(), holds));
-    }
-}
-
-impl<E: Ec2> Ec2 for Guarded<E> {
-    async fn describe_instance_types(
-        &self,
-        t: &[String],
-        n: Option<String>,
-    ) -> Result<Page<InstanceTypeLimits>> {
-        self.inner.describe_instance_types(t, n).await
-    }
-    async fn describe_instances(
-        &self,
-        f: &InstanceFilter,
-        n: Option<String>,
-    ) -> Result<Page<eni_operator::ec2::Instance>> {
-        self.inner.describe_instances(f, n).await
-    }
-    async fn describe_network_interfaces(
-        &self,
-        f: &EniFilter,
-        n: Option<String>,
-    ) -> Result<Page<NetworkInterface>> {
-        self.inner.describe_network_interfaces(f, n).await
-    }
-    async fn describe_subnets(
-        &self,
-        f: &ResourceFilter,
-        n: Option<String>,
-    ) -> Result<Page<Subnet>> {
-        self.inner.describe_subnets(f, n).await
-    }
-    async fn describe_vpcs(&self, f: &ResourceFilter, n: Option<String>) -> Result<Page<Vpc>> {
-        self.inner.describe_vpcs(f, n).await
-    }
-    async fn describe_security_groups(
-        &self,
-        f: &ResourceFilter,
-        n: Option<String>,
-    ) -> Result<Page<SecurityGroup>> {
-        self.inner.describe_security_groups(f, n).await
-    }
-    async fn describe_route_tables(
-        &self,
-        f: &ResourceFilter,
-        n: Option<String>,
-    ) -> Result<Page<RouteTable>> {
-        self.inner.describe_route_tables(f, n).await
-    }
-    async fn create_network_interface(&self, r: &CreateEniRequest) -> Result<NetworkInterface> {
-        self.record();
-        self.inner.create_network_interface(r).await
-    }
-    async fn attach_network_interface(&self, e: &str, i: &str, d: u32) -> Result<String> {
-        self.record();
-        self.inner.attach_network_interface(e, i, d).await
-    }
-    async fn set_delete_on_termination(&self, e: &str, a: &str, d: bool) -> Result<()> {
-        self.record();
-        self.inner.set_delete_on_termination(e, a, d).await
-    }
-    async fn assign_private_ip_addresses(&self, e: &str, r: AddressRequest) -> Result<Assigned> {
-        self.record();
-        self.inner.assign_private_ip_addresses(e, r).await
-    }
-    async fn unassign_private_ip_addresses(
-        &self,
-        e: &str,
-        i: &[Ipv4Addr],
-        p: &[Ipv4Net],
-    ) -> Result<()> {
-        self.record();
-        self.inner.unassign_private_ip_addresses(e, i, p).await
-    }
-    async fn detach_network_interface(&self, a: &str, f: bool) -> Result<()> {
-        self.record();
-        self.inner.detach_network_interface(a, f).await
-    }
-    async fn delete_network_interface(&self, e: &str) -> Result<()> {
-        self.record();
-        self.inner.delete_network_interface(e).await
-    }
-
-    async fn describe_addresses(&self, tags: &Tags) -> Result<Vec<Address>> {
-        self.inner.describe_addresses(tags).await
-    }
-
-    async fn associate_address(&self, a: &str, e: &str, ip: Ipv4Addr) -> Result<String> {
-        self.record();
-        self.inner.associate_address(a, e, ip).await
-    }
-
-    async fn disassociate_address(&self, a: &str) -> Result<()> {
-        self.record();
-        self.inner.disassociate_address(a).await
+        Ok(())
     }
 }
 
@@ -489,12 +394,14 @@ async fn two_cores_racing_for_one_lease_never_both_mutate() {
     let mut senders = Vec::new();
     let mut tasks = Vec::new();
     for id in ["a", "b"] {
-        let ec2 = Guarded {
-            inner: w.sim.clone(),
-            lease: lease.clone(),
-            identity: id.into(),
-            log: log.clone(),
-        };
+        let ec2: Layered<_, Recorder> = Layered::new(
+            w.sim.clone(),
+            Recorder {
+                lease: lease.clone(),
+                identity: id.into(),
+                log: log.clone(),
+            },
+        );
         let cfg = config(8);
         let cache = cfg.ec2_cache();
         let core = Core::new(

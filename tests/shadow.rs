@@ -64,7 +64,7 @@ async fn start_shadow(w: &Cluster, sink: &Arc<MemorySink>) -> Shadow {
     let registry = MetricsRegistry::new();
     let gate = Gate::new(w.sim.clone(), GateConfig::aws_defaults());
     let ec2 = Arc::new(ReadOnlyEc2::read_only(gate));
-    let ro = Arc::new(ReadOnlySink::new(sink.clone()));
+    let ro = Arc::new(ReadOnlySink::read_only(sink.clone()));
     let metrics = registry.with(ShadowMetrics::register);
     let book = Arc::new(
         ShadowBook::new(metrics).with_refusals(ro.refused_counter(), ec2.refused_counter()),
@@ -390,7 +390,7 @@ async fn the_read_only_types_refuse_every_write_and_mutating_call() {
     let w = Cluster::new();
     let sink = Arc::new(MemorySink::new());
     let n = sink.put(&agent_node(&w, "n1", "i-1", 1));
-    let ro = ReadOnlySink::new(sink.clone());
+    let ro = ReadOnlySink::read_only(sink.clone());
     let r = NodeRef::of(&n);
     assert!(ro.set_finalizer(&r, true).await.is_err());
     assert!(ro.set_annotation(&r, "k", Some("v")).await.is_err());
@@ -414,7 +414,7 @@ async fn the_read_only_types_refuse_every_write_and_mutating_call() {
             .is_err()
     );
     assert!(
-        ec2.unassign_private_ip_addresses(&eni, &[], &[])
+        ec2.unassign_private_ip_addresses(&eni, &["10.0.0.9".parse().unwrap()], &[])
             .await
             .is_err()
     );

@@ -17,11 +17,12 @@ use tokio_util::task::AbortOnDropHandle;
 use eni_operator::cache::Ec2Cache;
 use eni_operator::cache::refresher::{Refresher, Scope};
 use eni_operator::crd::{CiliumNode, ReleaseState};
-use eni_operator::ec2::gate::{Gate, GateConfig};
+use eni_operator::ec2::gate::{Gate, GateConfig, GateLayer};
 use eni_operator::ec2::{Operation, Tags};
 use eni_operator::event_loop::core::{Core, CoreConfig, NodeInput};
 use eni_operator::ipam::IpamConfig;
 use eni_operator::reconcile::metrics::RuntimeMetrics;
+use eni_operator::reconcile::status::ThrottledPasses;
 use testkit::agent::step_pods;
 use testkit::sim::{SimStats, Simulator, default_instance_types};
 use testkit::sink::{MemorySink, WriteCounts};
@@ -189,7 +190,8 @@ pub(crate) fn world_shared(
     let subnet = sim.add_subnet(&vpc, "zone-a", cidr, Tags::new());
     let sg = sim.add_security_group(&vpc, Tags::new());
     sim.add_route_table(&vpc, true, &[]);
-    let gate = Arc::new(Gate::new(sim.clone(), mode.config()));
+    let layer = GateLayer::new(mode.config()).reporting_throttles_to(ThrottledPasses);
+    let gate = Arc::new(Gate::new(sim.clone(), layer));
     // Real clusters run Cilium's own CRD, whose API server prunes what it does not list: the
     // write counts must include what that costs.
     let sink = Arc::new(MemorySink::with_ciliums_crd());

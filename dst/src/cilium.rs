@@ -138,7 +138,7 @@ impl Cilium {
                 duration,
             },
             // client-go's release: no holder, renew = acquire = the release (what
-            // runtime::cilium_lease::view reads with at least Cilium's duration).
+            // k8s::cilium_lease::view reads with at least Cilium's duration).
             Leader::Restarting { released, .. } => LeaseView {
                 holder: String::new(),
                 acquired: wall(*released),

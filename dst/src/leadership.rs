@@ -20,9 +20,8 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
-use eni_operator::crd::CiliumNode;
-use eni_operator::ec2::gate::{Gate, GateConfig};
-use eni_operator::ec2::guarded::{Guarded, MutationGuard};
+use eni_operator::ec2::gate::{Gate, GateConfig, GateLayer};
+use eni_operator::ec2::layer::{Layered, MutationGuard};
 use eni_operator::ec2::{Operation, Result};
 use eni_operator::event_loop::core::{Core, CoreConfig, NodeInput};
 use eni_operator::ipam::ChangeSet;
@@ -31,6 +30,8 @@ use eni_operator::k8s::leader::{Elector, LeaderConfig, LeaseError, LeaseLock, Le
 use eni_operator::k8s::sink::{NodeEvent, NodeRef, NodeSink, SinkResult};
 use eni_operator::reconcile::gc;
 use eni_operator::reconcile::metrics::RuntimeMetrics;
+use eni_operator::k8s::sink_layer::{LayeredSink, Write, WriteGuard};
+use eni_operator::reconcile::status::ThrottledPasses;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use testkit::lease::{MemoryLease, MemoryLeaseClient};
@@ -116,7 +117,7 @@ impl Observer {
 /// An EC2 client that tells its [`Observer`] of every mutating call it issues (`Role::Issue`,
 /// right at the simulator), or that holds each call while its process is frozen
 /// (`Role::Pause`, before the operator's fence check: a freeze can fall anywhere before it).
-pub type Observed<E> = Guarded<E, Watch>;
+pub type Observed<E> = Layered<E, Watch>;
 
 /// The guard of an [`Observed`] client: its observer, and what it does before a call.
 pub struct Watch {
@@ -147,53 +148,19 @@ impl MutationGuard for Watch {
 }
 
 /// The API server as one instance sees it: every write told to its [`Observer`].
-pub struct ObservedSink<S> {
-    inner: S,
-    observer: Observer,
-    role: Role,
-}
+pub type ObservedSink<S> = LayeredSink<S, Watch>;
 
-impl<S: NodeSink> NodeSink for ObservedSink<S> {
-    async fn apply(&self, node: &NodeRef, changes: &ChangeSet) -> SinkResult<Option<CiliumNode>> {
-        self.observer
-            .before(self.role, &format!("a CiliumNode write of {}", node.name))
-            .await;
-        self.inner.apply(node, changes).await
-    }
-    async fn event(&self, node: &NodeRef, event: NodeEvent) {
-        self.observer
-            .before(self.role, &format!("an Event on {}", node.name))
-            .await;
-        self.inner.event(node, event).await
-    }
-    async fn set_finalizer(&self, node: &NodeRef, present: bool) -> SinkResult<Option<CiliumNode>> {
-        self.observer
-            .before(self.role, &format!("a finalizer write of {}", node.name))
-            .await;
-        self.inner.set_finalizer(node, present).await
-    }
-    async fn set_annotation(
-        &self,
-        node: &NodeRef,
-        key: &str,
-        value: Option<&str>,
-    ) -> SinkResult<Option<CiliumNode>> {
-        self.observer
-            .before(self.role, &format!("an annotation write of {}", node.name))
-            .await;
-        self.inner.set_annotation(node, key, value).await
-    }
-    async fn delete(&self, name: &str) -> SinkResult<()> {
-        self.observer
-            .before(self.role, &format!("a CiliumNode delete of {name}"))
-            .await;
-        self.inner.delete(name).await
-    }
-    async fn node_exists(&self, name: &str) -> SinkResult<bool> {
-        self.inner.node_exists(name).await
-    }
-    async fn fetch(&self, name: &str) -> SinkResult<Option<CiliumNode>> {
-        self.inner.fetch(name).await
+impl WriteGuard for Watch {
+    async fn before(&self, write: Write<'_>) -> SinkResult<()> {
+        let what = match write {
+            Write::Patch(n) => format!("a CiliumNode write of {}", n.name),
+            Write::Event(n) => format!("an Event on {}", n.name),
+            Write::Finalizer(n) => format!("a finalizer write of {}", n.name),
+            Write::Annotation(n) => format!("an annotation write of {}", n.name),
+            Write::Delete(name) => format!("a CiliumNode delete of {name}"),
+        };
+        self.observer.before(self.role, &what).await;
+        Ok(())
     }
 }
 
@@ -232,18 +199,23 @@ pub fn build(
         jitter_seed: Some(jitter),
         ..GateConfig::aws_defaults()
     };
-    let gate = Arc::new(Gate::new(ec2, gate_config));
+    let layer = GateLayer::new(gate_config).reporting_throttles_to(ThrottledPasses);
+    let gate = Arc::new(Gate::new(ec2, layer));
     let metrics = RuntimeMetrics::default();
-    let issue = ObservedSink {
-        inner: sink.clone(),
-        observer: observer.clone(),
-        role: Role::Issue,
-    };
-    let sink = Arc::new(ObservedSink {
-        inner: FencedSink::new(issue, fence),
-        observer,
-        role: Role::Pause,
-    });
+    let issue = ObservedSink::new(
+        sink.clone(),
+        Watch {
+            observer: observer.clone(),
+            role: Role::Issue,
+        },
+    );
+    let sink = Arc::new(ObservedSink::new(
+        FencedSink::new(issue, fence),
+        Watch {
+            observer,
+            role: Role::Pause,
+        },
+    ));
     let cfg = CoreConfig {
         jitter_seed: Some(!jitter),
         ..cfg.clone()

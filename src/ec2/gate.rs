@@ -38,31 +38,22 @@
 
 use std::collections::BTreeMap;
 use std::future::Future;
-use std::net::Ipv4Addr;
-use std::num::NonZeroU32;
-use std::sync::Mutex;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use backon::{ExponentialBuilder, Retryable};
-use governor::clock::Clock;
-use governor::middleware::NoOpMiddleware;
-use governor::state::{InMemoryState, NotKeyed};
-use governor::{Quota, RateLimiter};
-use ipnet::Ipv4Net;
-use prometheus_client::encoding::EncodeLabelSet;
-use prometheus_client::metrics::counter::Counter;
-use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
-use prometheus_client::registry::Registry;
 use tokio::time::Instant;
 
-use self::local::LocalBucket;
-use self::rate::RateController;
-use super::error::ErrorKind;
+use self::bucket::{BucketState, Class};
+pub(crate) use self::bucket::{Limiter, limiter};
+pub use self::bucket::{THROTTLED_MAX_DELAY, TokioClock};
+use self::metrics::{BucketLabels, CallLabels, Counters, OPS, OpLabels, OutcomeLabels};
+pub use self::metrics::{GateMetrics, GateStats, outcome_label};
+use self::metrics::{SINGLE_BUCKET, op_index};
+use super::layer::{Call, Layer, Layered, MakeCall};
 use super::model::*;
-use super::{Ec2, Ec2Error, Result};
+use super::{Ec2Error, Result};
 use crate::jitter::Jitter;
 
 /// Rates, bursts and retry policy of the gate.
@@ -130,416 +121,11 @@ impl GateConfig {
     }
 }
 
-/// governor clock on tokio's time, so a paused runtime drives the buckets.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct TokioClock;
+/// Rate-limited, retrying client of any [`Ec2`].
+pub type Gate<E> = Layered<E, GateLayer>;
 
-impl Clock for TokioClock {
-    type Instant = std::time::Instant;
-
-    fn now(&self) -> Self::Instant {
-        Instant::now().into_std()
-    }
-}
-
-/// A governor bucket on tokio's time.
-pub(crate) type Limiter =
-    RateLimiter<NotKeyed, InMemoryState, TokioClock, NoOpMiddleware<std::time::Instant>>;
-
-/// A bucket of `burst` tokens refilled at `per_sec`.
-pub(crate) fn limiter(burst: u32, per_sec: f64) -> Limiter {
-    let per_sec = if per_sec.is_finite() && per_sec > 0.0 {
-        per_sec
-    } else {
-        1e-3
-    };
-    let period = Duration::from_secs_f64(1.0 / per_sec).max(Duration::from_nanos(1));
-    let quota = Quota::with_period(period)
-        .expect("non-zero period")
-        .allow_burst(NonZeroU32::new(burst.max(1)).expect("burst at least 1"));
-    RateLimiter::direct_with_clock(quota, TokioClock)
-}
-
-/// The throttle penalty of one bucket (see the module docs).
-#[derive(Debug)]
-struct Penalty {
-    not_before: Instant,
-    strikes: u32,
-}
-
-/// The adaptive pacing of one bucket (see the module docs).
-#[derive(Debug)]
-struct Pacing {
-    controller: RateController,
-    local: LocalBucket,
-    /// Recoveries already counted in the metrics.
-    reported: u64,
-}
-
-/// How long one call has been retrying: from its first send, less its later waits for tokens.
-#[derive(Debug, Default)]
-struct RetryClock {
-    first_sent: Option<Instant>,
-    queued: Duration,
-}
-
-impl RetryClock {
-    /// An attempt is sent at `at` after waiting `waited` for its tokens.
-    fn sent(&mut self, at: Instant, waited: Duration) {
-        match self.first_sent {
-            None => self.first_sent = Some(at),
-            Some(_) => self.queued += waited,
-        }
-    }
-
-    fn retrying(&self) -> Duration {
-        self.first_sent
-            .map_or(Duration::ZERO, |t| t.elapsed().saturating_sub(self.queued))
-    }
-}
-
-/// A throttled call's retry delay and a bucket's penalty never exceed this: the learned rate
-/// spaces the calls, so a longer sleep would only outlast the spell that caused it.
-pub const THROTTLED_MAX_DELAY: Duration = Duration::from_secs(2);
-
-/// A paced caller looks again at least this often, so that a probe's ramp reaches it.
-const PACING_RECHECK: Duration = Duration::from_secs(1);
-
-struct BucketState {
-    limiter: Limiter,
-    penalty: Mutex<Penalty>,
-    pacing: Mutex<Pacing>,
-    /// Callers waiting that complete half-done work; new work yields to them.
-    urgent_waiting: AtomicUsize,
-}
-
-/// Decrements the urgent-waiter count when the wait ends, also when the caller is cancelled.
-struct UrgentGuard<'a>(&'a AtomicUsize);
-
-impl Drop for UrgentGuard<'_> {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::Relaxed);
-    }
-}
-
-impl BucketState {
-    fn new(burst: u32, per_sec: f64) -> Self {
-        let now = Instant::now();
-        Self {
-            limiter: limiter(burst, per_sec),
-            penalty: Mutex::new(Penalty {
-                not_before: now,
-                strikes: 0,
-            }),
-            pacing: Mutex::new(Pacing {
-                controller: RateController::new(per_sec, now),
-                local: LocalBucket::new(burst, now),
-                reported: 0,
-            }),
-            urgent_waiting: AtomicUsize::new(0),
-        }
-    }
-
-    /// Wait out the penalty, the adaptive pacing (urgent callers first), then for a token.
-    async fn acquire(&self, class: Class) {
-        let urgent = class == Class::Completes;
-        let _guard = urgent.then(|| {
-            self.urgent_waiting.fetch_add(1, Ordering::Relaxed);
-            UrgentGuard(&self.urgent_waiting)
-        });
-        loop {
-            let not_before = self.penalty.lock().expect("penalty lock").not_before;
-            let now = Instant::now();
-            if now < not_before {
-                tokio::time::sleep_until(not_before).await;
-                continue;
-            }
-            // Everything is re-evaluated after every wait: a cut meanwhile spaces calls further,
-            // and urgent callers that arrived meanwhile go first.
-            let wake = {
-                let mut p = self.pacing.lock().expect("pacing lock");
-                let Pacing {
-                    controller, local, ..
-                } = &mut *p;
-                controller.advance(now);
-                let rate = controller.rate();
-                local.refill(now, rate, controller.ceiling());
-                let token = local.wait(rate);
-                // Only under scarcity (the bucket was throttled and is not back at its
-                // ceiling): otherwise every call goes in its turn, as before.
-                let scarce = controller.is_limiting();
-                let wait = if scarce
-                    && class == Class::Starts
-                    && self.urgent_waiting.load(Ordering::Relaxed) > 0
-                {
-                    // New work lets the urgent callers take the next slot, then looks again.
-                    token.unwrap_or_default() + Duration::from_secs_f64(1.0 / rate)
-                } else if let Some(token) = token {
-                    token
-                } else {
-                    match self.limiter.check() {
-                        Ok(()) => {
-                            local.take();
-                            controller.on_send(now);
-                            return;
-                        }
-                        Err(not_until) => not_until.wait_time_from(TokioClock.now()),
-                    }
-                };
-                // A probe may raise the rate meanwhile.
-                let wait = match controller.next_change(now) {
-                    Some(change) => wait.min(change.max(PACING_RECHECK)),
-                    None => wait,
-                };
-                now + wait
-            };
-            tokio::time::sleep_until(wake).await;
-        }
-    }
-
-    /// A throttled answer to a call sent at `sent`: penalty, cut, and both local buckets
-    /// emptied. Returns whether the rate changed.
-    fn throttled(&self, sent: Instant, base: Duration, max: Duration) -> bool {
-        let now = Instant::now();
-        let mut p = self.penalty.lock().expect("penalty lock");
-        p.strikes = p.strikes.saturating_add(1);
-        let factor = 1u32 << (p.strikes - 1).min(16);
-        let delay = base
-            .saturating_mul(factor)
-            .min(max)
-            .min(THROTTLED_MAX_DELAY);
-        p.not_before = p.not_before.max(now + delay);
-        let mut pacing = self.pacing.lock().expect("pacing lock");
-        pacing.local.empty(now);
-        // governor has no way to empty a bucket but taking its tokens (at most the burst).
-        while self.limiter.check().is_ok() {}
-        pacing.controller.on_throttle(sent, now)
-    }
-
-    /// A success: resets the penalty's strikes and grows the rate.
-    fn succeeded(&self) {
-        self.penalty.lock().expect("penalty lock").strikes = 0;
-        let mut pacing = self.pacing.lock().expect("pacing lock");
-        pacing.controller.on_success(Instant::now());
-    }
-
-    fn rate(&self) -> f64 {
-        let mut p = self.pacing.lock().expect("pacing lock");
-        p.controller.advance(Instant::now());
-        p.controller.rate()
-    }
-
-    /// The current rate and the recoveries not yet counted in the metrics.
-    fn report(&self) -> (f64, u64) {
-        let mut p = self.pacing.lock().expect("pacing lock");
-        p.controller.advance(Instant::now());
-        let new = p.controller.recoveries() - p.reported;
-        p.reported = p.controller.recoveries();
-        (p.controller.rate(), new)
-    }
-}
-
-/// Calls that start new work yield a bucket's next slot to calls completing work already begun
-/// (attach after create, delete-on-termination, releases): under scarcity, finishing what is
-/// half done keeps the cluster correct; a new ENI can wait. Describes neither yield nor are
-/// yielded to.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Class {
-    Starts,
-    Completes,
-    Neutral,
-}
-
-impl Class {
-    fn of(op: Operation) -> Self {
-        if op == Operation::CreateNetworkInterface {
-            Class::Starts
-        } else if op.is_mutating() {
-            Class::Completes
-        } else {
-            Class::Neutral
-        }
-    }
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct OpLabels {
-    operation: &'static str,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct BucketLabels {
-    bucket: &'static str,
-}
-
-/// The `bucket` label in single-bucket mode.
-const SINGLE_BUCKET: &str = "all";
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct OutcomeLabels {
-    operation: &'static str,
-    outcome: &'static str,
-}
-
-/// Cilium's `ec2_api_duration_seconds` labels: `response_code` is `OK`, or the AWS error code
-/// (`RequestLimitExceeded`, ...) or a local one (`Timeout`) of a failed call.
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct CallLabels {
-    operation: &'static str,
-    response_code: String,
-}
-
-type HistogramFamily = Family<OpLabels, Histogram, fn() -> Histogram>;
-
-fn latency_histogram() -> Histogram {
-    Histogram::new(exponential_buckets(0.005, 2.0, 14))
-}
-
-/// Prometheus metrics of the gate. Clones share the same series.
-#[derive(Clone, Debug)]
-pub struct GateMetrics {
-    calls: Family<OutcomeLabels, Counter>,
-    duration: Family<CallLabels, Histogram, fn() -> Histogram>,
-    wait: HistogramFamily,
-    retries: Family<OpLabels, Counter>,
-    throttled: Family<OpLabels, Counter>,
-    rate: Family<BucketLabels, Gauge<f64, AtomicU64>>,
-    recoveries: Family<BucketLabels, Counter>,
-}
-
-impl Default for GateMetrics {
-    fn default() -> Self {
-        Self {
-            calls: Family::default(),
-            duration: Family::new_with_constructor(latency_histogram),
-            wait: Family::new_with_constructor(latency_histogram),
-            retries: Family::default(),
-            throttled: Family::default(),
-            rate: Family::default(),
-            recoveries: Family::default(),
-        }
-    }
-}
-
-impl GateMetrics {
-    /// Register under `ec2_api_calls_total`, `ec2_api_duration_seconds`,
-    /// `ec2_rate_limit_wait_seconds`, `ec2_api_retries_total`, `ec2_api_throttled_total`,
-    /// `ec2_rate_limit_qps`, `ec2_rate_limit_recoveries_total`.
-    pub fn register(&self, registry: &mut Registry) {
-        // prometheus-client appends `_total` to counters.
-        registry.register(
-            "ec2_api_calls",
-            "EC2 API calls (attempts) by operation and outcome",
-            self.calls.clone(),
-        );
-        registry.register(
-            "ec2_api_duration_seconds",
-            "Latency of one EC2 API call, by operation and response code",
-            self.duration.clone(),
-        );
-        registry.register(
-            "ec2_rate_limit_wait_seconds",
-            "Time an EC2 call waited for the client-side rate limiter",
-            self.wait.clone(),
-        );
-        registry.register(
-            "ec2_api_retries",
-            "EC2 API calls retried after a throttled or transient failure",
-            self.retries.clone(),
-        );
-        registry.register(
-            "ec2_api_throttled",
-            "EC2 API answers that were throttled",
-            self.throttled.clone(),
-        );
-        registry.register(
-            "ec2_rate_limit_qps",
-            "Current adaptive rate of each client-side bucket (calls per second; the configured \
-             rate is its ceiling)",
-            self.rate.clone(),
-        );
-        registry.register(
-            "ec2_rate_limit_recoveries",
-            "Restore probes that took a client-side bucket's adaptive rate back to its ceiling \
-             (the account's spare capacity came back)",
-            self.recoveries.clone(),
-        );
-    }
-}
-
-/// The `outcome` label of a failed call.
-pub fn outcome_label(kind: ErrorKind) -> &'static str {
-    match kind {
-        ErrorKind::Throttled => "throttled",
-        ErrorKind::SubnetExhausted => "subnet_exhausted",
-        ErrorKind::InsufficientCidrBlocks => "insufficient_cidr_blocks",
-        ErrorKind::AttachmentLimitExceeded => "attachment_limit_exceeded",
-        ErrorKind::IpLimitExceeded => "ip_limit_exceeded",
-        ErrorKind::DeviceIndexInUse => "device_index_in_use",
-        ErrorKind::InstanceNotRunning => "instance_not_running",
-        ErrorKind::NotFound(_) => "not_found",
-        ErrorKind::IdempotencyMismatch => "idempotency_mismatch",
-        ErrorKind::Unauthorized => "unauthorized",
-        ErrorKind::Transient => "transient",
-        ErrorKind::Other => "other",
-    }
-}
-
-fn op_index(op: Operation) -> usize {
-    Operation::ALL
-        .iter()
-        .position(|o| *o == op)
-        .expect("every operation is in ALL")
-}
-
-const OPS: usize = Operation::ALL.len();
-
-/// Cheap in-process counters, readable by benchmarks without parsing Prometheus output.
-#[derive(Debug, Default)]
-struct Counters {
-    calls: [AtomicU64; OPS],
-    throttled: [AtomicU64; OPS],
-    retries: [AtomicU64; OPS],
-    wait_nanos: [AtomicU64; OPS],
-    failed: [AtomicU64; OPS],
-}
-
-/// A snapshot of the gate's counters.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct GateStats {
-    /// API calls made (attempts, pages included) per operation.
-    pub calls: BTreeMap<Operation, u64>,
-    /// Throttled answers per operation.
-    pub throttled: BTreeMap<Operation, u64>,
-    /// Retries per operation.
-    pub retries: BTreeMap<Operation, u64>,
-    /// Total time spent waiting for tokens and penalties, per operation.
-    pub waited: BTreeMap<Operation, Duration>,
-    /// Calls that returned an error to the caller (after the retries), per operation.
-    pub failed: BTreeMap<Operation, u64>,
-}
-
-impl GateStats {
-    pub fn total_calls(&self) -> u64 {
-        self.calls.values().sum()
-    }
-
-    pub fn total_throttled(&self) -> u64 {
-        self.throttled.values().sum()
-    }
-
-    pub fn total_retries(&self) -> u64 {
-        self.retries.values().sum()
-    }
-
-    pub fn total_failed(&self) -> u64 {
-        self.failed.values().sum()
-    }
-}
-
-/// Rate-limited, retrying wrapper of any [`Ec2`].
-pub struct Gate<E: Ec2> {
-    inner: E,
+/// The gate's layer: the buckets, the retry policy and their metrics.
+pub struct GateLayer {
     config: GateConfig,
     /// Per-action mode: indexed like [`Bucket::ALL`]; single-bucket mode: one entry.
     buckets: Vec<BucketState>,
@@ -547,10 +133,57 @@ pub struct Gate<E: Ec2> {
     counters: Counters,
     /// Draws one `backon` jitter seed per call when the config has a seed.
     jitter: Jitter,
+    throttles: Arc<dyn ThrottleObserver>,
 }
 
-impl<E: Ec2> Gate<E> {
-    pub fn new(inner: E, config: GateConfig) -> Self {
+/// Told of each throttled answer the gate is about to retry, with the delay before the retry
+/// (the operator shows it as the wait of the node whose pass made the call).
+pub trait ThrottleObserver: Send + Sync + 'static {
+    fn throttled(&self, operation: Operation, retry_in: Duration);
+}
+
+/// Nobody to tell.
+impl ThrottleObserver for () {
+    fn throttled(&self, _: Operation, _: Duration) {}
+}
+
+impl From<GateConfig> for GateLayer {
+    fn from(config: GateConfig) -> Self {
+        Self::new(config)
+    }
+}
+
+/// The gate's figures, read on the client.
+impl<E> Gate<E> {
+    pub fn config(&self) -> &GateConfig {
+        self.layer().config()
+    }
+
+    pub fn metrics(&self) -> &GateMetrics {
+        self.layer().metrics()
+    }
+
+    pub fn stats(&self) -> GateStats {
+        self.layer().stats()
+    }
+
+    pub fn rates(&self) -> Vec<(&'static str, f64)> {
+        self.layer().rates()
+    }
+}
+
+impl Layer for GateLayer {
+    fn around<'a, T: Send + 'a>(
+        &'a self,
+        call: Call,
+        send: &'a MakeCall<'a, T>,
+    ) -> impl Future<Output = Result<T>> + Send + 'a {
+        self.call(call.operation, call.aws_calls, send)
+    }
+}
+
+impl GateLayer {
+    pub fn new(config: GateConfig) -> Self {
         let buckets = match config.single_bucket {
             Some((qps, burst)) => vec![BucketState::new(burst, qps)],
             None => Bucket::ALL
@@ -562,12 +195,12 @@ impl<E: Ec2> Gate<E> {
                 .collect(),
         };
         let gate = Self {
-            inner,
             jitter: Jitter::new(config.jitter_seed),
             config,
             buckets,
             metrics: GateMetrics::default(),
             counters: Counters::default(),
+            throttles: Arc::new(()),
         };
         for (bucket, rate) in gate.rates() {
             let labels = BucketLabels { bucket };
@@ -578,8 +211,10 @@ impl<E: Ec2> Gate<E> {
         gate
     }
 
-    pub fn inner(&self) -> &E {
-        &self.inner
+    /// The gate that tells `observer` of the throttled calls it retries.
+    pub fn reporting_throttles_to(mut self, observer: impl ThrottleObserver) -> Self {
+        self.throttles = Arc::new(observer);
+        self
     }
 
     pub fn config(&self) -> &GateConfig {
@@ -665,7 +300,7 @@ impl<E: Ec2> Gate<E> {
         &self,
         op: Operation,
         tokens: u32,
-        clock: &Mutex<RetryClock>,
+        clock: &std::sync::Mutex<RetryClock>,
         call: impl Future<Output = Result<T>>,
     ) -> Result<T> {
         let i = op_index(op);
@@ -726,20 +361,14 @@ impl<E: Ec2> Gate<E> {
         result
     }
 
-    /// Run `call` through the bucket of `op`, retrying throttled and transient failures.
-    async fn call<T, F, Fut>(&self, op: Operation, call: F) -> Result<T>
-    where
-        F: FnMut() -> Fut,
-        Fut: Future<Output = Result<T>>,
-    {
-        self.call_n(op, 1, call).await
-    }
-
-    async fn call_n<T, F, Fut>(&self, op: Operation, tokens: u32, mut call: F) -> Result<T>
-    where
-        F: FnMut() -> Fut,
-        Fut: Future<Output = Result<T>>,
-    {
+    /// Run `call` (`tokens` AWS calls) through the bucket of `op`, retrying throttled and
+    /// transient failures.
+    async fn call<'a, T: Send + 'a>(
+        &'a self,
+        op: Operation,
+        tokens: u32,
+        call: &'a MakeCall<'a, T>,
+    ) -> Result<T> {
         let mut backoff = ExponentialBuilder::default()
             .with_min_delay(self.config.base_delay)
             .with_max_delay(self.config.max_delay)
@@ -748,7 +377,7 @@ impl<E: Ec2> Gate<E> {
         if let Some(seed) = self.jitter.seed() {
             backoff = backoff.with_jitter_seed(seed);
         }
-        let clock = Mutex::new(RetryClock::default());
+        let clock = std::sync::Mutex::new(RetryClock::default());
         let mut failures = 0u32;
         (|| self.attempt(op, tokens, &clock, call()))
             .retry(backoff)
@@ -781,7 +410,7 @@ impl<E: Ec2> Gate<E> {
                     .inc();
                 tracing::debug!(%op, code = %err.code, ?delay, "retrying EC2 call");
                 if err.is_throttled() {
-                    crate::reconcile::status::note_throttled(op.name(), delay);
+                    self.throttles.throttled(op, delay);
                 }
             })
             .await
@@ -791,195 +420,33 @@ impl<E: Ec2> Gate<E> {
     }
 }
 
-impl<E: Ec2> Ec2 for Gate<E> {
-    async fn describe_instance_types(
-        &self,
-        types: &[String],
-        next_token: Option<String>,
-    ) -> Result<Page<InstanceTypeLimits>> {
-        self.call(Operation::DescribeInstanceTypes, || {
-            self.inner
-                .describe_instance_types(types, next_token.clone())
-        })
-        .await
-    }
+/// How long one call has been retrying: from its first send, less its later waits for tokens.
+#[derive(Debug, Default)]
+struct RetryClock {
+    first_sent: Option<Instant>,
+    queued: Duration,
+}
 
-    async fn describe_instances(
-        &self,
-        filter: &InstanceFilter,
-        next_token: Option<String>,
-    ) -> Result<Page<Instance>> {
-        self.call(Operation::DescribeInstances, || {
-            self.inner.describe_instances(filter, next_token.clone())
-        })
-        .await
-    }
-
-    async fn describe_network_interfaces(
-        &self,
-        filter: &EniFilter,
-        next_token: Option<String>,
-    ) -> Result<Page<NetworkInterface>> {
-        self.call(Operation::DescribeNetworkInterfaces, || {
-            self.inner
-                .describe_network_interfaces(filter, next_token.clone())
-        })
-        .await
-    }
-
-    async fn describe_subnets(
-        &self,
-        filter: &ResourceFilter,
-        next_token: Option<String>,
-    ) -> Result<Page<Subnet>> {
-        self.call(Operation::DescribeSubnets, || {
-            self.inner.describe_subnets(filter, next_token.clone())
-        })
-        .await
-    }
-
-    async fn describe_vpcs(
-        &self,
-        filter: &ResourceFilter,
-        next_token: Option<String>,
-    ) -> Result<Page<Vpc>> {
-        self.call(Operation::DescribeVpcs, || {
-            self.inner.describe_vpcs(filter, next_token.clone())
-        })
-        .await
-    }
-
-    async fn describe_security_groups(
-        &self,
-        filter: &ResourceFilter,
-        next_token: Option<String>,
-    ) -> Result<Page<SecurityGroup>> {
-        self.call(Operation::DescribeSecurityGroups, || {
-            self.inner
-                .describe_security_groups(filter, next_token.clone())
-        })
-        .await
-    }
-
-    async fn describe_route_tables(
-        &self,
-        filter: &ResourceFilter,
-        next_token: Option<String>,
-    ) -> Result<Page<RouteTable>> {
-        self.call(Operation::DescribeRouteTables, || {
-            self.inner.describe_route_tables(filter, next_token.clone())
-        })
-        .await
-    }
-
-    async fn create_network_interface(
-        &self,
-        request: &CreateEniRequest,
-    ) -> Result<NetworkInterface> {
-        self.call(Operation::CreateNetworkInterface, || {
-            self.inner.create_network_interface(request)
-        })
-        .await
-    }
-
-    async fn attach_network_interface(
-        &self,
-        eni_id: &str,
-        instance_id: &str,
-        device_index: u32,
-    ) -> Result<String> {
-        self.call(Operation::AttachNetworkInterface, || {
-            self.inner
-                .attach_network_interface(eni_id, instance_id, device_index)
-        })
-        .await
-    }
-
-    async fn set_delete_on_termination(
-        &self,
-        eni_id: &str,
-        attachment_id: &str,
-        delete_on_termination: bool,
-    ) -> Result<()> {
-        self.call(Operation::ModifyNetworkInterfaceAttribute, || {
-            self.inner
-                .set_delete_on_termination(eni_id, attachment_id, delete_on_termination)
-        })
-        .await
-    }
-
-    async fn assign_private_ip_addresses(
-        &self,
-        eni_id: &str,
-        request: AddressRequest,
-    ) -> Result<Assigned> {
-        self.call(Operation::AssignPrivateIpAddresses, || {
-            self.inner.assign_private_ip_addresses(eni_id, request)
-        })
-        .await
-    }
-
-    async fn unassign_private_ip_addresses(
-        &self,
-        eni_id: &str,
-        ips: &[Ipv4Addr],
-        prefixes: &[Ipv4Net],
-    ) -> Result<()> {
-        if ips.is_empty() && prefixes.is_empty() {
-            return Ok(());
+impl RetryClock {
+    /// An attempt is sent at `at` after waiting `waited` for its tokens.
+    fn sent(&mut self, at: Instant, waited: Duration) {
+        match self.first_sent {
+            None => self.first_sent = Some(at),
+            Some(_) => self.queued += waited,
         }
-        // One AWS call per non-empty kind (see `AwsEc2`), so one token each.
-        let tokens = u32::from(!ips.is_empty()) + u32::from(!prefixes.is_empty());
-        self.call_n(Operation::UnassignPrivateIpAddresses, tokens, || {
-            self.inner
-                .unassign_private_ip_addresses(eni_id, ips, prefixes)
-        })
-        .await
     }
 
-    async fn detach_network_interface(&self, attachment_id: &str, force: bool) -> Result<()> {
-        self.call(Operation::DetachNetworkInterface, || {
-            self.inner.detach_network_interface(attachment_id, force)
-        })
-        .await
-    }
-
-    async fn delete_network_interface(&self, eni_id: &str) -> Result<()> {
-        self.call(Operation::DeleteNetworkInterface, || {
-            self.inner.delete_network_interface(eni_id)
-        })
-        .await
-    }
-    async fn describe_addresses(&self, tags: &Tags) -> Result<Vec<Address>> {
-        self.call(Operation::DescribeAddresses, || {
-            self.inner.describe_addresses(tags)
-        })
-        .await
-    }
-
-    async fn associate_address(
-        &self,
-        allocation_id: &str,
-        eni_id: &str,
-        private_ip: Ipv4Addr,
-    ) -> Result<String> {
-        self.call(Operation::AssociateAddress, || {
-            self.inner
-                .associate_address(allocation_id, eni_id, private_ip)
-        })
-        .await
-    }
-
-    async fn disassociate_address(&self, association_id: &str) -> Result<()> {
-        self.call(Operation::DisassociateAddress, || {
-            self.inner.disassociate_address(association_id)
-        })
-        .await
+    fn retrying(&self) -> Duration {
+        self.first_sent
+            .map_or(Duration::ZERO, |t| t.elapsed().saturating_sub(self.queued))
     }
 }
 
+mod bucket;
 pub mod local;
+mod metrics;
 pub mod rate;
 
 #[cfg(test)]
 mod tests;
+

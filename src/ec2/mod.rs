@@ -4,8 +4,9 @@
 //! * `aws` implements it on aws-sdk-ec2 (real AWS, LocalStack, moto).
 //! * `testkit::sim` (a crate of its own) implements it in memory, faithful to AWS's rules, for
 //!   tests and the benchmark.
-//! * `gate` wraps any implementation: per-action token buckets and the one retry policy. The
-//!   operator only ever holds a gated client.
+//! * `layer` forwards the trait once; whatever sits between the operator and AWS is a layer on
+//!   it: `gate` (per-action token buckets and the one retry policy; the operator only ever holds
+//!   a gated client), `readonly` (a shadow's refusal), the leader's fence.
 //!
 //! Describes are paginated: each trait call returns one page, so the gate meters every page.
 //! [`collect_pages`] walks them all.
@@ -13,7 +14,7 @@
 pub mod aws;
 pub mod error;
 pub mod gate;
-pub mod guarded;
+pub mod layer;
 pub mod limits;
 pub mod model;
 pub mod readonly;

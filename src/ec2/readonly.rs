@@ -6,24 +6,42 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use super::guarded::{Guarded, MutationGuard};
+use super::layer::{Layered, MutationGuard};
 use super::{Ec2Error, ErrorKind, Operation, Result};
 
 /// The error code of a refused mutating call.
 pub const REFUSED_CODE: &str = "ShadowModeReadOnly";
 
 /// Describes only.
-pub type ReadOnlyEc2<E> = Guarded<E, Refuse>;
+pub type ReadOnlyEc2<E> = Layered<E, Refuse>;
 
-/// Refuses every mutating call, and counts them. Cheap to share: the count is behind an `Arc`.
+/// Refuses every mutating call (and, as the read-only sink's layer, every write), and counts
+/// them. Cheap to share: the count is behind an `Arc`.
 #[derive(Debug, Default)]
 pub struct Refuse {
     refused: Arc<AtomicU64>,
 }
 
+impl Refuse {
+    /// Count one refusal.
+    pub fn count(&self) {
+        self.refused.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Refusals so far (a shadow that works as designed keeps this at 0).
+    pub fn refused(&self) -> u64 {
+        self.refused.load(Ordering::Relaxed)
+    }
+
+    /// A handle on the refusal count, for the metrics.
+    pub fn counter(&self) -> Arc<AtomicU64> {
+        self.refused.clone()
+    }
+}
+
 impl MutationGuard for Refuse {
     async fn before(&self, operation: Operation) -> Result<()> {
-        self.refused.fetch_add(1, Ordering::Relaxed);
+        self.count();
         tracing::error!(%operation, "shadow mode: mutating EC2 call refused");
         Err(Ec2Error::new(
             operation,
@@ -39,13 +57,13 @@ impl<E> ReadOnlyEc2<E> {
         Self::new(inner, Refuse::default())
     }
 
-    /// Mutating calls refused so far (a shadow that works as designed keeps this at 0).
+    /// Mutating calls refused so far.
     pub fn refused(&self) -> u64 {
-        self.guard().refused.load(Ordering::Relaxed)
+        self.layer().refused()
     }
 
     /// A handle on the refusal count, for the metrics.
     pub fn refused_counter(&self) -> Arc<AtomicU64> {
-        self.guard().refused.clone()
+        self.layer().counter()
     }
 }

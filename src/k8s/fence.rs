@@ -15,12 +15,11 @@ use std::sync::{Arc, Mutex};
 
 use tokio::time::Instant;
 
-use crate::crd::CiliumNode;
-use crate::ec2::guarded::{Guarded, MutationGuard};
+use crate::ec2::layer::{Layered, MutationGuard};
 use crate::ec2::{Ec2Error, ErrorKind, Operation, Result};
-use crate::ipam::ChangeSet;
 
 use crate::k8s::sink::{NodeEvent, NodeRef, NodeSink, SinkError, SinkResult};
+use super::sink_layer::{LayeredSink, Write, WriteGuard};
 
 /// The error code of a call the fence stopped (never sent to EC2).
 pub const LEASE_EXPIRED: &str = "LeaseExpired";
@@ -95,7 +94,7 @@ impl Fence {
 }
 
 /// An EC2 client whose mutating calls pass the [`Fence`] (describes do not need it).
-pub type Fenced<E> = Guarded<E, Fence>;
+pub type Fenced<E> = Layered<E, Fence>;
 
 impl MutationGuard for Fence {
     async fn before(&self, operation: Operation) -> Result<()> {
@@ -105,53 +104,11 @@ impl MutationGuard for Fence {
 
 /// A sink whose writes (patches, finalizer, annotation, delete, Events) pass the [`Fence`];
 /// reads do not need it.
-pub struct FencedSink<S> {
-    inner: S,
-    fence: Fence,
-}
+pub type FencedSink<S> = LayeredSink<S, Fence>;
 
-impl<S> FencedSink<S> {
-    pub fn new(inner: S, fence: Fence) -> Self {
-        Self { inner, fence }
-    }
-
-    pub fn inner(&self) -> &S {
-        &self.inner
-    }
-}
-
-impl<S: NodeSink> NodeSink for FencedSink<S> {
-    async fn apply(&self, node: &NodeRef, changes: &ChangeSet) -> SinkResult<Option<CiliumNode>> {
-        self.fence.check_write()?;
-        self.inner.apply(node, changes).await
-    }
-    async fn event(&self, node: &NodeRef, event: NodeEvent) {
-        if self.fence.valid() {
-            self.inner.event(node, event).await
-        }
-    }
-    async fn set_finalizer(&self, node: &NodeRef, present: bool) -> SinkResult<Option<CiliumNode>> {
-        self.fence.check_write()?;
-        self.inner.set_finalizer(node, present).await
-    }
-    async fn set_annotation(
-        &self,
-        node: &NodeRef,
-        key: &str,
-        value: Option<&str>,
-    ) -> SinkResult<Option<CiliumNode>> {
-        self.fence.check_write()?;
-        self.inner.set_annotation(node, key, value).await
-    }
-    async fn delete(&self, name: &str) -> SinkResult<()> {
-        self.fence.check_write()?;
-        self.inner.delete(name).await
-    }
-    async fn node_exists(&self, name: &str) -> SinkResult<bool> {
-        self.inner.node_exists(name).await
-    }
-    async fn fetch(&self, name: &str) -> SinkResult<Option<CiliumNode>> {
-        self.inner.fetch(name).await
+impl WriteGuard for Fence {
+    async fn before(&self, _: Write<'_>) -> SinkResult<()> {
+        self.check_write()
     }
 }
 

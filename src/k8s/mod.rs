@@ -11,6 +11,7 @@ pub mod input;
 pub mod leader;
 pub mod readonly;
 pub mod sink;
+pub mod sink_layer;
 pub mod source;
 pub mod stored;
 

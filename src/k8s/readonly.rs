@@ -6,38 +6,20 @@
 //! [`ReadOnlyEc2`]: crate::ec2::readonly::ReadOnlyEc2
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::AtomicU64;
 
-use crate::crd::CiliumNode;
-use crate::ipam::ChangeSet;
+use crate::ec2::readonly::Refuse;
 
 use crate::k8s::sink::{NodeEvent, NodeRef, NodeSink, SinkError, SinkResult};
+use super::sink_layer::{LayeredSink, Write, WriteGuard};
 
-#[derive(Debug)]
-pub struct ReadOnlySink<S> {
-    inner: Arc<S>,
-    refused: Arc<AtomicU64>,
-}
+/// Reads only.
+pub type ReadOnlySink<S> = LayeredSink<Arc<S>, Refuse>;
 
-impl<S: NodeSink> ReadOnlySink<S> {
-    pub fn new(inner: Arc<S>) -> Self {
-        Self {
-            inner,
-            refused: Arc::new(AtomicU64::new(0)),
-        }
-    }
-
-    /// Writes and Events refused so far (a shadow that works as designed keeps this at 0).
-    pub fn refused(&self) -> u64 {
-        self.refused.load(Ordering::Relaxed)
-    }
-
-    pub fn refused_counter(&self) -> Arc<AtomicU64> {
-        self.refused.clone()
-    }
-
-    fn refuse<T>(&self, what: &str, node: &str) -> SinkResult<T> {
-        self.refused.fetch_add(1, Ordering::Relaxed);
+impl WriteGuard for Refuse {
+    async fn before(&self, write: Write<'_>) -> SinkResult<()> {
+        self.count();
+        let (node, what) = (write.node(), write.what());
         tracing::error!(node, what, "shadow mode: Kubernetes write refused");
         Err(SinkError::Other(format!(
             "shadow mode: {what} refused (a shadow writes nothing)"
@@ -45,37 +27,17 @@ impl<S: NodeSink> ReadOnlySink<S> {
     }
 }
 
-impl<S: NodeSink> NodeSink for ReadOnlySink<S> {
-    async fn apply(&self, node: &NodeRef, _: &ChangeSet) -> SinkResult<Option<CiliumNode>> {
-        self.refuse("CiliumNode patch", &node.name)
+impl<S> ReadOnlySink<S> {
+    pub fn read_only(inner: Arc<S>) -> Self {
+        Self::new(inner, Refuse::default())
     }
 
-    async fn event(&self, node: &NodeRef, _: NodeEvent) {
-        let _ = self.refuse::<()>("Event", &node.name);
+    /// Writes and Events refused so far.
+    pub fn refused(&self) -> u64 {
+        self.layer().refused()
     }
 
-    async fn set_finalizer(&self, node: &NodeRef, _: bool) -> SinkResult<Option<CiliumNode>> {
-        self.refuse("finalizer change", &node.name)
-    }
-
-    async fn set_annotation(
-        &self,
-        node: &NodeRef,
-        _: &str,
-        _: Option<&str>,
-    ) -> SinkResult<Option<CiliumNode>> {
-        self.refuse("annotation change", &node.name)
-    }
-
-    async fn delete(&self, name: &str) -> SinkResult<()> {
-        self.refuse("CiliumNode delete", name)
-    }
-
-    async fn node_exists(&self, name: &str) -> SinkResult<bool> {
-        self.inner.node_exists(name).await
-    }
-
-    async fn fetch(&self, name: &str) -> SinkResult<Option<CiliumNode>> {
-        self.inner.fetch(name).await
+    pub fn refused_counter(&self) -> Arc<AtomicU64> {
+        self.layer().counter()
     }
 }

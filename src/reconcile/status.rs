@@ -10,8 +10,8 @@
 //! `/debug/shadow` share the figures ([`Figures`]) and the action ([`Would`]) of a node.
 //!
 //! Code deep in a pass that has no handle on the book (the EC2 gate retrying a throttled
-//! call) reports through [`note_throttled`], which finds the node's book and name in a task
-//! local set for the pass ([`scope`]).
+//! call) reports to [`ThrottledPasses`], the observer the gate is given, which finds the node's
+//! book and name in a task local set for the pass ([`scope`]).
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -23,6 +23,8 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use serde::{Deserialize, Serialize};
 
+use crate::ec2::Operation;
+use crate::ec2::gate::ThrottleObserver;
 use crate::ipam::{Action, Demand, Generation, ProblemReason};
 
 pub mod page;
@@ -477,14 +479,20 @@ pub async fn scope<F: Future>(book: Arc<StatusBook>, name: String, pass: F) -> F
     CURRENT.scope((book, name), pass).await
 }
 
-/// A call of this task's pass was throttled (`operation`): EC2 retries it after `delay`.
-/// Nothing outside a pass (refreshes, the GC).
-pub fn note_throttled(operation: &str, delay: Duration) {
-    let _ = CURRENT.try_with(|(book, name)| {
-        let retry = crate::clock::now() + delay;
-        let detail = format!("{operation} answered RequestLimitExceeded; the EC2 gate retries it");
-        book.wait_live(name, WaitReason::Throttled, detail, retry);
-    });
+/// The gate's [`ThrottleObserver`]: a throttled call of a pass marks that pass's node as waiting
+/// until the retry. Nothing outside a pass (refreshes, the GC).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ThrottledPasses;
+
+impl ThrottleObserver for ThrottledPasses {
+    fn throttled(&self, operation: Operation, delay: Duration) {
+        let _ = CURRENT.try_with(|(book, name)| {
+            let retry = crate::clock::now() + delay;
+            let detail =
+                format!("{operation} answered RequestLimitExceeded; the EC2 gate retries it");
+            book.wait_live(name, WaitReason::Throttled, detail, retry);
+        });
+    }
 }
 
 #[cfg(test)]

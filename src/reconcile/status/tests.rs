@@ -112,7 +112,8 @@ fn forgetting_a_waiting_node_lowers_the_gauge_and_the_page_round_trips() {
 #[tokio::test]
 async fn a_throttled_call_inside_a_pass_marks_its_node() {
     let b = Arc::new(book());
-    note_throttled("AssignPrivateIpAddresses", Duration::from_secs(1));
+    let gate = ThrottledPasses;
+    gate.throttled(Operation::AssignPrivateIpAddresses, Duration::from_secs(1));
     assert_eq!(
         b.page(Instant::now()).totals.nodes,
         0,
@@ -120,7 +121,7 @@ async fn a_throttled_call_inside_a_pass_marks_its_node() {
     );
     b.begin("n1", crate::clock::now());
     scope(b.clone(), "n1".into(), async {
-        note_throttled("AttachNetworkInterface", Duration::from_secs(3));
+        gate.throttled(Operation::AttachNetworkInterface, Duration::from_secs(3));
     })
     .await;
     assert_eq!(
@@ -135,7 +136,7 @@ async fn a_throttled_call_inside_a_pass_marks_its_node() {
     // Throttled, then served in the same pass: it waits no more.
     b.begin("n1", crate::clock::now());
     scope(b.clone(), "n1".into(), async {
-        note_throttled("AttachNetworkInterface", Duration::from_secs(3));
+        gate.throttled(Operation::AttachNetworkInterface, Duration::from_secs(3));
     })
     .await;
     b.acted("n1", Would::Nothing, crate::clock::now());
