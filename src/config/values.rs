@@ -37,7 +37,7 @@ pub struct Tag {
 }
 
 impl Tag {
-    fn map(tags: &[Tag]) -> BTreeMap<String, String> {
+    pub(super) fn map(tags: &[Tag]) -> BTreeMap<String, String> {
         tags.iter()
             .map(|t| (t.key.clone(), t.value.clone()))
             .collect()
