@@ -181,7 +181,6 @@ async fn run_operator(
     use std::sync::Arc;
 
     use eni_operator::ec2::aws::AwsEc2;
-    use eni_operator::ec2::gate::Gate;
     use eni_operator::event_loop::core::Core;
     use eni_operator::k8s::fence::{Fenced, FencedSink};
     use eni_operator::k8s::leader::{Elector, KubeLease};

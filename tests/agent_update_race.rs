@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use eni_operator::crd::{CiliumNode, IpamPoolDemand, IpamPoolRequest};
 use eni_operator::event_loop::core::{Core, CoreConfig, NodeInput};
-use eni_operator::ipam::{ChangeSet, IpamConfig};
-use eni_operator::k8s::sink::{NodeEvent, NodeRef, NodeSink, SinkResult};
+use eni_operator::ipam::IpamConfig;
+use eni_operator::k8s::sink::SinkResult;
 use eni_operator::reconcile::metrics::RuntimeMetrics;
 use eni_operator::k8s::sink_layer::{LayeredSink, Pending, SinkLayer, Write};
 use testkit::cluster::{Cluster, agent_node};

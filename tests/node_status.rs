@@ -8,13 +8,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use eni_operator::clock::now;
-use eni_operator::ec2::gate::{Gate, GateConfig};
 use eni_operator::ec2::gate::{Gate, GateConfig, GateLayer};
 use eni_operator::ec2::{Ec2, Operation};
 use eni_operator::event_loop::core::{Core, NodeInput};
 use eni_operator::metrics::MetricsRegistry;
 use eni_operator::reconcile::metrics::RuntimeMetrics;
-use eni_operator::reconcile::status::{WaitReason, Would};
 use eni_operator::reconcile::status::{ThrottledPasses, WaitReason, Would};
 use testkit::cilium_signals::{annotated_ignore, cilium_lease, cilium_pool_write};
 use testkit::cluster::{Cluster, agent_node};

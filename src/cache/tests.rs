@@ -1,7 +1,7 @@
 //! The cache's rules, one listing or change at a time.
 
 use super::*;
-use crate::ec2::{InterfaceType, Tags};
+use crate::ec2::{Assigned, Attachment, InterfaceType, Tags};
 use std::time::Duration;
 
 pub(crate) fn eni(id: &str, instance: Option<(&str, u32)>, subnet: &str) -> NetworkInterface {

@@ -314,7 +314,7 @@ fn validation_errors() {
 /// The README's configuration reference (generated from `--help`) lists every setting.
 #[test]
 fn readme_documents_every_setting() {
-    let readme = include_str!("../README.md");
+    let readme = include_str!("../../README.md");
     for arg in Settings::command().get_arguments() {
         let (Some(flag), Some(env)) = (arg.get_long(), arg.get_env()) else {
             continue;

@@ -10,7 +10,7 @@ use std::sync::atomic::AtomicU64;
 
 use crate::ec2::readonly::Refuse;
 
-use crate::k8s::sink::{NodeEvent, NodeRef, NodeSink, SinkError, SinkResult};
+use crate::k8s::sink::{SinkError, SinkResult};
 use super::sink_layer::{LayeredSink, Write, WriteGuard};
 
 /// Reads only.
