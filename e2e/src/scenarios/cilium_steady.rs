@@ -9,8 +9,9 @@
 //! operator makes no EC2 call for them (ec2-sim's per-client record) and no write to them
 //! (managedFields); nothing in use is released, no other pool shrinks. Without the policy: a
 //! joining node is seen first by Cilium's running leader, and ours waits with its reason
-//! (`OtherAllocatorActive`, "took over at"), making no call for it. A child module of
-//! `scenarios`.
+//! (`OtherAllocatorActive`, "took over at"), making no call for it; a node whose creator sent
+//! the annotation in its create is served at once. Both variants share one handover (the
+//! policy removed in between). A child module of `scenarios`.
 
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -419,7 +420,10 @@ impl Suite {
         let calls = self.calls_since(sim, mark).await?;
         let inst = self.nodes[k].instance.id.clone();
         let theirs = calls_on(&calls, &inst, Some(cilium_op::ACCESS_KEY));
-        ensure!(theirs.is_empty(), "Cilium's operator called EC2 for K: {theirs:?}");
+        ensure!(
+            theirs.is_empty(),
+            "Cilium's operator called EC2 for K: {theirs:?}"
+        );
         let writers = cilium_writers(&self.cn(k).await?);
         ensure!(writers.is_empty(), "Cilium's operator wrote K: {writers:?}");
         println!(
