@@ -83,6 +83,8 @@ pub struct NodeVariant {
     /// `spec.ipam.static-ip-tags` (the agent's `--ipam-static-ip-tags`): the node wants an
     /// Elastic IP carrying these tags.
     pub static_ip_tags: BTreeMap<String, String>,
+    /// Annotations the creator sends with the CiliumNode (e.g. `ipam.cilium.io/ignore`).
+    pub annotations: BTreeMap<String, String>,
 }
 
 /// The CiliumNode an agent creates on first start: owned by its Node, with the IMDS facts and
@@ -118,6 +120,9 @@ pub fn cilium_node_object(
     spec.ipam.min_allocate = v.min_allocate;
     spec.ipam.static_ip_tags = v.static_ip_tags.clone();
     let mut cn = CiliumNode::new(&name, spec);
+    if !v.annotations.is_empty() {
+        cn.metadata.annotations = Some(v.annotations.clone());
+    }
     cn.metadata.labels = Some(BTreeMap::from([(
         RUN_LABEL.to_string(),
         world.run_id.clone(),

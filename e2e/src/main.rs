@@ -171,6 +171,7 @@ async fn run(a: RunArgs) -> Result<bool> {
         let ec2_sim = simctl::SimControl::connect(&a.ec2_endpoint).await.is_ok();
         scenarios::ALL
             .iter()
+            .filter(|s| !scenarios::ON_REQUEST.contains(s))
             .filter(|s| !(a.in_cluster && scenarios::LOCAL_ONLY.contains(s)))
             .filter(|s| ec2_sim || !scenarios::SIM_ONLY.contains(s))
             .filter(|s| !(ec2_sim && scenarios::NOT_ON_SIM.contains(s)))

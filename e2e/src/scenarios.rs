@@ -27,6 +27,7 @@ use testkit::agent::{Generation, endpoints};
 
 mod adopt;
 mod cilium_handover;
+mod cilium_probe;
 mod cilium_refusal;
 mod cilium_shadow;
 mod cilium_steady;
@@ -65,7 +66,13 @@ pub const ALL: &[&str] = &[
     "cilium-handover",
     "cilium-steady-state",
     "cilium-shadow",
+    "cilium-frozen-copy",
+    "cilium-ipam-crd",
 ];
+
+/// Probes of Cilium's real operator that watch it for minutes (issue 39): run only when named
+/// (`--scenario NAME`), never in the default list.
+pub const ON_REQUEST: &[&str] = &["cilium-frozen-copy", "cilium-ipam-crd"];
 
 /// Scenarios that need ec2-sim's control endpoints (`E2E_EC2=sim`): left out of the default
 /// list on other endpoints (moto and LocalStack never throttle).
@@ -277,6 +284,8 @@ impl Suite {
             "cilium-handover" => self.cilium_handover().await,
             "cilium-steady-state" => self.cilium_steady_state().await,
             "cilium-shadow" => self.cilium_shadow().await,
+            "cilium-frozen-copy" => self.cilium_frozen_copy().await,
+            "cilium-ipam-crd" => self.cilium_ipam_crd().await,
             other => Err(anyhow!(
                 "unknown scenario {other:?} (known: {})",
                 ALL.join(", ")

@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ManagedFieldsEntry, ObjectMeta};
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use serde_json::Value;
 
@@ -40,17 +40,18 @@ pub struct Writers {
     pub ignore_set_at: Option<Timestamp>,
     /// Some entry (any manager, with or without a time) owns `ipam.cilium.io/ignore`.
     pub ignore_owned: bool,
+    /// The object's creator sent `ipam.cilium.io/ignore` in its create request ([`Self::of`]).
+    pub ignore_by_creator: bool,
 }
 
 impl Writers {
     pub fn from_managed_fields(entries: &[ManagedFieldsEntry]) -> Self {
         let mut w = Self::default();
-        let annotation = format!("f:{CILIUM_IGNORE_ANNOTATION}");
-        let annotation = ["f:metadata", "f:annotations", annotation.as_str()];
         for e in entries {
             let fields = e.fields_v1.as_ref().map(|f| &f.0);
             let owns = |path: &[&str]| fields.is_some_and(|f| owns(f, path));
-            w.ignore_owned |= owns(&annotation);
+            let owns_ignore = fields.is_some_and(owns_ignore);
+            w.ignore_owned |= owns_ignore;
             let (Some(manager), Some(time)) = (e.manager.as_deref(), e.time.as_ref()) else {
                 continue;
             };
@@ -65,7 +66,7 @@ impl Writers {
                 *own = (*own).max(Some(at));
                 continue;
             }
-            if owns(&annotation) {
+            if owns_ignore {
                 w.ignore_set_at = w.ignore_set_at.max(Some(at));
             }
             if owns(&["f:spec", "f:ipam", "f:pool"]) {
@@ -78,6 +79,18 @@ impl Writers {
         w
     }
 
+    /// The writers of an object, from its `managedFields`, with what its creation time tells
+    /// ([`Self::ignore_by_creator`]).
+    pub fn of(meta: &ObjectMeta) -> Self {
+        let entries = meta.managed_fields.as_deref().unwrap_or_default();
+        let mut w = Self::from_managed_fields(entries);
+        w.ignore_by_creator = meta
+            .creation_timestamp
+            .as_ref()
+            .is_some_and(|created| creator_set_ignore(entries, created.0));
+        w
+    }
+
     /// `ipam.cilium.io/ignore` (when the node has it) was set as the API server created the
     /// object. Every write through the API (create, update, patch, apply) records its fields in
     /// `metadata.managedFields` under its manager before admission runs; a field that a mutating
@@ -85,11 +98,38 @@ impl Writers {
     /// the chart's policy, then a spec update and a status update by the creator, the
     /// annotation stays unowned). So an annotation no entry owns was there from the creation on,
     /// and any later setting of it (by us, `kubectl annotate`, an apply) has an owner and a time.
-    /// A creator that sends the annotation itself owns it: such a node is treated as annotated
-    /// later (the same second as the creation cannot be told from our own annotation then).
+    /// A creator that sends the annotation itself owns it under its create's entry
+    /// ([`Self::ignore_by_creator`]).
     pub const fn ignore_at_creation(&self) -> bool {
-        !self.ignore_owned
+        !self.ignore_owned || self.ignore_by_creator
     }
+}
+
+/// The entry of the request that created the object owns `ipam.cilium.io/ignore`. The API
+/// server stamps a create's entry (operation `Update`, or `Apply` for a server-side apply)
+/// before it sets `creationTimestamp`, so that entry's time is at most the creation time (both
+/// whole seconds); every later write is stamped at or after it. The entry must also own
+/// `spec.instance-id`, which the creator (an agent, a script) sends with the object: a second
+/// writer that annotates within the creation's second owns the annotation alone. Not ours: we
+/// create no CiliumNode. A creator that re-wrote its fields since (a later time) is judged as
+/// annotated later, the safe side.
+fn creator_set_ignore(entries: &[ManagedFieldsEntry], created: Timestamp) -> bool {
+    entries.iter().any(|e| {
+        let fields = e.fields_v1.as_ref().map(|f| &f.0);
+        let ours = matches!(
+            e.manager.as_deref(),
+            Some(OWN_FIELD_MANAGER | HANDOVER_FIELD_MANAGER)
+        );
+        !ours
+            && e.subresource.is_none()
+            && e.time.as_ref().is_some_and(|t| t.0 <= created)
+            && fields.is_some_and(|f| owns_ignore(f) && owns(f, &["f:spec", "f:instance-id"]))
+    })
+}
+
+fn owns_ignore(fields: &Value) -> bool {
+    let annotation = format!("f:{CILIUM_IGNORE_ANNOTATION}");
+    owns(fields, &["f:metadata", "f:annotations", &annotation])
 }
 
 fn owns(fields: &Value, path: &[&str]) -> bool {
@@ -326,8 +366,8 @@ pub fn other_allocator(s: &Signals) -> Option<OtherAllocator> {
             why: why.to_string(),
         });
     }
-    // Annotated as the API server created it (the chart's MutatingAdmissionPolicy): no leader
-    // of Cilium's operator ever upserted the node. Its ciliumNodeSynchronizer (1.18+) skips the
+    // Annotated as the API server created it (the chart's MutatingAdmissionPolicy, or its
+    // creator's own create request): no leader of Cilium's operator ever upserted the node. Its ciliumNodeSynchronizer (1.18+) skips the
     // Upsert of an annotated node, and every event it ever had for this one showed the
     // annotation; so whatever its Lease says (held, renewed, released), it has no copy to
     // resync, and the node is ours at once. Operators that ignore the annotation (before 1.18)
@@ -338,12 +378,15 @@ pub fn other_allocator(s: &Signals) -> Option<OtherAllocator> {
     // Annotated later (or about to be): the running leader still serves the node if it took
     // over before the annotation. Set by us just now: the annotation is newer than any leader.
     // A released Lease dates its release: a node annotated after it waits for the next holder.
-    let annotated = if s.cilium_ignore {
-        w.ignore_set_at?
+    // managedFields times are cut to the second: an annotation stamped `t` was set before
+    // `t + 1 s`, so a leader that took over in that second may have upserted the node first.
+    let (annotated, latest) = if s.cilium_ignore {
+        let at = w.ignore_set_at?;
+        (at, at.saturating_add(SignedDuration::from_secs(1)).unwrap_or(at))
     } else {
-        s.now
+        (s.now, s.now)
     };
-    let knew = lease.acquired < annotated && !crate::mutants::active("serve-cilium-known-node");
+    let knew = lease.acquired < latest && !crate::mutants::active("serve-cilium-known-node");
     knew.then(|| OtherAllocator::CiliumLeaderKnewNode {
         holder: lease.who(),
         acquired: lease.acquired,

@@ -47,9 +47,7 @@ impl StoredNode {
             uid: node.metadata.uid.clone(),
             deleting: node.metadata.deletion_timestamp.is_some(),
             pool_empty: node.spec.ipam.pool.is_empty(),
-            writers: Arc::new(Writers::from_managed_fields(
-                node.metadata.managed_fields.as_deref().unwrap_or_default(),
-            )),
+            writers: Arc::new(Writers::of(&node.metadata)),
             confirmed: Arc::new(confirmed),
         }
     }
