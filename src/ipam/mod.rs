@@ -10,6 +10,7 @@
 //! Behavioural reference: `docs/rules.md` (formulas, selection rules, release; rules C1-C10) and
 //! `docs/ciliumnode.md` (which CiliumNode fields are read and written).
 
+pub mod admission;
 pub mod capacity;
 pub mod cilium_version;
 pub mod confirmed;

@@ -1,107 +1,60 @@
-//! Part of step 2: the handover guard. Before the first write that takes a node over and on
-//! every pass after, ask [`handover::other_allocator`] (pure) whether another allocator serves
-//! the node; if so, end the pass: no EC2 call, no pool write; the node's
-//! `status.ipam.operator-status` and one Warning Event (`OtherAllocatorActive`, or
-//! `CiliumIgnoresAnnotation` when Cilium's operator is too old for the annotation; counted in
-//! `eni_operator_errors_total`) say why, once per message; the node is checked again shortly.
+//! The handover guard's facts for the admission (§16): who wrote the node, Cilium's Lease and
+//! release, the Cilium ENIs new on the instance; whether a describe shows what another
+//! allocator did before our takeover; and the ignore annotation set while Cilium's leader
+//! blocks a node. [`crate::ipam::admission`] decides; the report step says why a node waits.
 
 use std::time::Duration;
 
 use tracing::debug;
 
+use crate::crd::{CILIUM_IGNORE_ANNOTATION, CiliumNode};
+use crate::ec2::Ec2;
+use crate::ipam::admission::{GUARD_RETRY, GuardFacts, Settled};
+use crate::ipam::handover;
+use crate::ipam::ownership::is_owned_by;
 use crate::cache::DESCRIBE_LAG;
 use crate::clock;
-use crate::crd::{CILIUM_IGNORE_ANNOTATION, CiliumNode, FINALIZER};
-use crate::ec2::Ec2;
-use crate::ipam::ProblemReason;
-use crate::ipam::handover::{self, CiliumLease, Signals};
-use crate::ipam::ownership::is_owned_by;
-use crate::k8s::sink::NodeRef;
-use crate::k8s::sink::NodeSink;
-use crate::reconcile::queue::Outcome;
 use crate::reconcile::shared::Shared;
-use crate::reconcile::status::WaitReason;
+use crate::k8s::sink::{NodeRef, NodeSink};
 
-use super::Step;
-use super::snapshot::Snapshot;
-
-/// How soon a blocked node is checked again.
-pub(super) const RECHECK: Duration = Duration::from_secs(15);
-
-pub(super) async fn check<E: Ec2, S: NodeSink>(
+/// The guard's facts for the admission ([`crate::ipam::admission::GuardFacts`]).
+pub(super) fn read<E: Ec2, S: NodeSink>(
     inner: &Shared<E, S>,
     name: &str,
     node: &CiliumNode,
-    snap: &Snapshot,
-) -> Step<()> {
-    let Some(stored) = snap.node.as_ref() else {
-        return Ok(());
-    };
-    let lease = inner.cilium_lease.read().expect("lease").clone();
-    // Fail closed (§16): without the Lease we cannot tell whether Cilium's operator serves
-    // a node we have not taken over yet. Nodes already ours go on.
-    if let CiliumLease::Unreadable(why) = &lease
-        && !handed_over(node)
-    {
-        inner.metrics.other_allocator_blocked.inc();
-        let message = format!(
-            "{why}; this node is not taken over until it can be read (or --cilium-operator-absent says Cilium's operator is not installed)"
-        );
-        super::problem::say(
-            inner,
-            name,
-            node,
-            ProblemReason::CiliumLeaseUnreadable,
-            &message,
-        )
-        .await;
-        return Err((Outcome::RetryAfter(RECHECK), None));
-    }
+    writers: &handover::Writers,
+) -> GuardFacts {
     let cilium_ignore = node
         .metadata
         .annotations
         .as_ref()
         .and_then(|a| a.get(CILIUM_IGNORE_ANNOTATION))
         .is_some_and(|v| v.eq_ignore_ascii_case("true"));
-    let new_enis = new_cilium_enis(inner, name, &node.spec.instance_id);
     let ignore_unsupported = inner
         .cilium_version
         .read()
         .expect("cilium version")
         .ignore_unsupported();
-    let signals = Signals {
-        writers: stored.writers(),
+    GuardFacts {
+        writers: writers.clone(),
         cilium_ignore,
         will_annotate: inner.config.annotate_cilium_ignore,
-        lease: lease.view(),
-        new_cilium_enis: &new_enis,
+        lease: inner.cilium_lease.read().expect("lease").clone(),
+        new_cilium_enis: new_cilium_enis(inner, name, &node.spec.instance_id),
         now: inner.wall_now(),
         quiet: inner.config.handover_quiet,
-        ignore_unsupported: ignore_unsupported.as_deref(),
-    };
-    let Some(other) = handover::other_allocator(&signals) else {
-        return settled(inner, name, &node.spec.instance_id, stored.writers()).await;
-    };
-    inner.metrics.other_allocator_blocked.inc();
-    if handover::annotate_while_blocked(&signals, &other) {
-        annotate(inner, name, node).await;
+        ignore_unsupported,
     }
-    let message = other.to_string();
-    let retry = clock::now() + RECHECK;
-    inner.status.wait(
-        name,
-        WaitReason::OtherAllocator,
-        message.clone(),
-        Some(retry),
-    );
-    super::problem::say(inner, name, node, other.problem_reason(), &message).await;
-    Err((Outcome::RetryAfter(RECHECK), None))
 }
 
 /// Sets `ipam.cilium.io/ignore` on a node Cilium's running leader still serves, so its next
 /// leader keeps off it ([`handover::annotate_while_blocked`]). A failure is retried on the
 /// next check.
-async fn annotate<E: Ec2, S: NodeSink>(inner: &Shared<E, S>, name: &str, node: &CiliumNode) {
+pub(super) async fn annotate<E: Ec2, S: NodeSink>(
+    inner: &Shared<E, S>,
+    name: &str,
+    node: &CiliumNode,
+) {
     let ticket = inner.ticket(name);
     match inner
         .sink
@@ -119,14 +72,14 @@ async fn annotate<E: Ec2, S: NodeSink>(inner: &Shared<E, S>, name: &str, node: &
 /// describe may still hide that allocator's last assigns and our pool write would drop addresses
 /// EC2 has (found by the e2e `handover` scenario on ec2-sim; docs/rules.md §14.3). The node
 /// keeps its pool meanwhile; nothing is written or called for it.
-async fn settled<E: Ec2, S: NodeSink>(
+pub(super) async fn settled<E: Ec2, S: NodeSink>(
     inner: &Shared<E, S>,
     name: &str,
     instance: &str,
     writers: &handover::Writers,
-) -> Step<()> {
+) -> Settled {
     let Some(at) = handover::unsettled_foreign_write(writers) else {
-        return Ok(());
+        return Settled::Yes;
     };
     let now = clock::now();
     let age = Duration::try_from(inner.wall_now().duration_since(at)).unwrap_or_default();
@@ -138,20 +91,20 @@ async fn settled<E: Ec2, S: NodeSink>(
         cache.instance(instance).and_then(|e| e.listed_at)
     };
     if listed(inner).is_some_and(|t| t >= trusted_from) {
-        return Ok(());
+        return Settled::Yes;
     }
     if now < trusted_from {
         debug!(
             node = name,
             "waiting for EC2 to show the other allocator's last calls"
         );
-        return Err((Outcome::RetryAfter(trusted_from - now), None));
+        return Settled::WaitFor(trusted_from - now);
     }
     inner.refresh_instances(&[instance.to_string()], &[]).await;
     if listed(inner).is_some_and(|t| t >= trusted_from) {
-        Ok(())
+        Settled::Yes
     } else {
-        Err((Outcome::RetryAfter(RECHECK), None))
+        Settled::WaitFor(GUARD_RETRY)
     }
 }
 
@@ -194,12 +147,4 @@ fn new_cilium_enis<E: Ec2, S: NodeSink>(
                 .collect()
         })
         .unwrap_or_default()
-}
-
-/// Taken over: our finalizer is on it (set right after this guard first lets it through).
-fn handed_over(node: &CiliumNode) -> bool {
-    node.metadata
-        .finalizers
-        .as_ref()
-        .is_some_and(|f| f.iter().any(|x| x == FINALIZER))
 }

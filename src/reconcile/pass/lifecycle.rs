@@ -1,14 +1,17 @@
-//! Step 2: whether the node is ours to serve now. Ends the pass for an ignored node (handed
-//! back), a node out of `--instance-tags-filter` scope (left alone), a node whose Kubernetes
-//! Node is gone (deleted) or that is being deleted ([`super::finalize`]), a node whose Node does
-//! not confirm its instance or whose instance another CiliumNode names ([`super::identity`]).
-//! Otherwise records the confirmed instance on the object and makes sure of our finalizer and of
-//! Cilium's ignore annotation before EC2 is touched for the node.
+//! Step 2: whether the node is ours to serve now. Gathers the pass's facts ([`Facts`]), lets
+//! [`admission::decide`] (pure) say what becomes of the node, reads a costly fact only when the
+//! decision asks for it, and carries the answer out: hand back, leave alone, finalize
+//! ([`super::finalize`]), wait or refuse (said by [`super::report`]), or take the admitted node
+//! over (record the confirmed instance, our finalizer, Cilium's ignore annotation) before EC2 is
+//! touched for it.
 
 use tracing::{info, warn};
 
 use crate::crd::{CILIUM_IGNORE_ANNOTATION, CiliumNode, FINALIZER};
 use crate::ec2::Ec2;
+use crate::ipam::admission::{
+    self, AdmittedNode, ClusterTag, Decision, Facts, Guard, LeaveAlone, Need, Settled,
+};
 use crate::ipam::confirmed::{CONFIRMED_INSTANCE_ANNOTATION, Confirmed};
 use crate::k8s::sink::{NodeRef, NodeSink, SinkError, SinkResult};
 use crate::k8s::stored::StoredNode;
@@ -16,63 +19,146 @@ use crate::reconcile::queue::Outcome;
 use crate::reconcile::shared::Shared;
 
 use super::snapshot::Snapshot;
-use super::{DONE, FAILED, Step, Verdict, cluster_tag, finalize, guard, identity};
+use super::{DONE, FAILED, Step, Verdict, cluster_tag, finalize, guard, identity, report};
 
-/// The parsed node to serve, or the end of the pass.
+/// The admitted node to serve, or the end of the pass.
 pub(super) async fn admit<E: Ec2, S: NodeSink>(
     inner: &Shared<E, S>,
     name: &str,
     snap: &Snapshot,
-) -> Step<CiliumNode> {
+) -> Step<AdmittedNode> {
     if let Some(invalid) = &snap.invalid {
         return Err(finalize::invalid(inner, name, invalid.clone(), snap).await);
     }
-    // Parsed outside the slots lock.
-    let mut node = snap.node.as_ref().map(StoredNode::node).ok_or(DONE)?;
-    let proof = snap
-        .node
-        .as_ref()
-        .map(|s| s.confirmed().clone())
-        .unwrap_or_default();
-    if snap.ignored {
-        return Err(hand_back(inner, name, node).await);
-    }
-    // --instance-tags-filter: an instance without the tags is not ours (another operator may
-    // serve it, as with Cilium's filter): leave its CiliumNode alone.
-    let in_scope = inner
-        .cache
-        .read()
-        .expect("cache")
-        .in_scope(&node.spec.instance_id);
-    match in_scope {
-        Some(true) => {}
-        // Tags not known yet (the check failed): the next full refresh tells.
-        None => return Err((Outcome::RetryAfter(inner.config.unhealthy_retry), None)),
-        Some(false) => return Err(leave_alone(inner, name, &node).await),
-    }
-    // Canary handover: a node outside `--handover-selector` is not ours; one we served is
-    // handed back (rollback), others are not written at all.
-    if !selected(inner, &node) {
-        if has_finalizer(&node) {
-            return Err(hand_back(inner, name, node).await);
+    let stored = snap.node.as_ref().ok_or(DONE)?;
+    let mut facts = facts(inner, name, stored, snap, false);
+    loop {
+        match admission::decide(&facts) {
+            Decision::Need(need) => read(inner, name, stored, &mut facts, need).await?,
+            Decision::Serve(serve) => return take_over(inner, name, facts.admit(serve)).await,
+            decision => return Err(act(inner, name, facts.node, decision).await),
         }
-        return Err(DONE);
     }
-    // The Kubernetes Node is gone: delete the CiliumNode; the finalizer runs next.
-    if snap.k8s_node == Some(false)
-        && node.metadata.deletion_timestamp.is_none()
-        && finalize::node_gone_now(inner, name).await?
-    {
-        delete(inner, name, &mut node).await?;
+}
+
+/// The facts that cost no call (locks and the slot's copy). A shadow has no guard and asks EC2
+/// nothing of the cluster tag.
+pub(super) fn facts<E: Ec2, S: NodeSink>(
+    inner: &Shared<E, S>,
+    name: &str,
+    stored: &StoredNode,
+    snap: &Snapshot,
+    shadow: bool,
+) -> Facts {
+    // Parsed outside the slots lock.
+    let node = stored.node();
+    let instance = &node.spec.instance_id;
+    let in_scope = inner.cache.read().expect("cache").in_scope(instance);
+    let (identity, rivals) = identity::read(inner, name, instance);
+    let cluster_tag = if inner.config.require_cluster_tag && !shadow {
+        ClusterTag::NotRead
+    } else {
+        ClusterTag::NotRequired
+    };
+    let (guard, settled) = if shadow {
+        (Guard::Off, Settled::Yes)
+    } else {
+        (Guard::NotRead, Settled::NotRead)
+    };
+    Facts {
+        confirmed: stored.confirmed().clone(),
+        ignored: snap.ignored,
+        in_scope,
+        selected: selected(inner, &node),
+        watch_says_gone: snap.k8s_node == Some(false),
+        gone_now: None,
+        identity,
+        rivals,
+        cluster_tag,
+        guard,
+        settled,
+        unhealthy_retry: inner.config.unhealthy_retry,
+        cluster_name: inner.config.ipam.cluster_name.clone(),
+        node,
     }
-    if node.metadata.deletion_timestamp.is_some() {
-        let r = NodeRef::of(&node);
-        let named = &node.spec.instance_id;
-        return Err(finalize::finalize(inner, name, &r, named, proof.releasable()).await);
+}
+
+/// Read the fact the decision asked for.
+async fn read<E: Ec2, S: NodeSink>(
+    inner: &Shared<E, S>,
+    name: &str,
+    stored: &StoredNode,
+    facts: &mut Facts,
+    need: Need,
+) -> Step<()> {
+    let instance = facts.node.spec.instance_id.clone();
+    match need {
+        Need::NodeGone => {
+            let gone = finalize::node_gone_now(inner, name).await?;
+            facts.gone_now = Some(gone);
+            // A Node found again under the name changes what the watch told.
+            (facts.identity, facts.rivals) = identity::read(inner, name, &instance);
+        }
+        Need::ClusterTag => facts.cluster_tag = cluster_tag::read(inner, name, &instance).await,
+        Need::Guard => {
+            let g = guard::read(inner, name, &facts.node, stored.writers());
+            facts.guard = Guard::Read(Box::new(g));
+        }
+        Need::Settled => {
+            facts.settled = guard::settled(inner, name, &instance, stored.writers()).await;
+        }
     }
-    identity::check(inner, name, &node).await?;
-    cluster_tag::confirm(inner, name, &node).await?;
-    guard::check(inner, name, &node, snap).await?;
+    Ok(())
+}
+
+/// Carry out a decision that does not serve the node.
+async fn act<E: Ec2, S: NodeSink>(
+    inner: &Shared<E, S>,
+    name: &str,
+    mut node: CiliumNode,
+    decision: Decision,
+) -> Verdict {
+    match decision {
+        Decision::HandBack => hand_back(inner, name, node).await,
+        Decision::LeaveAlone(LeaveAlone::OutOfScope) => leave_alone(inner, name, &node).await,
+        Decision::LeaveAlone(LeaveAlone::NotSelected) => DONE,
+        Decision::Wait { wait, retry } => {
+            if let Some((reason, why)) = wait {
+                report::waiting(inner, name, reason, why, retry);
+            }
+            (Outcome::RetryAfter(retry), None)
+        }
+        Decision::Refuse(refusal) => {
+            if refusal.guard_blocked {
+                inner.metrics.other_allocator_blocked.inc();
+            }
+            if refusal.annotate {
+                guard::annotate(inner, name, &node).await;
+            }
+            report::refused(inner, name, &node, &refusal).await;
+            (Outcome::RetryAfter(refusal.retry), None)
+        }
+        Decision::Finalize(f) => {
+            if f.delete
+                && let Err(end) = delete(inner, name, &mut node).await
+            {
+                return end;
+            }
+            let r = NodeRef::of(&node);
+            finalize::finalize(inner, name, &r, &f.named, f.release.as_deref()).await
+        }
+        Decision::Serve(_) | Decision::Need(_) => unreachable!("decided by `admit`"),
+    }
+}
+
+/// Take the admitted node over before EC2 is touched for it: the confirmed instance recorded,
+/// our finalizer, Cilium's ignore annotation.
+async fn take_over<E: Ec2, S: NodeSink>(
+    inner: &Shared<E, S>,
+    name: &str,
+    mut node: AdmittedNode,
+) -> Step<AdmittedNode> {
+    let proof = node.confirmed().clone();
     record_instance(inner, name, &mut node, &proof).await?;
     add_finalizer(inner, name, &mut node, proof.finalizer_ours).await?;
     claim(inner, name, &mut node).await?;
@@ -88,13 +174,6 @@ fn selected<E: Ec2, S: NodeSink>(inner: &Shared<E, S>, node: &CiliumNode) -> boo
         .as_ref()
         .and_then(|l| l.get(key))
         .is_some_and(|v| v == value)
-}
-
-fn has_finalizer(node: &CiliumNode) -> bool {
-    node.metadata
-        .finalizers
-        .as_ref()
-        .is_some_and(|f| f.iter().any(|x| x == FINALIZER))
 }
 
 /// Delete the CiliumNode of a Node that is gone; go on as if the deletion was seen.
@@ -123,16 +202,16 @@ async fn delete<E: Ec2, S: NodeSink>(
 async fn add_finalizer<E: Ec2, S: NodeSink>(
     inner: &Shared<E, S>,
     name: &str,
-    node: &mut CiliumNode,
+    node: &mut AdmittedNode,
     ours: bool,
 ) -> Step<()> {
-    if has_finalizer(node) && ours {
+    if admission::has_finalizer(node) && ours {
         return Ok(());
     }
     for present in [false, true] {
         let ticket = inner.ticket(name);
         match inner.sink.set_finalizer(&NodeRef::of(node), present).await {
-            Ok(Some(n)) => *node = n,
+            Ok(Some(n)) => node.replace(n),
             Ok(None) => continue,
             Err(SinkError::NotFound) => return Err(DONE),
             Err(SinkError::Conflict(fresh)) => return Err(inner.conflict(name, fresh, ticket)),
@@ -152,7 +231,7 @@ async fn add_finalizer<E: Ec2, S: NodeSink>(
 async fn record_instance<E: Ec2, S: NodeSink>(
     inner: &Shared<E, S>,
     name: &str,
-    node: &mut CiliumNode,
+    node: &mut AdmittedNode,
     proof: &Confirmed,
 ) -> Step<()> {
     let instance = node.spec.instance_id.clone();
@@ -177,7 +256,7 @@ async fn record_instance<E: Ec2, S: NodeSink>(
             .set_annotation(&r, CONFIRMED_INSTANCE_ANNOTATION, value)
             .await
         {
-            Ok(Some(n)) => *node = n,
+            Ok(Some(n)) => node.replace(n),
             Ok(None) => {}
             Err(SinkError::NotFound) => return Err(DONE),
             Err(e) => {
@@ -194,12 +273,12 @@ async fn record_instance<E: Ec2, S: NodeSink>(
 async fn claim<E: Ec2, S: NodeSink>(
     inner: &Shared<E, S>,
     name: &str,
-    node: &mut CiliumNode,
+    node: &mut AdmittedNode,
 ) -> Step<()> {
     let ticket = inner.ticket(name);
     match mark_cilium_ignore(inner, node, true).await {
         Ok(Some(n)) => {
-            *node = n;
+            node.replace(n);
             inner.store(name, node, ticket);
             Ok(())
         }

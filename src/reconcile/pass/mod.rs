@@ -1,6 +1,7 @@
 //! One pass over one node, as named steps in the order they run:
-//! [`snapshot`] (the node's slot, copied) -> [`lifecycle`] (ignore, scope, deletion and
-//! finalizer, the Cilium ignore annotation; may end the pass) -> [`plan`] (health, hold,
+//! [`snapshot`] (the node's slot, copied) -> [`lifecycle`] (the facts, and the one admission
+//! decision of [`crate::ipam::admission`] carried out: hand back, leave alone, finalize, wait,
+//! refuse, or take the admitted node over; may end the pass) -> [`plan`] (health, hold,
 //! limits, the engine's plan, the multi-pool re-read) -> [`execute`] (the one EC2 action) ->
 //! [`write`] (desired state, change set, sink) -> [`report`] (Events, next priority, what the
 //! slot keeps). [`static_ip`] runs between lifecycle and plan (a static IP comes before any
@@ -16,7 +17,6 @@ mod guard;
 mod identity;
 mod lifecycle;
 mod plan;
-mod problem;
 mod report;
 mod shadow;
 mod snapshot;

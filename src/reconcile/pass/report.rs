@@ -1,20 +1,26 @@
 //! Step 6: Events for what the pass did ([`select_events`], pure), how it ends (the queue's
 //! outcome and the next priority), and what the node's slot keeps (memory, problem, demand,
-//! the written version, the demand latency).
+//! the written version, the demand latency). Also the report of a pass the admission ended: a
+//! refusal ([`refused`]: `status.ipam.operator-status` and one Warning Event, counted in
+//! `eni_operator_errors_total{reason}`, once per message) or a wait ([`waiting`]).
 
-use tracing::info;
+use std::time::Duration;
 
-use crate::clock::now;
+use serde_json::json;
+use tracing::{info, warn};
+
 use crate::crd::CiliumNode;
 use crate::ec2::Ec2;
-use crate::ipam::{Action, NodeMemory, Problem, ProblemReason};
-use crate::k8s::sink::{NodeRef, NodeSink};
-use crate::k8s::stored::StoredNode;
+use crate::ipam::admission::{self, Refusal};
+use crate::ipam::{Action, ChangeSet, NodeMemory, Problem, ProblemReason, Subresource, Write};
+use crate::clock::now;
 use crate::reconcile::events::{self, EventReason};
 use crate::reconcile::executor::ExecOutcome;
 use crate::reconcile::queue::{Outcome, Priority};
 use crate::reconcile::shared::Shared;
+use crate::k8s::sink::{NodeRef, NodeSink};
 use crate::reconcile::status::{Figures, WaitReason, Would};
+use crate::k8s::stored::StoredNode;
 
 use super::Verdict;
 use super::execute::Executed;
@@ -58,6 +64,58 @@ pub(super) async fn report<E: Ec2, S: NodeSink>(
     record_status(inner, name, &planned, &executed, &memory);
     remember(inner, name, planned, executed, written, memory);
     verdict
+}
+
+/// A node the admission refused for now: its status page, then `operator-status` and one
+/// Warning Event, unless that message was the last said.
+pub(super) async fn refused<E: Ec2, S: NodeSink>(
+    inner: &Shared<E, S>,
+    name: &str,
+    node: &CiliumNode,
+    refusal: &Refusal,
+) {
+    if let Some(reason) = refusal.wait {
+        let why = refusal.message.clone();
+        waiting(inner, name, reason, why, refusal.retry);
+    }
+    let reason = refusal.reason;
+    if reason == ProblemReason::InstanceNamedTwice {
+        tracing::error!(node = name, "{}", refusal.message);
+    }
+    let message = format!("{}: {}", reason.as_str(), refusal.message);
+    let said = inner.with_slot(name, |s| s.last_problem.replace(message.clone()));
+    if said.flatten().as_deref() == Some(message.as_str()) {
+        return;
+    }
+    warn!(node = name, "{message}");
+    let r = NodeRef::of(node);
+    let changes = ChangeSet {
+        writes: vec![Write {
+            subresource: Subresource::Status,
+            patch: json!({"status": {"ipam": {"operator-status": {"error": message}}}}),
+            needs_resource_version: false,
+        }],
+    };
+    if let Err(e) = inner.sink.apply(&r, &changes).await {
+        warn!(node = name, error = %e, "could not report {}", reason.as_str());
+    }
+    let reason = EventReason::Problem(reason);
+    events::publish(&*inner.sink, &inner.metrics, &r, reason, message).await;
+}
+
+/// A node the admission holds back for `retry`, on its status page.
+pub(super) fn waiting<E: Ec2, S: NodeSink>(
+    inner: &Shared<E, S>,
+    name: &str,
+    reason: admission::WaitReason,
+    why: String,
+    retry: Duration,
+) {
+    let reason = match reason {
+        admission::WaitReason::NodeNotSeen => WaitReason::NodeNotSeen,
+        admission::WaitReason::OtherAllocator => WaitReason::OtherAllocator,
+    };
+    inner.status.wait(name, reason, why, Some(now() + retry));
 }
 
 /// The Events a pass publishes at once: a /28 fallback, and its problem when that changed

@@ -6,15 +6,15 @@
 
 use std::sync::Arc;
 
-use crate::clock::now;
 use crate::ec2::Ec2;
-use crate::k8s::sink::NodeSink;
-use crate::k8s::stored::StoredNode;
+use crate::ipam::admission::{self, Decision};
+use crate::clock::now;
 use crate::reconcile::queue::Outcome;
 use crate::reconcile::shadow::{EniSeen, Observation, ShadowBook};
 use crate::reconcile::shared::Shared;
+use crate::k8s::sink::NodeSink;
 
-use super::{DONE, Step, Verdict, plan, snapshot};
+use super::{DONE, Step, Verdict, lifecycle, plan, snapshot};
 
 pub(super) async fn pass<E: Ec2, S: NodeSink>(
     inner: &Shared<E, S>,
@@ -43,37 +43,33 @@ async fn steps<E: Ec2, S: NodeSink>(
         book.observe(name, obs, now());
         return Err(DONE);
     }
-    let node = snap.node.as_ref().map(StoredNode::node).ok_or(DONE)?;
-    if snap.ignored || node.metadata.deletion_timestamp.is_some() || snap.k8s_node == Some(false) {
-        // Opted out or going away: nothing to compare.
-        book.forget(name);
-        return Err(DONE);
-    }
-    let instance = node.spec.instance_id.clone();
-    // The active operator's verdict on whose instance this is (§15), as an error of ours.
-    match super::identity::judge(inner, name, &instance) {
-        None => {}
-        Some(super::identity::Refusal::Unknown) => {
-            return Err((Outcome::RetryAfter(std::time::Duration::from_secs(5)), None));
-        }
-        Some(super::identity::Refusal::Say(reason, message)) => {
+    let stored = snap.node.as_ref().ok_or(DONE)?;
+    // The active operator's admission, without the guard (another allocator serves the node:
+    // that is the point of a shadow) and without EC2 calls of its own.
+    let facts = lifecycle::facts(inner, name, stored, &snap, true);
+    let node = match admission::decide(&facts) {
+        Decision::Serve(serve) => facts.admit(serve),
+        Decision::Wait { retry, .. } => return Err((Outcome::RetryAfter(retry), None)),
+        Decision::Refuse(r) => {
+            // The active operator's refusal (§15), as an error of ours.
             let obs = Observation {
-                error: Some(format!("{}: {message}", reason.as_str())),
+                error: Some(format!("{}: {}", r.reason.as_str(), r.message)),
                 ..Observation::default()
             };
             book.observe(name, obs, now());
             return Err(DONE);
         }
-    }
-    let in_scope = inner.cache.read().expect("cache").in_scope(&instance);
-    match in_scope {
-        Some(true) => {}
-        None => return Err((Outcome::RetryAfter(inner.config.unhealthy_retry), None)),
-        Some(false) => {
+        // Opted out, out of scope, or going away (the live GET is the active operator's):
+        // nothing to compare.
+        Decision::HandBack
+        | Decision::LeaveAlone(_)
+        | Decision::Finalize(_)
+        | Decision::Need(_) => {
             book.forget(name);
             return Err(DONE);
         }
-    }
+    };
+    let instance = node.spec.instance_id.clone();
     // The serving allocator's changes reach our cache only through describes (we make none of
     // our own to confirm): describe the instance when its CiliumNode names an ENI, address or
     // prefix we do not know, so that a deficit ends on the write that serves it, not at our

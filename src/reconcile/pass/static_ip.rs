@@ -14,6 +14,7 @@ use tracing::{debug, info};
 
 use crate::crd::CiliumNode;
 use crate::ec2::{Ec2, Ec2Error};
+use crate::ipam::admission::AdmittedNode;
 use crate::ipam::static_ip::{self, Decision};
 use crate::ipam::{Action, ChangeSet, Problem, ProblemReason, Subresource, Write, writeback};
 use crate::k8s::sink::{NodeRef, NodeSink, SinkError};
@@ -56,8 +57,8 @@ impl StaticIp {
 pub(super) async fn ensure<E: Ec2, S: NodeSink>(
     inner: &Shared<E, S>,
     name: &str,
-    node: CiliumNode,
-) -> Step<(CiliumNode, StaticIp)> {
+    mut node: AdmittedNode,
+) -> Step<(AdmittedNode, StaticIp)> {
     let Some(tags) = static_ip::wanted(&node).cloned() else {
         return Ok((node, StaticIp::default()));
     };
@@ -85,7 +86,7 @@ pub(super) async fn ensure<E: Ec2, S: NodeSink>(
     match assign(inner, &tags, &eni_id, private_ip).await {
         Ok(Some(ip)) => {
             info!(node = name, %ip, eni = %eni_id, "static IP assigned");
-            let node = publish(inner, name, node, ip).await?;
+            node.replace(publish(inner, name, &node, ip).await?);
             Ok((node, StaticIp::default()))
         }
         Ok(None) => Ok((
@@ -146,7 +147,7 @@ async fn assign<E: Ec2, S: NodeSink>(
 async fn publish<E: Ec2, S: NodeSink>(
     inner: &Shared<E, S>,
     name: &str,
-    node: CiliumNode,
+    node: &CiliumNode,
     ip: Ipv4Addr,
 ) -> Step<CiliumNode> {
     let changes = ChangeSet {
@@ -157,12 +158,12 @@ async fn publish<E: Ec2, S: NodeSink>(
         }],
     };
     let ticket = inner.ticket(name);
-    match inner.sink.apply(&NodeRef::of(&node), &changes).await {
+    match inner.sink.apply(&NodeRef::of(node), &changes).await {
         Ok(Some(written)) => {
             inner.store(name, &written, ticket);
             Ok(written)
         }
-        Ok(None) => Ok(writeback::apply(&node, &changes)),
+        Ok(None) => Ok(writeback::apply(node, &changes)),
         Err(SinkError::NotFound) => Err(super::DONE),
         Err(SinkError::Conflict(fresh)) => Err(inner.conflict(name, fresh, ticket)),
         // The next pass describes and adopts the address: nothing is associated twice.
