@@ -36,7 +36,7 @@ pub(super) async fn tagged<E: Ec2, S: NodeSink>(
     let Some(found) = found else {
         return Ok(None);
     };
-    let ours = crate::cluster_name::names_cluster(&found.tags, &inner.config.ipam.cluster_name);
+    let ours = crate::ipam::ownership::names_cluster(&found.tags, &inner.config.ipam.cluster_name);
     if ours {
         let mut confirmed = inner.confirmed_instances.lock().expect("confirmed");
         confirmed.insert(instance.to_string());
