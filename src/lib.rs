@@ -17,7 +17,7 @@
 //!
 //! References: `§N` in a comment is section N of `docs/rules.md`, `C1`-`C10` are the rules at
 //! its top; `docs/ciliumnode.md` lists the CiliumNode fields we read and write, and
-//! `docs/architecture.md` shows where each step of the work lives. A test (`tests/docs.rs`)
+//! `docs/architecture.md` shows where each step of the work lives. A test (`tests/it/docs.rs`)
 //! checks that every such reference resolves.
 
 #![forbid(unsafe_code)]

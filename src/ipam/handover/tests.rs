@@ -259,7 +259,7 @@ fn a_cilium_operator_older_than_the_annotation_serves_annotated_nodes_even_after
 
 /// The CiliumNode as the API server stores it when the chart's MutatingAdmissionPolicy set
 /// `ipam.cilium.io/ignore` at its creation (seen on kube-apiserver 1.36,
-/// tests/cilium_ignore_policy.rs): the creator's entries own its spec and status, nobody
+/// tests/it/cilium_ignore_policy.rs): the creator's entries own its spec and status, nobody
 /// owns the annotation.
 fn annotated_at_creation() -> Writers {
     Writers::from_managed_fields(&[

@@ -1,6 +1,6 @@
 //! The simulator's own mechanics: throttling through the API, latency, faults, counters,
 //! asynchronous detach, termination and invariants. AWS's rules per operation are covered by
-//! the contract suite (`tests/contract`).
+//! the contract suite (`tests/it/contract`).
 
 use std::time::Duration;
 

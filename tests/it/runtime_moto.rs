@@ -5,11 +5,10 @@
 
 // Shared with the contract suite; this file uses only part of the seeded world.
 #[allow(dead_code)]
-mod support;
-
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::support::moto::{MotoServer, aws_ec2, seed};
 use eni_operator::crd::CiliumNode;
 use eni_operator::ec2::gate::{Gate, GateConfig};
 use eni_operator::ec2::{Ec2, EniFilter, Operation, collect_pages};
@@ -17,7 +16,6 @@ use eni_operator::event_loop::core::{Core, CoreConfig, NodeInput};
 use eni_operator::ipam::IpamConfig;
 use eni_operator::ipam::ownership::ownership_tags;
 use eni_operator::reconcile::metrics::RuntimeMetrics;
-use support::moto::{MotoServer, aws_ec2, seed};
 use testkit::sink::MemorySink;
 use testkit::wait_until;
 use testkit::world::{SeededInstance, World};

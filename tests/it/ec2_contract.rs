@@ -1,9 +1,8 @@
-//! The EC2 contract suite (`tests/contract`), run twice: against the in-memory simulator
+//! The EC2 contract suite (`tests/it/contract`), run twice: against the in-memory simulator
 //! (which enforces AWS's rules) and against moto's EC2 server (the real SDK client on the wire,
 //! through the gate). A missing moto is a failure, never a skip: see `support::moto`.
 
-mod contract;
-mod support;
+use crate::{contract, support};
 
 use eni_operator::ec2::Tags;
 use testkit::sim::Simulator;

@@ -36,7 +36,7 @@ fn helm(test: &str) -> Option<PathBuf> {
             use std::io::Write;
             let _ = writeln!(
                 std::io::stderr(),
-                "*** tests/chart.rs {test}: NOT RUN: HELM is not set (the path of a helm binary; \
+                "*** tests/it/chart.rs {test}: NOT RUN: HELM is not set (the path of a helm binary; \
                  .ci/run sets it)"
             );
             None
@@ -640,7 +640,7 @@ fn each_mode_renders_its_own_scoped_rules() {
         rules.iter().map(|(a, _)| a.clone()).collect()
     };
     let (a, s) = (names(&active), names(&shadow));
-    // (tests/monitoring.rs lists the active alerts the docs promise.)
+    // (tests/it/monitoring.rs lists the active alerts the docs promise.)
     assert!(a.contains("EniOperatorNoLeader"));
     assert!(!s.is_empty());
     for alert in &s {
@@ -719,7 +719,7 @@ fn the_adoption_steps_in_docs_upgrading_work() {
     };
     let Some(assets) = testkit::control_plane::assets_from_env() else {
         eprintln!(
-            "*** tests/chart.rs the_adoption_steps_in_docs_upgrading_work: NOT RUN: \
+            "*** tests/it/chart.rs the_adoption_steps_in_docs_upgrading_work: NOT RUN: \
              KUBEBUILDER_ASSETS is not set (etcd, kube-apiserver, kubectl)"
         );
         return;

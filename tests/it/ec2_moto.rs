@@ -4,16 +4,15 @@
 //!
 //! Every call is bounded by the client's operation timeout (10 s): moto can hang.
 
-mod support;
-
 use std::collections::BTreeSet;
 use std::net::Ipv4Addr;
 use std::time::Duration;
 
+use crate::support::child;
+use crate::support::moto::{self, MotoServer, POD_TAG};
 use eni_operator::ec2::aws::{AwsClientConfig, AwsEc2};
 use eni_operator::ec2::gate::{Gate, GateConfig};
 use eni_operator::ec2::*;
-use support::moto::{self, MotoServer, POD_TAG};
 use testkit::world::World;
 
 type Client = Gate<AwsEc2>;
@@ -495,16 +494,12 @@ async fn an_unreachable_endpoint_is_transient_and_retried() {
     assert_eq!(gate.stats().calls[&Operation::DescribeSubnets], 2);
 }
 
-/// Set in the child process of [`production_config_reads_the_environment`].
-const CHILD: &str = "ENI_OPERATOR_TEST_ENV_CHILD";
-
 /// `AwsEc2::new` as in production, with region, credentials and endpoint only from the
 /// environment: `AWS_ENDPOINT_URL_EC2` (which wins over `AWS_ENDPOINT_URL`) and
-/// `AWS_ENDPOINT_URL` alone. The environment cannot be changed safely in a multi-threaded test
-/// binary, so the test re-runs itself in a child process with the variables set.
+/// `AWS_ENDPOINT_URL` alone, each in a child process given only these variables.
 #[tokio::test]
 async fn production_config_reads_the_environment() {
-    if std::env::var_os(CHILD).is_some() {
+    if child::in_child() {
         let client = AwsEc2::new(&AwsClientConfig::default()).await;
         let vpcs = client
             .describe_vpcs(&ResourceFilter::default(), None)
@@ -529,22 +524,17 @@ async fn production_config_reads_the_environment() {
     ];
     let generic = [("AWS_ENDPOINT_URL", server.endpoint())];
     for envs in [&service_specific[..], &generic[..]] {
-        let out = std::process::Command::new(std::env::current_exe().unwrap())
-            .args(["production_config_reads_the_environment", "--exact"])
-            .env_clear()
-            .env(CHILD, "1")
-            .env("AWS_REGION", moto::REGION)
-            .env("AWS_ACCESS_KEY_ID", "testing")
-            .env("AWS_SECRET_ACCESS_KEY", "testing")
-            .env("AWS_EC2_METADATA_DISABLED", "true")
-            .envs(envs.iter().copied())
-            .output()
-            .unwrap();
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        assert!(
-            out.status.success() && stdout.contains("1 passed"),
-            "{envs:?}: {stdout}\n{}",
-            String::from_utf8_lossy(&out.stderr)
+        child::run_alone(
+            module_path!(),
+            "production_config_reads_the_environment",
+            |cmd| {
+                cmd.env_clear()
+                    .env("AWS_REGION", moto::REGION)
+                    .env("AWS_ACCESS_KEY_ID", "testing")
+                    .env("AWS_SECRET_ACCESS_KEY", "testing")
+                    .env("AWS_EC2_METADATA_DISABLED", "true")
+                    .envs(envs.iter().copied());
+            },
         );
     }
 }

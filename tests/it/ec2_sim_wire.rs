@@ -1,8 +1,8 @@
-//! `ec2-sim` on the wire beyond the contract suite (`tests/ec2_contract.rs` runs that through
+//! `ec2-sim` on the wire beyond the contract suite (`tests/it/ec2_contract.rs` runs that through
 //! it): AWS's error envelope and HTTP statuses, `RequestLimitExceeded` from the per-account
 //! buckets as the SDK sees it, `MaxResults` pagination, and the control endpoints.
 
-mod support;
+use crate::support;
 
 use std::net::SocketAddr;
 

@@ -5,14 +5,12 @@
 //! `docker`/`kind`/`kubectl`/`cargo`/`curl` commands (small shell scripts in a temporary PATH)
 //! that record what they were asked to do.
 
-use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::{Mutex, MutexGuard};
 
-/// One test at a time: `cargo test` runs tests as threads of one process, and a fork by one
-/// test while another still holds its fake command open for writing makes that command's exec
-/// fail with ETXTBSY ("Text file busy"), a flaky failure unrelated to the scripts.
+/// One test of this module at a time: the scripts under test are run as a user runs them, one
+/// after the other (their fakes are written so that no fork sees them open, see [`fake`]).
 fn serial() -> MutexGuard<'static, ()> {
     static SERIAL: Mutex<()> = Mutex::new(());
     SERIAL.lock().unwrap_or_else(|e| e.into_inner())
@@ -38,10 +36,22 @@ fn bin_dir(test: &str) -> PathBuf {
     dir
 }
 
+/// An executable shell script, written by a child `sh` and not by this process: another test of
+/// this binary that forks (helm, moto, a control plane) while this process holds the file open
+/// for writing would keep it open in its child until that child's exec, and running the script
+/// then fails with ETXTBSY ("Text file busy").
 fn fake(dir: &Path, name: &str, body: &str) {
-    let path = dir.join(name);
-    std::fs::write(&path, format!("#!/bin/sh\n{body}\n")).unwrap();
-    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let status = Command::new(which("sh"))
+        .args([
+            "-c",
+            "printf '#!/bin/sh\\n%s\\n' \"$2\" > \"$1\" && chmod 755 \"$1\"",
+        ])
+        .arg("sh")
+        .arg(dir.join(name))
+        .arg(body)
+        .status()
+        .unwrap();
+    assert!(status.success(), "writing the fake {name}");
 }
 
 /// Real basic tools (the script checks for them too) plus recording fakes of the heavy ones.

@@ -93,7 +93,7 @@ fn the_policy_annotates_ciliumnodes_at_creation_and_nobody_owns_the_annotation()
         std::env::var_os("HELM").filter(|h| !h.is_empty()),
     ) else {
         eprintln!(
-            "*** tests/cilium_ignore_policy.rs: NOT RUN: KUBEBUILDER_ASSETS and HELM must be set \
+            "*** tests/it/cilium_ignore_policy.rs: NOT RUN: KUBEBUILDER_ASSETS and HELM must be set \
              (.ci/run sets them)"
         );
         return;

@@ -319,7 +319,7 @@ fn check_the_policy(cp: &ControlPlane, admin: &Kubectl, crd: &Path) {
 fn an_agent_writes_only_its_own_cilium_node_and_never_its_instance_or_our_finalizer() {
     let Some(assets) = assets_from_env() else {
         eprintln!(
-            "*** tests/agent_admission.rs: NOT RUN: KUBEBUILDER_ASSETS is not set (a directory \
+            "*** tests/it/agent_admission.rs: NOT RUN: KUBEBUILDER_ASSETS is not set (a directory \
              with etcd, kube-apiserver, kube-controller-manager and kubectl; .ci/run sets it)"
         );
         return;

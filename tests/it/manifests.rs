@@ -22,6 +22,8 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 
+use crate::support::{child, settings};
+
 const NAMESPACE: &str = "eni-operator";
 
 const CRD_FILE: &str = "crd/ciliumnodes.cilium.io.yaml";
@@ -353,22 +355,23 @@ fn check_structural(path: &str, s: &JSONSchemaProps) {
 
 #[test]
 fn configmap_sets_only_real_settings() {
-    use clap::CommandFactory;
     use eni_operator::config::Settings;
     let cm = objects().config_maps.remove(0);
     let data = cm.data.unwrap();
-    let known: BTreeSet<String> = Settings::command()
-        .get_arguments()
-        .filter_map(|a| a.get_env())
-        .map(|e| e.to_string_lossy().into_owned())
-        .collect();
+    let known: BTreeSet<String> = settings::env_names().into_iter().collect();
     for key in data.keys() {
         assert!(known.contains(key), "ConfigMap key {key} is not a setting");
     }
-    // The values parse and validate (this is the only test of this binary touching the env).
-    for (key, value) in &data {
-        // SAFETY: no other test in this binary reads or writes the environment.
-        unsafe { std::env::set_var(key, value) };
+    // The values parse and validate: the rest runs in a child process whose environment is the
+    // ConfigMap's (and no variable of a developer's shell).
+    if !child::in_child() {
+        child::run_alone(module_path!(), "configmap_sets_only_real_settings", |cmd| {
+            for name in &known {
+                cmd.env_remove(name);
+            }
+            cmd.envs(&data);
+        });
+        return;
     }
     let settings = Settings::load_from(["eni-operator"]).unwrap_or_else(|e| panic!("{e}"));
     // No value below its floor: the operator would raise it with a warning at every start (the

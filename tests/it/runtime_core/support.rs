@@ -1,0 +1,109 @@
+//! Helpers shared by the topics of `runtime_core`: a core on the simulator and a `MemorySink`,
+//! and what the tests read back.
+
+use std::sync::{Arc, RwLock};
+
+use eni_operator::ec2::{Ec2, EniFilter, EniState, NetworkInterface, Result, collect_pages};
+use eni_operator::ipam::IpamConfig;
+use eni_operator::cache::Ec2Cache;
+use eni_operator::event_loop::core::{Core, CoreConfig, NodeInput};
+use eni_operator::reconcile::metrics::RuntimeMetrics;
+use testkit::cluster::{Cluster, agent_node};
+use testkit::sim::Simulator;
+use testkit::sink::MemorySink;
+use tokio::sync::mpsc;
+
+pub const CLUSTER: &str = "test-cluster";
+
+pub fn config(workers: usize) -> CoreConfig {
+    CoreConfig {
+        workers,
+        ipam: IpamConfig {
+            cluster_name: CLUSTER.into(),
+            ..IpamConfig::default()
+        },
+        ..CoreConfig::default()
+    }
+}
+
+/// A classic node joins: an m5.large starts, its agent writes the CiliumNode, the core hears
+/// of it.
+pub async fn join(
+    w: &Cluster,
+    sink: &MemorySink,
+    tx: &mpsc::Sender<NodeInput>,
+    name: &str,
+    min_allocate: i64,
+) -> eni_operator::ec2::Instance {
+    let inst = w.instance();
+    let n = sink.put(&agent_node(w, name, &inst.id, min_allocate));
+    tx.send(NodeInput::Upsert(Box::new(n))).await.unwrap();
+    inst
+}
+
+/// A running core: the handle, its input and its task.
+pub type Running<E> = (
+    Core<E, MemorySink>,
+    mpsc::Sender<NodeInput>,
+    tokio::task::JoinHandle<Result<()>>,
+);
+
+pub fn start<E: Ec2>(ec2: E, sink: &Arc<MemorySink>, cfg: CoreConfig) -> Running<E> {
+    start_with_cache(ec2, sink, cfg).0
+}
+
+/// As [`start`], also handing back the core's EC2 view to look into.
+pub fn start_with_cache<E: Ec2>(
+    ec2: E,
+    sink: &Arc<MemorySink>,
+    cfg: CoreConfig,
+) -> (Running<E>, Arc<RwLock<Ec2Cache>>) {
+    let cache = cfg.ec2_cache();
+    let core = Core::new(
+        Arc::new(ec2),
+        sink.clone(),
+        cfg,
+        RuntimeMetrics::default(),
+        cache.clone(),
+    );
+    let (tx, rx) = mpsc::channel(4096);
+    let task = tokio::spawn(core.clone().run(rx, std::future::pending()));
+    ((core, tx, task), cache)
+}
+
+pub fn operator_error(sink: &MemorySink, name: &str) -> Option<String> {
+    sink.get(name)?.status?.ipam.operator_status.error
+}
+
+pub async fn our_available_enis(sim: &Simulator) -> Vec<NetworkInterface> {
+    let filter = EniFilter {
+        state: Some(EniState::Available),
+        ..Default::default()
+    };
+    collect_pages(|t| sim.describe_network_interfaces(&filter, t))
+        .await
+        .unwrap()
+}
+
+pub async fn attached_enis(sim: &Simulator, instance: &str) -> Vec<NetworkInterface> {
+    let filter = EniFilter {
+        instance_ids: vec![instance.to_string()],
+        ..Default::default()
+    };
+    collect_pages(|t| sim.describe_network_interfaces(&filter, t))
+        .await
+        .unwrap()
+}
+
+/// Our ENIs attached to the instance (the primary excluded).
+pub async fn our_attached(sim: &Simulator, instance: &str) -> Vec<NetworkInterface> {
+    attached_enis(sim, instance)
+        .await
+        .into_iter()
+        .filter(|e| e.device_index() != Some(0))
+        .collect()
+}
+
+pub fn throttled() -> testkit::sim::Fault {
+    testkit::sim::Fault::new("RequestLimitExceeded", "Request limit exceeded.", 503)
+}

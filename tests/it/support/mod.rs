@@ -1,0 +1,3 @@
+pub mod child;
+pub mod moto;
+pub mod settings;
