@@ -181,6 +181,7 @@ async fn run_operator(
     use std::sync::Arc;
 
     use eni_operator::ec2::aws::AwsEc2;
+    use eni_operator::ec2::gate::{Gate, GateLayer};
     use eni_operator::event_loop::core::Core;
     use eni_operator::k8s::fence::{Fenced, FencedSink};
     use eni_operator::k8s::leader::{Elector, KubeLease};
@@ -188,7 +189,6 @@ async fn run_operator(
     use eni_operator::k8s::source;
     use eni_operator::reconcile::gc;
     use eni_operator::reconcile::metrics::RuntimeMetrics;
-    use eni_operator::ec2::gate::{Gate, GateLayer};
     use eni_operator::reconcile::status::ThrottledPasses;
 
     let aws = AwsEc2::new(&settings.ec2.aws_client_config()).await;

@@ -449,4 +449,3 @@ pub mod rate;
 
 #[cfg(test)]
 mod tests;
-

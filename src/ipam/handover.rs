@@ -382,7 +382,11 @@ pub fn other_allocator(s: &Signals) -> Option<OtherAllocator> {
     // `t + 1 s`, so a leader that took over in that second may have upserted the node first.
     let (annotated, latest) = if s.cilium_ignore {
         let at = w.ignore_set_at?;
-        (at, at.saturating_add(SignedDuration::from_secs(1)).unwrap_or(at))
+        (
+            at,
+            at.saturating_add(SignedDuration::from_secs(1))
+                .unwrap_or(at),
+        )
     } else {
         (s.now, s.now)
     };

@@ -18,8 +18,8 @@ use tokio::time::Instant;
 use crate::ec2::layer::{Layered, MutationGuard};
 use crate::ec2::{Ec2Error, ErrorKind, Operation, Result};
 
-use crate::k8s::sink::{SinkError, SinkResult};
 use super::sink_layer::{LayeredSink, Write, WriteGuard};
+use crate::k8s::sink::{SinkError, SinkResult};
 
 /// The error code of a call the fence stopped (never sent to EC2).
 pub const LEASE_EXPIRED: &str = "LeaseExpired";

@@ -10,8 +10,8 @@ use std::sync::atomic::AtomicU64;
 
 use crate::ec2::readonly::Refuse;
 
-use crate::k8s::sink::{SinkError, SinkResult};
 use super::sink_layer::{LayeredSink, Write, WriteGuard};
+use crate::k8s::sink::{SinkError, SinkResult};
 
 /// Reads only.
 pub type ReadOnlySink<S> = LayeredSink<Arc<S>, Refuse>;

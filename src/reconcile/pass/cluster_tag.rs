@@ -7,9 +7,9 @@
 
 use crate::ec2::{Ec2, Ec2Error, InstanceFilter, collect_pages};
 use crate::ipam::admission::ClusterTag;
+use crate::k8s::sink::NodeSink;
 use crate::reconcile::events;
 use crate::reconcile::shared::Shared;
-use crate::k8s::sink::NodeSink;
 
 /// Whether EC2 shows `instance` with this cluster's tag; `None`: EC2 does not know it.
 pub(super) async fn tagged<E: Ec2, S: NodeSink>(

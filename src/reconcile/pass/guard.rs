@@ -7,15 +7,15 @@ use std::time::Duration;
 
 use tracing::debug;
 
+use crate::cache::DESCRIBE_LAG;
+use crate::clock;
 use crate::crd::{CILIUM_IGNORE_ANNOTATION, CiliumNode};
 use crate::ec2::Ec2;
 use crate::ipam::admission::{GUARD_RETRY, GuardFacts, Settled};
 use crate::ipam::handover;
 use crate::ipam::ownership::is_owned_by;
-use crate::cache::DESCRIBE_LAG;
-use crate::clock;
-use crate::reconcile::shared::Shared;
 use crate::k8s::sink::{NodeRef, NodeSink};
+use crate::reconcile::shared::Shared;
 
 /// The guard's facts for the admission ([`crate::ipam::admission::GuardFacts`]).
 pub(super) fn read<E: Ec2, S: NodeSink>(

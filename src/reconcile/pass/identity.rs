@@ -6,9 +6,9 @@ use std::net::Ipv4Addr;
 
 use crate::ec2::Ec2;
 use crate::ipam::admission::Identity;
+use crate::k8s::sink::NodeSink;
 use crate::reconcile::identity::{self, Verdict};
 use crate::reconcile::shared::Shared;
-use crate::k8s::sink::NodeSink;
 
 /// The instance's primary private address as EC2 lists it: its primary ENI's, card 0 device 0
 /// (on an instance with several network cards another card's device 0 may be an EFA).

@@ -9,18 +9,18 @@ use std::time::Duration;
 use serde_json::json;
 use tracing::{info, warn};
 
+use crate::clock::now;
 use crate::crd::CiliumNode;
 use crate::ec2::Ec2;
 use crate::ipam::admission::{self, Refusal};
 use crate::ipam::{Action, ChangeSet, NodeMemory, Problem, ProblemReason, Subresource, Write};
-use crate::clock::now;
+use crate::k8s::sink::{NodeRef, NodeSink};
+use crate::k8s::stored::StoredNode;
 use crate::reconcile::events::{self, EventReason};
 use crate::reconcile::executor::ExecOutcome;
 use crate::reconcile::queue::{Outcome, Priority};
 use crate::reconcile::shared::Shared;
-use crate::k8s::sink::{NodeRef, NodeSink};
 use crate::reconcile::status::{Figures, WaitReason, Would};
-use crate::k8s::stored::StoredNode;
 
 use super::Verdict;
 use super::execute::Executed;

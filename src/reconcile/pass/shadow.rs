@@ -6,13 +6,13 @@
 
 use std::sync::Arc;
 
+use crate::clock::now;
 use crate::ec2::Ec2;
 use crate::ipam::admission::{self, Decision};
-use crate::clock::now;
+use crate::k8s::sink::NodeSink;
 use crate::reconcile::queue::Outcome;
 use crate::reconcile::shadow::{EniSeen, Observation, ShadowBook};
 use crate::reconcile::shared::Shared;
-use crate::k8s::sink::NodeSink;
 
 use super::{DONE, Step, Verdict, lifecycle, plan, snapshot};
 

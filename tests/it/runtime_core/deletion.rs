@@ -8,10 +8,10 @@ use std::time::Duration;
 use eni_operator::ec2::{
     AddressRequest, CreateEniRequest, Ec2, InstanceState, NetworkInterface, Operation, Tags,
 };
-use eni_operator::ipam::ownership::ownership_tags;
 use eni_operator::event_loop::core::NodeInput;
-use eni_operator::reconcile::gc::EniGc;
+use eni_operator::ipam::ownership::ownership_tags;
 use eni_operator::k8s::source::{node_input, to_input};
+use eni_operator::reconcile::gc::EniGc;
 use ipnet::Ipv4Net;
 use kube::api::DynamicObject;
 use kube::runtime::watcher::Event;

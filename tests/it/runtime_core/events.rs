@@ -1,9 +1,9 @@
 //! Event publishing into MemorySink (moved from `src/runtime/events.rs`).
 
 use eni_operator::ipam::ProblemReason;
+use eni_operator::k8s::sink::{NodeEvent, NodeRef};
 use eni_operator::reconcile::events::{EventReason, PROBLEMS_DOC, publish};
 use eni_operator::reconcile::metrics::RuntimeMetrics;
-use eni_operator::k8s::sink::{NodeEvent, NodeRef};
 use testkit::sink::MemorySink;
 
 fn errors(m: &RuntimeMetrics, label: &str) -> u64 {

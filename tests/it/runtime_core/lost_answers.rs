@@ -3,11 +3,11 @@
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
+use eni_operator::cache::Ec2Cache;
 use eni_operator::ec2::gate::{Gate, GateConfig};
 use eni_operator::ec2::{AddressRequest, Ec2, EniFilter, Operation, collect_pages};
-use eni_operator::ipam::{Action, Release};
-use eni_operator::cache::Ec2Cache;
 use eni_operator::event_loop::core::NodeInput;
+use eni_operator::ipam::{Action, Release};
 use eni_operator::reconcile::executor::Executor;
 use testkit::cluster::{Cluster, agent_node};
 use testkit::sink::MemorySink;

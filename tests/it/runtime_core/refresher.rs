@@ -4,9 +4,9 @@ use std::collections::BTreeSet;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
-use eni_operator::ec2::Tags;
 use eni_operator::cache::Ec2Cache;
 use eni_operator::cache::refresher::{Refresher, Scope};
+use eni_operator::ec2::Tags;
 use testkit::sim::Simulator;
 
 #[tokio::test(start_paused = true)]

@@ -3,10 +3,10 @@
 
 use std::sync::{Arc, RwLock};
 
-use eni_operator::ec2::{Ec2, EniFilter, EniState, NetworkInterface, Result, collect_pages};
-use eni_operator::ipam::IpamConfig;
 use eni_operator::cache::Ec2Cache;
+use eni_operator::ec2::{Ec2, EniFilter, EniState, NetworkInterface, Result, collect_pages};
 use eni_operator::event_loop::core::{Core, CoreConfig, NodeInput};
+use eni_operator::ipam::IpamConfig;
 use eni_operator::reconcile::metrics::RuntimeMetrics;
 use testkit::cluster::{Cluster, agent_node};
 use testkit::sim::Simulator;
