@@ -192,11 +192,19 @@ pub fn demand_met(w: &World) -> Result<(), Broken> {
             if let Some(Ok(())) = excuse {
                 continue;
             }
-            let pool = w.sink.get(name).map(|o| o.spec.ipam.pool.len());
+            let obj = w.sink.get(name);
+            let pool = obj.as_ref().map(|o| o.spec.ipam.pool.len());
+            // What the operator says of the node: why it does not serve it.
+            let said = obj
+                .as_ref()
+                .and_then(|o| o.status.as_ref())
+                .and_then(|s| s.ipam.operator_status.error.clone())
+                .map(|e| format!("; operator-status: {e}"))
+                .unwrap_or_default();
             return Err((
                 "demand met within the settle bound",
                 format!(
-                    "{name}: {} of {} pods (pool {pool:?}, capacity {}): {}",
+                    "{name}: {} of {} pods (pool {pool:?}, capacity {}): {}{said}",
                     n.agent.pods.len(),
                     n.agent.target,
                     n.capacity,

@@ -33,7 +33,7 @@
 //! * **a node annotated at its creation is ours at once**: its operator-status never says
 //!   another allocator serves it.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use eni_operator::crd::{CILIUM_IGNORE_ANNOTATION, CiliumNode};
 use eni_operator::ipam::handover::LeaseView;
@@ -100,6 +100,11 @@ pub struct Cilium {
     at_creation: BTreeMap<String, String>,
     /// After the faults: when the user restarts Cilium's operator if it still holds a node.
     user_restart_at: Option<u64>,
+    /// The faults are over: the user restarts a leader that holds a node, each time.
+    after_faults: bool,
+    /// Nodes the running leader upserted whose instance another object names too: not watched
+    /// by the invariant, but its frozen copy keeps them all the same.
+    shared: BTreeSet<String>,
     /// The run's first second has passed (the nodes of the start have joined).
     ticked: bool,
 }
@@ -123,6 +128,8 @@ impl Cilium {
             held: BTreeMap::new(),
             at_creation: BTreeMap::new(),
             user_restart_at: None,
+            after_faults: false,
+            shared: BTreeSet::new(),
             ticked: false,
         }
     }
@@ -217,6 +224,8 @@ fn upsert(w: &mut World, obj: &CiliumNode) -> bool {
                 .is_some_and(|o| o.spec.instance_id == instance)
     });
     if shared {
+        let c = w.cilium.as_mut().expect("checked");
+        c.shared.insert(name);
         return false;
     }
     let enis = w.sim.network_interfaces();
@@ -245,6 +254,7 @@ fn restart(w: &mut World, t: u64, why: &str) {
         released: t,
         next_at,
     };
+    c.shared.clear();
     let dropped = std::mem::take(&mut c.held).len();
     w.log(
         t,
@@ -264,6 +274,7 @@ pub fn events(w: &mut World, t: u64) {
 /// node's operator-status says.
 pub fn faults_end(w: &mut World, t: u64) {
     if let Some(c) = w.cilium.as_mut() {
+        c.after_faults = true;
         c.user_restart_at = Some(t + USER_RESTART_AFTER);
     }
 }
@@ -287,9 +298,19 @@ pub fn tick(w: &mut World, t: u64) {
     let c = w.cilium.as_mut().expect("checked");
     if c.user_restart_at == Some(t) {
         c.user_restart_at = None;
-        if !c.held.is_empty() {
+        if !c.held.is_empty() || !c.shared.is_empty() {
             restart(w, t, "the user restarts it: it holds nodes");
         }
+    }
+    // After the faults the user watches the operator-status of every node: a leader that holds
+    // one (again) is restarted once more.
+    let c = w.cilium.as_mut().expect("checked");
+    if c.after_faults
+        && c.user_restart_at.is_none()
+        && matches!(c.leader, Leader::Running { .. })
+        && (!c.held.is_empty() || !c.shared.is_empty())
+    {
+        c.user_restart_at = Some(t + USER_RESTART_AFTER);
     }
     // Its watch (and a new leader's listing): every object without the annotation.
     for name in w.sink.names() {

@@ -712,7 +712,13 @@ impl World {
             if self.sink.raw(&name).is_some() {
                 continue;
             }
-            let again = self.reregister.remove(&name).expect("kept at orphan");
+            let mut again = self.reregister.remove(&name).expect("kept at orphan");
+            // A starting agent names its own instance (from the instance metadata), whatever
+            // the object it wrote before said.
+            again
+                .spec
+                .instance_id
+                .clone_from(&self.nodes[&name].instance_id);
             let stored = self.sink.put(&again);
             self.send(NodeInput::Upsert(Box::new(stored)));
             self.nodes.get_mut(&name).expect("known").phase = Phase::Live;
