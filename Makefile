@@ -30,11 +30,13 @@ help: ## List the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | expand -t 16
 
 # The demo (bench/src/demo/): in memory by default; with KUBEBUILDER_ASSETS the operator binary
-# against a real control plane and ec2-sim. Builds the three binaries it runs, not the tests.
+# against a real control plane and ec2-sim. Builds the three binaries it runs, not the tests;
+# `--workspace` resolves features as `make test` does, so the two share one build of the
+# dependencies (with `-p` the selection differs and aws-sdk-ec2 is compiled a second time).
 DEMO_TGT = $${CARGO_TARGET_DIR:-target}
 .PHONY: demo
 demo: ## The operator at work in about a minute: waves of nodes, demand up and down, a throttled account (plot: target/demo.svg)
-	cargo build --locked -p bench -p eni-operator -p testkit --bin demo --bin eni-operator --bin ec2-sim
+	cargo build --locked --workspace --bin demo --bin eni-operator --bin ec2-sim
 	$(DEMO_TGT)/debug/demo --plot $(DEMO_TGT)/demo.svg $(ARGS)
 
 build: ## Build everything (debug)
@@ -126,7 +128,8 @@ check-install: ## Dry-run the install (kubectl apply --dry-run=server -f manifes
 # BENCH_SCENARIO=burst|churn|scale-down|shared-account|spell runs one scenario.
 BENCH_SCENARIO ?= all
 bench: ## Scale benchmark; rewrites the results in docs/benchmarks.md (smoke run, writes nothing: ARGS=--quick)
-	cargo run --locked -p bench --bin bench -- --scenario $(BENCH_SCENARIO) --out docs/benchmarks.md --plot docs/burst.svg --shared-plot docs/shared-account.svg $(ARGS)
+	cargo build --locked --workspace --bin bench
+	$(DEMO_TGT)/debug/bench --scenario $(BENCH_SCENARIO) --out docs/benchmarks.md --plot docs/burst.svg --shared-plot docs/shared-account.svg $(ARGS)
 
 # The real-process benchmark (docs/benchmarks.md, "Real process"): the RELEASE operator binary
 # (the one target built with --release: the figures are the shipped binary's), a real control
