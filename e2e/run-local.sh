@@ -83,6 +83,9 @@ trap cleanup EXIT INT TERM
 # One build for the whole workspace, with the features `make test` unifies (`--bins -p ...`
 # alone resolves tokio & co. differently and rebuilds most dependencies a second time).
 BUILT=""
+# E2E_PREBUILT=1: the caller built it already (CI runs several of these side by side: a cargo
+# call each would wait on the others' lock on the build directory).
+[ -z "${E2E_PREBUILT:-}" ] || BUILT=1
 build() {
   [ -z "$BUILT" ] || return 0
   log "building"
