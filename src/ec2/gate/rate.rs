@@ -384,8 +384,9 @@ mod tests {
             c.on_send(t);
         }
         assert!(c.on_throttle(t, t));
+        // 0.9x, not the SDK's 0.7x: the dip under the share stays small.
         assert!(
-            close(c.rate(), before * BETA_STEADY),
+            close(c.rate(), before * 0.9),
             "a steady stretch ends with a shallow cut: {} from {before}",
             c.rate()
         );
