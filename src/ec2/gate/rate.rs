@@ -27,6 +27,13 @@
 //!
 //! * A cut starts from the rate actually sent (measured over [`MEASURE`]) when that is below the
 //!   learned rate, as the SDK's does: at low demand a cut of an unused rate would change nothing.
+//! * Two depths of cut. A throttled answer after a steady stretch ([`STEADY_CALLS`] successes
+//!   since the last cut) means the rate has just crept above the share left: a shallow cut
+//!   ([`BETA_STEADY`]) keeps the dip below the share small, so a 30-s window still gets 90 % of
+//!   it. A throttled answer sooner means the share fell: [`BETA`], to find it in a few round
+//!   trips. Either cut is regained in [`REGAIN_CALLS`] successes, so a steady share costs about
+//!   one throttled answer per two hundred calls whatever the depth (a hundred below the share,
+//!   about as many above it while the account's bucket gives back what the dip left).
 //!
 //! Growth per success alone is slow to notice that a spell of another tenant is over: near the
 //! floor a hundred successes take minutes. So a *restore probe* runs on an exponential schedule
@@ -54,6 +61,14 @@ use tokio::time::Instant;
 pub const BETA: f64 = 0.7;
 /// Successful calls that regain one cut (rate × 1/BETA).
 pub const REGAIN_CALLS: f64 = 100.0;
+/// The cut of a throttled answer that ends a steady stretch ([`STEADY_CALLS`] successes since
+/// the last cut): the rate was just above the share left, so a shallow cut keeps the dip small.
+/// The calls per cycle (and so the throttled answers per call) do not depend on the depth: the
+/// growth per success regains a cut in [`REGAIN_CALLS`] calls, whatever the cut.
+pub const BETA_STEADY: f64 = 0.9;
+/// Successes since the last cut after which a throttled answer ends a steady stretch; fewer
+/// mean the share fell, and the cut is [`BETA`] to find it within a few round trips.
+pub const STEADY_CALLS: u32 = 50;
 /// The rate never goes below this fraction of the ceiling (the SDK's floor is 0.5 requests per
 /// second; relative here because the single Cilium-like bucket and the per-action buckets differ
 /// by orders of magnitude).
@@ -91,6 +106,11 @@ pub struct RateController {
     at_ceiling_since: Option<Instant>,
     /// Probes that reached the ceiling.
     recoveries: u64,
+    /// Successful calls since the last cut (saturating); a new controller has seen none, so
+    /// its first cut is a deep one.
+    since_cut: u32,
+    /// The growth factor per success: regains the last cut in [`REGAIN_CALLS`] successes.
+    step: f64,
 }
 
 impl RateController {
@@ -111,6 +131,8 @@ impl RateController {
             interval: FIRST_PROBE,
             at_ceiling_since: Some(now),
             recoveries: 0,
+            since_cut: 0,
+            step: regain_step(BETA),
         }
     }
 
@@ -165,6 +187,8 @@ impl RateController {
         }
         self.last_cut = Some(now);
         self.at_ceiling_since = None;
+        let steady = self.since_cut >= STEADY_CALLS;
+        self.since_cut = 0;
         if let Some(p) = self.probe.take() {
             // What went through during the ramp, as a cut would take it: a share of the account
             // between the saved rate and the ceiling is found at once, not by successes.
@@ -175,7 +199,9 @@ impl RateController {
             return true;
         }
         let measured = self.measured(now);
-        self.rate = (self.rate.min(measured) * BETA).max(self.floor());
+        let beta = if steady { BETA_STEADY } else { BETA };
+        self.step = regain_step(beta);
+        self.rate = (self.rate.min(measured) * beta).max(self.floor());
         // Only the first cut below the ceiling schedules a probe: later cuts must not put off
         // the one already due.
         self.next_probe.get_or_insert(now + self.interval);
@@ -186,11 +212,11 @@ impl RateController {
     /// [`REGAIN_CALLS`] successes, up to the ceiling. During a probe, time drives the rate.
     pub fn on_success(&mut self, now: Instant) {
         self.advance(now);
+        self.since_cut = self.since_cut.saturating_add(1);
         if self.probe.is_some() || self.at_ceiling_since.is_some() {
             return;
         }
-        let step = (1.0 / BETA).powf(1.0 / REGAIN_CALLS);
-        self.rate *= step;
+        self.rate *= self.step;
         if self.rate >= self.ceiling {
             self.reach_ceiling(now);
         }
@@ -244,6 +270,11 @@ impl RateController {
     fn floor(&self) -> f64 {
         self.ceiling * FLOOR_FRACTION
     }
+}
+
+/// The growth per success that regains a cut by `beta` in [`REGAIN_CALLS`] successes.
+fn regain_step(beta: f64) -> f64 {
+    (1.0 / beta).powf(1.0 / REGAIN_CALLS)
 }
 
 #[cfg(test)]
@@ -329,6 +360,58 @@ mod tests {
         c.on_success(t);
         assert!(close(c.rate(), 10.0), "{}", c.rate());
         assert_eq!(c.next_change(t), None, "no probe due at the ceiling");
+    }
+
+    #[test]
+    fn a_throttled_answer_after_a_steady_stretch_cuts_shallow_and_regains_in_regain_calls() {
+        let t0 = Instant::now();
+        let mut c = sending(10.0, 40, t0);
+        c.on_throttle(t0, t0);
+        assert!(
+            close(c.rate(), 7.0),
+            "a fresh controller cuts deep: {}",
+            c.rate()
+        );
+        // Within the first probe's delay: only the cuts and successes move the rate.
+        let t = t0 + secs(1.0);
+        for _ in 0..STEADY_CALLS {
+            c.on_success(t);
+        }
+        let before = c.rate();
+        let t = t0 + secs(1.5);
+        // Sent at the learned rate or above: the cut starts from the rate.
+        for _ in 0..20 {
+            c.on_send(t);
+        }
+        assert!(c.on_throttle(t, t));
+        // 0.9x, not the SDK's 0.7x: the dip under the share stays small.
+        assert!(
+            close(c.rate(), before * 0.9),
+            "a steady stretch ends with a shallow cut: {} from {before}",
+            c.rate()
+        );
+        // The cut is regained in as many successes as a deep one.
+        for _ in 0..99 {
+            c.on_success(t);
+        }
+        assert!(c.rate() < before, "one call short: {}", c.rate());
+        c.on_success(t);
+        assert!(close(c.rate(), before), "{} vs {before}", c.rate());
+        // Another steady stretch ends: shallow again; a call sent after that cut and throttled
+        // too means the share fell: cut deep.
+        let t = t0 + secs(1.8);
+        c.on_send(t);
+        assert!(c.on_throttle(t, t));
+        assert!(close(c.rate(), before * BETA_STEADY), "{}", c.rate());
+        let shallow = c.rate();
+        let t = t0 + secs(1.9);
+        c.on_send(t);
+        assert!(c.on_throttle(t, t));
+        assert!(
+            close(c.rate(), shallow * BETA),
+            "{} from {shallow}",
+            c.rate()
+        );
     }
 
     #[test]
