@@ -197,6 +197,13 @@ fn every_setting_the_docs_name_is_a_value_the_operator_takes() {
         Some(("eni-operator.cilium.io/handover", "true"))
     );
     assert_eq!(s.handover.handover_quiet.as_secs(), 150);
+    assert_eq!(
+        s.ipam
+            .static_ip_required_tag
+            .as_ref()
+            .map(|t| (t.key.as_str(), t.value.as_str())),
+        Some(("egress", "eni-operator"))
+    );
     assert!(!s.handover.watch_cilium_lease);
     assert_eq!(
         s.server.metrics_compat,
@@ -278,6 +285,10 @@ fn the_chart_refuses_values_that_break_the_install() {
         (
             vec!["--set", "handoverSelector=handover"],
             "/handoverSelector",
+        ),
+        (
+            vec!["--set", "staticIPRequiredTag=egress"],
+            "/staticIPRequiredTag",
         ),
         (vec!["--set", "metricsCompat=prometheus"], "/metricsCompat"),
     ] {
