@@ -848,11 +848,14 @@ fn status_by_exec_into_the_leader_is_what_the_chart_runs() {
     // The identity falls back to POD_NAME (src/main.rs); nothing in the ConfigMap overrides it.
     let cm = std::fs::read_to_string(root().join("manifests/04-configmap.yaml")).unwrap();
     assert!(!cm.contains("ENI_OPERATOR_IDENTITY"));
-    let metrics_port = yaml(&chart().join("values.yaml"))["ports"]["metrics"]
-        .as_u64()
-        .unwrap();
+    // `status` reads the operator's default debug listener (loopback; the ConfigMap keeps it).
+    assert!(!cm.contains("ENI_OPERATOR_DEBUG_ADDR"));
+    let defaults = eni_operator::config::Settings::try_parse_from(["eni-operator"]).unwrap();
     let status = eni_operator::status_cli::StatusArgs::try_parse_from(["status"]).unwrap();
-    assert_eq!(status.address, format!("http://127.0.0.1:{metrics_port}"));
+    assert_eq!(
+        status.address,
+        format!("http://{}", defaults.server.debug_addr)
+    );
     let lease = yaml(&chart().join("values.yaml"))["leaderElection"]["leaseName"]
         .as_str()
         .unwrap()
