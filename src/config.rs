@@ -89,6 +89,15 @@ pub struct ServerSettings {
     /// Address serving `/healthz` and `/readyz` (may equal --metrics-addr: one listener).
     #[arg(long, env = "ENI_OPERATOR_HEALTH_ADDR", default_value = "0.0.0.0:9752")]
     pub health_addr: SocketAddr,
+    /// Address serving the JSON pages `/debug/nodes` and `/debug/shadow` (every node, instance
+    /// and error): loopback, as Cilium keeps its operator API on localhost; read them with
+    /// `kubectl port-forward` (may equal --metrics-addr: one listener).
+    #[arg(
+        long,
+        env = "ENI_OPERATOR_DEBUG_ADDR",
+        default_value = "127.0.0.1:9753"
+    )]
+    pub debug_addr: SocketAddr,
     /// Log format (the filter comes from RUST_LOG, default `info`).
     #[arg(long, env = "ENI_OPERATOR_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
@@ -297,6 +306,12 @@ impl Settings {
         let i = &self.ipam;
         if i.cluster_name.as_deref() == Some("") {
             return err("--cluster-name must not be empty".into());
+        }
+        if i.static_ip_required_tag
+            .as_ref()
+            .is_some_and(|t| t.value.is_empty())
+        {
+            return err("--static-ip-required-tag needs a value: key=value".into());
         }
         let r = &self.runtime;
         if r.parallel_alloc_workers == 0 {

@@ -1,6 +1,9 @@
 //! The HTTP endpoints: `/healthz` (the process is alive), `/readyz` (this replica can do its
-//! job, see [`Readiness`]) and `/metrics` (Prometheus). Health and metrics may share one
-//! address.
+//! job, see [`Readiness`]), `/metrics` (Prometheus) and the JSON pages `/debug/<page>`. Each
+//! group has its own address (`--metrics-addr`, `--health-addr`, `--debug-addr`); equal
+//! addresses share one listener. The debug pages name every node, instance and error, so they
+//! default to loopback (Cilium keeps its operator API on localhost too): with host networking
+//! anything on `0.0.0.0` is reachable from every pod's network.
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -217,72 +220,135 @@ where
 pub struct HttpServer {
     pub metrics_addr: SocketAddr,
     pub health_addr: SocketAddr,
+    pub debug_addr: SocketAddr,
     pub task: JoinHandle<std::io::Result<()>>,
 }
 
-/// Bind the configured addresses (one listener when they are equal) and serve until `shutdown`.
+/// Which endpoint groups one listener serves.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Endpoints {
+    pub metrics: bool,
+    pub health: bool,
+    pub debug: bool,
+}
+
+impl Endpoints {
+    pub const ALL: Self = Self {
+        metrics: true,
+        health: true,
+        debug: true,
+    };
+    const METRICS: Self = Self {
+        metrics: true,
+        health: false,
+        debug: false,
+    };
+    const HEALTH: Self = Self {
+        metrics: false,
+        health: true,
+        debug: false,
+    };
+    const DEBUG: Self = Self {
+        metrics: false,
+        health: false,
+        debug: true,
+    };
+
+    fn add(&mut self, other: Self) {
+        self.metrics |= other.metrics;
+        self.health |= other.health;
+        self.debug |= other.debug;
+    }
+}
+
+/// The configured addresses grouped: one entry per distinct address (pure).
+pub fn placement(settings: &ServerSettings) -> Vec<(SocketAddr, Endpoints)> {
+    let mut groups: Vec<(SocketAddr, Endpoints)> = Vec::new();
+    for (addr, set) in [
+        (settings.metrics_addr, Endpoints::METRICS),
+        (settings.health_addr, Endpoints::HEALTH),
+        (settings.debug_addr, Endpoints::DEBUG),
+    ] {
+        match groups.iter_mut().find(|(a, _)| *a == addr) {
+            Some((_, e)) => e.add(set),
+            None => groups.push((addr, set)),
+        }
+    }
+    groups
+}
+
+/// Bind the configured addresses (one listener per distinct address) and serve until
+/// `shutdown`.
 pub async fn start(
     settings: &ServerSettings,
     registry: MetricsRegistry,
     readiness: Readiness,
     shutdown: CancellationToken,
 ) -> std::io::Result<HttpServer> {
-    let bind = |addr: SocketAddr| async move {
-        TcpListener::bind(addr)
+    let mut listeners = Vec::new();
+    for (addr, endpoints) in placement(settings) {
+        let listener = TcpListener::bind(addr)
             .await
-            .map_err(|e| std::io::Error::new(e.kind(), format!("cannot listen on {addr}: {e}")))
-    };
-    let metrics = bind(settings.metrics_addr).await?;
-    let health = if settings.health_addr == settings.metrics_addr {
-        None
-    } else {
-        Some(bind(settings.health_addr).await?)
-    };
-    start_on(metrics, health, registry, readiness, shutdown)
+            .map_err(|e| std::io::Error::new(e.kind(), format!("cannot listen on {addr}: {e}")))?;
+        listeners.push((listener, endpoints));
+    }
+    start_on(listeners, registry, readiness, shutdown)
 }
 
-/// Serve on already bound listeners; `health: None` puts every endpoint on `metrics`.
+/// Serve on already bound listeners, each its endpoint groups (every group on one of them).
 pub fn start_on(
-    metrics: TcpListener,
-    health: Option<TcpListener>,
+    listeners: Vec<(TcpListener, Endpoints)>,
     registry: MetricsRegistry,
     readiness: Readiness,
     shutdown: CancellationToken,
 ) -> std::io::Result<HttpServer> {
-    let metrics_addr = metrics.local_addr()?;
-    let health_addr = match &health {
-        Some(h) => h.local_addr()?,
-        None => metrics_addr,
+    let addr_of = |pick: fn(&Endpoints) -> bool| -> std::io::Result<SocketAddr> {
+        let (l, _) = listeners.iter().find(|(_, e)| pick(e)).ok_or_else(|| {
+            std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                "an endpoint group has no listener",
+            )
+        })?;
+        l.local_addr()
     };
-    let metrics_router = Router::new()
-        .route("/metrics", get(serve_metrics))
-        .route("/debug/{page}", get(serve_debug))
-        .with_state(registry);
-    let health_router = Router::new()
-        .route("/healthz", get(serve_live))
-        .route("/readyz", get(serve_ready))
-        .with_state(readiness);
-    let serve = |listener: TcpListener, router: Router, token: CancellationToken| {
-        axum::serve(listener, router).with_graceful_shutdown(async move { token.cancelled().await })
-    };
-    let task = match health {
-        None => {
-            let s = serve(metrics, metrics_router.merge(health_router), shutdown);
-            tokio::spawn(async move { s.await })
+    let metrics_addr = addr_of(|e| e.metrics)?;
+    let health_addr = addr_of(|e| e.health)?;
+    let debug_addr = addr_of(|e| e.debug)?;
+    let mut tasks = Vec::new();
+    for (listener, endpoints) in listeners {
+        let mut router = Router::new();
+        if endpoints.metrics {
+            let r = Router::new().route("/metrics", get(serve_metrics));
+            router = router.merge(r.with_state(registry.clone()));
         }
-        Some(health) => {
-            let m = serve(metrics, metrics_router, shutdown.clone());
-            let h = serve(health, health_router, shutdown);
-            tokio::spawn(async move {
-                let (m, h) = tokio::join!(m, h);
-                m.and(h)
-            })
+        if endpoints.debug {
+            let r = Router::new().route("/debug/{page}", get(serve_debug));
+            router = router.merge(r.with_state(registry.clone()));
         }
-    };
-    tracing::info!(%metrics_addr, %health_addr, "HTTP server listening");
+        if endpoints.health {
+            let r = Router::new()
+                .route("/healthz", get(serve_live))
+                .route("/readyz", get(serve_ready));
+            router = router.merge(r.with_state(readiness.clone()));
+        }
+        let token = shutdown.clone();
+        let serve = axum::serve(listener, router)
+            .with_graceful_shutdown(async move { token.cancelled().await });
+        tasks.push(tokio::spawn(async move { serve.await }));
+    }
+    let task = tokio::spawn(async move {
+        let mut result = Ok(());
+        for t in tasks {
+            let r = t.await.map_err(std::io::Error::other)?;
+            result = result.and(r);
+        }
+        result
+    });
+    tracing::info!(%metrics_addr, %health_addr, %debug_addr, "HTTP server listening");
     Ok(HttpServer {
         metrics_addr,
         health_addr,
+        debug_addr,
         task,
     })
 }

@@ -1,5 +1,5 @@
 //! `eni-operator status [--address URL] [--output table|json]`: reads `/debug/nodes` from a
-//! running operator (its metrics listener, directly or through `kubectl port-forward`) and
+//! running operator (its debug listener, on its node or through `kubectl port-forward`) and
 //! prints every node's status: demand figures, last action, next action, and why it waits.
 //! The rendering ([`table`]) is pure.
 
@@ -17,12 +17,12 @@ use crate::reconcile::status::page::Page;
 #[derive(Parser, Debug)]
 #[command(name = "eni-operator status")]
 pub struct StatusArgs {
-    /// The operator's metrics address (`--metrics-addr`), e.g. after
-    /// `kubectl -n kube-system port-forward deploy/eni-operator 9751`.
+    /// The operator's debug address (`--debug-addr`, loopback on its node), e.g. after
+    /// `kubectl -n kube-system port-forward deploy/eni-operator 9753`.
     #[arg(
         long,
         env = "ENI_OPERATOR_STATUS_ADDRESS",
-        default_value = "http://127.0.0.1:9751"
+        default_value = "http://127.0.0.1:9753"
     )]
     pub address: String,
     #[arg(long, value_enum, default_value_t = StatusOutput::Table)]
@@ -260,8 +260,7 @@ mod tests {
         let registry = crate::metrics::MetricsRegistry::new();
         let shutdown = tokio_util::sync::CancellationToken::new();
         let server = crate::http::start_on(
-            listener,
-            None,
+            vec![(listener, crate::http::Endpoints::ALL)],
             registry.clone(),
             crate::http::Readiness::new(),
             shutdown.clone(),

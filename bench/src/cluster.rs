@@ -112,6 +112,9 @@ impl Proc {
             &format!("127.0.0.1:{metrics}"),
             "--health-addr",
             &format!("127.0.0.1:{health}"),
+            // The debug pages on the metrics listener: several operators run on one host.
+            "--debug-addr",
+            &format!("127.0.0.1:{metrics}"),
             // No Cilium operator in the benchmark's cluster: the guard need not wait for its
             // Lease.
             "--cilium-operator-absent",

@@ -27,10 +27,16 @@ pub fn wants(n: u32) -> bool {
     n.is_multiple_of(4)
 }
 
-/// The account's Elastic IPs for static nodes (the user allocated them; the operator never does).
+/// The account's Elastic IPs for static nodes (the user allocated them and gave them to the
+/// cluster with its tag, the operator's default `--static-ip-required-tag`; it never allocates).
 pub fn seed(sim: &Simulator) {
+    let mut given = tags();
+    given.insert(
+        eni_operator::ipam::ownership::CLUSTER_TAG.to_string(),
+        crate::world::CLUSTER.to_string(),
+    );
     for i in 1..=POOL {
-        sim.add_address(Ipv4Addr::new(198, 51, 100, i), tags());
+        sim.add_address(Ipv4Addr::new(198, 51, 100, i), given.clone());
     }
 }
 

@@ -326,14 +326,20 @@ pub struct EipView {
     pub private_ip: Option<String>,
 }
 
-/// Allocates a VPC Elastic IP tagged `EIP_TAG=<run>` (as a user does for Cilium's static IPs).
-pub async fn allocate_eip(ec2: &Client, run_id: &str) -> Result<EipView> {
+/// Allocates a VPC Elastic IP tagged `EIP_TAG=<run>` (as a user does for Cilium's static IPs)
+/// and given to the cluster (`OWNER_CLUSTER_TAG=<cluster>`, the operator's default
+/// `--static-ip-required-tag`).
+pub async fn allocate_eip(ec2: &Client, run_id: &str, cluster: &str) -> Result<EipView> {
     let out = ec2
         .allocate_address()
         .domain(DomainType::Vpc)
         .tag_specifications(tags(
             ResourceType::ElasticIp,
-            &[(EIP_TAG, run_id), (RUN_TAG, run_id)],
+            &[
+                (EIP_TAG, run_id),
+                (RUN_TAG, run_id),
+                (OWNER_CLUSTER_TAG, cluster),
+            ],
         ))
         .send()
         .await

@@ -98,6 +98,9 @@ impl OperatorSettings {
         if let Some((metrics, health)) = ports {
             a.extend(["--metrics-addr".into(), format!("127.0.0.1:{metrics}")]);
             a.extend(["--health-addr".into(), format!("127.0.0.1:{health}")]);
+            // The debug pages (`status`, `/debug/shadow`) on the metrics listener: several
+            // operators share this host's loopback.
+            a.extend(["--debug-addr".into(), format!("127.0.0.1:{metrics}")]);
         }
         a.extend(self.extra_args.iter().cloned());
         a.extend(scenario_flags(opts));
@@ -632,6 +635,7 @@ mod tests {
         assert!(joined.contains("--eni-gc-interval 10s"));
         assert!(joined.contains("--identity op-1"));
         assert!(joined.contains("--metrics-addr 127.0.0.1:9000"));
+        assert!(joined.contains("--debug-addr 127.0.0.1:9000"));
         assert!(joined.ends_with("--x --aws-enable-prefix-delegation --aws-release-excess-ips --excess-ip-release-delay 3"));
         assert!(joined.contains("--cilium-operator-absent"));
         let beside = OperatorOptions {

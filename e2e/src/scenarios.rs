@@ -1982,7 +1982,7 @@ impl Suite {
     /// address is disassociated, not released.
     async fn static_ip(&mut self) -> Result<()> {
         let run = self.world.run_id.clone();
-        let first = ec2seed::allocate_eip(&self.ec2, &run).await?;
+        let first = ec2seed::allocate_eip(&self.ec2, &run, &self.cfg.cluster_name).await?;
         self.start_ops(OperatorOptions::default(), 1).await?;
         let wants = NodeVariant {
             static_ip_tags: BTreeMap::from([(ec2seed::EIP_TAG.to_string(), run.clone())]),
@@ -2057,7 +2057,7 @@ impl Suite {
             assigned_static_ip(&self.cn(winner).await?).is_empty(),
             "{name}: assigned-static-ip not cleared"
         );
-        let second = ec2seed::allocate_eip(&self.ec2, &run).await?;
+        let second = ec2seed::allocate_eip(&self.ec2, &run, &self.cfg.cluster_name).await?;
         self.start_ops(OperatorOptions::default(), 1).await?;
         eventually(
             self.cfg.timeout,

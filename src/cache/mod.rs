@@ -248,6 +248,11 @@ impl Ec2Cache {
     }
 
     /// A CiliumNode we admitted names this instance.
+    /// How many instances CiliumNodes name.
+    pub fn managed_count(&self) -> usize {
+        self.managed.len()
+    }
+
     pub fn manages(&self, id: &str) -> bool {
         self.managed.contains(id)
     }

@@ -254,6 +254,14 @@ impl<E: Ec2> Refresher<E> {
         Ok(())
     }
 
+    /// How many instances it keeps a refresh time for.
+    pub fn spaced(&self) -> usize {
+        self.last_instance_refresh
+            .lock()
+            .expect("spacing lock")
+            .len()
+    }
+
     /// Forget spacing state of an instance (node deleted).
     pub fn forget(&self, instance_id: &str) {
         self.last_instance_refresh

@@ -47,6 +47,11 @@ pub struct TypeLookups {
 }
 
 impl TypeLookups {
+    /// How many types it keeps an attempt for.
+    pub fn tracked(&self) -> usize {
+        self.types.lock().expect("type lookups").len()
+    }
+
     /// Make sure the limits of `instance_type` are known (`known` reads the cache): wait for a
     /// lookup of the type in flight, else describe it (`describe`) unless one failed within
     /// [`RETRY_SPACING`]. `Err`: still unknown, and until when.
@@ -78,35 +83,58 @@ impl TypeLookups {
                 error: None,
             });
         }
-        // Held across the describe: a second pass of the type waits here for the answer.
-        let mut last = lookup.lock().await;
-        if known() {
-            return Ok(());
+        // One block, so that its early answers still prune below.
+        let result = async {
+            // Held across the describe: a second pass of the type waits here for the answer.
+            let mut last = lookup.lock().await;
+            if known() {
+                return Ok(());
+            }
+            let t = now();
+            let unresolved = |a: &Attempt, at: Instant| Unresolved {
+                retry_at: at + RETRY_SPACING,
+                invalid_type: a.invalid_type,
+                error: a.error.clone(),
+            };
+            if let Some(at) = last.at
+                && t < at + RETRY_SPACING
+            {
+                return Err(unresolved(&last, at));
+            }
+            let answer = describe().await;
+            *last = Attempt {
+                at: Some(t),
+                invalid_type: answer
+                    .as_ref()
+                    .is_err_and(|e| e.code == "InvalidInstanceType"),
+                error: answer.err().map(|e| e.to_string()),
+            };
+            if known() {
+                Ok(())
+            } else {
+                Err(unresolved(&last, t))
+            }
         }
-        let t = now();
-        let unresolved = |a: &Attempt, at: Instant| Unresolved {
-            retry_at: at + RETRY_SPACING,
-            invalid_type: a.invalid_type,
-            error: a.error.clone(),
-        };
-        if let Some(at) = last.at
-            && t < at + RETRY_SPACING
-        {
-            return Err(unresolved(&last, at));
+        .await;
+        drop(lookup);
+        self.prune(instance_type, result.is_ok(), now());
+        result
+    }
+
+    /// Keep a type's entry only while a pass holds it or its last attempt still spaces the
+    /// next lookup, and none for a type just found: the types are the agents' to write, so
+    /// the map must not keep every name ever seen.
+    fn prune(&self, found: &str, known: bool, t: Instant) {
+        let mut types = self.types.lock().expect("type lookups");
+        if known && types.get(found).is_some_and(|l| Arc::strong_count(l) == 1) {
+            types.remove(found);
         }
-        let answer = describe().await;
-        *last = Attempt {
-            at: Some(t),
-            invalid_type: answer
-                .as_ref()
-                .is_err_and(|e| e.code == "InvalidInstanceType"),
-            error: answer.err().map(|e| e.to_string()),
-        };
-        if known() {
-            Ok(())
-        } else {
-            Err(unresolved(&last, t))
-        }
+        types.retain(|_, lookup| {
+            Arc::strong_count(lookup) > 1
+                || lookup
+                    .try_lock()
+                    .map_or(true, |a| a.at.is_some_and(|at| t < at + RETRY_SPACING))
+        });
     }
 }
 
@@ -114,6 +142,43 @@ impl TypeLookups {
 mod tests {
     use super::*;
     use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+    /// `spec.eni.instance-type` is the agent's to write: types that come and go (nodes
+    /// replaced, a mistyped name fixed, an agent writing nonsense) leave no entry behind once
+    /// their retry spacing has passed, and a known type keeps none.
+    #[tokio::test(start_paused = true)]
+    async fn lookups_of_types_no_pass_asks_for_any_more_are_dropped() {
+        let lookups = TypeLookups::default();
+        let failing = || async {
+            Err(Ec2Error::from_aws(
+                crate::ec2::Operation::DescribeInstanceTypes,
+                "InvalidInstanceType",
+                "no such type",
+                Some(400),
+            ))
+        };
+        for i in 0..200 {
+            let r = lookups
+                .ensure(&format!("x{i}.large"), || false, failing)
+                .await;
+            assert!(r.is_err_and(|u| u.invalid_type));
+        }
+        tokio::time::advance(RETRY_SPACING + Duration::from_secs(1)).await;
+        let known = AtomicBool::new(false);
+        let describe = || async {
+            known.store(true, Ordering::SeqCst);
+            Ok(())
+        };
+        let r = lookups
+            .ensure("m5.large", || known.load(Ordering::SeqCst), describe)
+            .await;
+        assert_eq!(r, Ok(()));
+        assert_eq!(
+            lookups.tracked(),
+            0,
+            "nothing kept of old failures or a known type"
+        );
+    }
 
     #[tokio::test(start_paused = true)]
     async fn a_second_pass_waits_for_the_lookup_in_flight_instead_of_planning_without_limits() {

@@ -58,6 +58,11 @@ pub struct IpamSettings {
     /// Put `ipam.cilium.io/ignore: "true"` on every CiliumNode we serve (so Cilium's operator leaves it to us), and remove it when we let a node go (eni-operator.cilium.io/ignore).
     #[arg(long, env = "ENI_OPERATOR_ANNOTATE_CILIUM_IGNORE", default_value_t = false, num_args = 0..=1, require_equals = true, default_missing_value = "true", action = clap::ArgAction::Set)]
     pub annotate_cilium_ignore: bool,
+    /// The tag key=value an Elastic IP must carry before a node's spec.ipam.static-ip-tags may
+    /// claim it (agents write those tags; this keeps them to the addresses meant for the
+    /// cluster) [default: eni-operator.io/cluster-name=<--cluster-name>].
+    #[arg(long, env = "ENI_OPERATOR_STATIC_IP_REQUIRED_TAG")]
+    pub static_ip_required_tag: Option<Tag>,
     /// Touch only instances EC2 shows with this cluster's tag (aws:eks:cluster-name=<--cluster-name> or kubernetes.io/cluster/<--cluster-name>); off: any instance a Node's providerID names.
     #[arg(long, env = "ENI_OPERATOR_INSTANCE_CLUSTER_TAG_CHECK", default_value_t = true, num_args = 0..=1, require_equals = true, default_missing_value = "true", action = clap::ArgAction::Set)]
     pub instance_cluster_tag_check: bool,
@@ -124,6 +129,10 @@ impl IpamSettings {
             use_primary_address: self.aws_use_primary_address,
             eni_tags: self.eni_tags(),
             cluster_name: self.cluster_name().to_string(),
+            static_ip_required_tag: self
+                .static_ip_required_tag
+                .as_ref()
+                .map(|t| (t.key.clone(), t.value.clone())),
             ..IpamConfig::default()
         }
     }

@@ -260,6 +260,10 @@ fn validation_errors() {
         ),
         (&["--cluster-name", ""], "--cluster-name"),
         (
+            &["--static-ip-required-tag", "team="],
+            "--static-ip-required-tag",
+        ),
+        (
             &["--parallel-alloc-workers", "0"],
             "--parallel-alloc-workers",
         ),
@@ -360,6 +364,14 @@ fn ipam_flags_reach_the_ipam_config() {
     assert_eq!(c.release_delay, Duration::from_secs(30));
     assert_eq!(c.eni_tags, BTreeMap::from([("team".into(), "blue".into())]));
     assert_eq!(c.cluster_name, "prod");
+    // By default the cluster's own tag allow-lists the Elastic IPs; the flag replaces it.
+    let tag = |c: &crate::ipam::IpamConfig| c.static_ip_required_tag();
+    assert_eq!(
+        tag(&c),
+        ("eni-operator.io/cluster-name".into(), "prod".into())
+    );
+    let s = parse(&["--cluster-name=prod", "--static-ip-required-tag=egress=ok"]).unwrap();
+    assert_eq!(tag(&s.ipam.ipam_config()), ("egress".into(), "ok".into()));
 }
 
 #[test]

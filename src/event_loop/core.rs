@@ -30,6 +30,7 @@ use crate::reconcile::shadow::ShadowBook;
 use crate::reconcile::shared::Shared;
 
 mod handle;
+pub use handle::Tracked;
 
 pub use crate::k8s::input::{InvalidNode, NodeInput};
 pub use crate::reconcile::settings::CoreConfig;

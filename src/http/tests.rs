@@ -182,8 +182,7 @@ async fn debug_pages_are_served_as_json_on_the_metrics_listener() {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let (registry, shutdown) = (MetricsRegistry::new(), CancellationToken::new());
     let server = start_on(
-        listener,
-        None,
+        vec![(listener, Endpoints::ALL)],
         registry.clone(),
         Readiness::new(),
         shutdown.clone(),
@@ -203,8 +202,7 @@ async fn one_listener_serves_all_three_and_shuts_down() {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let (readiness, shutdown) = (Readiness::new(), CancellationToken::new());
     let server = start_on(
-        listener,
-        None,
+        vec![(listener, Endpoints::ALL)],
         MetricsRegistry::new(),
         readiness.clone(),
         shutdown.clone(),
@@ -222,6 +220,7 @@ async fn separate_listeners_split_the_endpoints() {
     let settings = ServerSettings {
         metrics_addr: "127.0.0.1:0".parse().unwrap(),
         health_addr: "127.0.0.1:0".parse().unwrap(),
+        debug_addr: "127.0.0.1:0".parse().unwrap(),
         log_format: crate::config::LogFormat::Text,
         metrics_compat: Default::default(),
     };
@@ -241,10 +240,14 @@ async fn separate_listeners_split_the_endpoints() {
 
     let metrics = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let health = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let debug = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let (readiness, shutdown) = (Readiness::new(), CancellationToken::new());
     let server = start_on(
-        metrics,
-        Some(health),
+        vec![
+            (metrics, Endpoints::METRICS),
+            (health, Endpoints::HEALTH),
+            (debug, Endpoints::DEBUG),
+        ],
         MetricsRegistry::new(),
         readiness.clone(),
         shutdown.clone(),
@@ -254,6 +257,62 @@ async fn separate_listeners_split_the_endpoints() {
     check_endpoints(&server, &readiness).await;
     assert_eq!(get(server.metrics_addr, "/healthz").await.0, 404);
     assert_eq!(get(server.health_addr, "/metrics").await.0, 404);
+    assert_eq!(get(server.metrics_addr, "/debug/x").await.0, 404);
+    assert_eq!(get(server.health_addr, "/debug/x").await.0, 404);
+    shutdown.cancel();
+    server.task.await.unwrap().unwrap();
+}
+
+/// The debug pages list every node, instance and error: by default they are on loopback only,
+/// never on the metrics listener that host networking exposes on the node's addresses.
+#[tokio::test]
+async fn the_debug_pages_default_to_loopback_and_stay_off_the_metrics_listener() {
+    use clap::Parser;
+    let defaults = crate::config::Settings::try_parse_from(["eni-operator"]).unwrap();
+    assert!(defaults.server.debug_addr.ip().is_loopback());
+    assert_ne!(defaults.server.debug_addr, defaults.server.metrics_addr);
+    assert_eq!(
+        placement(&defaults.server)
+            .iter()
+            .filter(|(_, e)| e.debug)
+            .map(|(a, e)| (*a, *e))
+            .collect::<Vec<_>>(),
+        vec![(defaults.server.debug_addr, Endpoints::DEBUG)]
+    );
+    // Set equal, the pages share the metrics listener (one port, as before).
+    let mut shared = defaults.server.clone();
+    shared.debug_addr = shared.metrics_addr;
+    assert!(
+        placement(&shared)
+            .iter()
+            .any(|(a, e)| *a == shared.metrics_addr && e.metrics && e.debug)
+    );
+
+    let registry = MetricsRegistry::new();
+    registry.set_debug_page("nodes", || serde_json::json!({"nodes": 1}));
+    let metrics = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let debug = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let shutdown = CancellationToken::new();
+    let server = start_on(
+        vec![
+            (
+                metrics,
+                Endpoints {
+                    metrics: true,
+                    health: true,
+                    debug: false,
+                },
+            ),
+            (debug, Endpoints::DEBUG),
+        ],
+        registry,
+        Readiness::new(),
+        shutdown.clone(),
+    )
+    .unwrap();
+    assert_eq!(get(server.metrics_addr, "/debug/nodes").await.0, 404);
+    assert_eq!(get(server.debug_addr, "/debug/nodes").await.0, 200);
+    assert_eq!(get(server.debug_addr, "/metrics").await.0, 404);
     shutdown.cancel();
     server.task.await.unwrap().unwrap();
 }

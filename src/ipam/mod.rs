@@ -70,6 +70,22 @@ pub struct IpamConfig {
     /// simulation): a new process never replays a token an earlier one spent, since token
     /// generations restart at 0 with it (`ownership::client_token`).
     pub token_nonce: u64,
+    /// `--static-ip-required-tag`: the tag an Elastic IP must carry before a node's
+    /// `static-ip-tags` may claim it; `None`: this cluster's ownership tag.
+    pub static_ip_required_tag: Option<(String, String)>,
+}
+
+impl IpamConfig {
+    /// The tag every Elastic IP we associate carries (the operator's allow-list: the agent's
+    /// `static-ip-tags` only choose among these).
+    pub fn static_ip_required_tag(&self) -> (String, String) {
+        self.static_ip_required_tag.clone().unwrap_or_else(|| {
+            (
+                ownership::CLUSTER_TAG.to_string(),
+                self.cluster_name.clone(),
+            )
+        })
+    }
 }
 
 impl Default for IpamConfig {
@@ -83,6 +99,7 @@ impl Default for IpamConfig {
             cluster_name: "default".into(),
             prefix_cooldown: Duration::from_secs(300),
             token_nonce: 0,
+            static_ip_required_tag: None,
         }
     }
 }
@@ -152,6 +169,10 @@ pub enum ProblemReason {
     /// `spec.ipam.static-ip-tags` is set and no unassociated Elastic IP carries them (set by
     /// the runtime's static-IP step; nothing is allocated until one is found, as in Cilium).
     NoStaticIp,
+    /// Free Elastic IPs carry the node's `static-ip-tags` but not `--static-ip-required-tag`:
+    /// they are never associated (an agent chooses only among the addresses the operator may
+    /// use).
+    StaticIpNotAllowed,
     /// Another allocator (Cilium's operator) serves the node: we leave it alone
     /// ([`handover`]).
     OtherAllocatorActive,
@@ -189,6 +210,7 @@ impl ProblemReason {
             Self::AtCapacity => "AtCapacity",
             Self::Ec2Error => "Ec2Error",
             Self::NoStaticIp => "NoStaticIp",
+            Self::StaticIpNotAllowed => "StaticIpNotAllowed",
             Self::OtherAllocatorActive => "OtherAllocatorActive",
             Self::FinalizerBlocked => "FinalizerBlocked",
             Self::NoNode => "NoNode",

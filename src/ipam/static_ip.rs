@@ -13,7 +13,11 @@
 //!   answer or a status write that was lost), never a second one associated;
 //! * a lost race (`Resource.AlreadyAssociated`) moves on to the next free address instead of
 //!   failing the node's pass (Cilium returns the error);
-//! * the address goes to the primary ENI's primary private address, named explicitly.
+//! * the address goes to the primary ENI's primary private address, named explicitly;
+//! * only addresses carrying `--static-ip-required-tag` (by default this cluster's
+//!   `eni-operator.io/cluster-name` tag) are ever associated: the agent writes
+//!   `static-ip-tags`, and without an operator-side allow-list any agent could claim any free
+//!   Elastic IP of the Region (the IAM policy carries the same condition).
 
 use std::net::Ipv4Addr;
 
@@ -55,9 +59,22 @@ pub enum Decision {
     Try(Vec<(String, Ipv4Addr)>),
     /// No free address carries the tags.
     NoneFree,
+    /// Free addresses carry the node's tags but not the required tag (their allocation IDs):
+    /// never associated.
+    NotAllowed(Vec<String>),
 }
 
-pub fn decide(addresses: &[Address], primary_eni_id: &str) -> Decision {
+/// The tag an address must carry to be associated by us (`--static-ip-required-tag`).
+pub type RequiredTag<'a> = (&'a str, &'a str);
+
+/// Whether the address carries the required tag.
+pub fn allowed(address: &Address, (key, value): RequiredTag) -> bool {
+    address.tags.get(key).is_some_and(|v| v == value)
+}
+
+/// An address already on the node's primary ENI is adopted whatever its tags (it is the
+/// node's: nothing is associated); a free one must carry the required tag.
+pub fn decide(addresses: &[Address], primary_eni_id: &str, required: RequiredTag) -> Decision {
     let mut ours: Vec<&Address> = addresses
         .iter()
         .filter(|a| a.association_id.is_some())
@@ -67,24 +84,47 @@ pub fn decide(addresses: &[Address], primary_eni_id: &str) -> Decision {
     if let Some(a) = ours.first() {
         return Decision::Adopt(a.public_ip);
     }
-    let mut free: Vec<(String, Ipv4Addr)> = addresses
+    let (mut free, mut refused): (Vec<&Address>, Vec<&Address>) = addresses
         .iter()
         .filter(|a| a.association_id.is_none())
-        .map(|a| (a.allocation_id.clone(), a.public_ip))
-        .collect();
+        .partition(|a| allowed(a, required));
+    if free.is_empty() && !refused.is_empty() {
+        refused.sort_by(|a, b| a.allocation_id.cmp(&b.allocation_id));
+        return Decision::NotAllowed(refused.iter().map(|a| a.allocation_id.clone()).collect());
+    }
     if free.is_empty() {
         return Decision::NoneFree;
     }
-    free.sort();
-    Decision::Try(free)
+    free.sort_by(|a, b| a.allocation_id.cmp(&b.allocation_id));
+    Decision::Try(
+        free.iter()
+            .map(|a| (a.allocation_id.clone(), a.public_ip))
+            .collect(),
+    )
+}
+
+/// The operator-status text when the only free matches lack the required tag.
+pub fn not_allowed_message(tags: &Tags, required: RequiredTag, refused: &[String]) -> String {
+    let (key, value) = required;
+    format!(
+        "the Elastic IP(s) {} carry the static-ip-tags {} but not the tag {key}={value} \
+         (--static-ip-required-tag) that every address this operator associates must carry; \
+         tag the address for this cluster; retrying",
+        refused.join(","),
+        tag_list(tags)
+    )
+}
+
+fn tag_list(tags: &Tags) -> String {
+    let tags: Vec<String> = tags.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    tags.join(",")
 }
 
 /// The operator-status text when no free address matches.
 pub fn none_free_message(tags: &Tags) -> String {
-    let tags: Vec<String> = tags.iter().map(|(k, v)| format!("{k}={v}")).collect();
     format!(
         "no unassociated Elastic IP carries the static-ip-tags {}; retrying",
-        tags.join(",")
+        tag_list(tags)
     )
 }
 
@@ -94,6 +134,8 @@ mod tests {
     use crate::crd::CiliumNodeStatus;
     use crate::ec2::Attachment;
 
+    const REQUIRED: RequiredTag = ("eni-operator.io/cluster-name", "prod");
+
     fn addr(id: &str, ip: [u8; 4], eni: Option<&str>) -> Address {
         Address {
             allocation_id: id.into(),
@@ -101,8 +143,13 @@ mod tests {
             association_id: eni.map(|_| format!("assoc-{id}")),
             network_interface_id: eni.map(str::to_string),
             private_ip: eni.map(|_| Ipv4Addr::new(10, 0, 0, 5)),
-            tags: Tags::new(),
+            tags: Tags::from([(REQUIRED.0.to_string(), REQUIRED.1.to_string())]),
         }
+    }
+
+    fn untagged(mut a: Address) -> Address {
+        a.tags.clear();
+        a
     }
 
     #[test]
@@ -112,7 +159,7 @@ mod tests {
             addr("eipalloc-2", [2, 2, 2, 2], Some("eni-0")),
         ];
         assert_eq!(
-            decide(&a, "eni-0"),
+            decide(&a, "eni-0", REQUIRED),
             Decision::Adopt(Ipv4Addr::new(2, 2, 2, 2))
         );
     }
@@ -125,14 +172,50 @@ mod tests {
             addr("eipalloc-1", [1, 1, 1, 1], None),
         ];
         assert_eq!(
-            decide(&a, "eni-0"),
+            decide(&a, "eni-0", REQUIRED),
             Decision::Try(vec![
                 ("eipalloc-1".into(), Ipv4Addr::new(1, 1, 1, 1)),
                 ("eipalloc-3".into(), Ipv4Addr::new(3, 3, 3, 3)),
             ])
         );
-        assert_eq!(decide(&a[1..2], "eni-0"), Decision::NoneFree);
-        assert_eq!(decide(&[], "eni-0"), Decision::NoneFree);
+        assert_eq!(decide(&a[1..2], "eni-0", REQUIRED), Decision::NoneFree);
+        assert_eq!(decide(&[], "eni-0", REQUIRED), Decision::NoneFree);
+    }
+
+    #[test]
+    fn free_addresses_without_the_required_tag_are_never_tried() {
+        let other_cluster = |a: Address| {
+            let mut a = untagged(a);
+            a.tags.insert(REQUIRED.0.into(), "other".into());
+            a
+        };
+        let a = [
+            untagged(addr("eipalloc-2", [2, 2, 2, 2], None)),
+            other_cluster(addr("eipalloc-1", [1, 1, 1, 1], None)),
+        ];
+        assert_eq!(
+            decide(&a, "eni-0", REQUIRED),
+            Decision::NotAllowed(vec!["eipalloc-1".into(), "eipalloc-2".into()])
+        );
+        // An allowed one among them is the only one tried.
+        let mut b = a.to_vec();
+        b.push(addr("eipalloc-9", [9, 9, 9, 9], None));
+        assert_eq!(
+            decide(&b, "eni-0", REQUIRED),
+            Decision::Try(vec![("eipalloc-9".into(), Ipv4Addr::new(9, 9, 9, 9))])
+        );
+        // Already on the node's primary ENI: adopted whatever its tags (nothing associated).
+        let c = [untagged(addr("eipalloc-3", [3, 3, 3, 3], Some("eni-0")))];
+        assert_eq!(
+            decide(&c, "eni-0", REQUIRED),
+            Decision::Adopt(Ipv4Addr::new(3, 3, 3, 3))
+        );
+        let msg = not_allowed_message(
+            &Tags::from([("pool".into(), "egress".into())]),
+            REQUIRED,
+            &["eipalloc-1".into()],
+        );
+        assert!(msg.contains("eipalloc-1") && msg.contains("eni-operator.io/cluster-name=prod"));
     }
 
     #[test]

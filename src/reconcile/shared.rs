@@ -124,6 +124,12 @@ impl<E: Ec2, S> Shared<E, S> {
         if !instance.is_empty() && !named {
             self.cache.write().expect("cache").drop_instance(instance);
             self.refresher.forget(instance);
+            // Agents name instances: a confirmation outlives no object naming it (a new one
+            // is confirmed again with one describe).
+            self.confirmed_instances
+                .lock()
+                .expect("confirmed")
+                .remove(instance);
         }
     }
 

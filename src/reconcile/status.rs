@@ -422,11 +422,12 @@ impl StatusBook {
         }
     }
 
-    /// `/debug/nodes`.
+    /// `/debug/nodes`, rendered from a copy: the passes record into the book while a page of
+    /// thousands of nodes is formatted.
     pub fn page(&self, now: Instant) -> Page {
-        let nodes = self.nodes.lock().unwrap_or_else(|e| e.into_inner());
+        let nodes = self.nodes.lock().unwrap_or_else(|e| e.into_inner()).clone();
         let mut page = Page::default();
-        for (name, e) in nodes.iter() {
+        for (name, e) in &nodes {
             let s = self.render(e, now);
             page.totals.nodes += 1;
             page.totals.nodes_with_errors += usize::from(s.last_error.is_some());

@@ -197,6 +197,13 @@ fn every_setting_the_docs_name_is_a_value_the_operator_takes() {
         Some(("eni-operator.cilium.io/handover", "true"))
     );
     assert_eq!(s.handover.handover_quiet.as_secs(), 150);
+    assert_eq!(
+        s.ipam
+            .static_ip_required_tag
+            .as_ref()
+            .map(|t| (t.key.as_str(), t.value.as_str())),
+        Some(("egress", "eni-operator"))
+    );
     assert!(!s.handover.watch_cilium_lease);
     assert_eq!(
         s.server.metrics_compat,
@@ -278,6 +285,10 @@ fn the_chart_refuses_values_that_break_the_install() {
         (
             vec!["--set", "handoverSelector=handover"],
             "/handoverSelector",
+        ),
+        (
+            vec!["--set", "staticIPRequiredTag=egress"],
+            "/staticIPRequiredTag",
         ),
         (vec!["--set", "metricsCompat=prometheus"], "/metricsCompat"),
     ] {
@@ -837,11 +848,14 @@ fn status_by_exec_into_the_leader_is_what_the_chart_runs() {
     // The identity falls back to POD_NAME (src/main.rs); nothing in the ConfigMap overrides it.
     let cm = std::fs::read_to_string(root().join("manifests/04-configmap.yaml")).unwrap();
     assert!(!cm.contains("ENI_OPERATOR_IDENTITY"));
-    let metrics_port = yaml(&chart().join("values.yaml"))["ports"]["metrics"]
-        .as_u64()
-        .unwrap();
+    // `status` reads the operator's default debug listener (loopback; the ConfigMap keeps it).
+    assert!(!cm.contains("ENI_OPERATOR_DEBUG_ADDR"));
+    let defaults = eni_operator::config::Settings::try_parse_from(["eni-operator"]).unwrap();
     let status = eni_operator::status_cli::StatusArgs::try_parse_from(["status"]).unwrap();
-    assert_eq!(status.address, format!("http://127.0.0.1:{metrics_port}"));
+    assert_eq!(
+        status.address,
+        format!("http://{}", defaults.server.debug_addr)
+    );
     let lease = yaml(&chart().join("values.yaml"))["leaderElection"]["leaseName"]
         .as_str()
         .unwrap()

@@ -28,6 +28,7 @@ struct World {
     grace: Duration,
     cache: Arc<std::sync::RwLock<eni_operator::cache::Ec2Cache>>,
     status: Arc<eni_operator::reconcile::status::StatusBook>,
+    core: eni_operator::event_loop::core::Core<testkit::sim::Simulator, MemorySink>,
     _task: tokio::task::JoinHandle<eni_operator::ec2::Result<()>>,
 }
 
@@ -61,6 +62,7 @@ fn world_with(require_node: bool, require_cluster_tag: bool) -> World {
         grace,
         cache,
         status,
+        core,
         _task,
     }
 }
@@ -519,4 +521,57 @@ async fn a_refused_cilium_nodes_instance_is_not_managed() {
     t.node("forged", &foreign).await;
     assert!(wait_until(|| served(&t.sink, "forged", 8), Duration::from_secs(60)).await);
     assert!(t.cache.read().unwrap().manages(&foreign.id));
+}
+
+/// What the core keeps per agent-written object (slots, managed and confirmed instances, their
+/// refresh spacing, instance-type lookups) shrinks back when the objects go: a cluster whose
+/// nodes churn, or agents naming ever new instances, does not grow the operator's memory.
+#[tokio::test(start_paused = true)]
+async fn what_the_core_keeps_per_node_goes_with_its_cilium_node() {
+    let t = world_with(true, true);
+    let tag = |k: &str, v: &str| [(k.to_string(), v.to_string())].into_iter().collect();
+    let empty = t.core.tracked();
+    let names: Vec<String> = (0..24).map(|i| format!("churn-{i}")).collect();
+    let mut instances = Vec::new();
+    for name in &names {
+        let inst = t.w.instance();
+        t.w.sim
+            .set_instance_tags(&inst.id, tag("aws:eks:cluster-name", CLUSTER));
+        t.node(name, &inst).await;
+        instances.push(inst);
+    }
+    t.send(NodeInput::NodesListed).await;
+    for (name, inst) in names.iter().zip(&instances) {
+        t.cilium_node(name, &inst.id).await;
+    }
+    for name in &names {
+        assert!(wait_until(|| served(&t.sink, name, 8), Duration::from_secs(120)).await);
+    }
+    let busy = t.core.tracked();
+    assert_eq!(busy.slots, names.len());
+    assert_eq!(busy.managed_instances, names.len());
+    assert_eq!(busy.confirmed_instances, names.len());
+    for name in &names {
+        let marked = t.sink.begin_delete(name).expect("held by our finalizer");
+        t.send(NodeInput::Upsert(Box::new(marked))).await;
+        // Its Node is there (a re-registration): nothing to release, the object goes.
+        assert!(wait_until(|| t.sink.raw(name).is_none(), Duration::from_secs(30)).await);
+        t.send(NodeInput::Deleted(name.clone())).await;
+    }
+    let back = || {
+        let now = t.core.tracked();
+        (
+            now.slots,
+            now.managed_instances,
+            now.confirmed_instances,
+            now.refresh_spacing,
+        ) == (0, 0, 0, 0)
+    };
+    assert!(
+        wait_until(back, Duration::from_secs(60)).await,
+        "before {empty:?}, served {busy:?}, after {:?}",
+        t.core.tracked()
+    );
+    // Type lookups: none kept once their types are known.
+    assert_eq!(t.core.tracked().type_lookups, 0);
 }

@@ -416,6 +416,19 @@ fn configmap_sets_only_real_settings() {
         probe_path(&container.readiness_probe).as_deref(),
         Some("/readyz")
     );
+    // Host networking puts every 0.0.0.0 listener on the node's addresses: health and the
+    // debug pages stay on loopback (as Cilium's operator API), the kubelet probes 127.0.0.1
+    // (Cilium's chart: `host: "127.0.0.1"` when the operator is host-networked); only
+    // /metrics is for Prometheus.
+    assert!(settings.server.health_addr.ip().is_loopback());
+    assert!(settings.server.debug_addr.ip().is_loopback());
+    assert!(settings.server.metrics_addr.ip().is_unspecified());
+    let probe_host = |p: &Option<k8s_openapi::api::core::v1::Probe>| {
+        p.as_ref().unwrap().http_get.as_ref().unwrap().host.clone()
+    };
+    for probe in [&container.liveness_probe, &container.readiness_probe] {
+        assert_eq!(probe_host(probe).as_deref(), Some("127.0.0.1"));
+    }
 }
 
 #[test]
@@ -954,6 +967,18 @@ fn iam_policy_grants_the_ec2_actions_with_tag_conditions() {
             assert_eq!(vpc(c), our_vpc, "{action}: {c}");
         }
     }
+    // Static IPs: only the Elastic IPs tagged for this cluster (agents choose the address by
+    // tags they write; the operator's allow-list is `--static-ip-required-tag`, whose default
+    // is this tag).
+    for action in ["ec2:AssociateAddress", "ec2:DisassociateAddress"] {
+        let cs = conditions(action, "elastic-ip");
+        assert_eq!(cs.len(), 1, "{action}");
+        assert_eq!(
+            cs[0]["StringEquals"]["aws:ResourceTag/eni-operator.io/cluster-name"], our_cluster,
+            "{action}: any Elastic IP of the account: {}",
+            cs[0]
+        );
+    }
     // Attach and detach also name the instance: only instances tagged as this cluster's
     // (EKS's tag, or the cloud provider's `kubernetes.io/cluster/<name>`; issue 29 item 1).
     for action in ["ec2:AttachNetworkInterface", "ec2:DetachNetworkInterface"] {
@@ -1047,6 +1072,11 @@ fn the_shadow_manifests_only_read() {
             "Deployment" => {
                 let pod = &v["spec"]["template"]["spec"];
                 assert_ne!(pod["hostNetwork"], true, "{file}");
+                // Its own network: the kubelet probes the pod's address, never 127.0.0.1.
+                let c = &pod["containers"][0];
+                for probe in ["livenessProbe", "readinessProbe"] {
+                    assert!(c[probe]["httpGet"]["host"].is_null(), "{file}: {probe}");
+                }
                 for env in pod["containers"][0]["env"].as_array().unwrap() {
                     if env["name"] == "ENI_OPERATOR_MODE" {
                         mode = env["value"].as_str().map(str::to_string);

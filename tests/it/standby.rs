@@ -95,6 +95,7 @@ async fn a_standby_with_annotate_cilium_ignore_writes_nothing_and_says_nothing_o
             "--identity=the-standby",
             "--metrics-addr=127.0.0.1:0",
             "--health-addr=127.0.0.1:0",
+            "--debug-addr=127.0.0.1:0",
         ])
         .env("KUBECONFIG", &kubeconfig)
         .env("AWS_ACCESS_KEY_ID", "AKIDEXAMPLE")

@@ -12,6 +12,7 @@ use eni_operator::crd::CiliumNode;
 use eni_operator::ec2::gate::{Gate, GateConfig};
 use eni_operator::ec2::{Address, Ec2, InstanceState, Operation, Result, Tags};
 use eni_operator::event_loop::core::NodeInput;
+use eni_operator::ipam::ownership::CLUSTER_TAG;
 use eni_operator::reconcile::metrics::RuntimeMetrics;
 use testkit::cluster::{Cluster, agent_node};
 use testkit::running;
@@ -35,6 +36,14 @@ fn start(sim: &Simulator, sink: &Arc<MemorySink>) -> Running {
 
 fn eip_tags() -> Tags {
     Tags::from([("pool".to_string(), "egress".to_string())])
+}
+
+/// What the user's Elastic IPs carry: the node's tags and the operator's required tag
+/// (`--static-ip-required-tag`, by default the cluster's tag).
+fn allowed_eip_tags() -> Tags {
+    let mut t = eip_tags();
+    t.insert(CLUSTER_TAG.to_string(), "test-cluster".to_string());
+    t
 }
 
 fn static_node(w: &Cluster, name: &str, instance: &str) -> CiliumNode {
@@ -88,7 +97,7 @@ async fn a_node_gets_a_free_tagged_eip_before_any_allocation() {
     let w = Cluster::new();
     w.sim.record_calls();
     // Associated elsewhere, untagged, and free + tagged: only the last one is the node's.
-    let taken = w.sim.add_address(ip([198, 51, 100, 1]), eip_tags());
+    let taken = w.sim.add_address(ip([198, 51, 100, 1]), allowed_eip_tags());
     let other = w.instance();
     let other_eni = w.sim.primary_eni_id(&other.id).unwrap();
     let other_ip = w.sim.network_interface(&other_eni).unwrap().primary_ip;
@@ -97,7 +106,7 @@ async fn a_node_gets_a_free_tagged_eip_before_any_allocation() {
         .await
         .unwrap();
     w.sim.add_address(ip([198, 51, 100, 2]), Tags::new());
-    w.sim.add_address(ip([198, 51, 100, 3]), eip_tags());
+    w.sim.add_address(ip([198, 51, 100, 3]), allowed_eip_tags());
     let sink = Arc::new(MemorySink::with_ciliums_crd());
     let (tx, _task) = start(&w.sim, &sink);
     let inst = w.instance();
@@ -131,8 +140,8 @@ async fn two_nodes_racing_for_the_same_eip_end_with_one_each() {
     // associate makes the race certain. The loser moves on to the next address.
     w.sim
         .set_latency(Operation::AssociateAddress, Duration::from_millis(500));
-    w.sim.add_address(ip([203, 0, 113, 1]), eip_tags());
-    w.sim.add_address(ip([203, 0, 113, 2]), eip_tags());
+    w.sim.add_address(ip([203, 0, 113, 1]), allowed_eip_tags());
+    w.sim.add_address(ip([203, 0, 113, 2]), allowed_eip_tags());
     let sink = Arc::new(MemorySink::new());
     let (tx, _task) = start(&w.sim, &sink);
     let (a, b) = (w.instance(), w.instance());
@@ -162,7 +171,7 @@ async fn two_nodes_racing_for_the_same_eip_end_with_one_each() {
 #[tokio::test(start_paused = true)]
 async fn no_free_eip_is_reported_and_retried_and_other_nodes_proceed() {
     let w = Cluster::new();
-    w.sim.add_address(ip([203, 0, 113, 1]), eip_tags());
+    w.sim.add_address(ip([203, 0, 113, 1]), allowed_eip_tags());
     let sink = Arc::new(MemorySink::new());
     let (tx, _task) = start(&w.sim, &sink);
     let (a, b, c) = (w.instance(), w.instance(), w.instance());
@@ -187,7 +196,7 @@ async fn no_free_eip_is_reported_and_retried_and_other_nodes_proceed() {
         "an Event"
     );
     // An address turns up: the retry (backoff) takes it and the node is served.
-    w.sim.add_address(ip([203, 0, 113, 2]), eip_tags());
+    w.sim.add_address(ip([203, 0, 113, 2]), allowed_eip_tags());
     assert!(wait_until(|| served(&sink, "b", 4), Duration::from_secs(600)).await);
     assert_eq!(assigned(&sink, "b").as_deref(), Some("203.0.113.2"));
     assert_eq!(operator_error(&sink, "b"), None, "the error is cleared");
@@ -198,8 +207,8 @@ async fn no_free_eip_is_reported_and_retried_and_other_nodes_proceed() {
 #[tokio::test(start_paused = true)]
 async fn a_lost_answer_to_an_associate_is_adopted_not_doubled() {
     let w = Cluster::new();
-    w.sim.add_address(ip([203, 0, 113, 1]), eip_tags());
-    w.sim.add_address(ip([203, 0, 113, 2]), eip_tags());
+    w.sim.add_address(ip([203, 0, 113, 1]), allowed_eip_tags());
+    w.sim.add_address(ip([203, 0, 113, 2]), allowed_eip_tags());
     w.sim.inject_lost_answer(Operation::AssociateAddress, 1);
     let sink = Arc::new(MemorySink::new());
     let (tx, _task) = start(&w.sim, &sink);
@@ -218,8 +227,8 @@ async fn a_lost_answer_to_an_associate_is_adopted_not_doubled() {
 #[tokio::test(start_paused = true)]
 async fn a_restart_adopts_the_eip_already_on_the_primary_eni() {
     let w = Cluster::new();
-    let first = w.sim.add_address(ip([203, 0, 113, 1]), eip_tags());
-    w.sim.add_address(ip([203, 0, 113, 2]), eip_tags());
+    let first = w.sim.add_address(ip([203, 0, 113, 1]), allowed_eip_tags());
+    w.sim.add_address(ip([203, 0, 113, 2]), allowed_eip_tags());
     let inst = w.instance();
     // The previous leader associated the second address and stopped before writing it.
     let primary = w.sim.primary_eni_id(&inst.id).unwrap();
@@ -247,7 +256,7 @@ async fn a_restart_adopts_the_eip_already_on_the_primary_eni() {
 #[tokio::test(start_paused = true)]
 async fn a_gone_nodes_eip_is_disassociated_never_released() {
     let w = Cluster::new();
-    let alloc = w.sim.add_address(ip([203, 0, 113, 1]), eip_tags());
+    let alloc = w.sim.add_address(ip([203, 0, 113, 1]), allowed_eip_tags());
     let sink = Arc::new(MemorySink::new());
     let (tx, _task) = start(&w.sim, &sink);
     let inst = w.instance();
@@ -270,4 +279,47 @@ async fn a_gone_nodes_eip_is_disassociated_never_released() {
     let eip = all.iter().find(|a| a.allocation_id == alloc).expect("kept");
     assert_eq!(eip.association_id, None, "disassociated");
     assert_eq!(w.sim.stats().get(Operation::DisassociateAddress).ok, 1);
+}
+
+/// An agent's `static-ip-tags` select among the Elastic IPs the operator may use, never beyond:
+/// a free address carrying the node's tags but not the required tag (another tenant's, or one
+/// the user keeps for something else) is never associated; the node says why and waits.
+#[tokio::test(start_paused = true)]
+async fn an_eip_without_the_required_tag_is_never_associated() {
+    let w = Cluster::new();
+    let foreign = w.sim.add_address(ip([192, 0, 2, 7]), eip_tags());
+    let sink = Arc::new(MemorySink::new());
+    let (tx, _task) = start(&w.sim, &sink);
+    let inst = w.instance();
+    add(&sink, &tx, &static_node(&w, "n", &inst.id)).await;
+    assert!(
+        wait_until(
+            || operator_error(&sink, "n").is_some_and(|e| e.contains("StaticIpNotAllowed")),
+            Duration::from_secs(60)
+        )
+        .await,
+        "{:?}",
+        operator_error(&sink, "n")
+    );
+    let error = operator_error(&sink, "n").unwrap();
+    assert!(
+        error.contains(&foreign) && error.contains("eni-operator.io/cluster-name=test-cluster"),
+        "names the address and the tag it lacks: {error}"
+    );
+    assert!(
+        sink.events("n")
+            .iter()
+            .any(|e| e.reason == "StaticIpNotAllowed"),
+        "an Event"
+    );
+    assert_eq!(w.sim.stats().get(Operation::AssociateAddress).calls, 0);
+    assert!(on_primary(&w.sim, &inst.id).is_empty());
+    assert!(sink.get("n").unwrap().spec.ipam.pool.is_empty());
+    // The user tags an address for the cluster: the retry takes that one, never the other.
+    w.sim.add_address(ip([192, 0, 2, 8]), allowed_eip_tags());
+    assert!(wait_until(|| served(&sink, "n", 4), Duration::from_secs(600)).await);
+    assert_eq!(assigned(&sink, "n").as_deref(), Some("192.0.2.8"));
+    let kept = w.sim.addresses();
+    let kept = kept.iter().find(|a| a.allocation_id == foreign).unwrap();
+    assert_eq!(kept.association_id, None);
 }

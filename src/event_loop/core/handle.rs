@@ -10,7 +10,30 @@ use crate::reconcile::shadow::ShadowBook;
 
 use super::Core;
 
+/// Sizes of what the core keeps per object agents write (CiliumNodes, the instances and
+/// types they name): each shrinks back when its objects go.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Tracked {
+    pub slots: usize,
+    pub managed_instances: usize,
+    pub confirmed_instances: usize,
+    pub refresh_spacing: usize,
+    pub type_lookups: usize,
+}
+
 impl<E: Ec2, S: NodeSink> Core<E, S> {
+    /// What it keeps per agent-written object, counted.
+    pub fn tracked(&self) -> Tracked {
+        let i = &self.inner;
+        Tracked {
+            slots: i.slots.lock().expect("slots").len(),
+            managed_instances: i.cache.read().expect("cache").managed_count(),
+            confirmed_instances: i.confirmed_instances.lock().expect("confirmed").len(),
+            refresh_spacing: i.refresher.spaced(),
+            type_lookups: i.type_lookups.tracked(),
+        }
+    }
+
     /// Cilium operator's leader Lease as last read (the handover guard); `None`: absent.
     pub fn set_cilium_lease(&self, lease: Option<crate::ipam::handover::LeaseView>) {
         use crate::ipam::handover::CiliumLease;

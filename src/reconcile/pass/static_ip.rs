@@ -83,17 +83,26 @@ pub(super) async fn ensure<E: Ec2, S: NodeSink>(
         );
         return Ok((node, blocked(ProblemReason::NoStaticIp, message)));
     }
-    match assign(inner, &tags, &eni_id, private_ip).await {
-        Ok(Some(ip)) => {
+    let (key, value) = inner.config.ipam.static_ip_required_tag();
+    let required = (key.as_str(), value.as_str());
+    match assign(inner, &tags, &eni_id, private_ip, required).await {
+        Ok(Assigned::Ip(ip)) => {
             info!(node = name, %ip, eni = %eni_id, "static IP assigned");
             node.replace(publish(inner, name, &node, ip).await?);
             Ok((node, StaticIp::default()))
         }
-        Ok(None) => Ok((
+        Ok(Assigned::NoneFree) => Ok((
             node,
             blocked(
                 ProblemReason::NoStaticIp,
                 static_ip::none_free_message(&tags),
+            ),
+        )),
+        Ok(Assigned::NotAllowed(refused)) => Ok((
+            node,
+            blocked(
+                ProblemReason::StaticIpNotAllowed,
+                static_ip::not_allowed_message(&tags, required, &refused),
             ),
         )),
         Err(e) => {
@@ -109,17 +118,28 @@ fn blocked(reason: ProblemReason, message: String) -> StaticIp {
     }
 }
 
-/// Describe, then adopt or associate. `Ok(None)`: no free address carries the tags.
+/// What an attempt ended with.
+enum Assigned {
+    Ip(Ipv4Addr),
+    /// No free address carries the tags.
+    NoneFree,
+    /// The only free ones lack the required tag (their allocation IDs).
+    NotAllowed(Vec<String>),
+}
+
+/// Describe, then adopt or associate.
 async fn assign<E: Ec2, S: NodeSink>(
     inner: &Shared<E, S>,
     tags: &crate::ec2::Tags,
     eni_id: &str,
     private_ip: Ipv4Addr,
-) -> Result<Option<Ipv4Addr>, Ec2Error> {
+    required: static_ip::RequiredTag<'_>,
+) -> Result<Assigned, Ec2Error> {
     let addresses = inner.ec2.describe_addresses(tags).await?;
-    let candidates = match static_ip::decide(&addresses, eni_id) {
-        Decision::Adopt(ip) => return Ok(Some(ip)),
-        Decision::NoneFree => return Ok(None),
+    let candidates = match static_ip::decide(&addresses, eni_id, required) {
+        Decision::Adopt(ip) => return Ok(Assigned::Ip(ip)),
+        Decision::NoneFree => return Ok(Assigned::NoneFree),
+        Decision::NotAllowed(refused) => return Ok(Assigned::NotAllowed(refused)),
         Decision::Try(c) => c,
     };
     for (allocation_id, public_ip) in candidates {
@@ -128,10 +148,10 @@ async fn assign<E: Ec2, S: NodeSink>(
             .associate_address(&allocation_id, eni_id, private_ip)
             .await
         {
-            Ok(_) => return Ok(Some(public_ip)),
+            Ok(_) => return Ok(Assigned::Ip(public_ip)),
             // Planted defect (dst-mutants): a lost race taken for a win.
             Err(e) if e.is_already_associated() && crate::mutants::active("static-ip-race-won") => {
-                return Ok(Some(public_ip));
+                return Ok(Assigned::Ip(public_ip));
             }
             // Another node (or another tool) took it since the describe: the next one.
             Err(e) if e.is_already_associated() => {
@@ -140,7 +160,7 @@ async fn assign<E: Ec2, S: NodeSink>(
             Err(e) => return Err(e),
         }
     }
-    Ok(None)
+    Ok(Assigned::NoneFree)
 }
 
 /// Write `status.ipam.assigned-static-ip` (the agent waits for it).
@@ -174,6 +194,8 @@ async fn publish<E: Ec2, S: NodeSink>(
 /// The node is gone: take its static IP off its ENIs (disassociate, never release: the
 /// address is the user's, for the next node that carries the tags). The node's tags come from
 /// its last stored version, its ENIs from the cache (the instance is forgotten after this).
+/// Only addresses carrying the required tag: we associated no other, and the IAM policy
+/// refuses the others.
 pub(super) async fn disassociate<E: Ec2, S: NodeSink>(
     inner: &Shared<E, S>,
     name: &str,
@@ -198,9 +220,14 @@ pub(super) async fn disassociate<E: Ec2, S: NodeSink>(
             .map(|e| e.enis.iter().map(|e| e.id.clone()).collect())
             .unwrap_or_default()
     };
+    let (key, value) = inner.config.ipam.static_ip_required_tag();
     let result = async {
         let mut n = 0;
-        for a in inner.ec2.describe_addresses(&tags).await? {
+        let addresses = inner.ec2.describe_addresses(&tags).await?;
+        for a in addresses
+            .iter()
+            .filter(|a| static_ip::allowed(a, (&key, &value)))
+        {
             let on_node = a
                 .network_interface_id
                 .as_ref()
