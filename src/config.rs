@@ -329,6 +329,14 @@ impl Settings {
         if !r.eni_gc_interval.is_zero() && r.eni_gc_max_per_run == 0 {
             return err("--eni-gc-max-per-run must be at least 1 while the GC is enabled".into());
         }
+        if self.handover.handover_quiet.is_zero() {
+            return err(
+                "--handover-quiet must be positive: it is how long another allocator's \
+                        write of a node's pool keeps us off that node; 0 would let two \
+                        allocators serve it at once"
+                    .into(),
+            );
+        }
         self.validate_durations()
     }
 

@@ -297,6 +297,7 @@ async fn run_operator(
             };
             // The handover guard's view of Cilium operator's Lease.
             let (lease_client, lease_core) = (client.clone(), core.clone());
+            let lease_clock = core.clone();
             let cilium_namespace = settings.handover.cilium_namespace.clone();
             let watch_lease = settings.handover.watch_cilium_lease;
             let absent = settings.handover.cilium_operator_absent;
@@ -333,6 +334,7 @@ async fn run_operator(
                         lease_client,
                         &cilium_namespace,
                         absent,
+                        move || lease_clock.wall_now(),
                         move |v| lease_core.set_cilium_lease_state(v),
                     )
                     .await;

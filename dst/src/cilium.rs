@@ -37,6 +37,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use eni_operator::crd::{CILIUM_IGNORE_ANNOTATION, CiliumNode};
 use eni_operator::ipam::handover::LeaseView;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{FieldsV1, ManagedFieldsEntry};
 use k8s_openapi::jiff::Timestamp;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -176,7 +177,16 @@ pub fn admit(w: &mut World, n: &mut CiliumNode) {
             .annotations
             .get_or_insert_with(Default::default)
             .insert(CILIUM_IGNORE_ANNOTATION.into(), "true".into());
-        n.metadata.managed_fields = Some(Vec::new());
+        // The create's own entry: the agent owns the spec it sent, not the annotation.
+        n.metadata.managed_fields = Some(vec![ManagedFieldsEntry {
+            manager: Some(testkit::managed_fields::AGENT_MANAGER.into()),
+            operation: Some("Update".into()),
+            fields_type: Some("FieldsV1".into()),
+            fields_v1: Some(FieldsV1(
+                serde_json::json!({"f:spec": {"f:instance-id": {}}}),
+            )),
+            ..ManagedFieldsEntry::default()
+        }]);
     }
 }
 

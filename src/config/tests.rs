@@ -303,6 +303,13 @@ fn validation_errors() {
         let e = parse(&[flag, "9000h"]).expect_err(flag);
         assert!(e.to_string().contains(flag), "{flag}: {e}");
     }
+    // A zero quiet time would let any foreign pool write pass unseen: two allocators on a node.
+    let e = parse(&["--handover-quiet", "0"]).unwrap_err();
+    assert!(
+        e.to_string().contains("--handover-quiet must be positive"),
+        "{e}"
+    );
+    assert!(parse(&["--handover-quiet", "1s"]).is_ok());
     let e = parse(&["--node-gone-grace-period", "30s"]).unwrap_err();
     assert!(e.to_string().contains("at least"), "{e}");
     assert!(parse(&["--node-gone-grace-period", "1m"]).is_ok());

@@ -136,6 +136,8 @@ pub enum LeaveAlone {
     OutOfScope,
     /// Outside `--handover-selector` and never ours: not written at all.
     NotSelected,
+    /// Never served by us and its Node is gone: not ours to delete, nor to write.
+    NotServed,
 }
 
 /// Why a node waits (the status page's reasons the admission gives).
@@ -236,7 +238,8 @@ impl Deref for AdmittedNode {
 
 /// The admission (pure): the checks in the order they run, each on facts already read.
 pub fn decide(f: &Facts) -> Decision {
-    let has_finalizer = has_finalizer(&f.node);
+    // Taken over by us: our field manager put our finalizer there (an agent may add it too).
+    let ours = f.confirmed.finalizer_ours;
     if f.ignored {
         return Decision::HandBack;
     }
@@ -247,7 +250,7 @@ pub fn decide(f: &Facts) -> Decision {
         Some(false) => return Decision::LeaveAlone(LeaveAlone::OutOfScope),
     }
     if !f.selected {
-        if has_finalizer {
+        if ours {
             return Decision::HandBack;
         }
         return Decision::LeaveAlone(LeaveAlone::NotSelected);
@@ -256,7 +259,9 @@ pub fn decide(f: &Facts) -> Decision {
     if f.watch_says_gone && !deleting {
         match f.gone_now {
             None => return Decision::Need(Need::NodeGone),
-            Some(true) => return finalize(f, true),
+            // Only a node we served is ours to delete; another is its creator's.
+            Some(true) if ours => return finalize(f, true),
+            Some(true) => return Decision::LeaveAlone(LeaveAlone::NotServed),
             Some(false) => {}
         }
     }
@@ -274,7 +279,7 @@ pub fn decide(f: &Facts) -> Decision {
         Guard::NotRead => return Decision::Need(Need::Guard),
         Guard::Read(g) => Some(g),
     };
-    if let Some(refused) = guard.and_then(|g| other_allocator(g, has_finalizer)) {
+    if let Some(refused) = guard.and_then(|g| other_allocator(g, ours)) {
         return refused;
     }
     match f.settled {
@@ -385,8 +390,9 @@ fn cluster_tag(f: &Facts) -> Option<Decision> {
     }
 }
 
-/// The handover guard (§16): another allocator serves the node, or Cilium's Lease cannot be
-/// read for a node not taken over yet (fail closed; nodes already ours go on).
+/// The handover guard (§16): another allocator serves the node, or Cilium's Lease or the
+/// object's managedFields cannot be read for a node not taken over yet (fail closed; nodes
+/// already ours go on).
 fn other_allocator(g: &GuardFacts, handed_over: bool) -> Option<Decision> {
     let blocked = |reason, message, wait, annotate| {
         Decision::Refuse(Refusal {
@@ -410,6 +416,15 @@ fn other_allocator(g: &GuardFacts, handed_over: bool) -> Option<Decision> {
             message,
             None,
             false,
+        ));
+    }
+    if !g.writers.recorded && !handed_over {
+        let why = "the CiliumNode has no metadata.managedFields: who set ipam.cilium.io/ignore \
+                   and who wrote its pool cannot be told, so it is not taken over until they \
+                   can (the API server records them on every write)";
+        return Some(wait(
+            Some((WaitReason::OtherAllocator, why.to_string())),
+            GUARD_RETRY,
         ));
     }
     let signals = Signals {

@@ -16,7 +16,10 @@ fn t(s: i64) -> Timestamp {
 
 fn guard() -> GuardFacts {
     GuardFacts {
-        writers: Writers::default(),
+        writers: Writers {
+            recorded: true,
+            ..Writers::default()
+        },
         cilium_ignore: true,
         will_annotate: true,
         lease: CiliumLease::Absent,
@@ -145,6 +148,33 @@ fn a_gone_node_is_asked_about_live_then_deleted_and_finalized() {
     assert!(matches!(decide(&f), Decision::Serve(_)));
 }
 
+/// A CiliumNode we never served is not ours to delete when its Node goes (nor to hand back
+/// outside the selector): an agent's object, forged finalizer or not, is left as it is.
+#[test]
+fn a_node_we_never_served_is_neither_deleted_nor_handed_back() {
+    let mut f = new_node();
+    f.watch_says_gone = true;
+    f.gone_now = Some(true);
+    f.identity = Identity::NoNode;
+    assert!(matches!(
+        decide(&f),
+        Decision::LeaveAlone(LeaveAlone::NotServed)
+    ));
+    // With our finalizer added by an agent: the same.
+    f.node.metadata.finalizers = Some(vec![FINALIZER.into()]);
+    assert!(matches!(
+        decide(&f),
+        Decision::LeaveAlone(LeaveAlone::NotServed)
+    ));
+    let mut f = new_node();
+    f.node.metadata.finalizers = Some(vec![FINALIZER.into()]);
+    f.selected = false;
+    assert!(matches!(
+        decide(&f),
+        Decision::LeaveAlone(LeaveAlone::NotSelected)
+    ));
+}
+
 #[test]
 fn deleting_releases_only_the_confirmed_instance_whatever_the_object_names_now() {
     let fin = finalized(decide(&deleting(served())));
@@ -259,6 +289,55 @@ fn an_unreadable_cilium_lease_blocks_only_nodes_not_taken_over() {
     let mut ours = served();
     ours.guard = Guard::Read(Box::new(g));
     assert!(matches!(decide(&ours), Decision::Serve(_)));
+}
+
+/// An agent may add our finalizer to its own CiliumNode: only the one our field manager put
+/// there says the node was taken over, so a forged one does not open the guard.
+#[test]
+fn a_finalizer_an_agent_added_does_not_count_as_taken_over() {
+    let mut g = guard();
+    g.lease = CiliumLease::Unreadable("no Lease yet".into());
+    let mut forged = new_node();
+    forged.node.metadata.finalizers = Some(vec![FINALIZER.into()]);
+    forged.guard = Guard::Read(Box::new(g));
+    let r = refusal(decide(&forged));
+    assert_eq!(r.reason, ProblemReason::CiliumLeaseUnreadable);
+    assert!(r.guard_blocked);
+}
+
+/// Without `metadata.managedFields` nothing tells who set `ipam.cilium.io/ignore` or who wrote
+/// the pool: the guard used to read that as "annotated at creation, no foreign write" and
+/// serve at once. It waits, saying why.
+#[test]
+fn a_node_without_managed_fields_waits_for_the_guard_to_be_able_to_tell() {
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{FieldsV1, ManagedFieldsEntry};
+    let mut g = guard();
+    g.lease = lease("cilium-operator-1", 10);
+    let mut f = new_node();
+    for missing in [None, Some(Vec::new())] {
+        f.node.metadata.managed_fields = missing;
+        g.writers = Writers::of(&f.node.metadata);
+        f.guard = Guard::Read(Box::new(g.clone()));
+        let Decision::Wait { wait, retry } = decide(&f) else {
+            panic!("not a wait: {:?}", decide(&f));
+        };
+        assert_eq!(retry, GUARD_RETRY);
+        let (reason, why) = wait.expect("a wait reason");
+        assert_eq!(reason, WaitReason::OtherAllocator);
+        assert!(why.contains("managedFields"), "{why}");
+    }
+    // The creator's entry (what the API server records for any create): annotated at creation.
+    f.node.metadata.managed_fields = Some(vec![ManagedFieldsEntry {
+        manager: Some("cilium-agent".into()),
+        operation: Some("Update".into()),
+        fields_v1: Some(FieldsV1(
+            serde_json::json!({"f:spec": {"f:instance-id": {}}}),
+        )),
+        ..ManagedFieldsEntry::default()
+    }]);
+    g.writers = Writers::of(&f.node.metadata);
+    f.guard = Guard::Read(Box::new(g));
+    assert!(matches!(decide(&f), Decision::Serve(_)));
 }
 
 fn lease(holder: &str, acquired: i64) -> CiliumLease {

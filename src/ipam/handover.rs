@@ -42,11 +42,17 @@ pub struct Writers {
     pub ignore_owned: bool,
     /// The object's creator sent `ipam.cilium.io/ignore` in its create request ([`Self::of`]).
     pub ignore_by_creator: bool,
+    /// The object has managedFields entries (the API server records one for every create):
+    /// without them none of the above can be told, and the guard fails closed.
+    pub recorded: bool,
 }
 
 impl Writers {
     pub fn from_managed_fields(entries: &[ManagedFieldsEntry]) -> Self {
-        let mut w = Self::default();
+        let mut w = Self {
+            recorded: !entries.is_empty(),
+            ..Self::default()
+        };
         for e in entries {
             let fields = e.fields_v1.as_ref().map(|f| &f.0);
             let owns = |path: &[&str]| fields.is_some_and(|f| owns(f, path));

@@ -5,6 +5,7 @@
 use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::jiff::Timestamp;
 use kube::Api;
 use tracing::warn;
 
@@ -39,6 +40,32 @@ pub fn view(lease: &Lease) -> Option<LeaseView> {
     })
 }
 
+/// The Lease's own progress, as client-go's leader election judges another holder's: by when
+/// its record last changed on our clock, never by its `renewTime` against our clock (Cilium's
+/// nodes' clocks and ours may disagree by more than the lease duration either way).
+#[derive(Clone, Debug, Default)]
+pub struct Progress {
+    /// The record last read (holder, renewTime) and our time when it changed to that.
+    last: Option<((String, Timestamp), Timestamp)>,
+}
+
+impl Progress {
+    /// The view with `renewed` set to our time of the record's last change: a record read for
+    /// the first time counts as renewed now (held for its duration, the safe side).
+    pub fn observe(&mut self, v: LeaseView, now: Timestamp) -> LeaseView {
+        let record = (v.holder.clone(), v.renewed);
+        let changed_at = match &self.last {
+            Some((last, at)) if *last == record => *at,
+            _ => now,
+        };
+        self.last = Some((record, changed_at));
+        LeaseView {
+            renewed: changed_at,
+            ..v
+        }
+    }
+}
+
 /// What one read tells the guard. `read`: the Lease, `Ok(None)` when the API server answers
 /// 404, `Err` with the error. Fails closed (§16): unless the user said Cilium's operator is
 /// absent (`--cilium-operator-absent`), a Lease that cannot be read, or is not found where
@@ -59,19 +86,30 @@ pub fn state(read: Result<Option<&Lease>, String>, namespace: &str, absent: bool
     }
 }
 
-/// Read the Lease every [`PERIOD`] and hand each state to `set`; never returns.
-pub async fn watch(client: kube::Client, namespace: &str, absent: bool, set: impl Fn(CiliumLease)) {
+/// Read the Lease every [`PERIOD`] and hand each state to `set`, its renewal dated by `now`
+/// (our clock, [`Progress`]); never returns.
+pub async fn watch(
+    client: kube::Client,
+    namespace: &str,
+    absent: bool,
+    now: impl Fn() -> Timestamp,
+    set: impl Fn(CiliumLease),
+) {
     let api: Api<Lease> = Api::namespaced(client, namespace);
     let mut said: Option<String> = None;
+    let mut progress = Progress::default();
     loop {
         let read = api.get_opt(CILIUM_OPERATOR_LEASE).await;
-        let state = state(
+        let mut state = state(
             read.as_ref()
                 .map(Option::as_ref)
                 .map_err(ToString::to_string),
             namespace,
             absent,
         );
+        if let CiliumLease::Held(v) = state {
+            state = CiliumLease::Held(progress.observe(v, now()));
+        }
         // Once per message: it repeats every few seconds.
         match &state {
             CiliumLease::Unreadable(why) if said.as_deref() != Some(why) => {
@@ -91,7 +129,6 @@ mod tests {
     use super::*;
     use k8s_openapi::api::coordination::v1::LeaseSpec;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
-    use k8s_openapi::jiff::Timestamp;
 
     #[test]
     fn a_held_lease_becomes_a_view_and_an_empty_one_none() {
@@ -150,6 +187,41 @@ mod tests {
         };
         assert!(blocked(101) && blocked(129), "within 15 s + 15 s");
         assert!(!blocked(131));
+    }
+
+    /// Cilium's renewTime is its node's clock: ahead of ours, a dead operator's last renewal
+    /// used to block nodes until our clock caught up; behind ours by more than the duration, a
+    /// running one counted as gone and the guard let nodes through. Only the record changing
+    /// between our reads (every [`PERIOD`]) says it runs.
+    #[test]
+    fn the_lease_is_fresh_while_its_record_changes_whatever_its_clock_says() {
+        let at = |s: i64| Timestamp::from_second(1_800_000_000 + s).unwrap();
+        let view = |renewed: i64| LeaseView {
+            holder: "cilium-operator-1".into(),
+            acquired: at(-1000),
+            renewed: at(renewed),
+            duration: Duration::from_secs(15),
+        };
+        // Its clock an hour behind ours, renewing every 2 s: held at every read.
+        let mut p = Progress::default();
+        for read in 0..10 {
+            let now = 5 * read;
+            let v = p.observe(view(now - 3600), at(now));
+            assert!(v.fresh(at(now)), "read {read}: a renewing holder");
+        }
+        // Its clock an hour ahead of ours, then it stops renewing: held for one duration
+        // after the record last changed, not for the hour.
+        let mut p = Progress::default();
+        assert!(p.observe(view(3600), at(0)).fresh(at(0)));
+        assert!(p.observe(view(3602), at(5)).fresh(at(5)));
+        assert!(p.observe(view(3602), at(15)).fresh(at(15)));
+        assert!(!p.observe(view(3602), at(25)).fresh(at(25)));
+        // A new holder is a change, even with the same renewTime.
+        let other = LeaseView {
+            holder: "cilium-operator-2".into(),
+            ..view(3602)
+        };
+        assert!(p.observe(other, at(30)).fresh(at(30)));
     }
 
     /// Issue 29 item 3: a Lease that could not be read (none at first, a 403, a 404 in the

@@ -52,13 +52,14 @@ impl StoredNode {
         }
     }
 
-    /// For a copy of the node made here (it has no `managedFields`): what the object proved
-    /// stays what `earlier`, the same object, proved.
+    /// For a copy of the node made here (it has no `managedFields`): what the object proved,
+    /// and who wrote it, stay what `earlier`, the same object, showed.
     pub fn keep_proof_of(&mut self, node: &CiliumNode, earlier: Option<&StoredNode>) {
         if node.metadata.managed_fields.is_none()
             && let Some(e) = earlier.filter(|e| e.uid == self.uid)
         {
             self.confirmed = e.confirmed.clone();
+            self.writers = e.writers.clone();
         }
     }
 

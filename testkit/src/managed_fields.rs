@@ -79,6 +79,13 @@ pub fn record_at(
     }
 }
 
+/// The creator's entry as the API server records it for every create: it owns the spec it
+/// sent (here `spec.instance-id`, what the guard reads of it), whatever metadata it set.
+pub fn record_creator(obj: &mut Value, manager: &'static str, time: Option<&str>) {
+    let path = ["f:spec".to_string(), "f:instance-id".to_string()];
+    set_owner(obj, &path, Some(manager), time);
+}
+
 fn set_owner(obj: &mut Value, path: &[String], owner: Option<&str>, time: Option<&str>) {
     let meta = obj["metadata"].as_object_mut().expect("metadata");
     let entries = meta

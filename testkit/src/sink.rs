@@ -241,6 +241,11 @@ impl MemorySink {
                     |_| managed_fields::AGENT_MANAGER,
                     time.as_deref(),
                 );
+                managed_fields::record_creator(
+                    &mut v,
+                    managed_fields::AGENT_MANAGER,
+                    time.as_deref(),
+                );
             }
             // Like the API server: every new object gets a new uid, also under a name used
             // before (a deleted CiliumNode written again).

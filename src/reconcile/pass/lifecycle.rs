@@ -121,7 +121,7 @@ async fn act<E: Ec2, S: NodeSink>(
     match decision {
         Decision::HandBack => hand_back(inner, name, node).await,
         Decision::LeaveAlone(LeaveAlone::OutOfScope) => leave_alone(inner, name, &node).await,
-        Decision::LeaveAlone(LeaveAlone::NotSelected) => DONE,
+        Decision::LeaveAlone(LeaveAlone::NotSelected | LeaveAlone::NotServed) => DONE,
         Decision::Wait { wait, retry } => {
             if let Some((reason, why)) = wait {
                 report::waiting(inner, name, reason, why, retry);
