@@ -7,8 +7,8 @@ use k8s_openapi::jiff::Timestamp;
 
 use super::*;
 use crate::crd::{CILIUM_IGNORE_ANNOTATION, FINALIZER};
+use crate::ipam::fixtures::{INSTANCE, node};
 use crate::ipam::handover::LeaseView;
-use crate::ipam::testkit::{INSTANCE, node};
 
 fn t(s: i64) -> Timestamp {
     Timestamp::from_second(1_700_000_000 + s).expect("time")

@@ -325,7 +325,7 @@ pub fn is_prefix_delegated(
 #[cfg(test)]
 mod interface_stats_tests {
     use super::*;
-    use crate::ipam::testkit::{INSTANCE, eni_with_ips, limits};
+    use crate::ipam::fixtures::{INSTANCE, eni_with_ips, limits};
 
     #[test]
     fn candidates_have_room_and_are_not_excluded_slots_count_every_attached_eni() {
@@ -358,7 +358,7 @@ mod interface_stats_tests {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ipam::testkit::*;
+    use crate::ipam::fixtures::*;
 
     fn m5_large() -> InstanceTypeLimits {
         limits(3, 10, true)

@@ -13,8 +13,8 @@ use std::net::Ipv4Addr;
 use std::time::Instant;
 
 use super::capacity::{is_prefix_delegated, node_capacity, usable_addresses};
+use super::fixtures::*;
 use super::plan::plan_node;
-use super::testkit::*;
 use super::{Action, IpamConfig, NodeMemory, ProblemReason};
 use crate::crd::{AllocationIp, CiliumNode, EniSpec};
 use crate::ec2::{AddressRequest, InstanceTypeLimits, NetworkInterface};

@@ -28,11 +28,11 @@ pub mod writeback;
 #[cfg(test)]
 mod cilium_tables;
 #[cfg(test)]
+pub(crate) mod fixtures;
+#[cfg(test)]
 mod network_cards;
 #[cfg(test)]
 mod proptests;
-#[cfg(test)]
-pub(crate) mod testkit;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::Ipv4Addr;

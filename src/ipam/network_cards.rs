@@ -7,9 +7,9 @@ use std::net::Ipv4Addr;
 use std::time::Instant;
 
 use super::capacity::{is_excluded, usable_addresses};
+use super::fixtures::*;
 use super::selection::{next_device_index, select_security_groups};
 use super::static_ip::primary_eni;
-use super::testkit::*;
 use super::{Action, IpamConfig, NodeMemory, plan_node};
 use crate::ec2::{InstanceTypeLimits, InterfaceType, NetworkInterface};
 

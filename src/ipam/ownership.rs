@@ -140,7 +140,7 @@ pub fn client_token(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ipam::testkit::*;
+    use crate::ipam::fixtures::*;
 
     #[test]
     fn ownership_wins_over_user_tags() {

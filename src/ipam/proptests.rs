@@ -12,7 +12,7 @@ use crate::crd::{AllocationIp, CiliumNode, IpamPoolAllocation, IpamPoolRequest, 
 use crate::ec2::{AddressRequest, NetworkInterface, PREFIX_SIZE, prefix_addresses};
 
 use super::capacity::{free_slots, usable_addresses, usable_enis};
-use super::testkit::*;
+use super::fixtures::*;
 use super::{Action, IpamConfig, NodeMemory, NodePlan, desired_state, plan_node};
 
 /// One random node and its EC2 world.

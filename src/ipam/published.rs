@@ -57,7 +57,7 @@ fn shown_addresses(node: &CiliumNode) -> BTreeSet<Ipv4Addr> {
 mod tests {
     use super::*;
     use crate::crd::{AllocationIp, EniEntry, IpamPoolRequest};
-    use crate::ipam::testkit::{World, eni_with_ips, node};
+    use crate::ipam::fixtures::{World, eni_with_ips, node};
 
     /// A world whose second ENI holds 6 addresses, and a node listing `shown` of them.
     fn world() -> World {
@@ -142,7 +142,7 @@ mod tests {
         w.limits = None;
         assert!(agent_demand(&node(), &w.view(), &IpamConfig::default()).is_none());
         let mut w = world();
-        w.presence = crate::ipam::testkit::Presence::Unknown;
+        w.presence = crate::ipam::fixtures::Presence::Unknown;
         assert!(agent_demand(&node(), &w.view(), &IpamConfig::default()).is_none());
     }
 }

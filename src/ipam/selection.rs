@@ -248,7 +248,7 @@ pub fn next_device_index(enis: &[NetworkInterface], first: u32, max_enis: u32) -
 mod tests {
     use super::*;
     use crate::ec2::RouteTable;
-    use crate::ipam::testkit::*;
+    use crate::ipam::fixtures::*;
     use std::time::Duration;
 
     fn ids(list: &[&Subnet]) -> Vec<String> {

@@ -232,8 +232,8 @@ mod tests {
 
     #[test]
     fn the_primary_eni_is_device_index_zero_of_this_instance() {
-        let mut e0 = crate::ipam::testkit::eni_with_ips("eni-0", 0, "subnet-a", 0);
-        let e1 = crate::ipam::testkit::eni_with_ips("eni-1", 1, "subnet-a", 0);
+        let mut e0 = crate::ipam::fixtures::eni_with_ips("eni-0", 0, "subnet-a", 0);
+        let e1 = crate::ipam::fixtures::eni_with_ips("eni-1", 1, "subnet-a", 0);
         assert_eq!(
             primary_eni("i-1", &[e1.clone(), e0.clone()]).unwrap().id,
             "eni-0"

@@ -70,7 +70,7 @@ pub fn strip(
 mod tests {
     use super::*;
     use crate::crd::CiliumNodeStatus;
-    use crate::ipam::testkit::{net, node};
+    use crate::ipam::fixtures::{net, node};
 
     fn entry(addresses: &[&str], prefixes: &[&str]) -> EniEntry {
         EniEntry {

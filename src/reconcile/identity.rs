@@ -223,11 +223,11 @@ mod tests {
 
     #[test]
     fn rivals_are_other_live_unrefuted_cilium_nodes_of_the_instance() {
-        use crate::ipam::testkit;
+        use crate::ipam::fixtures;
         use crate::k8s::stored::StoredNode;
         use crate::reconcile::nodes::Slot;
         let slot = |instance: &str, deleting: bool| {
-            let mut n = testkit::node();
+            let mut n = fixtures::node();
             n.spec.instance_id = instance.into();
             if deleting {
                 n.metadata.deletion_timestamp =

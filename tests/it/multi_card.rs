@@ -84,8 +84,11 @@ async fn a_p5_is_served_on_card_0_and_its_efa_interfaces_are_left_alone() {
     let w = Cluster::new();
     let efa_sg = w.sim.add_security_group(&w.vpc, Tags::new());
     let eip_tags = Tags::from([("pool".to_string(), "egress".to_string())]);
+    // The address also carries the tag every address we associate must carry.
+    let mut address_tags = eip_tags.clone();
+    address_tags.insert(CLUSTER_TAG.to_string(), "test-cluster".to_string());
     w.sim
-        .add_address(Ipv4Addr::new(198, 51, 100, 7), eip_tags.clone());
+        .add_address(Ipv4Addr::new(198, 51, 100, 7), address_tags);
     let sink = Arc::new(MemorySink::with_ciliums_crd());
     let tx = start(&w.sim, &sink);
 

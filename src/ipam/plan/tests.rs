@@ -1,8 +1,8 @@
 use super::*;
 use crate::crd::{AllocationIp, IpamPoolRequest};
 use crate::ec2::InstanceState;
+use crate::ipam::fixtures::*;
 use crate::ipam::ownership::{CLUSTER_TAG, INSTANCE_TAG};
-use crate::ipam::testkit::*;
 use std::time::Duration;
 
 fn run(node: &CiliumNode, w: &World, config: &IpamConfig, pending: u32) -> NodePlan {

@@ -1,7 +1,7 @@
 use super::*;
 use crate::crd::DEFAULT_POOL;
 use crate::crd::{AllocationIp, IpamPoolAllocation};
-use crate::ipam::testkit::*;
+use crate::ipam::fixtures::*;
 use std::time::Duration;
 
 fn config() -> IpamConfig {

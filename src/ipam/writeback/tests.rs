@@ -1,5 +1,5 @@
 use super::*;
-use crate::ipam::testkit::*;
+use crate::ipam::fixtures::*;
 use crate::ipam::{Action, Release, plan_node};
 use std::time::{Duration, Instant};
 

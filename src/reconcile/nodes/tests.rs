@@ -1,5 +1,5 @@
 use super::*;
-use crate::ipam::testkit;
+use crate::ipam::fixtures;
 use crate::k8s::sink::NodeRef;
 
 fn cache() -> RwLock<Ec2Cache> {
@@ -30,7 +30,7 @@ fn a_refused_nodes_instance_is_neither_managed_nor_described() {
 }
 
 fn node(name: &str, instance: &str) -> Box<CiliumNode> {
-    let mut n = testkit::node();
+    let mut n = fixtures::node();
     n.metadata.name = Some(name.into());
     n.spec.instance_id = instance.into();
     Box::new(n)
@@ -187,7 +187,7 @@ fn an_invalid_node_is_queued_to_report_or_delete() {
 fn totals_count_states_and_only_served_nodes() {
     let mut slots = Slots::new();
     let served = |available, used, needed| Slot {
-        node: Some(StoredNode::new(&testkit::node())),
+        node: Some(StoredNode::new(&fixtures::node())),
         demand: Demand {
             available,
             used,
