@@ -247,12 +247,12 @@ impl Ec2Cache {
         }
     }
 
-    /// A CiliumNode we admitted names this instance.
     /// How many instances CiliumNodes name.
     pub fn managed_count(&self) -> usize {
         self.managed.len()
     }
 
+    /// A CiliumNode we admitted names this instance.
     pub fn manages(&self, id: &str) -> bool {
         self.managed.contains(id)
     }
