@@ -267,6 +267,7 @@ fn the_chart_refuses_values_that_break_the_install() {
             vec!["--set", "ports.health=9751"],
             "ports.metrics and ports.health",
         ),
+        (vec!["--set", "ports.debug=9752"], "ports.debug is 9752"),
         (
             vec!["--set", "podDisruptionBudget.minAvailable=2"],
             "podDisruptionBudget.minAvailable",
@@ -848,9 +849,10 @@ fn status_by_exec_into_the_leader_is_what_the_chart_runs() {
     // The identity falls back to POD_NAME (src/main.rs); nothing in the ConfigMap overrides it.
     let cm = std::fs::read_to_string(root().join("manifests/04-configmap.yaml")).unwrap();
     assert!(!cm.contains("ENI_OPERATOR_IDENTITY"));
-    // `status` reads the operator's default debug listener (loopback; the ConfigMap keeps it).
-    assert!(!cm.contains("ENI_OPERATOR_DEBUG_ADDR"));
+    // `status` reads the debug listener the ConfigMap sets, which is the operator's default.
     let defaults = eni_operator::config::Settings::try_parse_from(["eni-operator"]).unwrap();
+    let configured = format!("ENI_OPERATOR_DEBUG_ADDR: \"{}\"", defaults.server.debug_addr);
+    assert!(cm.contains(&configured), "the ConfigMap lacks {configured}");
     let status = eni_operator::status_cli::StatusArgs::try_parse_from(["status"]).unwrap();
     assert_eq!(
         status.address,

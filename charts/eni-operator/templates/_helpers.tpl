@@ -58,12 +58,17 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 
 {{/*
 Combinations of values the schema cannot compare: each fails the render with what to change.
-Equal ports would be one host port declared twice on the container; a PodDisruptionBudget
+Equal ports would be one host port declared twice on the container (or two listeners on one
+port); a PodDisruptionBudget
 that needs every replica up blocks every drain of a node that runs one.
 */}}
 {{- define "eni-operator.validate" -}}
-{{- if eq (int .Values.ports.metrics) (int .Values.ports.health) -}}
-{{- fail (printf "ports.metrics and ports.health are both %d: give them different ports" (int .Values.ports.metrics)) -}}
+{{- $ports := .Values.ports -}}
+{{- if eq (int $ports.metrics) (int $ports.health) -}}
+{{- fail (printf "ports.metrics and ports.health are both %d: give them different ports" (int $ports.metrics)) -}}
+{{- end -}}
+{{- if or (eq (int $ports.debug) (int $ports.metrics)) (eq (int $ports.debug) (int $ports.health)) -}}
+{{- fail (printf "ports.debug is %d, as ports.metrics or ports.health: give it its own port" (int $ports.debug)) -}}
 {{- end -}}
 {{- $pdb := .Values.podDisruptionBudget -}}
 {{- $replicas := int .Values.replicas -}}

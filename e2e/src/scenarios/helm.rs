@@ -114,10 +114,16 @@ async fn output(program: &Path, args: &[&str], stdin: Option<&[u8]>) -> Result<S
     Ok(stdout)
 }
 
-fn free_port() -> Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
+/// N distinct free ports (all bound at once, so no two are the same).
+fn free_ports<const N: usize>() -> Result<[u16; N]> {
+    let listeners = (0..N)
+        .map(|_| std::net::TcpListener::bind("127.0.0.1:0"))
+        .collect::<std::io::Result<Vec<_>>>()?;
+    let mut ports = [0; N];
+    for (port, l) in ports.iter_mut().zip(&listeners) {
+        *port = l.local_addr()?.port();
+    }
+    Ok(ports)
 }
 
 /// The environment the kubelet would give the container: the ConfigMap (envFrom), then `env`
@@ -247,7 +253,8 @@ impl Suite {
         }
 
         // 2. helm install, with what this test's EC2 endpoint and timings need.
-        let (metrics, health) = (free_port()?, free_port()?);
+        // Every listener on a free port: the other e2e runs share this host's loopback.
+        let [metrics, health, debug] = free_ports()?;
         // Its own cluster name: the ENIs this scenario leaves attached (uninstall does not
         // release them) are never counted by the next scenarios' checks.
         let cluster = &self.cfg.cluster_name;
@@ -255,7 +262,7 @@ impl Suite {
             r#"clusterName: {cluster}-helm
 region: {region}
 leaderElection: {{leaseName: {LEASE}}}
-ports: {{metrics: {metrics}, health: {health}}}
+ports: {{metrics: {metrics}, health: {health}, debug: {debug}}}
 logFormat: text
 # No Cilium operator in the test cluster: the handover guard would otherwise fail closed.
 ciliumOperatorAbsent: true
