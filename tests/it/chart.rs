@@ -217,6 +217,12 @@ fn every_setting_the_docs_name_is_a_value_the_operator_takes() {
     assert_eq!(s.ipam.excess_ip_release_delay, 60);
     assert!(s.ipam.aws_use_primary_address);
     assert_eq!(s.runtime.eni_gc_interval.as_secs(), 450);
+    // ipFamily IPv6: every listener on an IPv6 address, the probes on ::1.
+    assert_eq!(s.server.metrics_addr.to_string(), "[::]:9761");
+    assert_eq!(s.server.health_addr.to_string(), "[::1]:9762");
+    assert_eq!(s.server.debug_addr.to_string(), "[::1]:9763");
+    let every_rendered = render(&helm, &["-f", &every.display().to_string()]).unwrap();
+    assert_eq!(every_rendered.matches("host: \"::1\"").count(), 2);
 
     let chart_defaults = operator_settings(&render(&helm, &[]).unwrap());
     let own = eni_operator::config::Settings::try_parse_from(["eni-operator"]).unwrap();
@@ -851,7 +857,10 @@ fn status_by_exec_into_the_leader_is_what_the_chart_runs() {
     assert!(!cm.contains("ENI_OPERATOR_IDENTITY"));
     // `status` reads the debug listener the ConfigMap sets, which is the operator's default.
     let defaults = eni_operator::config::Settings::try_parse_from(["eni-operator"]).unwrap();
-    let configured = format!("ENI_OPERATOR_DEBUG_ADDR: \"{}\"", defaults.server.debug_addr);
+    let configured = format!(
+        "ENI_OPERATOR_DEBUG_ADDR: \"{}\"",
+        defaults.server.debug_addr
+    );
     assert!(cm.contains(&configured), "the ConfigMap lacks {configured}");
     let status = eni_operator::status_cli::StatusArgs::try_parse_from(["status"]).unwrap();
     assert_eq!(

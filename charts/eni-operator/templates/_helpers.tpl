@@ -57,6 +57,22 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- end -}}
 
 {{/*
+The loopback host (probes) and the listen addresses of the ipFamily value: "host" gives the bare
+host, "any"/"loopback" with a port give host:port (IPv6 in brackets).
+*/}}
+{{- define "eni-operator.loopbackHost" -}}
+{{- if eq .Values.ipFamily "IPv6" -}}::1{{- else -}}127.0.0.1{{- end -}}
+{{- end -}}
+{{- define "eni-operator.loopbackAddr" -}}
+{{- $ctx := index . 0 -}}
+{{- if eq $ctx.Values.ipFamily "IPv6" -}}[::1]:{{ int (index . 1) }}{{- else -}}127.0.0.1:{{ int (index . 1) }}{{- end -}}
+{{- end -}}
+{{- define "eni-operator.anyAddr" -}}
+{{- $ctx := index . 0 -}}
+{{- if eq $ctx.Values.ipFamily "IPv6" -}}[::]:{{ int (index . 1) }}{{- else -}}0.0.0.0:{{ int (index . 1) }}{{- end -}}
+{{- end -}}
+
+{{/*
 Combinations of values the schema cannot compare: each fails the render with what to change.
 Equal ports would be one host port declared twice on the container (or two listeners on one
 port); a PodDisruptionBudget
