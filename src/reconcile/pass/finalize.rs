@@ -2,13 +2,13 @@
 //! ENIs of a node whose Kubernetes Node is gone, then remove our finalizer and forget the
 //! node) and the error report on an unparsable object.
 
-use serde_json::json;
 use tracing::warn;
 
 use crate::clock;
 use crate::crd::FINALIZER;
 use crate::ec2::Ec2;
-use crate::ipam::{ChangeSet, ProblemReason, Subresource, Write};
+use crate::ipam::ProblemReason;
+use crate::ipam::admission::Finalize;
 use crate::k8s::input::InvalidNode;
 use crate::k8s::sink::{NodeRef, NodeSink, SinkError};
 use crate::reconcile::events::{self, EventReason};
@@ -18,7 +18,9 @@ use crate::reconcile::finalizer::{
 use crate::reconcile::metrics;
 use crate::reconcile::queue::Outcome;
 use crate::reconcile::shared::Shared;
+use crate::reconcile::status::WaitReason;
 
+use super::said::{End, Note, Said};
 use super::snapshot::Snapshot;
 use super::{DONE, FAILED, Step, Verdict};
 
@@ -26,20 +28,33 @@ use super::{DONE, FAILED, Step, Verdict};
 /// back our ENIs first; with the instance still running, keep them (the Node may come back)
 /// and look again, up to the grace period; with the Node still there (deleted by hand), touch
 /// nothing. A give-back that keeps failing is reported and, after the grace period, let go.
-/// Only `confirmed` is ever given back: the instance the object proves we served it as
-/// ([`crate::ipam::confirmed`]), never the one it names (`named`, an agent's claim).
+/// Only the admission's `release` is ever given back: the instance the object proves we served
+/// it as ([`crate::ipam::confirmed`]), never the one it names (`named`, an agent's claim).
 pub(super) async fn finalize<E: Ec2, S: NodeSink>(
+    inner: &Shared<E, S>,
+    name: &str,
+    r: NodeRef,
+    decided: &Finalize,
+) -> End {
+    let mut said = Said::on(r.clone());
+    let (named, confirmed) = (decided.named.as_str(), decided.release.as_deref());
+    let verdict = remove(inner, name, &r, named, confirmed, &mut said).await;
+    End::with(verdict, said)
+}
+
+async fn remove<E: Ec2, S: NodeSink>(
     inner: &Shared<E, S>,
     name: &str,
     r: &NodeRef,
     named: &str,
     confirmed: Option<&str>,
+    said: &mut Said,
 ) -> Verdict {
     if r.finalizers.iter().any(|f| f == FINALIZER) {
         let result = match confirmed {
-            Some(instance) => give_back(inner, name, r, instance).await,
+            Some(instance) => give_back(inner, name, instance, said).await,
             None => {
-                unconfirmed(inner, r, named).await;
+                said.event(EventReason::EnisNotReleased, unconfirmed(r, named));
                 Ok(None)
             }
         };
@@ -52,7 +67,7 @@ pub(super) async fn finalize<E: Ec2, S: NodeSink>(
             }
             Err(failure) => {
                 let instance = confirmed.unwrap_or(named);
-                if !blocked(inner, name, r, instance, &failure).await {
+                if !blocked(inner, name, instance, &failure, said) {
                     return FAILED;
                 }
             }
@@ -76,8 +91,8 @@ pub(super) async fn finalize<E: Ec2, S: NodeSink>(
 }
 
 /// A finalizer with nothing to prove it ours (an agent may add it, and name any instance):
-/// release nothing, say so, let the object go.
-async fn unconfirmed<E: Ec2, S: NodeSink>(inner: &Shared<E, S>, r: &NodeRef, named: &str) {
+/// release nothing, say so (the Event's message), let the object go.
+fn unconfirmed(r: &NodeRef, named: &str) -> String {
     let message = format!(
         "nothing released: this CiliumNode does not prove that eni-operator confirmed its \
          instance ({}) and added its finalizer",
@@ -88,8 +103,7 @@ async fn unconfirmed<E: Ec2, S: NodeSink>(inner: &Shared<E, S>, r: &NodeRef, nam
         }
     );
     warn!(node = %r.name, "{message}");
-    let reason = EventReason::EnisNotReleased;
-    events::publish(&*inner.sink, &inner.metrics, r, reason, message).await;
+    message
 }
 
 /// Give back what the node holds if its Node is gone: `Ok(Some(wait))` while its instance
@@ -97,8 +111,8 @@ async fn unconfirmed<E: Ec2, S: NodeSink>(inner: &Shared<E, S>, r: &NodeRef, nam
 async fn give_back<E: Ec2, S: NodeSink>(
     inner: &Shared<E, S>,
     name: &str,
-    r: &NodeRef,
     instance: &str,
+    said: &mut Said,
 ) -> Result<Option<std::time::Duration>, String> {
     // Planted defect (dst-mutants): trust the watch's "gone" instead of asking again.
     let watch_says_gone = crate::mutants::active("drain-is-gone")
@@ -153,17 +167,17 @@ async fn give_back<E: Ec2, S: NodeSink>(
             return Ok(None);
         }
     }
-    if let Some(wait) = instance_holds(inner, name, r, instance).await? {
+    if let Some(wait) = instance_holds(inner, name, instance, said).await? {
         return Ok(Some(wait));
     }
     let ec2_failed = |what: &str, e: crate::ec2::Ec2Error| {
         events::count_ec2_error(&inner.metrics, &e);
         format!("cannot {what} of {instance}: {e}")
     };
-    super::static_ip::disassociate(inner, name, r, instance)
+    super::static_ip::disassociate(inner, name, instance, said)
         .await
         .map_err(|e| ec2_failed("disassociate the static IP", e))?;
-    release(inner, r, instance)
+    release(inner, instance, said)
         .await
         .map_err(|e| ec2_failed("release the ENIs", e))?;
     Ok(None)
@@ -173,19 +187,18 @@ async fn give_back<E: Ec2, S: NodeSink>(
 /// `eni_operator_errors_total{reason="FinalizerBlocked"}`, once per message) and retry; once it
 /// has failed for the grace period, let the object go (true) so that a new instance with this
 /// name gets its CiliumNode; our ENIs left behind are the ENI GC's once unattached.
-async fn blocked<E: Ec2, S: NodeSink>(
+fn blocked<E: Ec2, S: NodeSink>(
     inner: &Shared<E, S>,
     name: &str,
-    r: &NodeRef,
     instance: &str,
     failure: &str,
+    said: &mut Said,
 ) -> bool {
     let now = clock::now();
     let since = inner
         .with_slot(name, |s| *s.finalize_failing_since.get_or_insert(now))
         .unwrap_or(now);
     let grace = inner.config.node_gone_grace;
-    let (sink, m) = (&*inner.sink, &inner.metrics);
     if now.saturating_duration_since(since) >= grace {
         let message = format!(
             "the finalizer has failed for {grace:?} (--node-gone-grace-period): letting the \
@@ -193,11 +206,10 @@ async fn blocked<E: Ec2, S: NodeSink>(
              Last failure: {failure}"
         );
         // Once, however often the removal itself has to be retried.
-        let said = inner.with_slot(name, |s| s.last_problem.replace(message.clone()));
-        if said.flatten().as_deref() != Some(message.as_str()) {
+        if inner.new_problem(name, &message) {
             warn!(node = name, "{message}");
-            m.finalizers_let_go.inc();
-            events::publish(sink, m, r, EventReason::FinalizerLetGo, message).await;
+            inner.metrics.finalizers_let_go.inc();
+            said.event(EventReason::FinalizerLetGo, message);
         }
         return true;
     }
@@ -207,19 +219,8 @@ async fn blocked<E: Ec2, S: NodeSink>(
         reason.as_str()
     );
     warn!(node = name, "{message}");
-    let said = inner.with_slot(name, |s| s.last_problem.replace(message.clone()));
-    if said.flatten().as_deref() != Some(message.as_str()) {
-        let changes = ChangeSet {
-            writes: vec![Write {
-                subresource: Subresource::Status,
-                patch: json!({"status": {"ipam": {"operator-status": {"error": message}}}}),
-                needs_resource_version: false,
-            }],
-        };
-        if let Err(e) = sink.apply(r, &changes).await {
-            warn!(node = name, error = %e, "could not report the blocked finalizer");
-        }
-        events::publish(sink, m, r, EventReason::Problem(reason), message).await;
+    if inner.new_problem(name, &message) {
+        said.problem(reason, &message);
     }
     false
 }
@@ -268,18 +269,17 @@ async fn node_exists<E: Ec2, S: NodeSink>(inner: &Shared<E, S>, name: &str) -> S
 async fn instance_holds<E: Ec2, S: NodeSink>(
     inner: &Shared<E, S>,
     name: &str,
-    r: &NodeRef,
     instance: &str,
+    said: &mut Said,
 ) -> Result<Option<std::time::Duration>, String> {
     // Planted defect (dst-mutants): release at once, without looking at the instance.
     if crate::mutants::active("release-running-instance") {
         return Ok(None);
     }
-    let (sink, m) = (&*inner.sink, &inner.metrics);
     let state = match instance_state(&*inner.ec2, instance).await {
         Ok(state) => state,
         Err(e) => {
-            events::count_ec2_error(m, &e);
+            events::count_ec2_error(&inner.metrics, &e);
             return Err(format!("cannot tell whether {instance} still runs: {e}"));
         }
     };
@@ -296,7 +296,7 @@ async fn instance_holds<E: Ec2, S: NodeSink>(
                     "the Node is gone but {instance} still runs: its ENIs are kept for up to \
                      {grace:?} (released earlier once the instance stops or terminates)"
                 );
-                events::publish(sink, m, r, EventReason::EnisKept, message).await;
+                said.event(EventReason::EnisKept, message);
             }
             Ok(Some(wait))
         }
@@ -306,7 +306,7 @@ async fn instance_holds<E: Ec2, S: NodeSink>(
                  still runs: releasing its ENIs"
             );
             warn!(node = name, instance, "{message}");
-            events::publish(sink, m, r, EventReason::EnisKept, message).await;
+            said.event(EventReason::EnisKept, message);
             Ok(None)
         }
     }
@@ -315,10 +315,10 @@ async fn instance_holds<E: Ec2, S: NodeSink>(
 /// Detach and delete the instance's ENIs of ours.
 async fn release<E: Ec2, S: NodeSink>(
     inner: &Shared<E, S>,
-    r: &NodeRef,
     instance: &str,
+    said: &mut Said,
 ) -> Result<(), crate::ec2::Ec2Error> {
-    let (sink, m) = (&*inner.sink, &inner.metrics);
+    let m = &inner.metrics;
     // Describes lag behind these detaches (and a timeout can hide one that took effect): if the
     // Node comes back, the cache must not hand its new CiliumNode a lagging listing's ENIs.
     let cluster = &inner.config.ipam.cluster_name;
@@ -335,7 +335,7 @@ async fn release<E: Ec2, S: NodeSink>(
             m.eni_deleted(metrics::DELETED_NODE_GONE, n as u64);
             if n > 0 {
                 let message = format!("detached and deleted {n} ENIs of {instance}");
-                events::publish(sink, m, r, EventReason::EnisReleased, message).await;
+                said.event(EventReason::EnisReleased, message);
             }
             Ok(())
         }
@@ -345,25 +345,29 @@ async fn release<E: Ec2, S: NodeSink>(
 
 /// A CiliumNode that does not parse. Its deletion works from metadata alone (with the Node
 /// gone, delete it; once deleted, release and drop our finalizer), so it never hangs in
-/// Terminating; otherwise the error goes on the object.
+/// Terminating; otherwise the error goes on the object (once per message). Its error is on the
+/// status page either way.
 pub(super) async fn invalid<E: Ec2, S: NodeSink>(
     inner: &Shared<E, S>,
     name: &str,
     mut invalid: InvalidNode,
     snap: &Snapshot,
-) -> Verdict {
+) -> End {
+    let mut said = Said::on(invalid.node.clone());
+    said.add(Note::Error(invalid.error.clone()));
+    said.wait(WaitReason::Error, invalid.error.clone(), None);
     let gone = snap.k8s_node == Some(false)
         && !invalid.deleting
         && match node_gone_now(inner, name).await {
             Ok(gone) => gone,
-            Err(verdict) => return verdict,
+            Err(verdict) => return End::with(verdict, said),
         };
     if gone {
         match inner.sink.delete(name).await {
             Ok(()) | Err(SinkError::NotFound) => {}
             Err(e) => {
                 warn!(node = name, error = %e, "could not delete the CiliumNode");
-                return FAILED;
+                return End::with(FAILED, said);
             }
         }
         invalid.deleting = true;
@@ -380,47 +384,27 @@ pub(super) async fn invalid<E: Ec2, S: NodeSink>(
             .node
             .as_ref()
             .filter(|n| n.uid() == invalid.node.uid.as_deref());
-        let confirmed = last.and_then(|n| n.confirmed().releasable());
-        let instance = if invalid.instance_id.is_empty() {
+        let release = last.and_then(|n| n.confirmed().releasable().map(str::to_string));
+        let named = if invalid.instance_id.is_empty() {
             last.map(|n| n.instance_id().to_string())
                 .unwrap_or_default()
         } else {
             invalid.instance_id
         };
-        return finalize(inner, name, &invalid.node, &instance, confirmed).await;
+        let decided = Finalize {
+            delete: false,
+            named,
+            release,
+        };
+        let end = finalize(inner, name, invalid.node, &decided).await;
+        said.extend(end.said);
+        return End::with(end.verdict, said);
     }
-    let reported = snap.invalid_reported.as_deref();
-    report_invalid(inner, name, &invalid.node, &invalid.error, reported).await
-}
-
-/// A CiliumNode that does not parse: say so on that object (once per message).
-async fn report_invalid<E: Ec2, S: NodeSink>(
-    inner: &Shared<E, S>,
-    name: &str,
-    node: &NodeRef,
-    error: &str,
-    reported: Option<&str>,
-) -> Verdict {
-    if reported == Some(error) {
-        return DONE;
+    // Said until written ([`Note::Invalid`]).
+    if snap.invalid_reported.as_deref() != Some(invalid.error.as_str()) {
+        said.add(Note::Invalid {
+            error: invalid.error,
+        });
     }
-    let reason = ProblemReason::InvalidSpec;
-    let message = format!("{}: {error}", reason.as_str());
-    let changes = ChangeSet {
-        writes: vec![Write {
-            subresource: Subresource::Status,
-            patch: json!({"status": {"ipam": {"operator-status": {"error": message}}}}),
-            needs_resource_version: false,
-        }],
-    };
-    let result = inner.sink.apply(node, &changes).await;
-    let reason = EventReason::Problem(reason);
-    events::publish(&*inner.sink, &inner.metrics, node, reason, message).await;
-    match result {
-        Ok(_) | Err(SinkError::NotFound) => {
-            inner.with_slot(name, |s| s.invalid_reported = Some(error.to_string()));
-            DONE
-        }
-        Err(_) => FAILED,
-    }
+    End::with(DONE, said)
 }

@@ -7,10 +7,12 @@
 
 use tracing::{info, warn};
 
+use crate::clock;
 use crate::crd::{CILIUM_IGNORE_ANNOTATION, CiliumNode, FINALIZER};
 use crate::ec2::Ec2;
+use crate::ipam::ProblemReason;
 use crate::ipam::admission::{
-    self, AdmittedNode, ClusterTag, Decision, Facts, Guard, LeaveAlone, Need, Settled,
+    self, AdmittedNode, ClusterTag, Decision, Facts, Guard, LeaveAlone, Need, Refusal, Settled,
 };
 use crate::ipam::confirmed::{CONFIRMED_INSTANCE_ANNOTATION, Confirmed};
 use crate::k8s::sink::{NodeRef, NodeSink, SinkError, SinkResult};
@@ -18,24 +20,27 @@ use crate::k8s::stored::StoredNode;
 use crate::reconcile::queue::Outcome;
 use crate::reconcile::shared::Shared;
 
+use super::said::{self, End, Said};
 use super::snapshot::Snapshot;
-use super::{DONE, FAILED, Step, Verdict, cluster_tag, finalize, guard, identity, report};
+use super::{DONE, FAILED, Step, Verdict, cluster_tag, finalize, guard, identity};
 
 /// The admitted node to serve, or the end of the pass.
 pub(super) async fn admit<E: Ec2, S: NodeSink>(
     inner: &Shared<E, S>,
     name: &str,
     snap: &Snapshot,
-) -> Step<AdmittedNode> {
+) -> Result<AdmittedNode, End> {
     if let Some(invalid) = &snap.invalid {
         return Err(finalize::invalid(inner, name, invalid.clone(), snap).await);
     }
-    let stored = snap.node.as_ref().ok_or(DONE)?;
+    let stored = snap.node.as_ref().ok_or(End::from(DONE))?;
     let mut facts = facts(inner, name, stored, snap, false);
     loop {
         match admission::decide(&facts) {
             Decision::Need(need) => read(inner, name, stored, &mut facts, need).await?,
-            Decision::Serve(serve) => return take_over(inner, name, facts.admit(serve)).await,
+            Decision::Serve(serve) => {
+                return Ok(take_over(inner, name, facts.admit(serve)).await?);
+            }
             decision => return Err(act(inner, name, facts.node, decision).await),
         }
     }
@@ -111,22 +116,22 @@ async fn read<E: Ec2, S: NodeSink>(
     Ok(())
 }
 
-/// Carry out a decision that does not serve the node.
+/// Carry out a decision that does not serve the node; what it says is the report's.
 async fn act<E: Ec2, S: NodeSink>(
     inner: &Shared<E, S>,
     name: &str,
     mut node: CiliumNode,
     decision: Decision,
-) -> Verdict {
+) -> End {
     match decision {
-        Decision::HandBack => hand_back(inner, name, node).await,
-        Decision::LeaveAlone(LeaveAlone::OutOfScope) => leave_alone(inner, name, &node).await,
-        Decision::LeaveAlone(LeaveAlone::NotSelected | LeaveAlone::NotServed) => DONE,
+        Decision::HandBack => hand_back(inner, name, node).await.into(),
+        Decision::LeaveAlone(LeaveAlone::OutOfScope) => {
+            leave_alone(inner, name, &node).await.into()
+        }
+        Decision::LeaveAlone(LeaveAlone::NotSelected | LeaveAlone::NotServed) => DONE.into(),
         Decision::Wait { wait, retry } => {
-            if let Some((reason, why)) = wait {
-                report::waiting(inner, name, reason, why, retry);
-            }
-            (Outcome::RetryAfter(retry), None)
+            let said = said::waiting(wait, retry, clock::now());
+            End::with((Outcome::RetryAfter(retry), None), said)
         }
         Decision::Refuse(refusal) => {
             if refusal.guard_blocked {
@@ -135,20 +140,38 @@ async fn act<E: Ec2, S: NodeSink>(
             if refusal.annotate {
                 guard::annotate(inner, name, &node).await;
             }
-            report::refused(inner, name, &node, &refusal).await;
-            (Outcome::RetryAfter(refusal.retry), None)
+            let verdict = (Outcome::RetryAfter(refusal.retry), None);
+            End::with(verdict, refused(inner, name, &node, &refusal))
         }
         Decision::Finalize(f) => {
             if f.delete
                 && let Err(end) = delete(inner, name, &mut node).await
             {
-                return end;
+                return end.into();
             }
             let r = NodeRef::of(&node);
-            finalize::finalize(inner, name, &r, &f.named, f.release.as_deref()).await
+            finalize::finalize(inner, name, r, &f).await
         }
         Decision::Serve(_) | Decision::Need(_) => unreachable!("decided by `admit`"),
     }
+}
+
+/// What a refusal says: its message is new on the node or not (the slot remembers the last).
+fn refused<E: Ec2, S: NodeSink>(
+    inner: &Shared<E, S>,
+    name: &str,
+    node: &CiliumNode,
+    refusal: &Refusal,
+) -> Said {
+    if refusal.reason == ProblemReason::InstanceNamedTwice {
+        tracing::error!(node = name, "{}", refusal.message);
+    }
+    let message = said::refusal_message(refusal);
+    let new = inner.new_problem(name, &message);
+    if new {
+        warn!(node = name, "{message}");
+    }
+    said::refused(NodeRef::of(node), refusal, new, clock::now())
 }
 
 /// Take the admitted node over before EC2 is touched for it: the confirmed instance recorded,
@@ -328,8 +351,7 @@ async fn leave_alone<E: Ec2, S: NodeSink>(
     node: &CiliumNode,
 ) -> Verdict {
     const NOT_MANAGED: &str = "instance lacks the --instance-tags-filter tags";
-    let said = inner.with_slot(name, |s| s.last_problem.replace(NOT_MANAGED.into()));
-    if said.flatten().as_deref() != Some(NOT_MANAGED) {
+    if inner.new_problem(name, NOT_MANAGED) {
         info!(
             node = name,
             instance = node.spec.instance_id,

@@ -18,6 +18,7 @@ mod identity;
 mod lifecycle;
 mod plan;
 mod report;
+mod said;
 mod shadow;
 mod snapshot;
 mod static_ip;
@@ -34,6 +35,8 @@ use crate::k8s::stored::StoredNode;
 use crate::reconcile::nodes::Slot;
 use crate::reconcile::queue::{Outcome, Priority};
 use crate::reconcile::shared::Shared;
+
+use said::End;
 
 /// How a pass ends: the queue's outcome, and the priority to queue the node again at (`None`:
 /// not at once).
@@ -69,21 +72,19 @@ async fn pass_inner<E: Ec2, S: NodeSink>(inner: &Shared<E, S>, name: &str) -> Ve
     if let Some(book) = &inner.shadow {
         return shadow::pass(inner, name, book).await;
     }
-    steps(inner, name).await.unwrap_or_else(|end| end)
+    steps(inner, name).await
 }
 
-async fn steps<E: Ec2, S: NodeSink>(inner: &Shared<E, S>, name: &str) -> Step<Verdict> {
-    let mut snap = snapshot::take(inner, name)?;
-    if let Some(invalid) = &snap.invalid {
-        let (status, error) = (&inner.status, invalid.error.clone());
-        status.error(name, error.clone(), crate::clock::now());
-        status.wait(
-            name,
-            crate::reconcile::status::WaitReason::Error,
-            error,
-            None,
-        );
+/// The chain of steps; a pass a step ended is reported by [`report::ended`].
+async fn steps<E: Ec2, S: NodeSink>(inner: &Shared<E, S>, name: &str) -> Verdict {
+    match chain(inner, name).await {
+        Ok(verdict) => verdict,
+        Err(end) => report::ended(inner, name, end).await,
     }
+}
+
+async fn chain<E: Ec2, S: NodeSink>(inner: &Shared<E, S>, name: &str) -> Result<Verdict, End> {
+    let mut snap = snapshot::take(inner, name)?;
     let mut memory = std::mem::take(&mut snap.memory);
     let node = lifecycle::admit(inner, name, &snap).await?;
     let (node, statics) = static_ip::ensure(inner, name, node).await?;
@@ -116,6 +117,13 @@ impl<E: Ec2, S: NodeSink> Shared<E, S> {
     pub(super) fn with_slot<T>(&self, name: &str, f: impl FnOnce(&mut Slot) -> T) -> Option<T> {
         let mut slots = self.slots.lock().expect("slots");
         slots.get_mut(name).map(f)
+    }
+
+    /// Remember `message` as the node's last problem: whether it is new (a message is said
+    /// once, however often its pass repeats).
+    fn new_problem(&self, name: &str, message: &str) -> bool {
+        let last = self.with_slot(name, |s| s.last_problem.replace(message.to_string()));
+        last.flatten().as_deref() != Some(message)
     }
 
     /// The slot's watch delivery number, taken right before a write (see [`Ticket`]).

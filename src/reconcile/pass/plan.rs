@@ -8,8 +8,8 @@ use tracing::{debug, info, warn};
 
 use crate::cache::type_limits::Unresolved;
 use crate::clock::now;
-use crate::crd::CiliumNode;
 use crate::ec2::Ec2;
+use crate::ipam::admission::AdmittedNode;
 use crate::ipam::capacity::{self, InterfaceStats};
 use crate::ipam::release::{allocated_cidrs, fresh_copy_refuses, readopted};
 use crate::ipam::withdrawal::status_lists;
@@ -19,6 +19,7 @@ use crate::reconcile::queue::Outcome;
 use crate::reconcile::shared::Shared;
 use crate::reconcile::status::WaitReason;
 
+use super::said::{End, Said};
 use super::snapshot::Snapshot;
 use super::{DONE, FAILED, Step};
 
@@ -35,33 +36,33 @@ pub(super) struct Planned {
     pub interfaces: Option<InterfaceStats>,
     /// The type's limits are unknown: why, and when they are looked up again.
     pub limits: Option<Unresolved>,
+    /// Why the node waits, when planning found a reason (said by the report).
+    pub said: Said,
 }
 
 pub(super) async fn plan<E: Ec2, S: NodeSink>(
     inner: &Shared<E, S>,
     name: &str,
-    node: &CiliumNode,
+    node: &AdmittedNode,
     memory: &mut NodeMemory,
     snap: &Snapshot,
-) -> Step<Planned> {
+) -> Result<Planned, End> {
     let t = now();
+    let mut said = Said::default();
     if !inner.cache.read().expect("cache").healthy {
         // Never act on an EC2 view we could not refresh (§1.2).
         let why = "the last full EC2 refresh failed: nothing changes on a stale view";
         let retry = t + inner.config.unhealthy_retry;
-        inner
-            .status
-            .wait(name, WaitReason::Ec2Unavailable, why, Some(retry));
-        return Err((Outcome::RetryAfter(inner.config.unhealthy_retry), None));
+        said.wait(WaitReason::Ec2Unavailable, why, Some(retry));
+        let verdict = (Outcome::RetryAfter(inner.config.unhealthy_retry), None);
+        return Err(End::with(verdict, said));
     }
     if let Some(until) = snap.hold
         && until > t
     {
         let why = "the instance was not running; left alone until then";
-        inner
-            .status
-            .wait(name, WaitReason::NotRunning, why, Some(until));
-        return Err((Outcome::RetryAfter(until - t), None));
+        said.wait(WaitReason::NotRunning, why, Some(until));
+        return Err(End::with((Outcome::RetryAfter(until - t), None), said));
     }
     let instance_id = node.spec.instance_id.clone();
     let instance_type = node.spec.eni.instance_type.clone();
@@ -71,9 +72,7 @@ pub(super) async fn plan<E: Ec2, S: NodeSink>(
             Some(e) => format!("limits of instance type {instance_type:?} unknown: {e}"),
             None => format!("limits of instance type {instance_type:?} unknown"),
         };
-        inner
-            .status
-            .wait(name, WaitReason::LimitsUnknown, why, Some(u.retry_at));
+        said.wait(WaitReason::LimitsUnknown, why, Some(u.retry_at));
     }
     if !instance_id.is_empty()
         && let Some(e) = inner.executor.retry_pending(&instance_id).await
@@ -108,21 +107,22 @@ pub(super) async fn plan<E: Ec2, S: NodeSink>(
             let why = "addresses an early listing shows are held back until a later listing \
                        confirms them (§14.1)";
             let until = cache.trust_listings_from();
-            inner.status.wait(name, WaitReason::HeldBack, why, until);
+            said.wait(WaitReason::HeldBack, why, until);
         }
         (plan, interfaces)
     };
     // The action moves out of the plan (the rest of the pass needs its demand and problem).
     let action = match std::mem::replace(&mut plan.action, Action::None) {
         Action::Release(r) if plan.demand.generation == Generation::MultiPool => {
-            match check_multi_pool_release(inner, name, &r).await? {
-                Some(release) => Action::Release(release),
-                None => {
+            match check_multi_pool_release(inner, name, &r).await {
+                Ok(Some(release)) => Action::Release(release),
+                Ok(None) => {
                     // Taken back: no EC2 call; the re-adoption's update re-plans the node.
                     let memory = std::mem::take(memory);
                     inner.with_slot(name, |s| s.memory = memory);
-                    return Err(DONE);
+                    return Err(End::with(DONE, said));
                 }
+                Err(verdict) => return Err(End::with(verdict, said)),
             }
         }
         action => action,
@@ -135,6 +135,7 @@ pub(super) async fn plan<E: Ec2, S: NodeSink>(
         at: t,
         interfaces,
         limits,
+        said,
     })
 }
 

@@ -1,20 +1,18 @@
-//! Step 6: Events for what the pass did ([`select_events`], pure), how it ends (the queue's
-//! outcome and the next priority), and what the node's slot keeps (memory, problem, demand,
-//! the written version, the demand latency). Also the report of a pass the admission ended: a
-//! refusal ([`refused`]: `status.ipam.operator-status` and one Warning Event, counted in
-//! `eni_operator_errors_total{reason}`, once per message) or a wait ([`waiting`]).
-
-use std::time::Duration;
+//! Step 6, the one writer of what a pass says ([`say`]: Events, `operator-status`, the status
+//! page, from the [`Said`] values the steps return): Events for what the pass did
+//! ([`select_events`], pure), how it ends (the queue's outcome and the next priority), and what
+//! the node's slot keeps (memory, problem, demand, the written version, the demand latency).
+//! A pass a step ended early (a refusal, a wait, the finalizer, an unparsable object) is
+//! reported by [`ended`].
 
 use serde_json::json;
 use tracing::{info, warn};
 
 use crate::clock::now;
-use crate::crd::CiliumNode;
 use crate::ec2::Ec2;
-use crate::ipam::admission::{self, Refusal};
+use crate::ipam::admission::AdmittedNode;
 use crate::ipam::{Action, ChangeSet, NodeMemory, Problem, ProblemReason, Subresource, Write};
-use crate::k8s::sink::{NodeRef, NodeSink};
+use crate::k8s::sink::{NodeRef, NodeSink, SinkError};
 use crate::k8s::stored::StoredNode;
 use crate::reconcile::events::{self, EventReason};
 use crate::reconcile::executor::ExecOutcome;
@@ -22,21 +20,24 @@ use crate::reconcile::queue::{Outcome, Priority};
 use crate::reconcile::shared::Shared;
 use crate::reconcile::status::{Figures, WaitReason, Would};
 
-use super::Verdict;
 use super::execute::Executed;
 use super::plan::Planned;
+use super::said::{End, Note, Said};
 use super::write::Written;
+use super::{FAILED, Verdict};
 
 pub(super) async fn report<E: Ec2, S: NodeSink>(
     inner: &Shared<E, S>,
     name: &str,
-    node: &CiliumNode,
+    node: &AdmittedNode,
     mut planned: Planned,
     executed: Executed,
     written: Written,
     memory: NodeMemory,
 ) -> Verdict {
-    let node_ref = NodeRef::of(written.node.as_ref().unwrap_or(node));
+    // What planning found (a wait on the status page) comes first: a later wait replaces it.
+    say(inner, name, std::mem::take(&mut planned.said)).await;
+    let node_ref = NodeRef::of(written.node.as_ref().unwrap_or(&**node));
     let previous = inner.with_slot(name, |s| s.last_problem.clone()).flatten();
     let problem = executed.problem.as_ref();
     let mut out = select_events(&executed.exec, problem, previous.as_deref());
@@ -49,9 +50,11 @@ pub(super) async fn report<E: Ec2, S: NodeSink>(
         s.folded.take(!exec.changed, t)
     });
     out.extend(folded.unwrap_or_default());
+    let mut said = Said::on(node_ref);
     for (reason, message) in out {
-        events::publish(&*inner.sink, &inner.metrics, &node_ref, reason, message).await;
+        said.event(reason, message);
     }
+    say(inner, name, said).await;
     // After a change, what the node still lacks is the demand on the updated view: requeued
     // and remembered at the demand from before the action, a node that just got an ENI would
     // outrank nodes with no address at all (a burst served depth first).
@@ -66,56 +69,65 @@ pub(super) async fn report<E: Ec2, S: NodeSink>(
     verdict
 }
 
-/// A node the admission refused for now: its status page, then `operator-status` and one
-/// Warning Event, unless that message was the last said.
-pub(super) async fn refused<E: Ec2, S: NodeSink>(
+/// A pass that ended before its report: say what its steps found, and how it ends.
+pub(super) async fn ended<E: Ec2, S: NodeSink>(
     inner: &Shared<E, S>,
     name: &str,
-    node: &CiliumNode,
-    refusal: &Refusal,
-) {
-    if let Some(reason) = refusal.wait {
-        let why = refusal.message.clone();
-        waiting(inner, name, reason, why, refusal.retry);
+    end: End,
+) -> Verdict {
+    if say(inner, name, end.said).await {
+        end.verdict
+    } else {
+        FAILED
     }
-    let reason = refusal.reason;
-    if reason == ProblemReason::InstanceNamedTwice {
-        tracing::error!(node = name, "{}", refusal.message);
+}
+
+/// Say what the steps found, in their order: the one place a pass publishes Events, writes
+/// `operator-status` and records on the status page. `false`: an unparsable object's error
+/// could not be written (the pass fails; it is said again).
+pub(super) async fn say<E: Ec2, S: NodeSink>(inner: &Shared<E, S>, name: &str, said: Said) -> bool {
+    let (sink, m) = (&*inner.sink, &inner.metrics);
+    let mut landed = true;
+    for note in said.notes {
+        let r = said.on.as_ref();
+        match (note, r) {
+            (Note::Wait(reason, why, until), _) => inner.status.wait(name, reason, why, until),
+            (Note::Error(message), _) => inner.status.error(name, message, now()),
+            (Note::Event(reason, message), Some(r)) => {
+                events::publish(sink, m, r, reason, message).await;
+            }
+            (Note::Status(message), Some(r)) => {
+                if let Err(e) = sink.apply(r, &operator_status(&message)).await {
+                    warn!(node = name, error = %e, "could not write operator-status");
+                }
+            }
+            (Note::Invalid { error }, Some(r)) => {
+                let reason = ProblemReason::InvalidSpec;
+                let message = format!("{}: {error}", reason.as_str());
+                let result = sink.apply(r, &operator_status(&message)).await;
+                events::publish(sink, m, r, EventReason::Problem(reason), message).await;
+                match result {
+                    Ok(_) | Err(SinkError::NotFound) => {
+                        inner.with_slot(name, |s| s.invalid_reported = Some(error));
+                    }
+                    Err(_) => landed = false,
+                }
+            }
+            (note, None) => warn!(node = name, ?note, "nothing to say it on"),
+        }
     }
-    let message = format!("{}: {}", reason.as_str(), refusal.message);
-    let said = inner.with_slot(name, |s| s.last_problem.replace(message.clone()));
-    if said.flatten().as_deref() == Some(message.as_str()) {
-        return;
-    }
-    warn!(node = name, "{message}");
-    let r = NodeRef::of(node);
-    let changes = ChangeSet {
+    landed
+}
+
+/// The merge patch of `status.ipam.operator-status.error`.
+fn operator_status(message: &str) -> ChangeSet {
+    ChangeSet {
         writes: vec![Write {
             subresource: Subresource::Status,
             patch: json!({"status": {"ipam": {"operator-status": {"error": message}}}}),
             needs_resource_version: false,
         }],
-    };
-    if let Err(e) = inner.sink.apply(&r, &changes).await {
-        warn!(node = name, error = %e, "could not report {}", reason.as_str());
     }
-    let reason = EventReason::Problem(reason);
-    events::publish(&*inner.sink, &inner.metrics, &r, reason, message).await;
-}
-
-/// A node the admission holds back for `retry`, on its status page.
-pub(super) fn waiting<E: Ec2, S: NodeSink>(
-    inner: &Shared<E, S>,
-    name: &str,
-    reason: admission::WaitReason,
-    why: String,
-    retry: Duration,
-) {
-    let reason = match reason {
-        admission::WaitReason::NodeNotSeen => WaitReason::NodeNotSeen,
-        admission::WaitReason::OtherAllocator => WaitReason::OtherAllocator,
-    };
-    inner.status.wait(name, reason, why, Some(now() + retry));
 }
 
 /// The Events a pass publishes at once: a /28 fallback, and its problem when that changed
@@ -301,5 +313,41 @@ mod tests {
         assert!(select_events(&exec, Some(&full), Some("no slot free")).is_empty());
         assert_eq!(select_events(&exec, Some(&full), Some("other")).len(), 1);
         assert!(select_events(&exec, None, Some("no slot free")).is_empty());
+    }
+
+    /// What in `dir`'s pass steps says something itself instead of returning it to the report
+    /// step: `file: call` for each Event, `operator-status` write or status-page record outside
+    /// `report.rs` (a shadow's pass is its own report: it records on the page, nothing else).
+    fn writers_besides_report(dir: &std::path::Path) -> Vec<String> {
+        let mut found = Vec::new();
+        for entry in std::fs::read_dir(dir).expect("the pass's folder") {
+            let path = entry.expect("an entry").path();
+            let file = path.file_name().unwrap().to_string_lossy().to_string();
+            if file == "report.rs" || path.extension().is_none_or(|e| e != "rs") {
+                continue;
+            }
+            let text = std::fs::read_to_string(&path).expect("a step");
+            // Code only, without whitespace: a call split over lines is found too.
+            let code: String = text
+                .lines()
+                .filter(|l| !l.trim_start().starts_with("//"))
+                .flat_map(|l| l.chars().filter(|c| !c.is_whitespace()))
+                .collect();
+            let mut calls = vec!["events::publish(", ".event(&", "\"operator-status\""];
+            if file != "shadow.rs" {
+                calls.extend(["status.wait(", "status.error(", "status.observed("]);
+            }
+            for call in calls.into_iter().filter(|c| code.contains(c)) {
+                found.push(format!("{file}: {call}"));
+            }
+        }
+        found.sort();
+        found
+    }
+
+    #[test]
+    fn only_the_report_step_says_anything() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src/reconcile/pass");
+        assert_eq!(writers_besides_report(&dir), Vec::<String>::new());
     }
 }

@@ -14,7 +14,7 @@ use crate::reconcile::queue::Outcome;
 use crate::reconcile::shadow::{EniSeen, Observation, ShadowBook};
 use crate::reconcile::shared::Shared;
 
-use super::{DONE, Step, Verdict, lifecycle, plan, snapshot};
+use super::{DONE, Step, Verdict, lifecycle, plan, report, snapshot};
 
 pub(super) async fn pass<E: Ec2, S: NodeSink>(
     inner: &Shared<E, S>,
@@ -80,13 +80,17 @@ async fn steps<E: Ec2, S: NodeSink>(
             .await;
     }
     let mut memory = std::mem::take(&mut snap.memory);
-    let planned = match plan::plan(inner, name, &node, &mut memory, &snap).await {
+    // Planning's waits go on the status page as the active operator's report puts them (a
+    // shadow's plan says nothing else).
+    let mut planned = match plan::plan(inner, name, &node, &mut memory, &snap).await {
         Ok(p) => p,
         Err(end) => {
             inner.with_slot(name, |s| s.memory = memory);
-            return Err(end);
+            report::say(inner, name, end.said).await;
+            return Err(end.verdict);
         }
     };
+    report::say(inner, name, std::mem::take(&mut planned.said)).await;
     if let Some(u) = planned.limits.as_ref().filter(|u| !u.invalid_type) {
         // Our own missing data (the lookup failed), not a disagreement with the serving
         // allocator: compare once the limits are known.

@@ -23,6 +23,7 @@ use crate::reconcile::queue::Outcome;
 use crate::reconcile::shared::Shared;
 
 use super::plan::Planned;
+use super::said::Said;
 use super::{FAILED, Step, Verdict};
 
 /// What the step leaves for the rest of the pass.
@@ -199,8 +200,8 @@ async fn publish<E: Ec2, S: NodeSink>(
 pub(super) async fn disassociate<E: Ec2, S: NodeSink>(
     inner: &Shared<E, S>,
     name: &str,
-    r: &NodeRef,
     instance: &str,
+    said: &mut Said,
 ) -> Result<(), Ec2Error> {
     let tags = inner
         .with_slot(name, |s| {
@@ -249,8 +250,7 @@ pub(super) async fn disassociate<E: Ec2, S: NodeSink>(
         Ok(n) => {
             let message = format!("disassociated {n} static IP(s) of {instance}");
             info!(node = name, "{message}");
-            let reason = events::EventReason::StaticIpReleased;
-            events::publish(&*inner.sink, &inner.metrics, r, reason, message).await;
+            said.event(events::EventReason::StaticIpReleased, message);
             Ok(())
         }
         Err(e) => Err(e),

@@ -5,6 +5,7 @@ use tracing::{debug, warn};
 
 use crate::crd::CiliumNode;
 use crate::ec2::Ec2;
+use crate::ipam::admission::AdmittedNode;
 use crate::ipam::demand::Demand;
 use crate::ipam::{self, NodeMemory};
 use crate::k8s::sink::{NodeRef, NodeSink, SinkError};
@@ -30,7 +31,7 @@ pub(super) struct Written {
 pub(super) async fn write<E: Ec2, S: NodeSink>(
     inner: &Shared<E, S>,
     name: &str,
-    node: &CiliumNode,
+    node: &AdmittedNode,
     planned: &Planned,
     executed: &Executed,
     memory: &NodeMemory,
