@@ -114,6 +114,7 @@ pub(super) fn waiting<E: Ec2, S: NodeSink>(
     let reason = match reason {
         admission::WaitReason::NodeNotSeen => WaitReason::NodeNotSeen,
         admission::WaitReason::OtherAllocator => WaitReason::OtherAllocator,
+        admission::WaitReason::InstanceUnknown => WaitReason::InstanceNotListed,
     };
     inner.status.wait(name, reason, why, Some(now() + retry));
 }
