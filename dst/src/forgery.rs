@@ -61,8 +61,6 @@ pub struct Forgery {
     rng: StdRng,
     /// Instances that are no node of the cluster: id -> their ENIs as they must stay.
     bystanders: BTreeMap<String, Vec<Print>>,
-    /// Calls naming a bystander the harness made itself (the attach of its ENI of ours).
-    harness_named: BTreeMap<String, u64>,
     /// The peered VPC, once made.
     peered: Option<Peered>,
     /// Forged CiliumNodes: name -> (kind, when it is deleted).
@@ -77,7 +75,6 @@ impl Forgery {
         Self {
             rng: StdRng::seed_from_u64(seed ^ 0xf0e6_e000_0000_0040),
             bystanders: BTreeMap::new(),
-            harness_named: BTreeMap::new(),
             peered: None,
             forged: BTreeMap::new(),
             rewritten: BTreeMap::new(),
@@ -97,9 +94,9 @@ impl Forgery {
             .chain(self.peered.iter().map(|p| &p.instance))
     }
 
-    /// How many calls naming `instance` the harness made itself.
-    pub fn harness_named(&self, instance: &str) -> u64 {
-        self.harness_named.get(instance).copied().unwrap_or(0)
+    /// The peered VPC's instance, once made.
+    pub fn peered_instance(&self) -> Option<&String> {
+        self.peered.as_ref().map(|p| &p.instance)
     }
 }
 
@@ -176,8 +173,6 @@ async fn bystander(w: &mut World, t: u64) -> String {
         ),
     );
     w.forgery.bystanders.insert(inst.id.clone(), enis);
-    let named = w.sim.times_named(&inst.id);
-    w.forgery.harness_named.insert(inst.id.clone(), named);
     inst.id
 }
 
