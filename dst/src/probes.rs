@@ -122,9 +122,8 @@ pub fn check(w: &World) -> Result<(), Broken> {
         return Err(b.clone());
     }
     let refused: BTreeSet<&String> = w.identity.strangers().chain(w.forgery.not_ours()).collect();
-    // Instances with no ENI of ours: a bystander carries one, and ENIs with our tags are
-    // listed and followed whoever names their instance (seed 23: three calls named a bystander
-    // while only a rewritten instance-id did).
+    // Instances with no ENI of ours: a bystander carries one, and calls may follow an ENI with
+    // our tags to its instance.
     for i in w.identity.strangers().chain(w.forgery.peered_instance()) {
         let calls = w.sim.times_named(i);
         if calls > 0 {
