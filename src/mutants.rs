@@ -4,7 +4,7 @@
 //! `ENI_DST_MUTANT=<name>` selects the defect of a run.
 
 /// Every planted defect, by name.
-pub const ALL: [&str; 19] = [
+pub const ALL: [&str; 20] = [
     "release-used",
     "drain-is-gone",
     "reuse-burned-token",
@@ -24,6 +24,7 @@ pub const ALL: [&str; 19] = [
     "trust-forged-finalizer",
     "trust-named-instance",
     "manage-refused-instance",
+    "static-ip-any-tag",
 ];
 
 /// Whether the defects are compiled into this build.

@@ -13,7 +13,7 @@ use crate::world::{CLUSTER, World};
 pub type Broken = (&'static str, String);
 
 /// Whether EC2 has `ip` on `eni` (primary, secondary or inside a delegated prefix).
-fn holds(eni: &NetworkInterface, ip: Ipv4Addr) -> bool {
+pub(crate) fn holds(eni: &NetworkInterface, ip: Ipv4Addr) -> bool {
     eni.primary_ip == ip
         || eni.secondary_ips.contains(&ip)
         || eni.prefixes.iter().any(|p| p.contains(&ip))
@@ -32,6 +32,8 @@ pub fn always(w: &World) -> Result<(), Broken> {
     // A core's copies against what its watch delivered (crate::api; not a function of the
     // inputs below: a pass's write answer changes only the core's memory).
     crate::api::check(w)?;
+    // Each unassign against the status, each process's managed set (crate::probes).
+    crate::probes::check(w)?;
     // The same inputs as at the last pass give the same answer (crate::view).
     let inputs = View::inputs(w);
     if w.view.borrow().passed.as_ref() == Some(&inputs) {

@@ -86,6 +86,18 @@ impl Forgery {
     pub fn names(&self) -> impl Iterator<Item = &String> {
         self.forged.keys()
     }
+
+    /// Instances no node of the cluster runs on: the bystanders and the peered VPC's.
+    pub fn not_ours(&self) -> impl Iterator<Item = &String> {
+        self.bystanders
+            .keys()
+            .chain(self.peered.iter().map(|p| &p.instance))
+    }
+
+    /// The peered VPC's instance, once made.
+    pub fn peered_instance(&self) -> Option<&String> {
+        self.peered.as_ref().map(|p| &p.instance)
+    }
 }
 
 /// The seed's forgeries of one second (faults phase only).
@@ -353,8 +365,41 @@ async fn name_foreign_vpc(w: &mut World, t: u64) {
     );
 }
 
+/// Every live node's CiliumNode that holds our finalizer records the instance the node runs on
+/// (§15: the record is written first, then the finalizer, both before any EC2 call): a
+/// finalizer can only ever give back what we confirmed. Planted defect `trust-named-instance`
+/// (the named instance counts as recorded, so the record is never written).
+fn recorded(w: &World) -> Result<(), Broken> {
+    for (name, n) in w.nodes.iter().filter(|(_, n)| n.phase == Phase::Live) {
+        let Some(obj) = w.sink.get(name) else {
+            continue;
+        };
+        if obj.metadata.deletion_timestamp.is_some()
+            || !eni_operator::ipam::admission::has_finalizer(&obj)
+        {
+            continue;
+        }
+        let record = obj
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(CONFIRMED_INSTANCE_ANNOTATION));
+        if record != Some(&n.instance_id) {
+            return Err((
+                "a CiliumNode we hold records the instance we confirmed",
+                format!(
+                    "{name} runs on {} and holds our finalizer; its record: {record:?}",
+                    n.instance_id
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// Checked after every simulated second.
 pub fn check(w: &World) -> Result<(), Broken> {
+    recorded(w)?;
     let enis = w.sim.network_interfaces();
     for (instance, was) in &w.forgery.bystanders {
         let now = on(&enis, instance);

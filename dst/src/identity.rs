@@ -261,6 +261,11 @@ impl Identity {
     pub fn names(&self) -> impl Iterator<Item = &String> {
         self.forged.keys().chain(self.renamed.keys())
     }
+
+    /// Instances only CiliumNodes without a Node name.
+    pub fn strangers(&self) -> impl Iterator<Item = &String> {
+        self.strangers.keys()
+    }
 }
 
 pub fn check(w: &World) -> Result<(), Broken> {

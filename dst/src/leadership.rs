@@ -40,11 +40,12 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::task::AbortOnDropHandle;
 
+use crate::probes::{Probes, Withdrawal};
 use crate::world::{CLUSTER, GC_INTERVAL, World};
 
 /// The EC2 client of one process as the simulation runs it: the gate, the pause point, the
 /// operator's fence (§14.2), and the observer at the simulator.
-type SimEc2 = Gate<Observed<Fenced<Observed<Simulator>>>>;
+type SimEc2 = Gate<Observed<Fenced<Observed<Layered<Simulator, Withdrawal>>>>>;
 /// Its sink: pause point, fence, observer.
 type SimSink = ObservedSink<FencedSink<ObservedSink<Arc<MemorySink>>>>;
 /// The core as the simulation runs it: every EC2 call and API write observed.
@@ -171,6 +172,7 @@ pub struct Parts {
     pub run: std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>,
 }
 
+#[allow(clippy::too_many_arguments)]
 pub fn build(
     sim: &Simulator,
     sink: &Arc<MemorySink>,
@@ -179,9 +181,15 @@ pub fn build(
     observer: Observer,
     fence: Fence,
     jitter: u64,
+    probes: &Probes,
 ) -> Parts {
+    let withdrawal = Withdrawal {
+        sink: sink.clone(),
+        sim: sim.clone(),
+        probes: probes.clone(),
+    };
     let issue = Observed::new(
-        sim.clone(),
+        Layered::new(sim.clone(), withdrawal),
         Watch {
             observer: observer.clone(),
             role: Role::Issue,
@@ -220,6 +228,7 @@ pub fn build(
         ..cfg.clone()
     };
     let cache = cfg.ec2_cache();
+    probes.watch_cache(&cache);
     // The GC lists the managed VPC(s), learned as in production (no --vpc-id).
     let vpcs = {
         let cache = cache.clone();
@@ -413,12 +422,13 @@ fn start(w: &mut World, i: usize, t: u64) {
     let published = r.published.clone();
     let identity = r.identity.clone();
     let (sim, sink, cfg) = (w.sim.clone(), w.sink.clone(), w.core_config());
+    let probes = w.probes.clone();
     let jitter = w.jitter_seed(((i as u64 + 1) << 32) | u64::from(generation));
     let process = async move {
         let fence = Fence::closed();
         let mut elector = Elector::new(lock, LeaderConfig::new(identity)).with_fence(fence.clone());
         let work = async {
-            let parts = build(&sim, &sink, &cfg, subnets, observer, fence, jitter);
+            let parts = build(&sim, &sink, &cfg, subnets, observer, fence, jitter, &probes);
             *published.lock().expect("published") = Some((parts.core, parts.tx));
             parts.run.await;
         };

@@ -15,6 +15,7 @@ pub mod guard;
 pub mod identity;
 pub mod leadership;
 pub mod multipool;
+pub mod probes;
 pub mod refusals;
 mod replay;
 pub mod reuse;

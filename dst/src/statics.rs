@@ -4,7 +4,10 @@
 //! * a live node's published `assigned-static-ip` is the address EC2 has on one of its
 //!   instance's ENIs (never one it lost a race for, never one it gave up);
 //! * no two live nodes publish the same address;
-//! * no instance holds two of the pool's addresses (never a second one per node).
+//! * no instance holds two of the pool's addresses (never a second one per node);
+//! * no address without the operator's required tag is ever associated: the account also holds
+//!   addresses with the nodes' `static-ip-tags` but not the cluster's tag (another team's), first
+//!   in allocation-ID order (planted defect `static-ip-any-tag`).
 
 use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
@@ -17,6 +20,8 @@ use crate::world::{Phase, World};
 
 /// Enough for every static node a run has at once (a run keeps far fewer nodes).
 const POOL: u8 = 64;
+/// Addresses an agent's tags match that the cluster was not given.
+const NOT_GIVEN: u8 = 4;
 
 pub fn tags() -> Tags {
     Tags::from([("dst/static-ip".to_string(), "pool".to_string())])
@@ -30,6 +35,9 @@ pub fn wants(n: u32) -> bool {
 /// The account's Elastic IPs for static nodes (the user allocated them and gave them to the
 /// cluster with its tag, the operator's default `--static-ip-required-tag`; it never allocates).
 pub fn seed(sim: &Simulator) {
+    for i in 1..=NOT_GIVEN {
+        sim.add_address(Ipv4Addr::new(198, 51, 100, 200 + i), tags());
+    }
     let mut given = tags();
     given.insert(
         eni_operator::ipam::ownership::CLUSTER_TAG.to_string(),
@@ -48,6 +56,24 @@ pub fn check(w: &World) -> Result<(), Broken> {
             .find(|e| e.id == eni)
             .and_then(|e| e.instance_id().map(str::to_string))
     };
+    let given = |a: &eni_operator::ec2::Address| {
+        a.tags
+            .get(eni_operator::ipam::ownership::CLUSTER_TAG)
+            .map(String::as_str)
+            == Some(crate::world::CLUSTER)
+    };
+    if let Some(a) = addresses
+        .iter()
+        .find(|a| a.association_id.is_some() && !given(a))
+    {
+        return Err((
+            "never an Elastic IP without the required tag",
+            format!(
+                "{} ({}) associated with {:?}",
+                a.public_ip, a.allocation_id, a.network_interface_id
+            ),
+        ));
+    }
     let mut per_instance: BTreeMap<String, Vec<Ipv4Addr>> = BTreeMap::new();
     for a in &addresses {
         if let Some(i) = a.network_interface_id.as_deref().and_then(instance_of) {

@@ -175,6 +175,8 @@ pub struct World {
     pub cilium: Option<crate::cilium::Cilium>,
     /// What agents write that they should not (crate::forgery).
     pub forgery: crate::forgery::Forgery,
+    /// What the checks see inside each operator process (crate::probes).
+    pub probes: crate::probes::Probes,
 }
 
 impl World {
@@ -271,6 +273,7 @@ impl World {
             identity: crate::identity::Identity::new(seed),
             cilium: crate::cilium::Cilium::draw(seed),
             forgery: crate::forgery::Forgery::new(seed),
+            probes: crate::probes::Probes::default(),
         };
         // One wall clock for the run: the API server's managedFields times and every core's.
         w.cfg.wall_epoch = Some((crate::cilium::epoch(), w.start.into_std()));
@@ -368,6 +371,7 @@ impl World {
             eni_operator::k8s::fence::Fence::open(),
             // Retry jitter from the seed (one stream per operator start): a seed replays exactly.
             self.jitter_seed(u64::from(self.restarts)),
+            &self.probes,
         );
         let core = Some(parts.core.clone());
         self.operator = Some(Operator {

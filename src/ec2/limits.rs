@@ -80,7 +80,8 @@ impl LimitOverride {
             ipv6_per_eni: self.ipv6,
             nitro: base.is_some_and(|b| b.nitro),
             bare_metal: base.is_some_and(|b| b.bare_metal),
-            enis_per_card: Vec::new(),
+            // Where pod ENIs may go is the hardware's, not a count the mapping gives (§5.4).
+            enis_per_card: base.map(|b| b.enis_per_card.clone()).unwrap_or_default(),
         }
     }
 }
@@ -186,5 +187,20 @@ mod tests {
         for bad in ["m5.large", "=1,2,3", "m5.large=0,2,3", "m5.large=1,2"] {
             assert!(bad.parse::<LimitOverride>().is_err(), "{bad:?}");
         }
+    }
+
+    /// A mapping changes the counts, not where pod ENIs may go: card 0's interfaces stay the
+    /// cap (a p5.48xlarge mapped to 64 adapters still has 2 on card 0, §5.4).
+    #[test]
+    fn a_mapping_keeps_the_per_card_limits() {
+        let p5 = &builtin()["p5.48xlarge"];
+        let mapped: LimitOverride = "p5.48xlarge=64,50,50".parse().expect("parses");
+        let l = mapped.apply(Some(p5));
+        assert_eq!((l.max_enis, l.ipv4_per_eni), (64, 50));
+        assert_eq!(l.enis_per_card, p5.enis_per_card);
+        assert_eq!(l.pod_max_enis(), 2);
+        // Fewer adapters than card 0 has: the mapping's count is the cap.
+        let few: LimitOverride = "p5.48xlarge=1,50,50".parse().expect("parses");
+        assert_eq!(few.apply(Some(p5)).pod_max_enis(), 1);
     }
 }

@@ -50,7 +50,8 @@ pub enum ClusterTag {
     NotRead,
     Tagged,
     Untagged,
-    /// EC2 does not know the instance: the plan says so (InstanceNotFound); nothing can touch it.
+    /// EC2 does not list the instance (not yet, or never launched): nothing confirms its tag, so
+    /// the node waits and the tag is asked again.
     UnknownToEc2,
     /// The describe failed.
     Unreadable(String),
@@ -145,6 +146,8 @@ pub enum LeaveAlone {
 pub enum WaitReason {
     NodeNotSeen,
     OtherAllocator,
+    /// DescribeInstances does not list the instance (yet): no tag to confirm it by.
+    InstanceUnknown,
 }
 
 /// A node refused for now: said on its `operator-status` and in one Warning Event.
@@ -371,8 +374,19 @@ fn cluster_tag(f: &Facts) -> Option<Decision> {
         return None;
     }
     match &f.cluster_tag {
-        ClusterTag::NotRequired | ClusterTag::Tagged | ClusterTag::UnknownToEc2 => None,
+        ClusterTag::NotRequired | ClusterTag::Tagged => None,
         ClusterTag::NotRead => Some(Decision::Need(Need::ClusterTag)),
+        ClusterTag::UnknownToEc2 => {
+            let why = format!(
+                "DescribeInstances does not list {}: its cluster tag cannot be confirmed; asked \
+                 again",
+                f.node.spec.instance_id
+            );
+            Some(wait(
+                Some((WaitReason::InstanceUnknown, why)),
+                UNKNOWN_RETRY,
+            ))
+        }
         ClusterTag::Unreadable(_) => Some(wait(None, f.unhealthy_retry)),
         ClusterTag::Untagged => {
             let (instance, cluster) = (&f.node.spec.instance_id, &f.cluster_name);

@@ -272,8 +272,24 @@ fn the_cluster_tag_is_read_when_asked_and_refuses_an_instance_of_another_cluster
     assert!(r.message.contains("kubernetes.io/cluster/c1"));
     f.cluster_tag = ClusterTag::Unreadable("throttled".into());
     assert!(matches!(decide(&f), Decision::Wait { wait: None, .. }));
+}
+
+/// An instance DescribeInstances does not know (not listed yet, or never launched) carries no
+/// tag to confirm: the node waits with a reason and is asked about again, never admitted.
+#[test]
+fn an_instance_ec2_does_not_know_waits_and_is_not_admitted() {
+    let mut f = new_node();
     f.cluster_tag = ClusterTag::UnknownToEc2;
-    assert!(matches!(decide(&f), Decision::Serve(_)));
+    match decide(&f) {
+        Decision::Wait {
+            wait: Some((WaitReason::InstanceUnknown, why)),
+            retry,
+        } => {
+            assert!(why.contains(&f.node.spec.instance_id), "{why}");
+            assert_eq!(retry, UNKNOWN_RETRY);
+        }
+        other => panic!("an unknown instance must wait, got {other:?}"),
+    }
 }
 
 #[test]

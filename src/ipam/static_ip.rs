@@ -69,7 +69,8 @@ pub type RequiredTag<'a> = (&'a str, &'a str);
 
 /// Whether the address carries the required tag.
 pub fn allowed(address: &Address, (key, value): RequiredTag) -> bool {
-    address.tags.get(key).is_some_and(|v| v == value)
+    // Planted defect (dst-mutants): any address the agent's tags match.
+    crate::mutants::active("static-ip-any-tag") || address.tags.get(key).is_some_and(|v| v == value)
 }
 
 /// An address already on the node's primary ENI is adopted whatever its tags (it is the

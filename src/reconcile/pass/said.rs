@@ -96,6 +96,7 @@ pub(super) fn wait_reason(reason: admission::WaitReason) -> WaitReason {
     match reason {
         admission::WaitReason::NodeNotSeen => WaitReason::NodeNotSeen,
         admission::WaitReason::OtherAllocator => WaitReason::OtherAllocator,
+        admission::WaitReason::InstanceUnknown => WaitReason::InstanceNotListed,
     }
 }
 

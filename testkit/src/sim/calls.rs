@@ -22,6 +22,9 @@ pub struct Call {
 pub(crate) struct CallLog {
     pub(crate) on: bool,
     pub(crate) calls: Vec<Call>,
+    /// How many calls named each instance (a describe's instance filter, an attach), whether
+    /// or not `on`: one counter per instance, so it stays as small as the account.
+    pub(crate) named: std::collections::BTreeMap<String, u64>,
 }
 
 impl CallLog {

@@ -146,6 +146,19 @@ impl Simulator {
         std::mem::take(&mut self.peek().calls.calls)
     }
 
+    /// How many calls have named `instance` so far (DescribeInstances and
+    /// DescribeNetworkInterfaces filters, AttachNetworkInterface), answered or not.
+    pub fn times_named(&self, instance: &str) -> u64 {
+        self.peek().calls.named.get(instance).copied().unwrap_or(0)
+    }
+
+    fn named<'a>(&self, ids: impl IntoIterator<Item = &'a String>) {
+        let mut inner = self.peek();
+        for id in ids {
+            *inner.calls.named.entry(id.clone()).or_default() += 1;
+        }
+    }
+
     // ---- knobs ----
 
     /// Items per describe page.
@@ -467,6 +480,7 @@ impl Ec2 for Simulator {
         filter: &InstanceFilter,
         next_token: Option<String>,
     ) -> Result<Page<Instance>> {
+        self.named(&filter.ids);
         self.call(Operation::DescribeInstances, |s, _| {
             s.describe_instances(filter, next_token)
         })
@@ -478,6 +492,7 @@ impl Ec2 for Simulator {
         filter: &EniFilter,
         next_token: Option<String>,
     ) -> Result<Page<NetworkInterface>> {
+        self.named(&filter.instance_ids);
         self.call(Operation::DescribeNetworkInterfaces, |s, now| {
             s.describe_network_interfaces_at(filter, next_token, now)
         })
@@ -545,6 +560,7 @@ impl Ec2 for Simulator {
         device_index: u32,
     ) -> Result<String> {
         let op = Operation::AttachNetworkInterface;
+        self.named([&instance_id.to_string()]);
         self.call(op, |s, now| {
             s.lagged(op, eni_id, now, |s| {
                 s.attach_network_interface(eni_id, instance_id, device_index)
