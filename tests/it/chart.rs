@@ -851,7 +851,10 @@ fn status_by_exec_into_the_leader_is_what_the_chart_runs() {
     assert!(!cm.contains("ENI_OPERATOR_IDENTITY"));
     // `status` reads the debug listener the ConfigMap sets, which is the operator's default.
     let defaults = eni_operator::config::Settings::try_parse_from(["eni-operator"]).unwrap();
-    let configured = format!("ENI_OPERATOR_DEBUG_ADDR: \"{}\"", defaults.server.debug_addr);
+    let configured = format!(
+        "ENI_OPERATOR_DEBUG_ADDR: \"{}\"",
+        defaults.server.debug_addr
+    );
     assert!(cm.contains(&configured), "the ConfigMap lacks {configured}");
     let status = eni_operator::status_cli::StatusArgs::try_parse_from(["status"]).unwrap();
     assert_eq!(
