@@ -232,3 +232,31 @@ async fn metrics_count_calls_by_outcome_and_response_code() {
     let cut = rate::BETA / rate::MEASURE.as_secs_f64();
     assert!(rate > cut && rate < 4.0 * rate::BETA, "{line}");
 }
+
+#[tokio::test(start_paused = true)]
+async fn an_idle_buckets_gauge_follows_its_probe_back_to_the_ceiling() {
+    let fake = Fake::default();
+    fake.fail(
+        Operation::AssignPrivateIpAddresses,
+        "RequestLimitExceeded",
+        1,
+    );
+    let g = gate(fake, GateConfig::aws_defaults());
+    let mut registry = Registry::default();
+    g.metrics().register(&mut registry);
+    g.assign_private_ip_addresses("eni-1", AddressRequest::Ips(1))
+        .await
+        .unwrap();
+    // No assign call after: the probe (2 s after the cut) ramps the rate to its ceiling in a
+    // few seconds; a call of another bucket then publishes it.
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    g.delete_network_interface("eni-1").await.unwrap();
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+    let line = r#"ec2_rate_limit_qps{bucket="assign-private-ip-addresses"} 4.0"#;
+    assert!(text.contains(line), "missing {line} in\n{text}");
+    assert!(
+        text.contains(r#"ec2_rate_limit_recoveries_total{bucket="assign-private-ip-addresses"} 1"#),
+        "{text}"
+    );
+}
