@@ -245,27 +245,24 @@ impl GateLayer {
         }
     }
 
-    /// The `bucket` label of `op`'s gate bucket.
-    fn bucket_label(&self, op: Operation) -> &'static str {
-        if self.buckets.len() == 1 {
-            SINGLE_BUCKET
+    /// Publish every bucket's rate and new recoveries: a probe raises an idle bucket's rate with
+    /// time, and its gauge must not stay at the cut until that bucket's next call.
+    fn report(&self) {
+        let labels: Vec<&'static str> = if self.buckets.len() == 1 {
+            vec![SINGLE_BUCKET]
         } else {
-            op.bucket().name()
-        }
-    }
-
-    /// Publish `op`'s bucket's rate and its new recoveries.
-    fn report(&self, op: Operation) {
-        let labels = BucketLabels {
-            bucket: self.bucket_label(op),
+            Bucket::ALL.iter().map(|b| b.name()).collect()
         };
-        let (rate, recovered) = self.bucket(op).report();
-        self.metrics.rate.get_or_create(&labels).set(rate);
-        if recovered > 0 {
-            self.metrics
-                .recoveries
-                .get_or_create(&labels)
-                .inc_by(recovered);
+        for (bucket, state) in labels.into_iter().zip(&self.buckets) {
+            let labels = BucketLabels { bucket };
+            let (rate, recovered) = state.report();
+            self.metrics.rate.get_or_create(&labels).set(rate);
+            if recovered > 0 {
+                self.metrics
+                    .recoveries
+                    .get_or_create(&labels)
+                    .inc_by(recovered);
+            }
         }
     }
 
@@ -350,7 +347,7 @@ impl GateLayer {
                 outcome_label(e.kind)
             }
         };
-        self.report(op);
+        self.report();
         self.metrics
             .calls
             .get_or_create(&OutcomeLabels {

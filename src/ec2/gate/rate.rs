@@ -49,6 +49,14 @@
 //! become rare; after a spell the rate is back at the ceiling within the current interval plus a
 //! few seconds of ramp.
 //!
+//! Nothing we see tells a spell from a steady share: at the learned rate both answer with
+//! successes, and only a probe finds the spell over. Left to double, the interval is as long as
+//! the spell so far, so a two-minute spell would wait a minute more. Another tenant's spells (a
+//! fleet launch, an apply) mostly last seconds to a couple of minutes, a steady share much
+//! longer; so for the first [`EARLY_PHASE`] below the ceiling the interval stops doubling at
+//! [`EARLY_INTERVAL`], and doubles on from there after. A share held for an hour pays a dozen
+//! more failed probes in its first minutes, once.
+//!
 //! The unused tokens of the AWS bucket absorb the dip after a cut (its burst is 50 to 100
 //! calls), so the time below the capacity is not lost.
 
@@ -81,6 +89,11 @@ pub const FIRST_PROBE: Duration = Duration::from_secs(2);
 pub const MAX_PROBE_INTERVAL: Duration = Duration::from_secs(600);
 /// Held at the ceiling this long, the probe interval starts again from [`FIRST_PROBE`].
 pub const RESET_AFTER: Duration = Duration::from_secs(120);
+/// For this long after the rate first left the ceiling, the probe interval doubles only up to
+/// [`EARLY_INTERVAL`]: a spell of up to two minutes is found over within that and the ramp.
+pub const EARLY_PHASE: Duration = Duration::from_secs(150);
+/// The longest probe interval within [`EARLY_PHASE`].
+pub const EARLY_INTERVAL: Duration = Duration::from_secs(8);
 
 /// A restore probe under way: the rate ramps from `saved`, doubling every second from `start`.
 #[derive(Clone, Debug, PartialEq)]
@@ -104,6 +117,8 @@ pub struct RateController {
     interval: Duration,
     /// Since when the rate is at the ceiling; `None` below it.
     at_ceiling_since: Option<Instant>,
+    /// When the rate first left the ceiling since the interval was last reset.
+    limited_since: Option<Instant>,
     /// Probes that reached the ceiling.
     recoveries: u64,
     /// Successful calls since the last cut (saturating); a new controller has seen none, so
@@ -130,6 +145,7 @@ impl RateController {
             next_probe: None,
             interval: FIRST_PROBE,
             at_ceiling_since: Some(now),
+            limited_since: None,
             recoveries: 0,
             since_cut: 0,
             step: regain_step(BETA),
@@ -145,7 +161,7 @@ impl RateController {
                 // The ceiling is reached, not yet held: the account's bucket may have lent the
                 // ramp its saved tokens. Until [`RESET_AFTER`] at the ceiling, the next probe
                 // comes later, as after a failed one.
-                self.interval = (self.interval * 2).min(MAX_PROBE_INTERVAL);
+                self.lengthen_interval(now);
                 self.reach_ceiling(now);
             } else {
                 self.rate = ramp;
@@ -162,6 +178,7 @@ impl RateController {
             .is_some_and(|since| now.saturating_duration_since(since) >= RESET_AFTER)
         {
             self.interval = FIRST_PROBE;
+            self.limited_since = None;
         }
     }
 
@@ -187,6 +204,7 @@ impl RateController {
         }
         self.last_cut = Some(now);
         self.at_ceiling_since = None;
+        self.limited_since.get_or_insert(now);
         let steady = self.since_cut >= STEADY_CALLS;
         self.since_cut = 0;
         if let Some(p) = self.probe.take() {
@@ -194,7 +212,7 @@ impl RateController {
             // between the saved rate and the ceiling is found at once, not by successes.
             let measured = (self.measured(now) * BETA).min(self.ceiling * BETA);
             self.rate = p.saved.max(measured);
-            self.interval = (self.interval * 2).min(MAX_PROBE_INTERVAL);
+            self.lengthen_interval(now);
             self.next_probe = Some(now + self.interval);
             return true;
         }
@@ -247,6 +265,20 @@ impl RateController {
             return Some(Duration::ZERO);
         }
         self.next_probe.map(|at| at.saturating_duration_since(now))
+    }
+
+    /// After a probe: double the interval, up to [`EARLY_INTERVAL`] within [`EARLY_PHASE`] of
+    /// the rate leaving the ceiling, up to [`MAX_PROBE_INTERVAL`] after.
+    fn lengthen_interval(&mut self, now: Instant) {
+        let early = self
+            .limited_since
+            .is_some_and(|since| now.saturating_duration_since(since) < EARLY_PHASE);
+        let cap = if early {
+            EARLY_INTERVAL
+        } else {
+            MAX_PROBE_INTERVAL
+        };
+        self.interval = (self.interval * 2).min(cap);
     }
 
     fn reach_ceiling(&mut self, now: Instant) {
@@ -481,7 +513,7 @@ mod tests {
         let mut probe = t0 + FIRST_PROBE;
         let mut interval = FIRST_PROBE;
         let mut delays = Vec::new();
-        for _ in 0..12 {
+        for _ in 0..23 {
             c.advance(probe);
             let t = probe + secs(2.0);
             c.advance(t);
@@ -490,16 +522,80 @@ mod tests {
             assert!(close(c.rate(), 4.0), "back to the saved rate: {}", c.rate());
             let next = c.next_change(t + secs(0.3)).expect("a probe is due");
             delays.push(next.as_secs());
-            interval = (interval * 2).min(MAX_PROBE_INTERVAL);
+            let early = t + secs(0.3) < t0 + EARLY_PHASE;
+            let cap = if early {
+                EARLY_INTERVAL
+            } else {
+                MAX_PROBE_INTERVAL
+            };
+            interval = (interval * 2).min(cap);
             assert_eq!(next, interval);
             probe = t + secs(0.3) + next;
         }
+        // A probe every 10.3 s (8 s and the 2.3 s ramp) until the early phase is over.
+        let mut expected = vec![4];
+        expected.extend([8; 14]);
+        expected.extend([16, 32, 64, 128, 256, 512, 600, 600]);
         assert_eq!(
-            delays,
-            [4, 8, 16, 32, 64, 128, 256, 512, 600, 600, 600, 600],
-            "doubling up to the cap"
+            delays, expected,
+            "doubling up to 8 s in the early phase, then up to the cap"
         );
         assert_eq!(c.recoveries(), 0);
+    }
+
+    /// Drives `c` from `t0` until `end`, in steps of 50 ms: the account leaves `left(t)` calls
+    /// a second, and a rate above it is answered "throttled" (one answer per step). Returns
+    /// when the rate reached the ceiling after `from`, and the rate changes by throttled answers.
+    fn drive(
+        c: &mut RateController,
+        t0: Instant,
+        from: Duration,
+        end: Duration,
+        left: impl Fn(Duration) -> f64,
+    ) -> (Option<Duration>, u32) {
+        let mut cuts = 0;
+        let mut t = Duration::ZERO;
+        while t < end {
+            c.advance(t0 + t);
+            if c.rate() > left(t) && c.on_throttle(t0 + t, t0 + t) {
+                cuts += 1;
+            }
+            if t >= from && !c.is_limiting() {
+                return (Some(t), cuts);
+            }
+            t += secs(0.05);
+        }
+        (None, cuts)
+    }
+
+    #[test]
+    fn a_spell_of_two_minutes_is_found_over_within_seconds() {
+        // Another tenant leaves 10 % of the ceiling for D; the rate must be back at the ceiling
+        // within the early interval and the ramp after the end, wherever the end falls.
+        for d in [20.0, 60.0, 95.0, 120.0, 133.0] {
+            let t0 = Instant::now();
+            let mut c = at_the_floor(5.0, t0);
+            let end = secs(d);
+            let (back, _) = drive(&mut c, t0, end, end + secs(60.0), |t| {
+                if t < end { 0.5 } else { 5.0 }
+            });
+            let back = back.expect("back at the ceiling");
+            assert!(
+                back - end <= EARLY_INTERVAL + secs(4.0),
+                "a spell of {d} s: back {:?} after its end",
+                back - end
+            );
+        }
+    }
+
+    #[test]
+    fn a_share_held_for_an_hour_costs_few_failed_probes() {
+        // The early phase costs its probes once; after it the interval doubles to the cap.
+        let t0 = Instant::now();
+        let mut c = at_the_floor(5.0, t0);
+        let (back, cuts) = drive(&mut c, t0, secs(0.0), secs(3600.0), |_| 0.5);
+        assert_eq!(back, None);
+        assert!(cuts <= 30, "{cuts} failed probes in an hour");
     }
 
     #[test]

@@ -193,8 +193,8 @@ async fn unassigning_ips_and_prefixes_takes_two_tokens() {
     assert_eq!(start.elapsed(), Duration::from_secs(1));
 }
 
-#[tokio::test(start_paused = true)]
-async fn metrics_count_calls_by_outcome_and_response_code() {
+/// A gate with its metrics registered, after one assign call throttled once and retried.
+async fn assign_throttled_once() -> (Arc<Gate<Fake>>, Registry) {
     let fake = Fake::default();
     fake.fail(
         Operation::AssignPrivateIpAddresses,
@@ -207,8 +207,19 @@ async fn metrics_count_calls_by_outcome_and_response_code() {
     g.assign_private_ip_addresses("eni-1", AddressRequest::Ips(1))
         .await
         .unwrap();
+    (g, registry)
+}
+
+fn encoded(registry: &Registry) -> String {
     let mut text = String::new();
-    prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+    prometheus_client::encoding::text::encode(&mut text, registry).unwrap();
+    text
+}
+
+#[tokio::test(start_paused = true)]
+async fn metrics_count_calls_by_outcome_and_response_code() {
+    let (_g, registry) = assign_throttled_once().await;
+    let text = encoded(&registry);
     for line in [
         r#"ec2_api_calls_total{operation="AssignPrivateIpAddresses",outcome="throttled"} 1"#,
         r#"ec2_api_calls_total{operation="AssignPrivateIpAddresses",outcome="success"} 1"#,
@@ -231,4 +242,20 @@ async fn metrics_count_calls_by_outcome_and_response_code() {
     let rate: f64 = line.rsplit(' ').next().unwrap().parse().unwrap();
     let cut = rate::BETA / rate::MEASURE.as_secs_f64();
     assert!(rate > cut && rate < 4.0 * rate::BETA, "{line}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_idle_buckets_gauge_follows_its_probe_back_to_the_ceiling() {
+    let (g, registry) = assign_throttled_once().await;
+    // No assign call after: the probe (2 s after the cut) ramps the rate to its ceiling in a
+    // few seconds; a call of another bucket then publishes it.
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    g.delete_network_interface("eni-1").await.unwrap();
+    let text = encoded(&registry);
+    let line = r#"ec2_rate_limit_qps{bucket="assign-private-ip-addresses"} 4.0"#;
+    assert!(text.contains(line), "missing {line} in\n{text}");
+    assert!(
+        text.contains(r#"ec2_rate_limit_recoveries_total{bucket="assign-private-ip-addresses"} 1"#),
+        "{text}"
+    );
 }
