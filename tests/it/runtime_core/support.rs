@@ -45,6 +45,29 @@ pub async fn join(
     inst
 }
 
+/// `count` classic nodes `node-0`, `node-1`, ... join, each wanting `min_allocate`. Returns
+/// their names.
+pub async fn join_many(
+    w: &Cluster,
+    sink: &MemorySink,
+    tx: &mpsc::Sender<NodeInput>,
+    count: usize,
+    min_allocate: i64,
+) -> Vec<String> {
+    let mut names = Vec::new();
+    for i in 0..count {
+        let name = format!("node-{i}");
+        join(w, sink, tx, &name, min_allocate).await;
+        names.push(name);
+    }
+    names
+}
+
+/// Waits up to `limit` until `sim` answered `op` successfully `at_least` times.
+pub async fn ok_calls(sim: &Simulator, op: Operation, at_least: u64, limit: Duration) -> bool {
+    wait_until(|| sim.stats().get(op).ok >= at_least, limit).await
+}
+
 /// A running core: the handle, its input and its task.
 pub type Running<E> = (
     Core<E, MemorySink>,
@@ -116,10 +139,11 @@ pub async fn crash_between_create_and_attach(
     tx.send(NodeInput::Upsert(Box::new(node.clone())))
         .await
         .unwrap();
-    let sim = w.sim.clone();
     assert!(
-        wait_until(
-            || sim.stats().get(Operation::CreateNetworkInterface).ok >= 1,
+        ok_calls(
+            &w.sim,
+            Operation::CreateNetworkInterface,
+            1,
             Duration::from_secs(60)
         )
         .await

@@ -13,7 +13,7 @@ use testkit::sink::MemorySink;
 use testkit::{served, wait_until};
 
 use super::support::{
-    CLUSTER, config, crash_between_create_and_attach, join, operator_error, our_attached,
+    CLUSTER, config, crash_between_create_and_attach, join, ok_calls, operator_error, our_attached,
     our_available_enis, start, throttled,
 };
 
@@ -93,14 +93,7 @@ async fn burn_tokens(
     );
     let (_core, tx, task) = start(w.sim.clone(), sink, config(4));
     let inst = join(w, sink, &tx, "n", 8).await;
-    let sim = w.sim.clone();
-    assert!(
-        wait_until(
-            || sim.stats().get(Operation::DeleteNetworkInterface).ok >= refused,
-            limit
-        )
-        .await
-    );
+    assert!(ok_calls(&w.sim, Operation::DeleteNetworkInterface, refused, limit).await);
     task.abort();
     let _ = task.await;
     w.sim
@@ -222,10 +215,11 @@ async fn the_gc_removing_a_kept_eni_does_not_block_the_node() {
     let gate = Gate::new(w.sim.clone(), GateConfig::aws_defaults());
     let (_core, tx, _task) = start(gate, &sink, config(4));
     let inst = join(&w, &sink, &tx, "n", 8).await;
-    let sim = w.sim.clone();
     assert!(
-        wait_until(
-            || sim.stats().get(Operation::CreateNetworkInterface).ok >= 1,
+        ok_calls(
+            &w.sim,
+            Operation::CreateNetworkInterface,
+            1,
             Duration::from_secs(60)
         )
         .await
