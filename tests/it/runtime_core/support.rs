@@ -68,6 +68,17 @@ pub async fn ok_calls(sim: &Simulator, op: Operation, at_least: u64, limit: Dura
     wait_until(|| sim.stats().get(op).ok >= at_least, limit).await
 }
 
+/// Waits up to a minute for the first successful CreateNetworkInterface.
+pub async fn an_eni_created(sim: &Simulator) -> bool {
+    ok_calls(
+        sim,
+        Operation::CreateNetworkInterface,
+        1,
+        Duration::from_secs(60),
+    )
+    .await
+}
+
 /// A running core: the handle, its input and its task.
 pub type Running<E> = (
     Core<E, MemorySink>,
@@ -139,15 +150,7 @@ pub async fn crash_between_create_and_attach(
     tx.send(NodeInput::Upsert(Box::new(node.clone())))
         .await
         .unwrap();
-    assert!(
-        ok_calls(
-            &w.sim,
-            Operation::CreateNetworkInterface,
-            1,
-            Duration::from_secs(60)
-        )
-        .await
-    );
+    assert!(an_eni_created(&w.sim).await);
     task.abort();
     let _ = task.await;
     w.sim
