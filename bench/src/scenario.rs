@@ -785,6 +785,32 @@ fn tick_agents(w: &World, agents: &mut BTreeMap<String, Agent>) -> BTreeSet<Stri
         .collect()
 }
 
+/// Every agent runs its pods and no node needs addresses.
+fn settled(core: &BenchCore, agents: &BTreeMap<String, Agent>, name: &str) -> bool {
+    agents[name].pending() == 0 && core.demand(name).is_some_and(|d| d.needed <= 0)
+}
+
+/// Ticks the agents until every node is [`settled`] or `limit` has passed: how long it took and
+/// whether all settled.
+async fn settle_agents(
+    w: &World,
+    names: &[String],
+    limit: Duration,
+    agents: &mut BTreeMap<String, Agent>,
+) -> (Duration, bool) {
+    let agents = std::cell::RefCell::new(agents);
+    let (took, all, _) = wait_for(
+        w,
+        names,
+        limit,
+        true,
+        |name, _| settled(&w.core, &agents.borrow(), name),
+        |w, _| tick_agents(w, &mut agents.borrow_mut()),
+    )
+    .await;
+    (took, all)
+}
+
 /// Churn: pods come and go 10 % per minute for `minutes` simulated minutes on `nodes` nodes,
 /// with release-excess on. Counts only the churn window (after every node reached its pods).
 pub async fn churn(s: &Settings, nodes: usize, minutes: u32) -> Outcome {
@@ -805,26 +831,11 @@ pub async fn churn(s: &Settings, nodes: usize, minutes: u32) -> Outcome {
         );
     }
     // Warm-up: every node runs its 20 pods with its pre-allocation in reserve.
-    let core = w.core.clone();
-    let settled = |core: &BenchCore, agents: &BTreeMap<String, Agent>, name: &str| {
-        agents[name].pending() == 0 && core.demand(name).is_some_and(|d| d.needed <= 0)
-    };
-    let (_, warm, _) = {
-        let agents = std::cell::RefCell::new(&mut agents);
-        wait_for(
-            &w,
-            &names,
-            s.limit,
-            true,
-            |name, _| settled(&core, &agents.borrow(), name),
-            |w, _| tick_agents(w, &mut agents.borrow_mut()),
-        )
-        .await
-    };
+    let (_, warm) = settle_agents(&w, &names, s.limit, &mut agents).await;
     if !warm {
         let unsettled: Vec<&String> = names
             .iter()
-            .filter(|n| !settled(&core, &agents, n))
+            .filter(|n| !settled(&w.core, &agents, n))
             .collect();
         if let Some(first) = unsettled.first() {
             panic!(
@@ -833,7 +844,7 @@ pub async fn churn(s: &Settings, nodes: usize, minutes: u32) -> Outcome {
                 unsettled.len(),
                 names.len(),
                 agents[*first].pending(),
-                core.demand(first),
+                w.core.demand(first),
             );
         }
     }
@@ -866,19 +877,7 @@ pub async fn churn(s: &Settings, nodes: usize, minutes: u32) -> Outcome {
     }
     let churned = w.snapshot();
     // Settle: time from the end of churn until every node's demand is met.
-    let (took, all_met, _) = {
-        let agents = std::cell::RefCell::new(&mut agents);
-        wait_for(
-            &w,
-            &names,
-            s.limit,
-            true,
-            |name, _| settled(&core, &agents.borrow(), name),
-            |w, _| tick_agents(w, &mut agents.borrow_mut()),
-        )
-        .await
-    };
-    drop(core);
+    let (took, all_met) = settle_agents(&w, &names, s.limit, &mut agents).await;
     let win = window(&before, &churned);
     let row = win.row(
         s.heap,

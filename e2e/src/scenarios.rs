@@ -316,6 +316,40 @@ impl Suite {
         self.add_node_for(inst, generation, pods, variant).await
     }
 
+    /// A node on a new `instance_type` instance in `zone`, its agent using `pods` addresses.
+    async fn add_plain(
+        &mut self,
+        instance_type: &str,
+        zone: usize,
+        generation: Option<Generation>,
+        pods: usize,
+    ) -> Result<usize> {
+        self.add_node(
+            instance_type,
+            zone,
+            generation,
+            pods,
+            NodeVariant::default(),
+        )
+        .await
+    }
+
+    /// A classic node in zone 0 and a multi-pool node in zone 1, each `(instance type, pods)`:
+    /// the scenarios' usual pair of agent generations.
+    async fn add_both_generations(
+        &mut self,
+        (classic, classic_pods): (&str, usize),
+        (multi_pool, multi_pool_pods): (&str, usize),
+    ) -> Result<[usize; 2]> {
+        let a = self
+            .add_plain(classic, 0, Some(Generation::Classic), classic_pods)
+            .await?;
+        let b = self
+            .add_plain(multi_pool, 1, Some(Generation::MultiPool), multi_pool_pods)
+            .await?;
+        Ok([a, b])
+    }
+
     async fn add_node_for(
         &mut self,
         inst: Instance,
@@ -425,13 +459,7 @@ impl Suite {
     pub(super) async fn one_served_node(&mut self, pods: usize) -> Result<usize> {
         self.start_ops(OperatorOptions::default(), 1).await?;
         let a = self
-            .add_node(
-                "m5.xlarge",
-                0,
-                Some(Generation::Classic),
-                pods,
-                NodeVariant::default(),
-            )
+            .add_plain("m5.xlarge", 0, Some(Generation::Classic), pods)
             .await?;
         self.wait_served(&[a], self.cfg.timeout).await?;
         Ok(a)
@@ -775,14 +803,8 @@ impl Suite {
         let mut idxs = Vec::new();
         for (t, z, pods) in [("m5.large", 0, 5), ("t3.large", 1, 8), ("m5.xlarge", 0, 20)] {
             idxs.push(
-                self.add_node(
-                    t,
-                    z,
-                    Some(Generation::Classic),
-                    pods,
-                    NodeVariant::default(),
-                )
-                .await?,
+                self.add_plain(t, z, Some(Generation::Classic), pods)
+                    .await?,
             );
         }
         self.wait_served(&idxs, self.cfg.timeout).await?;
@@ -872,14 +894,8 @@ impl Suite {
             ("t3.large", 1, 3),
         ] {
             idxs.push(
-                self.add_node(
-                    t,
-                    z,
-                    Some(Generation::MultiPool),
-                    pods,
-                    NodeVariant::default(),
-                )
-                .await?,
+                self.add_plain(t, z, Some(Generation::MultiPool), pods)
+                    .await?,
             );
         }
         self.wait_served(&idxs, self.cfg.timeout).await?;
@@ -910,10 +926,7 @@ impl Suite {
         ];
         let mut idxs = Vec::new();
         for (t, z, g, pods) in plan {
-            idxs.push(
-                self.add_node(t, z, Some(g), pods, NodeVariant::default())
-                    .await?,
-            );
+            idxs.push(self.add_plain(t, z, Some(g), pods).await?);
         }
         self.wait_served(&idxs, self.cfg.timeout).await?;
         // A rolling agent upgrade: node 0's classic agent is replaced by a multi-pool one.
@@ -937,23 +950,8 @@ impl Suite {
             1,
         )
         .await?;
-        let a = self
-            .add_node(
-                "m5.xlarge",
-                0,
-                Some(Generation::Classic),
-                4,
-                NodeVariant::default(),
-            )
-            .await?;
-        let b = self
-            .add_node(
-                "c5.xlarge",
-                1,
-                Some(Generation::MultiPool),
-                4,
-                NodeVariant::default(),
-            )
+        let [a, b] = self
+            .add_both_generations(("m5.xlarge", 4), ("c5.xlarge", 4))
             .await?;
         let mut reported = BTreeSet::new();
         eventually(self.cfg.timeout, "prefix nodes to be served", async || {
@@ -1021,23 +1019,8 @@ impl Suite {
 
     async fn demand_growth(&mut self) -> Result<()> {
         self.start_ops(OperatorOptions::default(), 1).await?;
-        let a = self
-            .add_node(
-                "m5.xlarge",
-                0,
-                Some(Generation::Classic),
-                2,
-                NodeVariant::default(),
-            )
-            .await?;
-        let b = self
-            .add_node(
-                "c5.xlarge",
-                1,
-                Some(Generation::MultiPool),
-                2,
-                NodeVariant::default(),
-            )
+        let [a, b] = self
+            .add_both_generations(("m5.xlarge", 2), ("c5.xlarge", 2))
             .await?;
         self.wait_served(&[a, b], self.cfg.timeout).await?;
         let mut before = BTreeMap::new();
@@ -1074,23 +1057,8 @@ impl Suite {
             1,
         )
         .await?;
-        let a = self
-            .add_node(
-                "m5.xlarge",
-                0,
-                Some(Generation::Classic),
-                20,
-                NodeVariant::default(),
-            )
-            .await?;
-        let b = self
-            .add_node(
-                "c5.xlarge",
-                1,
-                Some(Generation::MultiPool),
-                20,
-                NodeVariant::default(),
-            )
+        let [a, b] = self
+            .add_both_generations(("m5.xlarge", 20), ("c5.xlarge", 20))
             .await?;
         self.wait_served(&[a, b], self.cfg.timeout).await?;
         let mut before = BTreeMap::new();
@@ -1148,23 +1116,8 @@ impl Suite {
 
     async fn node_deletion(&mut self) -> Result<()> {
         self.start_ops(OperatorOptions::default(), 1).await?;
-        let a = self
-            .add_node(
-                "m5.xlarge",
-                0,
-                Some(Generation::Classic),
-                14,
-                NodeVariant::default(),
-            )
-            .await?;
-        let b = self
-            .add_node(
-                "m5.xlarge",
-                1,
-                Some(Generation::MultiPool),
-                4,
-                NodeVariant::default(),
-            )
+        let [a, b] = self
+            .add_both_generations(("m5.xlarge", 14), ("m5.xlarge", 4))
             .await?;
         self.wait_served(&[a, b], self.cfg.timeout).await?;
         let inst_a = self.nodes[a].instance.id.clone();
@@ -1348,23 +1301,8 @@ impl Suite {
             })
         })
         .await?;
-        let a = self
-            .add_node(
-                "m5.xlarge",
-                0,
-                Some(Generation::Classic),
-                2,
-                NodeVariant::default(),
-            )
-            .await?;
-        let b = self
-            .add_node(
-                "c5.xlarge",
-                1,
-                Some(Generation::MultiPool),
-                2,
-                NodeVariant::default(),
-            )
+        let [a, b] = self
+            .add_both_generations(("m5.xlarge", 2), ("c5.xlarge", 2))
             .await?;
         self.wait_served(&[a, b], self.cfg.timeout).await?;
 
@@ -1407,13 +1345,7 @@ impl Suite {
         let mut idxs = Vec::new();
         for zone in [0, 1, 0] {
             let i = self
-                .add_node(
-                    "m5.large",
-                    zone,
-                    Some(Generation::Classic),
-                    2,
-                    NodeVariant::default(),
-                )
+                .add_plain("m5.large", zone, Some(Generation::Classic), 2)
                 .await?;
             idxs.push(i);
         }
@@ -1467,10 +1399,7 @@ impl Suite {
             ("c5.xlarge", 1, Generation::Classic),
             ("m5.xlarge", 1, Generation::MultiPool),
         ] {
-            idxs.push(
-                self.add_node(t, z, Some(g), 18, NodeVariant::default())
-                    .await?,
-            );
+            idxs.push(self.add_plain(t, z, Some(g), 18).await?);
         }
         let instances: BTreeSet<String> = idxs
             .iter()
@@ -1542,10 +1471,7 @@ impl Suite {
             ("m5.large", 0, Generation::Classic),
             ("m5.xlarge", 1, Generation::MultiPool),
         ] {
-            idxs.push(
-                self.add_node(t, z, Some(g), 12, NodeVariant::default())
-                    .await?,
-            );
+            idxs.push(self.add_plain(t, z, Some(g), 12).await?);
         }
         self.wait_served(&idxs, self.cfg.timeout).await?;
         let proxy = self.fault_proxy.as_ref().expect("set above");
@@ -1574,22 +1500,10 @@ impl Suite {
     async fn bad_input(&mut self) -> Result<()> {
         self.start_ops(OperatorOptions::default(), 1).await?;
         let good = [
-            self.add_node(
-                "m5.large",
-                0,
-                Some(Generation::Classic),
-                3,
-                NodeVariant::default(),
-            )
-            .await?,
-            self.add_node(
-                "t3.large",
-                1,
-                Some(Generation::MultiPool),
-                3,
-                NodeVariant::default(),
-            )
-            .await?,
+            self.add_plain("m5.large", 0, Some(Generation::Classic), 3)
+                .await?,
+            self.add_plain("t3.large", 1, Some(Generation::MultiPool), 3)
+                .await?,
         ];
         let z0 = self.world.node_subnet(0).clone();
         let ghost = Instance {
@@ -1718,23 +1632,8 @@ impl Suite {
             }
         );
         self.start_ops(OperatorOptions::default(), 1).await?;
-        let a = self
-            .add_node(
-                "m5.large",
-                0,
-                Some(Generation::Classic),
-                5,
-                NodeVariant::default(),
-            )
-            .await?;
-        let b = self
-            .add_node(
-                "c5.xlarge",
-                1,
-                Some(Generation::MultiPool),
-                4,
-                NodeVariant::default(),
-            )
+        let [a, b] = self
+            .add_both_generations(("m5.large", 5), ("c5.xlarge", 4))
             .await?;
         let idxs = [a, b];
         self.wait_served(&idxs, self.cfg.timeout).await?;
@@ -1831,13 +1730,7 @@ impl Suite {
         )
         .await?;
         let a = self
-            .add_node(
-                "m5.large",
-                0,
-                Some(Generation::Classic),
-                3,
-                NodeVariant::default(),
-            )
+            .add_plain("m5.large", 0, Some(Generation::Classic), 3)
             .await?;
         self.wait_served(&[a], self.cfg.timeout).await?;
         Ok(())
@@ -1952,9 +1845,7 @@ impl Suite {
             ("t3.large", 0, Generation::MultiPool, 14),
             ("m5.large", 1, Generation::Classic, 14),
         ] {
-            let i = self
-                .add_node(t, z, Some(g), pods, NodeVariant::default())
-                .await?;
+            let i = self.add_plain(t, z, Some(g), pods).await?;
             idxs.push((i, pods));
         }
         let nodes: Vec<usize> = idxs.iter().map(|(i, _)| *i).collect();
@@ -1998,13 +1889,7 @@ impl Suite {
             .add_node_for(ib, Some(Generation::MultiPool), 3, wants.clone())
             .await?;
         let plain = self
-            .add_node(
-                "m5.large",
-                1,
-                Some(Generation::Classic),
-                3,
-                NodeVariant::default(),
-            )
+            .add_plain("m5.large", 1, Some(Generation::Classic), 3)
             .await?;
 
         // One wins the address; the other says why it has nothing; the plain node is served.

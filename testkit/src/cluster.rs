@@ -3,7 +3,7 @@
 //! their CiliumNodes as a classic agent writes them at start (Cilium's `pkg/nodediscovery`
 //! fills `spec.eni` from the instance metadata; the pool is the operator's to fill).
 
-use eni_operator::crd::CiliumNode;
+use eni_operator::crd::{CiliumNode, IpamPoolDemand, IpamPoolRequest};
 use eni_operator::ec2::{Instance, Tags};
 
 use crate::sim::Simulator;
@@ -57,4 +57,23 @@ pub fn agent_node(c: &Cluster, name: &str, instance: &str, min_allocate: i64) ->
     n.spec.eni.first_interface_index = Some(1);
     n.spec.ipam.min_allocate = min_allocate;
     n
+}
+
+/// A multi-pool agent's CiliumNode for `instance`: its demand in `pools.requested`.
+pub fn multi_pool_node(c: &Cluster, name: &str, instance: &str, requested: i64) -> CiliumNode {
+    let mut n = agent_node(c, name, instance, 0);
+    set_requested(&mut n, requested);
+    n
+}
+
+/// A multi-pool agent asks for `requested` addresses of pool `default`.
+pub fn set_requested(n: &mut CiliumNode, requested: i64) {
+    n.spec.ipam.pools.requested = vec![IpamPoolRequest {
+        pool: "default".into(),
+        needed: IpamPoolDemand {
+            ipv4_addrs: requested,
+            ..Default::default()
+        },
+        ..Default::default()
+    }];
 }

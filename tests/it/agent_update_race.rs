@@ -4,14 +4,12 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use eni_operator::crd::{CiliumNode, IpamPoolDemand, IpamPoolRequest};
-use eni_operator::event_loop::core::{Core, CoreConfig, NodeInput};
-use eni_operator::ipam::IpamConfig;
+use eni_operator::event_loop::core::NodeInput;
 use eni_operator::k8s::sink::SinkResult;
 use eni_operator::k8s::sink_layer::{LayeredSink, Pending, SinkLayer, Write};
 use eni_operator::reconcile::metrics::RuntimeMetrics;
-use testkit::cluster::{Cluster, agent_node};
-use testkit::sim::Simulator;
+use testkit::cluster::{Cluster, agent_node, set_requested};
+use testkit::running;
 use testkit::sink::MemorySink;
 use tokio::sync::mpsc;
 
@@ -51,17 +49,6 @@ impl SinkLayer for Race {
     }
 }
 
-fn set_requested(n: &mut CiliumNode, requested: i64) {
-    n.spec.ipam.pools.requested = vec![IpamPoolRequest {
-        pool: "default".into(),
-        needed: IpamPoolDemand {
-            ipv4_addrs: requested,
-            ..Default::default()
-        },
-        ..Default::default()
-    }];
-}
-
 fn pool_size(sink: &MemorySink) -> usize {
     sink.get("mp").map_or(0, |n| n.spec.ipam.pool.len())
 }
@@ -80,24 +67,13 @@ async fn an_agent_update_delivered_during_a_write_is_not_overwritten_by_its_answ
             race: Mutex::new(None),
         },
     ));
-    let cfg = CoreConfig {
-        workers: 2,
-        ipam: IpamConfig {
-            cluster_name: "test-cluster".into(),
-            ..IpamConfig::default()
-        },
-        ..CoreConfig::default()
-    };
-    let cache = cfg.ec2_cache();
-    let core: Core<Simulator, RacingSink> = Core::new(
-        Arc::new(w.sim.clone()),
+    let tx = running::start(
+        w.sim.clone(),
         sink.clone(),
-        cfg,
+        running::config(2),
         RuntimeMetrics::default(),
-        cache,
-    );
-    let (tx, rx) = mpsc::channel(1024);
-    let _task = tokio::spawn(core.run(rx, std::future::pending()));
+    )
+    .tx;
 
     // An m5.large with first-interface-index 1: 2 ENIs x 9 addresses. 10 requested with the
     // default pre-allocation of 8: 10 addresses wanted.

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use eni_operator::ec2::Operation;
 use eni_operator::ec2::limits::LimitOverride;
-use eni_operator::event_loop::core::{Core, CoreConfig, NodeInput};
+use eni_operator::event_loop::core::{CoreConfig, NodeInput};
 use eni_operator::ipam::IpamConfig;
 use eni_operator::reconcile::metrics::RuntimeMetrics;
 use testkit::cluster::{Cluster, agent_node};
@@ -28,17 +28,7 @@ fn config() -> CoreConfig {
 }
 
 fn start(sim: &Simulator, sink: &Arc<MemorySink>, cfg: CoreConfig) -> mpsc::Sender<NodeInput> {
-    let cache = cfg.ec2_cache();
-    let core = Core::new(
-        Arc::new(sim.clone()),
-        sink.clone(),
-        cfg,
-        RuntimeMetrics::default(),
-        cache,
-    );
-    let (tx, rx) = mpsc::channel(64);
-    tokio::spawn(core.run(rx, std::future::pending()));
-    tx
+    testkit::running::start(sim.clone(), sink.clone(), cfg, RuntimeMetrics::default()).tx
 }
 
 async fn join(w: &Cluster, sink: &MemorySink, tx: &mpsc::Sender<NodeInput>, name: &str) {

@@ -7,12 +7,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use eni_operator::ec2::gate::{Gate, GateConfig};
-use eni_operator::event_loop::core::{Core, CoreConfig, NodeInput};
-use eni_operator::ipam::IpamConfig;
+use eni_operator::event_loop::core::NodeInput;
 use eni_operator::metrics::MetricsRegistry;
 use eni_operator::metrics_compat::{MetricsCompat, TEXT_CONTENT_TYPE, parse_sample};
 use eni_operator::reconcile::metrics::RuntimeMetrics;
 use testkit::cluster::{Cluster, agent_node};
+use testkit::running;
 use testkit::sink::MemorySink;
 use testkit::{served, wait_until};
 
@@ -127,18 +127,7 @@ async fn scrape(compat: MetricsCompat) -> (&'static str, String) {
     registry.with(|r| gate.metrics().register(r));
     let metrics = registry.with(RuntimeMetrics::register);
     let sink = Arc::new(MemorySink::new());
-    let cfg = CoreConfig {
-        workers: 4,
-        ipam: IpamConfig {
-            cluster_name: "test-cluster".into(),
-            ..IpamConfig::default()
-        },
-        ..CoreConfig::default()
-    };
-    let cache = cfg.ec2_cache();
-    let core = Core::new(gate, sink.clone(), cfg, metrics, cache);
-    let (tx, rx) = tokio::sync::mpsc::channel(64);
-    let _task = tokio::spawn(core.run(rx, std::future::pending()));
+    let tx = running::start_shared(gate, sink.clone(), running::config(4), metrics).tx;
     let inst = c.instance();
     let n = sink.put(&agent_node(&c, "a", &inst.id, 16));
     tx.send(NodeInput::Upsert(Box::new(n))).await.unwrap();

@@ -10,7 +10,7 @@ use std::time::Duration;
 use eni_operator::crd::AllocationIp;
 use eni_operator::ec2::Operation;
 use eni_operator::ec2::gate::{Gate, GateConfig};
-use eni_operator::event_loop::core::{Core, CoreConfig, NodeInput};
+use eni_operator::event_loop::core::{CoreConfig, NodeInput};
 use eni_operator::ipam::IpamConfig;
 use eni_operator::metrics::MetricsRegistry;
 use eni_operator::reconcile::gc::EniGc;
@@ -18,6 +18,7 @@ use eni_operator::reconcile::metrics::RuntimeMetrics;
 use serde_json::Value;
 use testkit::agent::classic_agent_answers;
 use testkit::cluster::{Cluster, agent_node};
+use testkit::running;
 use testkit::sink::MemorySink;
 use testkit::wait_until;
 
@@ -78,23 +79,14 @@ async fn scrape_after_a_small_run() -> (String, String) {
         },
         ..CoreConfig::default()
     };
-    let cache = cfg.ec2_cache();
-    let core = Core::new(gate.clone(), sink.clone(), cfg, metrics.clone(), cache);
-    let (tx, rx) = tokio::sync::mpsc::channel(1024);
-    let _task = tokio::spawn(core.clone().run(rx, std::future::pending()));
+    let running::Running { tx, .. } =
+        running::start_shared(gate.clone(), sink.clone(), cfg, metrics.clone());
 
     let mut instances = BTreeMap::new();
     for name in ["a", "b"] {
         let inst = c.instance();
         instances.insert(name, inst.id.clone());
-        let n = sink.put(&agent_node(&c, name, &inst.id, 16));
-        tx.send(NodeInput::Upsert(Box::new(n))).await.unwrap();
-        tx.send(NodeInput::NodePresent {
-            name: name.into(),
-            present: true,
-        })
-        .await
-        .unwrap();
+        running::add(&sink, &tx, &agent_node(&c, name, &inst.id, 16)).await;
     }
     assert!(
         wait_until(
@@ -147,13 +139,7 @@ async fn scrape_after_a_small_run() -> (String, String) {
     // releases its ENI.
     c.sim
         .set_instance_state(&instances["b"], eni_operator::ec2::InstanceState::Stopped);
-    sink.set_node_exists("b", false);
-    tx.send(NodeInput::NodePresent {
-        name: "b".into(),
-        present: false,
-    })
-    .await
-    .unwrap();
+    running::node_gone(&sink, &tx, "b").await;
     assert!(wait_until(|| sink.get("b").is_none(), Duration::from_secs(120)).await);
 
     let mut gc = EniGc::new(CLUSTER, 25)

@@ -62,12 +62,7 @@ async fn a_node_deleted_and_created_again_keeps_its_cilium_node() {
     // Delete arrived: the API server has a Node "n" (a new object, a new uid).
     sink.set_node_exists("n", false);
     sink.put_node("n", &[]);
-    tx.send(NodeInput::NodePresent {
-        name: "n".into(),
-        present: false,
-    })
-    .await
-    .unwrap();
+    running::node_present(&tx, "n", false).await;
     tokio::time::sleep(Duration::from_secs(30)).await;
     let now = sink
         .raw("n")
@@ -86,13 +81,7 @@ async fn a_node_deleted_and_created_again_keeps_its_cilium_node() {
     // Once the Node is really gone (and its instance with it), the watch's word is confirmed.
     w.sim
         .set_instance_state(&inst.id, eni_operator::ec2::InstanceState::Terminated);
-    sink.set_node_exists("n", false);
-    tx.send(NodeInput::NodePresent {
-        name: "n".into(),
-        present: false,
-    })
-    .await
-    .unwrap();
+    running::node_gone(&sink, &tx, "n").await;
     assert!(wait_until(|| sink.raw("n").is_none(), Duration::from_secs(120)).await);
 }
 
@@ -124,12 +113,7 @@ async fn a_finalizer_that_cannot_finish_says_so_and_lets_go_after_the_grace_peri
         .set_instance_state(&inst.id, InstanceState::Terminated);
     sink.set_node_exists("n", false);
     let marked = sink.begin_delete("n").expect("held by our finalizer");
-    tx.send(NodeInput::NodePresent {
-        name: "n".into(),
-        present: false,
-    })
-    .await
-    .unwrap();
+    running::node_present(&tx, "n", false).await;
     tx.send(NodeInput::Upsert(Box::new(marked))).await.unwrap();
     let error = |sink: &MemorySink| {
         sink.get("n")

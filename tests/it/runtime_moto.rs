@@ -12,7 +12,7 @@ use crate::support::moto::{MotoServer, aws_ec2, seed};
 use eni_operator::crd::CiliumNode;
 use eni_operator::ec2::gate::{Gate, GateConfig};
 use eni_operator::ec2::{Ec2, EniFilter, Operation, collect_pages};
-use eni_operator::event_loop::core::{Core, CoreConfig, NodeInput};
+use eni_operator::event_loop::core::{CoreConfig, NodeInput};
 use eni_operator::ipam::IpamConfig;
 use eni_operator::ipam::ownership::ownership_tags;
 use eni_operator::reconcile::metrics::RuntimeMetrics;
@@ -80,16 +80,13 @@ async fn start(
         },
         ..CoreConfig::default()
     };
-    let cache = config.ec2_cache();
-    let core = Core::new(
+    let tx = testkit::running::start_shared(
         gate.clone(),
         sink.clone(),
         config,
         RuntimeMetrics::default(),
-        cache,
-    );
-    let (tx, rx) = tokio::sync::mpsc::channel(64);
-    tokio::spawn(core.run(rx, std::future::pending()));
+    )
+    .tx;
     (gate, sink, tx)
 }
 

@@ -484,18 +484,8 @@ async fn the_plan_table_says_what_the_active_operator_then_does() {
     assert_eq!(mutating_calls(&w.sim), 0, "plan changes nothing");
 
     // The active operator on the same world.
-    let cfg = config();
-    let cache = cfg.ec2_cache();
     let gate = Gate::new(w.sim.clone(), GateConfig::aws_defaults());
-    let core = Core::new(
-        Arc::new(gate),
-        sink.clone(),
-        cfg,
-        RuntimeMetrics::default(),
-        cache,
-    );
-    let (tx, rx) = mpsc::channel(64);
-    tokio::spawn(core.run(rx, std::future::pending()));
+    let tx = testkit::running::start(gate, sink.clone(), config(), RuntimeMetrics::default()).tx;
     for n in &names {
         tx.send(NodeInput::Upsert(Box::new(sink.get(n).unwrap())))
             .await

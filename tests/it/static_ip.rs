@@ -52,17 +52,6 @@ fn static_node(w: &Cluster, name: &str, instance: &str) -> CiliumNode {
     n
 }
 
-async fn add(sink: &MemorySink, tx: &mpsc::Sender<NodeInput>, node: &CiliumNode) {
-    let n = sink.put(node);
-    tx.send(NodeInput::Upsert(Box::new(n))).await.unwrap();
-    tx.send(NodeInput::NodePresent {
-        name: node.metadata.name.clone().unwrap(),
-        present: true,
-    })
-    .await
-    .unwrap();
-}
-
 fn assigned(sink: &MemorySink, name: &str) -> Option<String> {
     let ip = sink.get(name)?.status?.ipam.assigned_static_ip;
     (!ip.is_empty()).then_some(ip)
@@ -110,7 +99,7 @@ async fn a_node_gets_a_free_tagged_eip_before_any_allocation() {
     let sink = Arc::new(MemorySink::with_ciliums_crd());
     let (tx, _task) = start(&w.sim, &sink);
     let inst = w.instance();
-    add(&sink, &tx, &static_node(&w, "n", &inst.id)).await;
+    running::add(&sink, &tx, &static_node(&w, "n", &inst.id)).await;
     assert!(wait_until(|| served(&sink, "n", 4), Duration::from_secs(60)).await);
     assert_eq!(assigned(&sink, "n").as_deref(), Some("198.51.100.3"));
     let mine = on_primary(&w.sim, &inst.id);
@@ -145,8 +134,8 @@ async fn two_nodes_racing_for_the_same_eip_end_with_one_each() {
     let sink = Arc::new(MemorySink::new());
     let (tx, _task) = start(&w.sim, &sink);
     let (a, b) = (w.instance(), w.instance());
-    add(&sink, &tx, &static_node(&w, "a", &a.id)).await;
-    add(&sink, &tx, &static_node(&w, "b", &b.id)).await;
+    running::add(&sink, &tx, &static_node(&w, "a", &a.id)).await;
+    running::add(&sink, &tx, &static_node(&w, "b", &b.id)).await;
     assert!(
         wait_until(
             || assigned(&sink, "a").is_some() && assigned(&sink, "b").is_some(),
@@ -175,10 +164,10 @@ async fn no_free_eip_is_reported_and_retried_and_other_nodes_proceed() {
     let sink = Arc::new(MemorySink::new());
     let (tx, _task) = start(&w.sim, &sink);
     let (a, b, c) = (w.instance(), w.instance(), w.instance());
-    add(&sink, &tx, &static_node(&w, "a", &a.id)).await;
+    running::add(&sink, &tx, &static_node(&w, "a", &a.id)).await;
     assert!(wait_until(|| served(&sink, "a", 4), Duration::from_secs(60)).await);
-    add(&sink, &tx, &static_node(&w, "b", &b.id)).await;
-    add(&sink, &tx, &agent_node(&w, "plain", &c.id, 4)).await;
+    running::add(&sink, &tx, &static_node(&w, "b", &b.id)).await;
+    running::add(&sink, &tx, &agent_node(&w, "plain", &c.id, 4)).await;
     assert!(
         wait_until(
             || operator_error(&sink, "b").is_some_and(|e| e.contains("NoStaticIp")),
@@ -213,7 +202,7 @@ async fn a_lost_answer_to_an_associate_is_adopted_not_doubled() {
     let sink = Arc::new(MemorySink::new());
     let (tx, _task) = start(&w.sim, &sink);
     let inst = w.instance();
-    add(&sink, &tx, &static_node(&w, "n", &inst.id)).await;
+    running::add(&sink, &tx, &static_node(&w, "n", &inst.id)).await;
     assert!(wait_until(|| served(&sink, "n", 4), Duration::from_secs(120)).await);
     assert_eq!(assigned(&sink, "n").as_deref(), Some("203.0.113.1"));
     assert_eq!(
@@ -246,7 +235,7 @@ async fn a_restart_adopts_the_eip_already_on_the_primary_eni() {
     let before = w.sim.stats().get(Operation::AssociateAddress).ok;
     let sink = Arc::new(MemorySink::new());
     let (tx, _task) = start(&w.sim, &sink);
-    add(&sink, &tx, &static_node(&w, "n", &inst.id)).await;
+    running::add(&sink, &tx, &static_node(&w, "n", &inst.id)).await;
     assert!(wait_until(|| served(&sink, "n", 4), Duration::from_secs(60)).await);
     assert_eq!(assigned(&sink, "n").as_deref(), Some("203.0.113.2"));
     assert_eq!(w.sim.stats().get(Operation::AssociateAddress).ok, before);
@@ -260,20 +249,14 @@ async fn a_gone_nodes_eip_is_disassociated_never_released() {
     let sink = Arc::new(MemorySink::new());
     let (tx, _task) = start(&w.sim, &sink);
     let inst = w.instance();
-    add(&sink, &tx, &static_node(&w, "n", &inst.id)).await;
+    running::add(&sink, &tx, &static_node(&w, "n", &inst.id)).await;
     assert!(wait_until(|| served(&sink, "n", 4), Duration::from_secs(60)).await);
     assert_eq!(on_primary(&w.sim, &inst.id).len(), 1);
     // The instance ends with its Node (a Node gone while its instance runs keeps its ENIs and
     // its address for the grace period, rules §9).
     w.sim
         .set_instance_state(&inst.id, InstanceState::ShuttingDown);
-    sink.set_node_exists("n", false);
-    tx.send(NodeInput::NodePresent {
-        name: "n".into(),
-        present: false,
-    })
-    .await
-    .unwrap();
+    running::node_gone(&sink, &tx, "n").await;
     assert!(wait_until(|| sink.get("n").is_none(), Duration::from_secs(120)).await);
     let all = w.sim.addresses();
     let eip = all.iter().find(|a| a.allocation_id == alloc).expect("kept");
@@ -291,7 +274,7 @@ async fn an_eip_without_the_required_tag_is_never_associated() {
     let sink = Arc::new(MemorySink::new());
     let (tx, _task) = start(&w.sim, &sink);
     let inst = w.instance();
-    add(&sink, &tx, &static_node(&w, "n", &inst.id)).await;
+    running::add(&sink, &tx, &static_node(&w, "n", &inst.id)).await;
     assert!(
         wait_until(
             || operator_error(&sink, "n").is_some_and(|e| e.contains("StaticIpNotAllowed")),

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use eni_operator::ec2::{
-    AddressRequest, CreateEniRequest, Ec2, InstanceState, NetworkInterface, Operation, Tags,
+    AddressRequest, CreateEniRequest, Ec2, InstanceState, NetworkInterface, Tags,
 };
 use eni_operator::event_loop::core::NodeInput;
 use eni_operator::ipam::ownership::ownership_tags;
@@ -16,36 +16,24 @@ use ipnet::Ipv4Net;
 use kube::api::DynamicObject;
 use kube::runtime::watcher::Event;
 use testkit::cluster::{Cluster, agent_node};
+use testkit::running;
 use testkit::sim::Simulator;
 use testkit::sink::MemorySink;
 use testkit::{served, wait_until};
 
-use super::support::{CLUSTER, attached_enis, config, join, our_available_enis, start};
+use super::support::{
+    CLUSTER, attached_enis, config, crash_between_create_and_attach, join, our_available_enis,
+    start,
+};
 
 #[tokio::test(start_paused = true)]
 async fn a_crash_between_create_and_attach_leaves_an_eni_that_gc_removes() {
     let w = Cluster::new();
-    w.sim
-        .set_latency(Operation::AttachNetworkInterface, Duration::from_secs(30));
     let sink = Arc::new(MemorySink::new());
-    let (_core, tx, task) = start(w.sim.clone(), &sink, config(4));
-    join(&w, &sink, &tx, "n", 16).await;
-    let sim = w.sim.clone();
-    assert!(
-        wait_until(
-            || sim.stats().get(Operation::CreateNetworkInterface).ok >= 1,
-            Duration::from_secs(60)
-        )
-        .await
-    );
+    let inst = w.instance();
+    let n = sink.put(&agent_node(&w, "n", &inst.id, 16));
     // The operator dies while the attach is in flight.
-    task.abort();
-    let _ = task.await;
-    w.sim
-        .set_latency(Operation::AttachNetworkInterface, Duration::ZERO);
-    let leaked = our_available_enis(&w.sim).await;
-    assert_eq!(leaked.len(), 1, "the created ENI was never attached");
-    let leaked = leaked[0].id.clone();
+    let leaked = crash_between_create_and_attach(&w, &sink, &n).await.id;
     // An untagged ENI in the same state must survive.
     let foreign = w
         .sim
@@ -95,14 +83,7 @@ async fn the_finalizer_deletes_only_our_enis_and_only_when_the_node_is_gone() {
         .await
         .unwrap();
     for (name, inst) in [("gone", &gone), ("kept", &kept)] {
-        let n = sink.put(&agent_node(&w, name, &inst.id, 8));
-        tx.send(NodeInput::Upsert(Box::new(n))).await.unwrap();
-        tx.send(NodeInput::NodePresent {
-            name: name.into(),
-            present: true,
-        })
-        .await
-        .unwrap();
+        running::add(&sink, &tx, &agent_node(&w, name, &inst.id, 8)).await;
     }
     assert!(
         wait_until(
@@ -130,13 +111,7 @@ async fn the_finalizer_deletes_only_our_enis_and_only_when_the_node_is_gone() {
     // The instance stops and the Node "gone" is deleted: the operator deletes the CiliumNode
     // and releases our ENI (a running instance keeps them: the next test).
     w.sim.set_instance_state(&gone.id, InstanceState::Stopped);
-    sink.set_node_exists("gone", false);
-    tx.send(NodeInput::NodePresent {
-        name: "gone".into(),
-        present: false,
-    })
-    .await
-    .unwrap();
+    running::node_gone(&sink, &tx, "gone").await;
     assert!(wait_until(|| sink.get("gone").is_none(), Duration::from_secs(120)).await);
     let left = attached_enis(&w.sim, &gone.id).await;
     assert_eq!(ours(&left, &gone.id), 0, "our ENI detached and deleted");

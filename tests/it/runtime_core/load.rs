@@ -8,14 +8,13 @@ use std::time::Duration;
 use eni_operator::crd::FINALIZER;
 use eni_operator::ec2::Operation;
 use eni_operator::ec2::gate::{Gate, GateConfig};
-use eni_operator::event_loop::core::NodeInput;
-use testkit::cluster::{Cluster, agent_node};
+use testkit::cluster::Cluster;
 use testkit::prune::StructuralSchema;
 use testkit::sim::Simulator;
 use testkit::sink::MemorySink;
 use testkit::{served, wait_until};
 
-use super::support::{config, join, operator_error, our_available_enis, start};
+use super::support::{config, join, join_many, operator_error, our_available_enis, start};
 
 #[tokio::test(start_paused = true)]
 async fn a_burst_of_nodes_all_reach_their_demand() {
@@ -26,14 +25,7 @@ async fn a_burst_of_nodes_all_reach_their_demand() {
     let sink = Arc::new(MemorySink::with_ciliums_crd());
     let gate = Gate::new(w.sim.clone(), GateConfig::aws_defaults());
     let (core, tx, _task) = start(gate, &sink, config(50));
-    let mut names = Vec::new();
-    for i in 0..NODES {
-        let inst = w.instance();
-        let name = format!("node-{i}");
-        let stored = sink.put(&agent_node(&w, &name, &inst.id, WANT));
-        tx.send(NodeInput::Upsert(Box::new(stored))).await.unwrap();
-        names.push(name);
-    }
+    let names = join_many(&w, &sink, &tx, NODES, WANT).await;
     let started = tokio::time::Instant::now();
     let all = wait_until(
         || names.iter().all(|n| served(&sink, n, WANT as usize)),
@@ -134,14 +126,7 @@ async fn steady_state_writes_nothing_under_ciliums_crd_or_ours() {
         let cfg = config(4);
         let resync = cfg.resync_interval;
         let (_core, tx, task) = start(gate, &sink, cfg);
-        let mut names = Vec::new();
-        for i in 0..NODES {
-            let inst = w.instance();
-            let name = format!("node-{i}");
-            let stored = sink.put(&agent_node(&w, &name, &inst.id, WANT));
-            tx.send(NodeInput::Upsert(Box::new(stored))).await.unwrap();
-            names.push(name);
-        }
+        let names = join_many(&w, &sink, &tx, NODES, WANT).await;
         let all = wait_until(
             || names.iter().all(|n| served(&sink, n, WANT as usize)),
             Duration::from_secs(600),
@@ -190,14 +175,7 @@ async fn twenty_nodes_under_a_tenth_of_the_aws_rates_all_get_their_enis() {
     let sink = Arc::new(MemorySink::new());
     let gate = Gate::new(w.sim.clone(), GateConfig::aws_defaults());
     let (_core, tx, _task) = start(gate, &sink, config(20));
-    let mut names = Vec::new();
-    for i in 0..NODES {
-        let inst = w.instance();
-        let name = format!("node-{i}");
-        let n = sink.put(&agent_node(&w, &name, &inst.id, 8));
-        tx.send(NodeInput::Upsert(Box::new(n))).await.unwrap();
-        names.push(name);
-    }
+    let names = join_many(&w, &sink, &tx, NODES, 8).await;
     let all = wait_until(
         || names.iter().all(|n| served(&sink, n, 8)),
         Duration::from_secs(600),

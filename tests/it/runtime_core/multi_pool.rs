@@ -5,36 +5,16 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use eni_operator::crd::{
-    AllocationIp, CiliumNode, IpamPoolAllocation, IpamPoolDemand, IpamPoolRequest,
-};
+use eni_operator::crd::{AllocationIp, CiliumNode, IpamPoolAllocation};
 use eni_operator::ec2::Instance;
 use eni_operator::event_loop::core::NodeInput;
-use testkit::cluster::{Cluster, agent_node};
+use testkit::cluster::{Cluster, agent_node, multi_pool_node, set_requested};
 use testkit::sim::Simulator;
 use testkit::sink::{MemorySink, WriteFault};
 use testkit::{served, wait_until};
 use tokio::sync::mpsc;
 
-use super::support::{Running, attached_enis, config, start};
-
-/// A multi-pool agent's CiliumNode: its demand in `pools.requested`.
-fn multi_pool_node(w: &Cluster, name: &str, instance: &str, requested: i64) -> CiliumNode {
-    let mut n = agent_node(w, name, instance, 0);
-    set_requested(&mut n, requested);
-    n
-}
-
-fn set_requested(n: &mut CiliumNode, requested: i64) {
-    n.spec.ipam.pools.requested = vec![IpamPoolRequest {
-        pool: "default".into(),
-        needed: IpamPoolDemand {
-            ipv4_addrs: requested,
-            ..Default::default()
-        },
-        ..Default::default()
-    }];
-}
+use super::support::{Running, attached_enis, config, releasing, start};
 
 /// The agent's CIDRs of the instance's non-primary ENIs (C3: each /28, each other address as a
 /// /32; the simulator grants no /28s).
@@ -71,9 +51,7 @@ struct MultiPoolServed {
 async fn multi_pool_served() -> MultiPoolServed {
     let w = Cluster::new();
     let sink = Arc::new(MemorySink::new());
-    let mut cfg = config(4);
-    cfg.ipam.release_excess_ips = true;
-    cfg.ipam.release_delay = Duration::from_secs(10);
+    let mut cfg = releasing(4);
     cfg.node_rescan_interval = Duration::from_secs(5);
     let running = start(w.sim.clone(), &sink, cfg);
     let tx = running.1.clone();

@@ -11,15 +11,13 @@ use testkit::cluster::Cluster;
 use testkit::sink::MemorySink;
 use testkit::{served, wait_until};
 
-use super::support::{attached_enis, config, join, start};
+use super::support::{attached_enis, join, releasing, start};
 
 #[tokio::test(start_paused = true)]
 async fn release_handshake_with_a_classic_agent() {
     let w = Cluster::new();
     let sink = Arc::new(MemorySink::new());
-    let mut cfg = config(4);
-    cfg.ipam.release_excess_ips = true;
-    cfg.ipam.release_delay = Duration::from_secs(10);
+    let mut cfg = releasing(4);
     cfg.resync_interval = Duration::from_secs(5);
     let (_core, tx, _task) = start(w.sim.clone(), &sink, cfg);
     let inst = join(&w, &sink, &tx, "n", 16).await;

@@ -2,28 +2,32 @@
 //! and what the tests read back.
 
 use std::sync::{Arc, RwLock};
+use std::time::Duration;
 
 use eni_operator::cache::Ec2Cache;
-use eni_operator::ec2::{Ec2, EniFilter, EniState, NetworkInterface, Result, collect_pages};
+use eni_operator::crd::CiliumNode;
+use eni_operator::ec2::{
+    Ec2, EniFilter, EniState, NetworkInterface, Operation, Result, collect_pages,
+};
 use eni_operator::event_loop::core::{Core, CoreConfig, NodeInput};
-use eni_operator::ipam::IpamConfig;
 use eni_operator::reconcile::metrics::RuntimeMetrics;
 use testkit::cluster::{Cluster, agent_node};
+use testkit::running;
 use testkit::sim::Simulator;
 use testkit::sink::MemorySink;
+use testkit::wait_until;
 use tokio::sync::mpsc;
 
 pub const CLUSTER: &str = "test-cluster";
 
-pub fn config(workers: usize) -> CoreConfig {
-    CoreConfig {
-        workers,
-        ipam: IpamConfig {
-            cluster_name: CLUSTER.into(),
-            ..IpamConfig::default()
-        },
-        ..CoreConfig::default()
-    }
+pub use testkit::running::config;
+
+/// [`config`] with release on: excess released after 10 s.
+pub fn releasing(workers: usize) -> CoreConfig {
+    let mut cfg = config(workers);
+    cfg.ipam.release_excess_ips = true;
+    cfg.ipam.release_delay = Duration::from_secs(10);
+    cfg
 }
 
 /// A classic node joins: an m5.large starts, its agent writes the CiliumNode, the core hears
@@ -39,6 +43,40 @@ pub async fn join(
     let n = sink.put(&agent_node(w, name, &inst.id, min_allocate));
     tx.send(NodeInput::Upsert(Box::new(n))).await.unwrap();
     inst
+}
+
+/// `count` classic nodes `node-0`, `node-1`, ... join, each wanting `min_allocate`. Returns
+/// their names.
+pub async fn join_many(
+    w: &Cluster,
+    sink: &MemorySink,
+    tx: &mpsc::Sender<NodeInput>,
+    count: usize,
+    min_allocate: i64,
+) -> Vec<String> {
+    let mut names = Vec::new();
+    for i in 0..count {
+        let name = format!("node-{i}");
+        join(w, sink, tx, &name, min_allocate).await;
+        names.push(name);
+    }
+    names
+}
+
+/// Waits up to `limit` until `sim` answered `op` successfully `at_least` times.
+pub async fn ok_calls(sim: &Simulator, op: Operation, at_least: u64, limit: Duration) -> bool {
+    wait_until(|| sim.stats().get(op).ok >= at_least, limit).await
+}
+
+/// Waits up to a minute for the first successful CreateNetworkInterface.
+pub async fn an_eni_created(sim: &Simulator) -> bool {
+    ok_calls(
+        sim,
+        Operation::CreateNetworkInterface,
+        1,
+        Duration::from_secs(60),
+    )
+    .await
 }
 
 /// A running core: the handle, its input and its task.
@@ -58,17 +96,8 @@ pub fn start_with_cache<E: Ec2>(
     sink: &Arc<MemorySink>,
     cfg: CoreConfig,
 ) -> (Running<E>, Arc<RwLock<Ec2Cache>>) {
-    let cache = cfg.ec2_cache();
-    let core = Core::new(
-        Arc::new(ec2),
-        sink.clone(),
-        cfg,
-        RuntimeMetrics::default(),
-        cache.clone(),
-    );
-    let (tx, rx) = mpsc::channel(4096);
-    let task = tokio::spawn(core.clone().run(rx, std::future::pending()));
-    ((core, tx, task), cache)
+    let r = running::start(ec2, sink.clone(), cfg, RuntimeMetrics::default());
+    ((r.core, r.tx, r.task), r.cache)
 }
 
 pub fn operator_error(sink: &MemorySink, name: &str) -> Option<String> {
@@ -106,4 +135,27 @@ pub async fn our_attached(sim: &Simulator, instance: &str) -> Vec<NetworkInterfa
 
 pub fn throttled() -> testkit::sim::Fault {
     testkit::sim::Fault::new("RequestLimitExceeded", "Request limit exceeded.", 503)
+}
+
+/// Start a core, let it create an ENI for a node and kill it while the attach is in flight.
+/// Returns the ENI left `available`.
+pub async fn crash_between_create_and_attach(
+    w: &Cluster,
+    sink: &Arc<MemorySink>,
+    node: &CiliumNode,
+) -> NetworkInterface {
+    w.sim
+        .set_latency(Operation::AttachNetworkInterface, Duration::from_secs(30));
+    let (_core, tx, task) = start(w.sim.clone(), sink, config(4));
+    tx.send(NodeInput::Upsert(Box::new(node.clone())))
+        .await
+        .unwrap();
+    assert!(an_eni_created(&w.sim).await);
+    task.abort();
+    let _ = task.await;
+    w.sim
+        .set_latency(Operation::AttachNetworkInterface, Duration::ZERO);
+    let mut left = our_available_enis(&w.sim).await;
+    assert_eq!(left.len(), 1, "the created ENI was never attached");
+    left.remove(0)
 }

@@ -3,9 +3,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use eni_operator::crd::CiliumNode;
 use eni_operator::ec2::gate::{Gate, GateConfig};
-use eni_operator::ec2::{Ec2, NetworkInterface, Operation, Tags};
+use eni_operator::ec2::{Ec2, Instance, NetworkInterface, Operation, Tags};
 use eni_operator::event_loop::core::NodeInput;
 use eni_operator::reconcile::gc::EniGc;
 use testkit::cluster::{Cluster, agent_node};
@@ -14,7 +13,8 @@ use testkit::sink::MemorySink;
 use testkit::{served, wait_until};
 
 use super::support::{
-    CLUSTER, config, join, operator_error, our_attached, our_available_enis, start, throttled,
+    CLUSTER, an_eni_created, config, crash_between_create_and_attach, join, ok_calls,
+    operator_error, our_attached, our_available_enis, start, throttled,
 };
 
 fn create_calls(sim: &Simulator) -> u64 {
@@ -78,41 +78,59 @@ async fn a_refused_attach_does_not_leave_the_node_stuck_on_its_token() {
     assert!(our_available_enis(&w.sim).await.is_empty());
 }
 
-#[tokio::test(start_paused = true)]
-async fn a_token_burned_before_a_restart_does_not_block_the_node() {
-    let w = Cluster::new();
+/// An operator whose every attach is refused until `refused` ENIs were deleted (each one's
+/// token spent) dies; EC2 then accepts attaches again. Returns the node's instance.
+async fn burn_tokens(
+    w: &Cluster,
+    sink: &Arc<MemorySink>,
+    refused: u64,
+    limit: Duration,
+) -> Instance {
     w.sim.set_fault_rate(
         Operation::AttachNetworkInterface,
         1.0,
         testkit::sim::Fault::new("InvalidParameterValue", "refused (injected)", 400),
     );
-    let sink = Arc::new(MemorySink::new());
-    let (_core, tx, task) = start(w.sim.clone(), &sink, config(4));
-    let inst = join(&w, &sink, &tx, "n", 8).await;
-    let sim = w.sim.clone();
-    assert!(
-        wait_until(
-            || sim.stats().get(Operation::DeleteNetworkInterface).ok >= 1,
-            Duration::from_secs(60)
-        )
-        .await
-    );
-    // The operator restarts with no memory of the token it burned.
+    let (_core, tx, task) = start(w.sim.clone(), sink, config(4));
+    let inst = join(w, sink, &tx, "n", 8).await;
+    assert!(ok_calls(&w.sim, Operation::DeleteNetworkInterface, refused, limit).await);
     task.abort();
     let _ = task.await;
     w.sim
         .set_fault_rate(Operation::AttachNetworkInterface, 0.0, throttled());
-    let (_core, tx, _task) = start(w.sim.clone(), &sink, config(4));
+    inst
+}
+
+/// A new operator with no memory of the last one hears of "n" as stored and serves it, with
+/// one ENI of ours attached and none left available. Returns that ENI.
+async fn restart_serves(
+    w: &Cluster,
+    sink: &Arc<MemorySink>,
+    inst: &Instance,
+    limit: Duration,
+) -> NetworkInterface {
+    let (_core, tx, _task) = start(w.sim.clone(), sink, config(4));
     tx.send(NodeInput::Upsert(Box::new(sink.get("n").unwrap())))
         .await
         .unwrap();
     assert!(
-        wait_until(|| served(&sink, "n", 8), Duration::from_secs(120)).await,
+        wait_until(|| served(sink, "n", 8), limit).await,
         "served: {:?}",
-        operator_error(&sink, "n")
+        operator_error(sink, "n")
     );
-    assert_eq!(our_attached(&w.sim, &inst.id).await.len(), 1);
+    let mut attached = our_attached(&w.sim, &inst.id).await;
+    assert_eq!(attached.len(), 1);
     assert!(our_available_enis(&w.sim).await.is_empty());
+    attached.remove(0)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_token_burned_before_a_restart_does_not_block_the_node() {
+    let w = Cluster::new();
+    let sink = Arc::new(MemorySink::new());
+    // The operator restarts with no memory of the token it burned.
+    let inst = burn_tokens(&w, &sink, 1, Duration::from_secs(60)).await;
+    restart_serves(&w, &sink, &inst, Duration::from_secs(120)).await;
 }
 
 #[tokio::test(start_paused = true)]
@@ -151,36 +169,6 @@ async fn a_new_eni_at_a_reused_device_index_gets_a_fresh_token() {
     assert_eq!(now[0].device_index(), Some(1));
 }
 
-/// Start a core, let it create an ENI for a node and kill it while the attach is in flight.
-/// Returns the ENI left `available`.
-async fn crash_between_create_and_attach(
-    w: &Cluster,
-    sink: &Arc<MemorySink>,
-    node: &CiliumNode,
-) -> NetworkInterface {
-    w.sim
-        .set_latency(Operation::AttachNetworkInterface, Duration::from_secs(30));
-    let (_core, tx, task) = start(w.sim.clone(), sink, config(4));
-    tx.send(NodeInput::Upsert(Box::new(node.clone())))
-        .await
-        .unwrap();
-    let sim = w.sim.clone();
-    assert!(
-        wait_until(
-            || sim.stats().get(Operation::CreateNetworkInterface).ok >= 1,
-            Duration::from_secs(60)
-        )
-        .await
-    );
-    task.abort();
-    let _ = task.await;
-    w.sim
-        .set_latency(Operation::AttachNetworkInterface, Duration::ZERO);
-    let mut left = our_available_enis(&w.sim).await;
-    assert_eq!(left.len(), 1, "the created ENI was never attached");
-    left.remove(0)
-}
-
 #[tokio::test(start_paused = true)]
 async fn an_eni_left_by_a_crash_between_create_and_attach_is_attached_instead_of_a_new_create() {
     let w = Cluster::new();
@@ -189,19 +177,10 @@ async fn an_eni_left_by_a_crash_between_create_and_attach_is_attached_instead_of
     let n = sink.put(&agent_node(&w, "n", &inst.id, 16));
     let left = crash_between_create_and_attach(&w, &sink, &n).await;
     // Demand moves before the new leader acts: the same token would now be a mismatch.
-    let n = sink.update("n", |n| n.spec.ipam.min_allocate = 2).unwrap();
-    let (_core, tx, _task) = start(w.sim.clone(), &sink, config(4));
-    tx.send(NodeInput::Upsert(Box::new(n))).await.unwrap();
-    assert!(
-        wait_until(|| served(&sink, "n", 8), Duration::from_secs(120)).await,
-        "served: {:?}",
-        operator_error(&sink, "n")
-    );
+    sink.update("n", |n| n.spec.ipam.min_allocate = 2).unwrap();
+    let attached = restart_serves(&w, &sink, &inst, Duration::from_secs(120)).await;
     assert_eq!(create_calls(&w.sim), 1, "no second create");
-    let attached = our_attached(&w.sim, &inst.id).await;
-    assert_eq!(attached.len(), 1);
-    assert_eq!(attached[0].id, left.id, "the leftover was attached");
-    assert!(our_available_enis(&w.sim).await.is_empty());
+    assert_eq!(attached.id, left.id, "the leftover was attached");
     assert!(sink.events("n").iter().any(|e| e.reason == "EniAttached"));
 }
 
@@ -217,24 +196,14 @@ async fn idempotent_parameter_mismatch_moves_to_a_fresh_token() {
     let left = crash_between_create_and_attach(&w, &sink, &n).await;
     // The security groups change before the retry: the leftover no longer fits, and the
     // token of the first request now comes with other parameters.
-    let n = sink
-        .update("n", |n| n.spec.eni.security_groups = vec![sg2.clone()])
+    sink.update("n", |n| n.spec.eni.security_groups = vec![sg2.clone()])
         .unwrap();
-    let (_core, tx, _task) = start(w.sim.clone(), &sink, config(4));
-    tx.send(NodeInput::Upsert(Box::new(n))).await.unwrap();
-    assert!(
-        wait_until(|| served(&sink, "n", 8), Duration::from_secs(120)).await,
-        "served: {:?}",
-        operator_error(&sink, "n")
-    );
-    let attached = our_attached(&w.sim, &inst.id).await;
-    assert_eq!(attached.len(), 1);
-    assert_eq!(attached[0].security_groups, vec![sg2]);
+    let attached = restart_serves(&w, &sink, &inst, Duration::from_secs(120)).await;
+    assert_eq!(attached.security_groups, vec![sg2]);
     assert!(
         w.sim.network_interface(&left.id).is_none(),
         "misfit deleted"
     );
-    assert!(our_available_enis(&w.sim).await.is_empty());
 }
 
 #[tokio::test(start_paused = true)]
@@ -246,14 +215,7 @@ async fn the_gc_removing_a_kept_eni_does_not_block_the_node() {
     let gate = Gate::new(w.sim.clone(), GateConfig::aws_defaults());
     let (_core, tx, _task) = start(gate, &sink, config(4));
     let inst = join(&w, &sink, &tx, "n", 8).await;
-    let sim = w.sim.clone();
-    assert!(
-        wait_until(
-            || sim.stats().get(Operation::CreateNetworkInterface).ok >= 1,
-            Duration::from_secs(60)
-        )
-        .await
-    );
+    assert!(an_eni_created(&w.sim).await);
     // The kept ENI stays available over two GC runs and is collected.
     let mut gc = EniGc::new(CLUSTER, 25).with_vpcs([w.vpc.clone()]);
     gc.run_once(&w.sim, &[]).await.unwrap();
@@ -278,42 +240,14 @@ async fn the_gc_removing_a_kept_eni_does_not_block_the_node() {
 async fn a_restart_after_refused_attaches_replays_no_spent_token() {
     const REFUSED: u64 = 3;
     let w = Cluster::new();
-    w.sim.set_fault_rate(
-        Operation::AttachNetworkInterface,
-        1.0,
-        testkit::sim::Fault::new("InvalidParameterValue", "refused (injected)", 400),
-    );
     let sink = Arc::new(MemorySink::new());
-    let (_core, tx, task) = start(w.sim.clone(), &sink, config(4));
-    let inst = join(&w, &sink, &tx, "n", 8).await;
-    let sim = w.sim.clone();
-    assert!(
-        wait_until(
-            || sim.stats().get(Operation::DeleteNetworkInterface).ok >= REFUSED,
-            Duration::from_secs(300)
-        )
-        .await
-    );
-    task.abort();
-    let _ = task.await;
+    let inst = burn_tokens(&w, &sink, REFUSED, Duration::from_secs(300)).await;
     let before = create_calls(&w.sim);
     assert!(before >= REFUSED, "{before} creates before the restart");
-    w.sim
-        .set_fault_rate(Operation::AttachNetworkInterface, 0.0, throttled());
-    let (_core, tx, _task) = start(w.sim.clone(), &sink, config(4));
-    tx.send(NodeInput::Upsert(Box::new(sink.get("n").unwrap())))
-        .await
-        .unwrap();
-    assert!(
-        wait_until(|| served(&sink, "n", 8), Duration::from_secs(300)).await,
-        "served: {:?}",
-        operator_error(&sink, "n")
-    );
+    restart_serves(&w, &sink, &inst, Duration::from_secs(300)).await;
     assert_eq!(
         create_calls(&w.sim) - before,
         1,
         "one create after the restart, no spent token replayed"
     );
-    assert_eq!(our_attached(&w.sim, &inst.id).await.len(), 1);
-    assert!(our_available_enis(&w.sim).await.is_empty());
 }

@@ -165,6 +165,19 @@ fn tag(key: &str, value: &str) -> Tag {
     Tag::builder().key(key).value(value).build()
 }
 
+/// Tags resource `id` with `tags` (none: no call).
+async fn tag_resource(ec2: &Client, id: &str, tags: &[(String, String)]) {
+    if tags.is_empty() {
+        return;
+    }
+    ec2.create_tags()
+        .resources(id)
+        .set_tags(Some(tags.iter().map(|(k, v)| tag(k, v)).collect()))
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("tag {id}: {e}"));
+}
+
 async fn create_subnet(
     ec2: &Client,
     vpc_id: &str,
@@ -185,14 +198,7 @@ async fn create_subnet(
         .and_then(|s| s.subnet_id())
         .expect("subnet id")
         .to_string();
-    if !tags.is_empty() {
-        ec2.create_tags()
-            .resources(&id)
-            .set_tags(Some(tags.iter().map(|(k, v)| tag(k, v)).collect()))
-            .send()
-            .await
-            .expect("tag subnet");
-    }
+    tag_resource(ec2, &id, &tags).await;
     SeededSubnet {
         id,
         availability_zone: zone.into(),
@@ -280,14 +286,7 @@ pub async fn seed(endpoint: &str) -> World {
             .group_id()
             .expect("group id")
             .to_string();
-        if !tags.is_empty() {
-            ec2.create_tags()
-                .resources(&id)
-                .set_tags(Some(tags.iter().map(|(k, v)| tag(k, v)).collect()))
-                .send()
-                .await
-                .expect("tag security group");
-        }
+        tag_resource(&ec2, &id, &tags).await;
         security_groups.push(id);
     }
 
