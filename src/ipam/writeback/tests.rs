@@ -221,6 +221,24 @@ fn c2_breaks(cn: &CiliumNode) -> Vec<String> {
         .collect()
 }
 
+/// The change set applied one write at a time, C2 checked after each (what an agent may read).
+fn apply_checking_c2(node: &CiliumNode, set: &ChangeSet) -> CiliumNode {
+    let mut seen = node.clone();
+    for write in &set.writes {
+        let one = ChangeSet {
+            writes: vec![write.clone()],
+        };
+        seen = apply(&seen, &one);
+        assert_eq!(
+            c2_breaks(&seen),
+            Vec::<String>::new(),
+            "after {}",
+            write.patch
+        );
+    }
+    seen
+}
+
 /// An address the cache now has on another ENI of the node (moto hands an address out twice
 /// and the cache keeps it on one ENI): its pool entry changes ENI. After every single write the
 /// pool's ENI still lists it (C2), or the agent ignores the update and pods wait.
@@ -238,20 +256,7 @@ fn an_address_moving_to_another_eni_keeps_c2_after_every_write() {
     w.enis[1].secondary_ips.push(moved);
     let d2 = desired_state(&n1, &w.view(), &cfg, &NodeMemory::new(), None);
     check_c2_c3(&d2);
-    let ch = changes(&n1, &d2);
-    let mut seen = n1.clone();
-    for write in &ch.writes {
-        let one = ChangeSet {
-            writes: vec![write.clone()],
-        };
-        seen = apply(&seen, &one);
-        assert_eq!(
-            c2_breaks(&seen),
-            Vec::<String>::new(),
-            "after {}",
-            write.patch
-        );
-    }
+    let seen = apply_checking_c2(&n1, &changes(&n1, &d2));
     assert_eq!(seen.spec.ipam.pool[&moved.to_string()].resource, "eni-1");
     let enis = &seen.status.as_ref().unwrap().eni.enis;
     assert!(!enis["eni-2"].addresses.contains(&moved.to_string()));
@@ -265,19 +270,7 @@ fn an_address_moving_to_another_eni_keeps_c2_after_every_write() {
     w3.enis.push(eni_with_ips("eni-1", 1, "subnet-b", 2));
     w3.enis[1].secondary_ips.push(ip("10.0.102.2"));
     let d3 = desired_state(&n1, &w3.view(), &cfg, &NodeMemory::new(), None);
-    let mut seen = n1.clone();
-    for write in &changes(&n1, &d3).writes {
-        let one = ChangeSet {
-            writes: vec![write.clone()],
-        };
-        seen = apply(&seen, &one);
-        assert_eq!(
-            c2_breaks(&seen),
-            Vec::<String>::new(),
-            "after {}",
-            write.patch
-        );
-    }
+    let seen = apply_checking_c2(&n1, &changes(&n1, &d3));
     assert!(!seen.status.as_ref().unwrap().eni.enis.contains_key("eni-2"));
     assert!(changes(&seen, &d3).is_empty());
 }
