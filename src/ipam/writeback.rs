@@ -337,29 +337,19 @@ pub fn changes(node: &CiliumNode, desired: &DesiredState) -> ChangeSet {
 
     let mut status_patch = Map::new();
     let mut ipam_patch = Map::new();
-    if let Some(enis) = &desired.enis {
-        let current: Map<String, Value> = status
-            .eni
-            .enis
-            .iter()
-            .map(|(k, v)| (k.clone(), normalized(v)))
-            .collect();
-        let want: Map<String, Value> = enis
-            .iter()
-            .map(|(k, v)| {
-                let want = normalized(v);
-                match current.get(k) {
-                    // Nothing to write for this ENI: leave it as the server keeps it.
-                    Some(cur) if same_but_pruned(cur, &want, PRUNABLE_ENI_FIELDS) => {
-                        (k.clone(), cur.clone())
-                    }
-                    _ => (k.clone(), want),
-                }
-            })
-            .collect();
-        if let Some(diff) = merge_diff(&Value::Object(current), &Value::Object(want)) {
-            status_patch.insert("eni".into(), json!({ "enis": diff }));
-        }
+    // A pool entry moving to another ENI stays listed by its old one until the pool has moved
+    // (C2), and only the last write drops it there.
+    let interim = desired.enis.as_ref().map(|enis| {
+        keep_moving(
+            enis,
+            &status.eni.enis,
+            &moving(&node.spec.ipam.pool, desired),
+        )
+    });
+    if let Some(enis) = &interim
+        && let Some(diff) = enis_diff(&status.eni.enis, enis)
+    {
+        status_patch.insert("eni".into(), json!({ "enis": diff }));
     }
     let mut release = Map::new();
     for (ip, want) in &desired.release_ips {
@@ -426,7 +416,79 @@ pub fn changes(node: &CiliumNode, desired: &DesiredState) -> ChangeSet {
             needs_resource_version: false,
         });
     }
+    if let (Some(interim), Some(enis)) = (&interim, &desired.enis)
+        && let Some(diff) = enis_diff(interim, enis)
+    {
+        writes.push(Write {
+            subresource: Subresource::Status,
+            patch: json!({ "status": { "eni": { "enis": diff } } }),
+            needs_resource_version: false,
+        });
+    }
     ChangeSet { writes }
+}
+
+/// Pool addresses whose entry names another ENI in `desired` than in `current`, with the ENI
+/// they leave.
+fn moving<'a>(
+    current: &'a BTreeMap<String, AllocationIp>,
+    desired: &DesiredState,
+) -> Vec<(&'a str, &'a str)> {
+    let Some(pool) = &desired.pool else {
+        return Vec::new();
+    };
+    current
+        .iter()
+        .filter(|(ip, c)| pool.get(*ip).is_some_and(|w| w.resource != c.resource))
+        .map(|(ip, c)| (ip.as_str(), c.resource.as_str()))
+        .collect()
+}
+
+/// `want` with each moving address still on the ENI it leaves: that ENI keeps its published
+/// entry if it is going away.
+fn keep_moving(
+    want: &BTreeMap<String, EniEntry>,
+    published: &BTreeMap<String, EniEntry>,
+    moving: &[(&str, &str)],
+) -> BTreeMap<String, EniEntry> {
+    let mut out = want.clone();
+    for (ip, from) in moving {
+        match out.get_mut(*from) {
+            Some(e) if !e.addresses.iter().any(|a| a == ip) => e.addresses.push(ip.to_string()),
+            Some(_) => {}
+            None => {
+                if let Some(e) = published.get(*from) {
+                    out.insert(from.to_string(), e.clone());
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The merge patch of `status.eni.enis` from `current` to `want` (`None`: nothing to write).
+fn enis_diff(
+    current: &BTreeMap<String, EniEntry>,
+    want: &BTreeMap<String, EniEntry>,
+) -> Option<Value> {
+    let current: Map<String, Value> = current
+        .iter()
+        .map(|(k, v)| (k.clone(), normalized(v)))
+        .collect();
+    let want: Map<String, Value> = want
+        .iter()
+        .map(|(k, v)| {
+            let want = normalized(v);
+            match current.get(k) {
+                // Nothing to write for this ENI: leave it as the server keeps it.
+                Some(cur) if same_but_pruned(cur, &want, PRUNABLE_ENI_FIELDS) => {
+                    (k.clone(), cur.clone())
+                }
+                _ => (k.clone(), want),
+            }
+        })
+        .collect();
+    merge_diff(&Value::Object(current), &Value::Object(want))
 }
 
 /// Apply a change set to a node as the API server would (merge patches), for tests and for

@@ -205,6 +205,76 @@ fn changes_are_ordered_minimal_and_converge() {
     assert!(!status.needs_resource_version);
 }
 
+/// Pool addresses whose ENI in `status.eni.enis` does not list them (what the agent checks).
+fn c2_breaks(cn: &CiliumNode) -> Vec<String> {
+    let enis = &cn.status.as_ref().unwrap().eni.enis;
+    cn.spec
+        .ipam
+        .pool
+        .iter()
+        .filter(|(ip, a)| {
+            !enis
+                .get(&a.resource)
+                .is_some_and(|e| e.addresses.contains(ip))
+        })
+        .map(|(ip, a)| format!("{ip} on {}", a.resource))
+        .collect()
+}
+
+/// The change set applied one write at a time, C2 checked after each (what an agent may read).
+fn apply_checking_c2(node: &CiliumNode, set: &ChangeSet) -> CiliumNode {
+    let mut seen = node.clone();
+    for write in &set.writes {
+        let one = ChangeSet {
+            writes: vec![write.clone()],
+        };
+        seen = apply(&seen, &one);
+        assert_eq!(
+            c2_breaks(&seen),
+            Vec::<String>::new(),
+            "after {}",
+            write.patch
+        );
+    }
+    seen
+}
+
+/// An address the cache now has on another ENI of the node (moto hands an address out twice
+/// and the cache keeps it on one ENI): its pool entry changes ENI. After every single write the
+/// pool's ENI still lists it (C2), or the agent ignores the update and pods wait.
+#[test]
+fn an_address_moving_to_another_eni_keeps_c2_after_every_write() {
+    let cfg = IpamConfig::default();
+    let mut w = World::new();
+    w.enis.push(eni_with_ips("eni-1", 1, "subnet-b", 2));
+    w.enis.push(eni_with_ips("eni-2", 2, "subnet-b", 2));
+    let d = desired_state(&node(), &w.view(), &cfg, &NodeMemory::new(), None);
+    let n1 = apply(&node(), &changes(&node(), &d));
+    assert_eq!(c2_breaks(&n1), Vec::<String>::new());
+
+    let moved = w.enis[2].secondary_ips.remove(0);
+    w.enis[1].secondary_ips.push(moved);
+    let d2 = desired_state(&n1, &w.view(), &cfg, &NodeMemory::new(), None);
+    check_c2_c3(&d2);
+    let seen = apply_checking_c2(&n1, &changes(&n1, &d2));
+    assert_eq!(seen.spec.ipam.pool[&moved.to_string()].resource, "eni-1");
+    let enis = &seen.status.as_ref().unwrap().eni.enis;
+    assert!(!enis["eni-2"].addresses.contains(&moved.to_string()));
+    assert!(
+        changes(&seen, &d2).is_empty(),
+        "converged in one change set"
+    );
+
+    // The ENI it was on leaves at the same time: its entry stays until the pool has moved.
+    let mut w3 = World::new();
+    w3.enis.push(eni_with_ips("eni-1", 1, "subnet-b", 2));
+    w3.enis[1].secondary_ips.push(ip("10.0.102.2"));
+    let d3 = desired_state(&n1, &w3.view(), &cfg, &NodeMemory::new(), None);
+    let seen = apply_checking_c2(&n1, &changes(&n1, &d3));
+    assert!(!seen.status.as_ref().unwrap().eni.enis.contains_key("eni-2"));
+    assert!(changes(&seen, &d3).is_empty());
+}
+
 /// Cilium's CRD prunes `status.eni-operator`: a node that is otherwise current gets no
 /// write for the summary alone, or every resync would patch every node.
 #[test]
