@@ -51,7 +51,7 @@ pub enum ClusterTag {
     Tagged,
     Untagged,
     /// EC2 does not list the instance (not yet, or never launched): nothing confirms its tag, so
-    /// the node waits and the tag is asked again.
+    /// the node is refused for now (InstanceNotFound) and the tag is asked again.
     UnknownToEc2,
     /// The describe failed.
     Unreadable(String),
@@ -376,17 +376,20 @@ fn cluster_tag(f: &Facts) -> Option<Decision> {
     match &f.cluster_tag {
         ClusterTag::NotRequired | ClusterTag::Tagged => None,
         ClusterTag::NotRead => Some(Decision::Need(Need::ClusterTag)),
-        ClusterTag::UnknownToEc2 => {
-            let why = format!(
-                "DescribeInstances does not list {}: its cluster tag cannot be confirmed; asked \
+        // Bad input as far as anyone can tell (a made-up or foreign instance-id), so it is
+        // said on the node like any refusal; the status page shows it as a wait.
+        ClusterTag::UnknownToEc2 => Some(Decision::Refuse(Refusal {
+            reason: ProblemReason::InstanceNotFound,
+            message: format!(
+                "instance {} not found in EC2 (yet): its cluster tag cannot be confirmed; asked \
                  again",
                 f.node.spec.instance_id
-            );
-            Some(wait(
-                Some((WaitReason::InstanceUnknown, why)),
-                UNKNOWN_RETRY,
-            ))
-        }
+            ),
+            retry: UNKNOWN_RETRY,
+            wait: Some(WaitReason::InstanceUnknown),
+            guard_blocked: false,
+            annotate: false,
+        })),
         ClusterTag::Unreadable(_) => Some(wait(None, f.unhealthy_retry)),
         ClusterTag::Untagged => {
             let (instance, cluster) = (&f.node.spec.instance_id, &f.cluster_name);

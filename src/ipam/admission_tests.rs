@@ -280,16 +280,17 @@ fn the_cluster_tag_is_read_when_asked_and_refuses_an_instance_of_another_cluster
 fn an_instance_ec2_does_not_know_waits_and_is_not_admitted() {
     let mut f = new_node();
     f.cluster_tag = ClusterTag::UnknownToEc2;
-    match decide(&f) {
-        Decision::Wait {
-            wait: Some((WaitReason::InstanceUnknown, why)),
-            retry,
-        } => {
-            assert!(why.contains(&f.node.spec.instance_id), "{why}");
-            assert_eq!(retry, UNKNOWN_RETRY);
-        }
-        other => panic!("an unknown instance must wait, got {other:?}"),
-    }
+    // Not admitted, and said on the node (bad input gets operator-status and an Event).
+    let r = refusal(decide(&f));
+    assert_eq!(r.reason, ProblemReason::InstanceNotFound);
+    assert!(
+        r.message.contains(&f.node.spec.instance_id),
+        "{}",
+        r.message
+    );
+    assert_eq!(r.retry, UNKNOWN_RETRY);
+    assert_eq!(r.wait, Some(WaitReason::InstanceUnknown));
+    assert!(!r.guard_blocked);
 }
 
 #[test]
