@@ -19,6 +19,7 @@
 //! (a pruned field is "unchanged", not "missing"), so steady state costs zero writes under
 //! either CRD.
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};
 
 use serde_json::{Map, Value, json};
@@ -446,11 +447,14 @@ fn moving<'a>(
 
 /// `want` with each moving address still on the ENI it leaves: that ENI keeps its published
 /// entry if it is going away.
-fn keep_moving(
-    want: &BTreeMap<String, EniEntry>,
+fn keep_moving<'a>(
+    want: &'a BTreeMap<String, EniEntry>,
     published: &BTreeMap<String, EniEntry>,
     moving: &[(&str, &str)],
-) -> BTreeMap<String, EniEntry> {
+) -> Cow<'a, BTreeMap<String, EniEntry>> {
+    if moving.is_empty() {
+        return Cow::Borrowed(want);
+    }
     let mut out = want.clone();
     for (ip, from) in moving {
         match out.get_mut(*from) {
@@ -463,7 +467,25 @@ fn keep_moving(
             }
         }
     }
-    out
+    Cow::Owned(out)
+}
+
+/// Rule C2: every pool address is listed by its ENI in `status.eni.enis`. Returns the offending
+/// addresses (a real agent ignores the whole update when there is any). [`changes`] keeps it
+/// after every write it emits; the test agents and the e2e check it on what they read.
+pub fn c2_violations(cn: &CiliumNode) -> Vec<String> {
+    let enis = cn.status.as_ref().map(|s| &s.eni.enis);
+    cn.spec
+        .ipam
+        .pool
+        .iter()
+        .filter(|(ip, a)| {
+            !enis
+                .and_then(|m| m.get(&a.resource))
+                .is_some_and(|e| e.addresses.iter().any(|x| x == *ip))
+        })
+        .map(|(ip, a)| format!("{ip} (resource {:?})", a.resource))
+        .collect()
 }
 
 /// The merge patch of `status.eni.enis` from `current` to `want` (`None`: nothing to write).

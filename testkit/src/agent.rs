@@ -150,22 +150,7 @@ fn usable_enis(cn: &CiliumNode) -> impl Iterator<Item = &EniEntry> {
         })
 }
 
-/// Rule C2: every pool address is listed by its ENI in `status.eni.enis`. Returns the
-/// offending addresses (an agent ignores the whole update when there is any).
-pub fn c2_violations(cn: &CiliumNode) -> Vec<String> {
-    let enis = cn.status.as_ref().map(|s| &s.eni.enis);
-    cn.spec
-        .ipam
-        .pool
-        .iter()
-        .filter(|(ip, a)| {
-            !enis
-                .and_then(|m| m.get(&a.resource))
-                .is_some_and(|e| e.addresses.iter().any(|x| x == *ip))
-        })
-        .map(|(ip, a)| format!("{ip} (resource {:?})", a.resource))
-        .collect()
-}
+pub use eni_operator::ipam::writeback::c2_violations;
 
 /// What one step of an agent produced.
 #[derive(Clone, Debug, Default, PartialEq)]

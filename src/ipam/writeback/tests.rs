@@ -205,22 +205,6 @@ fn changes_are_ordered_minimal_and_converge() {
     assert!(!status.needs_resource_version);
 }
 
-/// Pool addresses whose ENI in `status.eni.enis` does not list them (what the agent checks).
-fn c2_breaks(cn: &CiliumNode) -> Vec<String> {
-    let enis = &cn.status.as_ref().unwrap().eni.enis;
-    cn.spec
-        .ipam
-        .pool
-        .iter()
-        .filter(|(ip, a)| {
-            !enis
-                .get(&a.resource)
-                .is_some_and(|e| e.addresses.contains(ip))
-        })
-        .map(|(ip, a)| format!("{ip} on {}", a.resource))
-        .collect()
-}
-
 /// The change set applied one write at a time, C2 checked after each (what an agent may read).
 fn apply_checking_c2(node: &CiliumNode, set: &ChangeSet) -> CiliumNode {
     let mut seen = node.clone();
@@ -230,7 +214,7 @@ fn apply_checking_c2(node: &CiliumNode, set: &ChangeSet) -> CiliumNode {
         };
         seen = apply(&seen, &one);
         assert_eq!(
-            c2_breaks(&seen),
+            c2_violations(&seen),
             Vec::<String>::new(),
             "after {}",
             write.patch
@@ -250,7 +234,7 @@ fn an_address_moving_to_another_eni_keeps_c2_after_every_write() {
     w.enis.push(eni_with_ips("eni-2", 2, "subnet-b", 2));
     let d = desired_state(&node(), &w.view(), &cfg, &NodeMemory::new(), None);
     let n1 = apply(&node(), &changes(&node(), &d));
-    assert_eq!(c2_breaks(&n1), Vec::<String>::new());
+    assert_eq!(c2_violations(&n1), Vec::<String>::new());
 
     let moved = w.enis[2].secondary_ips.remove(0);
     w.enis[1].secondary_ips.push(moved);
