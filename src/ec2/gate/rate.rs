@@ -39,9 +39,7 @@
 //! floor a hundred successes take minutes. So a *restore probe* runs on an exponential schedule
 //! (as TCP's retransmission backoff): [`FIRST_PROBE`] after a cut from the ceiling, the rate is
 //! saved and ramps to the ceiling, doubling every second; a throttled answer during the ramp
-//! returns to the saved rate (or to a cut of the rate the ramp measured, if higher: the
-//! account's share may have grown without reaching the ceiling) and doubles the interval (up
-//! to [`MAX_PROBE_INTERVAL`]); reaching
+//! returns to the saved rate and doubles the interval (up to [`MAX_PROBE_INTERVAL`]); reaching
 //! the ceiling ends the probe (and doubles the interval too, in case a steady tenant's share
 //! only lent the ramp the bucket's saved tokens), and [`RESET_AFTER`] held there resets the
 //! interval. In a steady
@@ -56,6 +54,15 @@
 //! longer; so for the first [`EARLY_PHASE`] below the ceiling the interval stops doubling at
 //! [`EARLY_INTERVAL`], and doubles on from there after. A share held for an hour pays a dozen
 //! more failed probes in its first minutes, once.
+//!
+//! What a failed probe sent tells a steady share from a larger one. In a steady share every
+//! ramp spends the few tokens the account's bucket saved and is throttled at about the same
+//! send rate; a cut of that rate would still sit above the share and cost two more throttled
+//! answers per probe, so the rate returns to the saved one. A probe throttled at more than
+//! [`GROWN`] times the lowest send rate any probe failed at since the rate left the ceiling
+//! found a larger share (the tenant takes less, without leaving the ceiling to us), and the
+//! first failed probe has none to compare with: the rate keeps a cut of what it sent, and the
+//! share is found at once, not by successes.
 //!
 //! The unused tokens of the AWS bucket absorb the dip after a cut (its burst is 50 to 100
 //! calls), so the time below the capacity is not lost.
@@ -95,6 +102,12 @@ pub const EARLY_PHASE: Duration = Duration::from_secs(150);
 /// The longest probe interval within [`EARLY_PHASE`].
 pub const EARLY_INTERVAL: Duration = Duration::from_secs(8);
 
+/// A failed probe that sent more than this times the lowest send rate a probe failed at (since
+/// the rate left the ceiling) found a larger share. The send rate is counted over [`MEASURE`]
+/// in whole calls, so a steady share's failures differ by up to this ratio at EC2's mutating
+/// rates (two or three calls in two seconds).
+pub const GROWN: f64 = 1.5;
+
 /// A restore probe under way: the rate ramps from `saved`, doubling every second from `start`.
 #[derive(Clone, Debug, PartialEq)]
 struct Probe {
@@ -121,6 +134,8 @@ pub struct RateController {
     limited_since: Option<Instant>,
     /// Probes that reached the ceiling.
     recoveries: u64,
+    /// The lowest send rate a probe failed at since the rate left the ceiling.
+    lowest_failure: Option<f64>,
     /// Successful calls since the last cut (saturating); a new controller has seen none, so
     /// its first cut is a deep one.
     since_cut: u32,
@@ -147,6 +162,7 @@ impl RateController {
             at_ceiling_since: Some(now),
             limited_since: None,
             recoveries: 0,
+            lowest_failure: None,
             since_cut: 0,
             step: regain_step(BETA),
         }
@@ -208,10 +224,16 @@ impl RateController {
         let steady = self.since_cut >= STEADY_CALLS;
         self.since_cut = 0;
         if let Some(p) = self.probe.take() {
-            // What went through during the ramp, as a cut would take it: a share of the account
-            // between the saved rate and the ceiling is found at once, not by successes.
-            let measured = (self.measured(now) * BETA).min(self.ceiling * BETA);
-            self.rate = p.saved.max(measured);
+            let sent = self.measured(now);
+            // No failure to compare with yet: the cuts before the first probe may have gone
+            // below the share, and what the ramp sent is the best measure of it.
+            let grown = self.lowest_failure.is_none_or(|low| sent > low * GROWN);
+            self.rate = if grown {
+                p.saved.max(sent.min(self.ceiling) * BETA)
+            } else {
+                p.saved
+            };
+            self.lowest_failure = Some(self.lowest_failure.map_or(sent, |low| low.min(sent)));
             self.lengthen_interval(now);
             self.next_probe = Some(now + self.interval);
             return true;
@@ -283,6 +305,7 @@ impl RateController {
 
     fn reach_ceiling(&mut self, now: Instant) {
         self.rate = self.ceiling;
+        self.lowest_failure = None;
         self.probe = None;
         self.next_probe = None;
         self.at_ceiling_since = Some(now);
@@ -544,21 +567,32 @@ mod tests {
     }
 
     /// Drives `c` from `t0` until `end`, in steps of 50 ms: the account leaves `left(t)` calls
-    /// a second, and a rate above it is answered "throttled" (one answer per step). Returns
-    /// when the rate reached the ceiling after `from`, and the rate changes by throttled answers.
+    /// a second, and a rate above it is answered "throttled" (one answer per step); with
+    /// `succeed`, calls at a rate within it are sent and succeed. Returns when the rate reached
+    /// the ceiling after `from`, and the rate changes by throttled answers.
     fn drive(
         c: &mut RateController,
         t0: Instant,
-        from: Duration,
-        end: Duration,
+        (from, end): (Duration, Duration),
+        succeed: bool,
         left: impl Fn(Duration) -> f64,
     ) -> (Option<Duration>, u32) {
         let mut cuts = 0;
+        let mut credit = 0.0;
         let mut t = Duration::ZERO;
         while t < end {
             c.advance(t0 + t);
-            if c.rate() > left(t) && c.on_throttle(t0 + t, t0 + t) {
-                cuts += 1;
+            if c.rate() > left(t) {
+                if c.on_throttle(t0 + t, t0 + t) {
+                    cuts += 1;
+                }
+            } else if succeed {
+                credit += c.rate() * 0.05;
+                while credit >= 1.0 {
+                    credit -= 1.0;
+                    c.on_send(t0 + t);
+                    c.on_success(t0 + t);
+                }
             }
             if t >= from && !c.is_limiting() {
                 return (Some(t), cuts);
@@ -576,7 +610,7 @@ mod tests {
             let t0 = Instant::now();
             let mut c = at_the_floor(5.0, t0);
             let end = secs(d);
-            let (back, _) = drive(&mut c, t0, end, end + secs(60.0), |t| {
+            let (back, _) = drive(&mut c, t0, (end, end + secs(60.0)), true, |t| {
                 if t < end { 0.5 } else { 5.0 }
             });
             let back = back.expect("back at the ceiling");
@@ -593,7 +627,7 @@ mod tests {
         // The early phase costs its probes once; after it the interval doubles to the cap.
         let t0 = Instant::now();
         let mut c = at_the_floor(5.0, t0);
-        let (back, cuts) = drive(&mut c, t0, secs(0.0), secs(3600.0), |_| 0.5);
+        let (back, cuts) = drive(&mut c, t0, (secs(0.0), secs(3600.0)), false, |_| 0.5);
         assert_eq!(back, None);
         assert!(cuts <= 30, "{cuts} failed probes in an hour");
     }
@@ -613,6 +647,42 @@ mod tests {
         assert!(c.on_throttle(t, t));
         assert!(close(c.rate(), 3.0 * BETA), "{}", c.rate());
         assert_eq!(c.next_change(t), Some(FIRST_PROBE * 2));
+    }
+
+    #[test]
+    fn a_probe_failing_at_the_level_of_the_last_returns_to_the_saved_rate() {
+        // A steady share of 0.5/s: each ramp spends the few tokens the account's bucket saved
+        // and is throttled at about the same send rate as the last. A cut of that rate would
+        // sit above the share and cost two more throttled answers each time.
+        let t0 = Instant::now();
+        let mut c = at_the_floor(4.0, t0);
+        let mut probe = t0 + FIRST_PROBE;
+        for i in 0..4 {
+            c.advance(probe);
+            let saved = c.rate();
+            // Three calls went through the ramp's last two seconds: 1.5/s, three times the share.
+            for i in 0..3 {
+                c.on_send(probe + secs(0.5 + f64::from(i) * 0.6));
+            }
+            let t = probe + secs(2.0);
+            c.advance(t);
+            assert!(c.on_throttle(t, t));
+            if i == 0 {
+                // The first failure has none to compare with: a cut of what it sent.
+                assert!(close(c.rate(), 1.5 * BETA), "{}", c.rate());
+            } else {
+                assert!(
+                    close(c.rate(), saved),
+                    "back to the saved rate {saved}, not {}",
+                    c.rate()
+                );
+            }
+            // The rate above the share is cut before the next probe.
+            let cut = t + secs(1.0);
+            c.on_send(cut);
+            assert!(c.on_throttle(cut, cut));
+            probe = cut + c.next_change(cut).expect("a probe is due");
+        }
     }
 
     #[test]
