@@ -75,10 +75,39 @@ pub struct CiliumNodeSpec {
     pub extra: Extra,
 }
 
+/// A Cilium object our types read and write back whole: Cilium's kebab-case names, the
+/// fields not modelled kept in `extra` (serde `flatten`, absent from the schema, which keeps
+/// unknown fields instead), and "empty" meaning all-default (Go's `omitempty`).
+macro_rules! preserved {
+    ($($(#[$meta:meta])* pub struct $name:ident { $($body:tt)* })*) => {$(
+        $(#[$meta])*
+        #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+        #[serde(rename_all = "kebab-case")]
+        #[schemars(extend("x-kubernetes-preserve-unknown-fields" = true))]
+        pub struct $name {
+            $($body)*
+            #[serde(flatten)]
+            #[schemars(skip)]
+            pub extra: Extra,
+        }
+
+        impl Empty for $name {
+            fn is_empty(&self) -> bool {
+                self == &Self::default()
+            }
+        }
+    )*};
+}
+
+/// All-default, so left out when written (Go's `omitempty`).
+trait Empty {
+    fn is_empty(&self) -> bool;
+}
+
+preserved! {
 /// `spec.eni`.
-#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
-#[serde(rename_all = "kebab-case")]
-#[schemars(extend("x-kubernetes-preserve-unknown-fields" = true))]
+///
+/// Kept in `extra`: obsolete `instance-id`, `min-allocate`, ... of old schemas: preserved, never used.
 pub struct EniSpec {
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub instance_type: String,
@@ -108,22 +137,11 @@ pub struct EniSpec {
     pub use_primary_address: Option<bool>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub disable_prefix_delegation: Option<bool>,
-    /// Obsolete `instance-id`, `min-allocate`, ... of old schemas: preserved, never used.
-    #[serde(flatten)]
-    #[schemars(skip)]
-    pub extra: Extra,
-}
-
-impl EniSpec {
-    fn is_empty(&self) -> bool {
-        self == &Self::default()
-    }
 }
 
 /// `spec.ipam`.
-#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
-#[serde(rename_all = "kebab-case")]
-#[schemars(extend("x-kubernetes-preserve-unknown-fields" = true))]
+///
+/// Kept in `extra`: `podCIDRs`, `ipv6-pool`, thresholds of other IPAM modes: preserved.
 pub struct IpamSpec {
     /// Every IPv4 address usable for pods, with its ENI as `resource`. Operator-owned.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
@@ -141,97 +159,49 @@ pub struct IpamSpec {
     pub max_above_watermark: i64,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub static_ip_tags: Tags,
-    /// `podCIDRs`, `ipv6-pool`, thresholds of other IPAM modes: preserved.
-    #[serde(flatten)]
-    #[schemars(skip)]
-    pub extra: Extra,
-}
-
-impl IpamSpec {
-    fn is_empty(&self) -> bool {
-        self == &Self::default()
-    }
 }
 
 /// One entry of `spec.ipam.pool` or `status.ipam.used`.
-#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
-#[serde(rename_all = "kebab-case")]
-#[schemars(extend("x-kubernetes-preserve-unknown-fields" = true))]
+#[derive(Eq)]
 pub struct AllocationIp {
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub owner: String,
     /// The ENI ID holding the address.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub resource: String,
-    #[serde(flatten)]
-    #[schemars(skip)]
-    pub extra: Extra,
 }
 
 /// `spec.ipam.pools`.
-#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
-#[serde(rename_all = "kebab-case")]
-#[schemars(extend("x-kubernetes-preserve-unknown-fields" = true))]
 pub struct IpamPools {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub requested: Vec<IpamPoolRequest>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub allocated: Vec<IpamPoolAllocation>,
-    #[serde(flatten)]
-    #[schemars(skip)]
-    pub extra: Extra,
-}
-
-impl IpamPools {
-    fn is_empty(&self) -> bool {
-        self == &Self::default()
-    }
 }
 
 /// One entry of `spec.ipam.pools.requested`.
-#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
-#[serde(rename_all = "kebab-case")]
-#[schemars(extend("x-kubernetes-preserve-unknown-fields" = true))]
 pub struct IpamPoolRequest {
     pub pool: String,
     #[serde(default)]
     pub needed: IpamPoolDemand,
-    #[serde(flatten)]
-    #[schemars(skip)]
-    pub extra: Extra,
 }
 
 /// `needed` of a pool request.
-#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
-#[serde(rename_all = "kebab-case")]
-#[schemars(extend("x-kubernetes-preserve-unknown-fields" = true))]
 pub struct IpamPoolDemand {
     #[serde(default, skip_serializing_if = "is_zero")]
     pub ipv4_addrs: i64,
     #[serde(default, skip_serializing_if = "is_zero")]
     pub ipv6_addrs: i64,
-    #[serde(flatten)]
-    #[schemars(skip)]
-    pub extra: Extra,
 }
 
 /// One entry of `spec.ipam.pools.allocated`.
-#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
-#[serde(rename_all = "kebab-case")]
-#[schemars(extend("x-kubernetes-preserve-unknown-fields" = true))]
 pub struct IpamPoolAllocation {
     pub pool: String,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub cidrs: Vec<String>,
-    #[serde(flatten)]
-    #[schemars(skip)]
-    pub extra: Extra,
 }
 
 /// `status` of a CiliumNode.
-#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
-#[serde(rename_all = "kebab-case")]
-#[schemars(extend("x-kubernetes-preserve-unknown-fields" = true))]
 pub struct CiliumNodeStatus {
     #[serde(default, skip_serializing_if = "EniStatus::is_empty")]
     pub eni: EniStatus,
@@ -240,34 +210,16 @@ pub struct CiliumNodeStatus {
     /// eni-operator's summary for `kubectl get cn` (pruned harmlessly under Cilium's CRD).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub eni_operator: Option<OperatorSummary>,
-    #[serde(flatten)]
-    #[schemars(skip)]
-    pub extra: Extra,
 }
 
 /// `status.eni`.
-#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
-#[serde(rename_all = "kebab-case")]
-#[schemars(extend("x-kubernetes-preserve-unknown-fields" = true))]
 pub struct EniStatus {
     /// Every ENI attached to the instance, keyed by ENI ID. Operator-owned, replaced whole.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub enis: BTreeMap<String, EniEntry>,
-    #[serde(flatten)]
-    #[schemars(skip)]
-    pub extra: Extra,
-}
-
-impl EniStatus {
-    fn is_empty(&self) -> bool {
-        self == &Self::default()
-    }
 }
 
 /// One ENI as published in `status.eni.enis`.
-#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
-#[serde(rename_all = "kebab-case")]
-#[schemars(extend("x-kubernetes-preserve-unknown-fields" = true))]
 pub struct EniEntry {
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub id: String,
@@ -300,35 +252,19 @@ pub struct EniEntry {
     pub tags: Tags,
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub public_ip: String,
-    #[serde(flatten)]
-    #[schemars(skip)]
-    pub extra: Extra,
 }
 
 /// `subnet` of an ENI entry.
-#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
-#[serde(rename_all = "kebab-case")]
-#[schemars(extend("x-kubernetes-preserve-unknown-fields" = true))]
+#[derive(Eq)]
 pub struct EniSubnet {
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub id: String,
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub cidr: String,
-    #[serde(flatten)]
-    #[schemars(skip)]
-    pub extra: Extra,
-}
-
-impl EniSubnet {
-    fn is_empty(&self) -> bool {
-        self == &Self::default()
-    }
 }
 
 /// `vpc` of an ENI entry.
-#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
-#[serde(rename_all = "kebab-case")]
-#[schemars(extend("x-kubernetes-preserve-unknown-fields" = true))]
+#[derive(Eq)]
 pub struct EniVpc {
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub id: String,
@@ -336,21 +272,9 @@ pub struct EniVpc {
     pub primary_cidr: String,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub cidrs: Vec<String>,
-    #[serde(flatten)]
-    #[schemars(skip)]
-    pub extra: Extra,
-}
-
-impl EniVpc {
-    fn is_empty(&self) -> bool {
-        self == &Self::default()
-    }
 }
 
 /// `status.ipam`.
-#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
-#[serde(rename_all = "kebab-case")]
-#[schemars(extend("x-kubernetes-preserve-unknown-fields" = true))]
 pub struct IpamStatus {
     /// Classic agents: every address in use. Agent-owned.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
@@ -362,33 +286,14 @@ pub struct IpamStatus {
     pub operator_status: OperatorStatus,
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub assigned_static_ip: String,
-    #[serde(flatten)]
-    #[schemars(skip)]
-    pub extra: Extra,
-}
-
-impl IpamStatus {
-    fn is_empty(&self) -> bool {
-        self == &Self::default()
-    }
 }
 
 /// `status.ipam.operator-status`.
-#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
-#[serde(rename_all = "kebab-case")]
-#[schemars(extend("x-kubernetes-preserve-unknown-fields" = true))]
+#[derive(Eq)]
 pub struct OperatorStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
-    #[serde(flatten)]
-    #[schemars(skip)]
-    pub extra: Extra,
 }
-
-impl OperatorStatus {
-    fn is_empty(&self) -> bool {
-        self == &Self::default()
-    }
 }
 
 /// `status.eni-operator`: counts for `kubectl get cn` (JSONPath cannot count map entries).

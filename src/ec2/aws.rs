@@ -63,20 +63,21 @@ impl Ec2 for AwsEc2 {
         next_token: Option<String>,
     ) -> Result<Page<InstanceTypeLimits>> {
         let op = Operation::DescribeInstanceTypes;
-        let out = self
-            .client
-            .describe_instance_types()
-            .set_instance_types(non_empty(
-                types
-                    .iter()
-                    .map(|t| sdk::InstanceType::from(t.as_str()))
-                    .collect(),
-            ))
-            .set_max_results(self.page_size(!types.is_empty()))
-            .set_next_token(next_token)
-            .send()
-            .await
-            .map_err(|e| map_err(op, e))?;
+        let out = send(
+            op,
+            self.client
+                .describe_instance_types()
+                .set_instance_types(non_empty(
+                    types
+                        .iter()
+                        .map(|t| sdk::InstanceType::from(t.as_str()))
+                        .collect(),
+                ))
+                .set_max_results(self.page_size(!types.is_empty()))
+                .set_next_token(next_token)
+                .send(),
+        )
+        .await?;
         let items = out
             .instance_types()
             .iter()
@@ -91,16 +92,17 @@ impl Ec2 for AwsEc2 {
         next_token: Option<String>,
     ) -> Result<Page<Instance>> {
         let op = Operation::DescribeInstances;
-        let out = self
-            .client
-            .describe_instances()
-            .set_instance_ids(non_empty(f.ids.clone()))
-            .set_filters(non_empty(common_filters(&f.vpc_id, &f.tags)))
-            .set_max_results(self.page_size(!f.ids.is_empty()))
-            .set_next_token(next_token)
-            .send()
-            .await
-            .map_err(|e| map_err(op, e))?;
+        let out = send(
+            op,
+            self.client
+                .describe_instances()
+                .set_instance_ids(non_empty(f.ids.clone()))
+                .set_filters(non_empty(common_filters(&f.vpc_id, &f.tags)))
+                .set_max_results(self.page_size(!f.ids.is_empty()))
+                .set_next_token(next_token)
+                .send(),
+        )
+        .await?;
         let items = out
             .reservations()
             .iter()
@@ -126,16 +128,17 @@ impl Ec2 for AwsEc2 {
         if let Some(state) = f.state {
             filters.push(filter("status", [state.as_str().to_string()]));
         }
-        let out = self
-            .client
-            .describe_network_interfaces()
-            .set_network_interface_ids(non_empty(f.ids.clone()))
-            .set_filters(non_empty(filters))
-            .set_max_results(self.page_size(!f.ids.is_empty()))
-            .set_next_token(next_token)
-            .send()
-            .await
-            .map_err(|e| map_err(op, e))?;
+        let out = send(
+            op,
+            self.client
+                .describe_network_interfaces()
+                .set_network_interface_ids(non_empty(f.ids.clone()))
+                .set_filters(non_empty(filters))
+                .set_max_results(self.page_size(!f.ids.is_empty()))
+                .set_next_token(next_token)
+                .send(),
+        )
+        .await?;
         let items = out
             .network_interfaces()
             .iter()
@@ -150,16 +153,17 @@ impl Ec2 for AwsEc2 {
         next_token: Option<String>,
     ) -> Result<Page<Subnet>> {
         let op = Operation::DescribeSubnets;
-        let out = self
-            .client
-            .describe_subnets()
-            .set_subnet_ids(non_empty(f.ids.clone()))
-            .set_filters(non_empty(common_filters(&f.vpc_id, &f.tags)))
-            .set_max_results(self.page_size(!f.ids.is_empty()))
-            .set_next_token(next_token)
-            .send()
-            .await
-            .map_err(|e| map_err(op, e))?;
+        let out = send(
+            op,
+            self.client
+                .describe_subnets()
+                .set_subnet_ids(non_empty(f.ids.clone()))
+                .set_filters(non_empty(common_filters(&f.vpc_id, &f.tags)))
+                .set_max_results(self.page_size(!f.ids.is_empty()))
+                .set_next_token(next_token)
+                .send(),
+        )
+        .await?;
         let items = out.subnets().iter().filter_map(subnet).collect();
         Ok(page(items, out.next_token()))
     }
@@ -173,16 +177,17 @@ impl Ec2 for AwsEc2 {
         // The VPC's own ID is an ID filter here, not a `vpc-id` filter.
         let mut ids = f.ids.clone();
         ids.extend(f.vpc_id.iter().filter(|v| !f.ids.contains(v)).cloned());
-        let out = self
-            .client
-            .describe_vpcs()
-            .set_vpc_ids(non_empty(ids.clone()))
-            .set_filters(non_empty(common_filters(&None, &f.tags)))
-            .set_max_results(self.page_size(!ids.is_empty()))
-            .set_next_token(next_token)
-            .send()
-            .await
-            .map_err(|e| map_err(op, e))?;
+        let out = send(
+            op,
+            self.client
+                .describe_vpcs()
+                .set_vpc_ids(non_empty(ids.clone()))
+                .set_filters(non_empty(common_filters(&None, &f.tags)))
+                .set_max_results(self.page_size(!ids.is_empty()))
+                .set_next_token(next_token)
+                .send(),
+        )
+        .await?;
         let items = out.vpcs().iter().filter_map(vpc).collect();
         Ok(page(items, out.next_token()))
     }
@@ -193,16 +198,17 @@ impl Ec2 for AwsEc2 {
         next_token: Option<String>,
     ) -> Result<Page<SecurityGroup>> {
         let op = Operation::DescribeSecurityGroups;
-        let out = self
-            .client
-            .describe_security_groups()
-            .set_group_ids(non_empty(f.ids.clone()))
-            .set_filters(non_empty(common_filters(&f.vpc_id, &f.tags)))
-            .set_max_results(self.page_size(!f.ids.is_empty()))
-            .set_next_token(next_token)
-            .send()
-            .await
-            .map_err(|e| map_err(op, e))?;
+        let out = send(
+            op,
+            self.client
+                .describe_security_groups()
+                .set_group_ids(non_empty(f.ids.clone()))
+                .set_filters(non_empty(common_filters(&f.vpc_id, &f.tags)))
+                .set_max_results(self.page_size(!f.ids.is_empty()))
+                .set_next_token(next_token)
+                .send(),
+        )
+        .await?;
         let items = out
             .security_groups()
             .iter()
@@ -221,16 +227,17 @@ impl Ec2 for AwsEc2 {
         next_token: Option<String>,
     ) -> Result<Page<RouteTable>> {
         let op = Operation::DescribeRouteTables;
-        let out = self
-            .client
-            .describe_route_tables()
-            .set_route_table_ids(non_empty(f.ids.clone()))
-            .set_filters(non_empty(common_filters(&f.vpc_id, &f.tags)))
-            .set_max_results(self.page_size(!f.ids.is_empty()))
-            .set_next_token(next_token)
-            .send()
-            .await
-            .map_err(|e| map_err(op, e))?;
+        let out = send(
+            op,
+            self.client
+                .describe_route_tables()
+                .set_route_table_ids(non_empty(f.ids.clone()))
+                .set_filters(non_empty(common_filters(&f.vpc_id, &f.tags)))
+                .set_max_results(self.page_size(!f.ids.is_empty()))
+                .set_next_token(next_token)
+                .send(),
+        )
+        .await?;
         let items = out.route_tables().iter().map(route_table).collect();
         Ok(page(items, out.next_token()))
     }
@@ -262,7 +269,7 @@ impl Ec2 for AwsEc2 {
             AddressRequest::Ips(n) => req.secondary_private_ip_address_count(n as i32),
             AddressRequest::Prefixes(n) => req.ipv4_prefix_count(n as i32),
         };
-        let out = req.send().await.map_err(|e| map_err(op, e))?;
+        let out = send(op, req.send()).await?;
         let eni = out.network_interface().ok_or_else(|| {
             Ec2Error::from_aws(
                 op,
@@ -282,16 +289,17 @@ impl Ec2 for AwsEc2 {
         device_index: u32,
     ) -> Result<String> {
         let op = Operation::AttachNetworkInterface;
-        let out = self
-            .client
-            .attach_network_interface()
-            .network_interface_id(eni_id)
-            .instance_id(instance_id)
-            .device_index(device_index as i32)
-            .network_card_index(0)
-            .send()
-            .await
-            .map_err(|e| map_err(op, e))?;
+        let out = send(
+            op,
+            self.client
+                .attach_network_interface()
+                .network_interface_id(eni_id)
+                .instance_id(instance_id)
+                .device_index(device_index as i32)
+                .network_card_index(0)
+                .send(),
+        )
+        .await?;
         out.attachment_id().map(str::to_string).ok_or_else(|| {
             Ec2Error::from_aws(op, "EmptyAnswer", "no attachment ID in the answer", None)
         })
@@ -304,18 +312,20 @@ impl Ec2 for AwsEc2 {
         delete_on_termination: bool,
     ) -> Result<()> {
         let op = Operation::ModifyNetworkInterfaceAttribute;
-        self.client
-            .modify_network_interface_attribute()
-            .network_interface_id(eni_id)
-            .attachment(
-                sdk::NetworkInterfaceAttachmentChanges::builder()
-                    .attachment_id(attachment_id)
-                    .delete_on_termination(delete_on_termination)
-                    .build(),
-            )
-            .send()
-            .await
-            .map_err(|e| map_err(op, e))?;
+        send(
+            op,
+            self.client
+                .modify_network_interface_attribute()
+                .network_interface_id(eni_id)
+                .attachment(
+                    sdk::NetworkInterfaceAttachmentChanges::builder()
+                        .attachment_id(attachment_id)
+                        .delete_on_termination(delete_on_termination)
+                        .build(),
+                )
+                .send(),
+        )
+        .await?;
         Ok(())
     }
 
@@ -333,7 +343,7 @@ impl Ec2 for AwsEc2 {
             AddressRequest::Ips(n) => req.secondary_private_ip_address_count(n as i32),
             AddressRequest::Prefixes(n) => req.ipv4_prefix_count(n as i32),
         };
-        let out = req.send().await.map_err(|e| map_err(op, e))?;
+        let out = send(op, req.send()).await?;
         Ok(Assigned {
             ips: out
                 .assigned_private_ip_addresses()
@@ -357,46 +367,54 @@ impl Ec2 for AwsEc2 {
         let op = Operation::UnassignPrivateIpAddresses;
         // AWS takes addresses or prefixes in one call, not both: one call per non-empty kind.
         if !ips.is_empty() {
-            self.client
-                .unassign_private_ip_addresses()
-                .network_interface_id(eni_id)
-                .set_private_ip_addresses(Some(ips.iter().map(|a| a.to_string()).collect()))
-                .send()
-                .await
-                .map_err(|e| map_err(op, e))?;
+            send(
+                op,
+                self.client
+                    .unassign_private_ip_addresses()
+                    .network_interface_id(eni_id)
+                    .set_private_ip_addresses(Some(ips.iter().map(|a| a.to_string()).collect()))
+                    .send(),
+            )
+            .await?;
         }
         if !prefixes.is_empty() {
-            self.client
-                .unassign_private_ip_addresses()
-                .network_interface_id(eni_id)
-                .set_ipv4_prefixes(Some(prefixes.iter().map(|p| p.to_string()).collect()))
-                .send()
-                .await
-                .map_err(|e| map_err(op, e))?;
+            send(
+                op,
+                self.client
+                    .unassign_private_ip_addresses()
+                    .network_interface_id(eni_id)
+                    .set_ipv4_prefixes(Some(prefixes.iter().map(|p| p.to_string()).collect()))
+                    .send(),
+            )
+            .await?;
         }
         Ok(())
     }
 
     async fn detach_network_interface(&self, attachment_id: &str, force: bool) -> Result<()> {
         let op = Operation::DetachNetworkInterface;
-        self.client
-            .detach_network_interface()
-            .attachment_id(attachment_id)
-            .force(force)
-            .send()
-            .await
-            .map_err(|e| map_err(op, e))?;
+        send(
+            op,
+            self.client
+                .detach_network_interface()
+                .attachment_id(attachment_id)
+                .force(force)
+                .send(),
+        )
+        .await?;
         Ok(())
     }
 
     async fn delete_network_interface(&self, eni_id: &str) -> Result<()> {
         let op = Operation::DeleteNetworkInterface;
-        self.client
-            .delete_network_interface()
-            .network_interface_id(eni_id)
-            .send()
-            .await
-            .map_err(|e| map_err(op, e))?;
+        send(
+            op,
+            self.client
+                .delete_network_interface()
+                .network_interface_id(eni_id)
+                .send(),
+        )
+        .await?;
         tracing::debug!(eni = eni_id, "deleted ENI");
         Ok(())
     }
@@ -405,13 +423,14 @@ impl Ec2 for AwsEc2 {
     // `tag:` filter per tag, then AssociateAddress with AllowReassociation false.
     async fn describe_addresses(&self, want: &Tags) -> Result<Vec<Address>> {
         let op = Operation::DescribeAddresses;
-        let out = self
-            .client
-            .describe_addresses()
-            .set_filters(non_empty(common_filters(&None, want)))
-            .send()
-            .await
-            .map_err(|e| map_err(op, e))?;
+        let out = send(
+            op,
+            self.client
+                .describe_addresses()
+                .set_filters(non_empty(common_filters(&None, want)))
+                .send(),
+        )
+        .await?;
         Ok(out.addresses().iter().filter_map(address).collect())
     }
 
@@ -422,27 +441,30 @@ impl Ec2 for AwsEc2 {
         private_ip: Ipv4Addr,
     ) -> Result<String> {
         let op = Operation::AssociateAddress;
-        let out = self
-            .client
-            .associate_address()
-            .allocation_id(allocation_id)
-            .network_interface_id(eni_id)
-            .private_ip_address(private_ip.to_string())
-            .allow_reassociation(false)
-            .send()
-            .await
-            .map_err(|e| map_err(op, e))?;
+        let out = send(
+            op,
+            self.client
+                .associate_address()
+                .allocation_id(allocation_id)
+                .network_interface_id(eni_id)
+                .private_ip_address(private_ip.to_string())
+                .allow_reassociation(false)
+                .send(),
+        )
+        .await?;
         Ok(s(out.association_id()))
     }
 
     async fn disassociate_address(&self, association_id: &str) -> Result<()> {
         let op = Operation::DisassociateAddress;
-        self.client
-            .disassociate_address()
-            .association_id(association_id)
-            .send()
-            .await
-            .map_err(|e| map_err(op, e))?;
+        send(
+            op,
+            self.client
+                .disassociate_address()
+                .association_id(association_id)
+                .send(),
+        )
+        .await?;
         Ok(())
     }
 }

@@ -22,6 +22,7 @@ use crate::clock::now;
 use crate::reconcile::metrics::RuntimeMetrics;
 
 mod create;
+mod gone;
 
 /// A success worth an Event.
 #[derive(Clone, Debug, PartialEq, Eq)]

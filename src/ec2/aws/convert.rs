@@ -10,6 +10,17 @@ use ipnet::Ipv4Net;
 use crate::ec2::Ec2Error;
 use crate::ec2::model::*;
 
+/// One SDK request sent: its answer, or its error as ours ([`map_err`]).
+pub(super) async fn send<T, E>(
+    op: Operation,
+    request: impl Future<Output = Result<T, SdkError<E, HttpResponse>>>,
+) -> crate::ec2::Result<T>
+where
+    E: ProvideErrorMetadata + std::error::Error + 'static,
+{
+    request.await.map_err(|e| map_err(op, e))
+}
+
 /// SDK error -> typed error. Service answers are classified by code, message and HTTP status;
 /// failures without an answer are transient.
 pub(super) fn map_err<E>(op: Operation, err: SdkError<E, HttpResponse>) -> Ec2Error

@@ -12,10 +12,7 @@ use crate::ipam::admission::Finalize;
 use crate::k8s::input::InvalidNode;
 use crate::k8s::sink::{NodeRef, NodeSink, SinkError};
 use crate::reconcile::events::{self, EventReason};
-use crate::reconcile::finalizer::{
-    GoneNode, gone_node, instance_state, releasable, release_instance_enis,
-};
-use crate::reconcile::metrics;
+use crate::reconcile::finalizer::{GoneNode, gone_node};
 use crate::reconcile::queue::Outcome;
 use crate::reconcile::shared::Shared;
 use crate::reconcile::status::WaitReason;
@@ -156,7 +153,7 @@ async fn give_back<E: Ec2, S: NodeSink>(
     // Only an instance of this cluster is touched (§15); one EC2 does not know any more has
     // nothing attached to touch (our ENIs left behind are released by their tags).
     if inner.config.require_cluster_tag {
-        let tagged = super::cluster_tag::tagged(inner, instance)
+        let tagged = super::ec2_facts::tagged(inner, instance)
             .await
             .map_err(|e| format!("cannot read the tags of {instance}: {e}"))?;
         if tagged == Some(false) {
@@ -276,13 +273,7 @@ async fn instance_holds<E: Ec2, S: NodeSink>(
     if crate::mutants::active("release-running-instance") {
         return Ok(None);
     }
-    let state = match instance_state(&*inner.ec2, instance).await {
-        Ok(state) => state,
-        Err(e) => {
-            events::count_ec2_error(&inner.metrics, &e);
-            return Err(format!("cannot tell whether {instance} still runs: {e}"));
-        }
-    };
+    let state = super::ec2_facts::instance_state(inner, instance).await?;
     let now = clock::now();
     let since = inner
         .with_slot(name, |s| *s.node_gone_since.get_or_insert(now))
@@ -312,35 +303,19 @@ async fn instance_holds<E: Ec2, S: NodeSink>(
     }
 }
 
-/// Detach and delete the instance's ENIs of ours.
+/// Detach and delete the instance's ENIs of ours (the executor's action).
 async fn release<E: Ec2, S: NodeSink>(
     inner: &Shared<E, S>,
     instance: &str,
     said: &mut Said,
 ) -> Result<(), crate::ec2::Ec2Error> {
-    let m = &inner.metrics;
-    // Describes lag behind these detaches (and a timeout can hide one that took effect): if the
-    // Node comes back, the cache must not hand its new CiliumNode a lagging listing's ENIs.
     let cluster = &inner.config.ipam.cluster_name;
-    let mark = || {
-        let mut cache = inner.cache.write().expect("cache");
-        cache.releasing(instance, clock::now(), |e| releasable(e, cluster, instance));
-    };
-    mark();
-    let released =
-        release_instance_enis(&*inner.ec2, &inner.config.ipam.cluster_name, instance).await;
-    mark();
-    match released {
-        Ok(n) => {
-            m.eni_deleted(metrics::DELETED_NODE_GONE, n as u64);
-            if n > 0 {
-                let message = format!("detached and deleted {n} ENIs of {instance}");
-                said.event(EventReason::EnisReleased, message);
-            }
-            Ok(())
-        }
-        Err(e) => Err(e),
+    let n = inner.executor.give_back_enis(cluster, instance).await?;
+    if n > 0 {
+        let message = format!("detached and deleted {n} ENIs of {instance}");
+        said.event(EventReason::EnisReleased, message);
     }
+    Ok(())
 }
 
 /// A CiliumNode that does not parse. Its deletion works from metadata alone (with the Node

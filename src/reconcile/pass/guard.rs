@@ -1,17 +1,14 @@
 //! The handover guard's facts for the admission (§16): who wrote the node, Cilium's Lease and
-//! release, the Cilium ENIs new on the instance; whether a describe shows what another
-//! allocator did before our takeover; and the ignore annotation set while Cilium's leader
-//! blocks a node. [`crate::ipam::admission`] decides; the report step says why a node waits.
-
-use std::time::Duration;
+//! release, the Cilium ENIs new on the instance (whether a describe shows what another
+//! allocator did before our takeover is an EC2 fact: [`super::ec2_facts::settled`]); and the
+//! ignore annotation set while Cilium's leader blocks a node. [`crate::ipam::admission`] decides; the report step says why a node waits.
 
 use tracing::debug;
 
-use crate::cache::DESCRIBE_LAG;
 use crate::clock;
 use crate::crd::{CILIUM_IGNORE_ANNOTATION, CiliumNode};
 use crate::ec2::Ec2;
-use crate::ipam::admission::{GUARD_RETRY, GuardFacts, Settled};
+use crate::ipam::admission::GuardFacts;
 use crate::ipam::handover;
 use crate::ipam::ownership::is_owned_by;
 use crate::k8s::sink::{NodeRef, NodeSink};
@@ -64,47 +61,6 @@ pub(super) async fn annotate<E: Ec2, S: NodeSink>(
         Ok(Some(fresh)) => inner.store(name, &fresh, ticket),
         Ok(None) => {}
         Err(e) => debug!(node = name, error = %e, "could not set {CILIUM_IGNORE_ANNOTATION}"),
-    }
-}
-
-/// Another allocator wrote the node's pool after us (a node just handed over): plan only from a
-/// listing of its instance that started at least [`DESCRIBE_LAG`] after that write, or a
-/// describe may still hide that allocator's last assigns and our pool write would drop addresses
-/// EC2 has (found by the e2e `handover` scenario on ec2-sim; docs/rules.md §14.3). The node
-/// keeps its pool meanwhile; nothing is written or called for it.
-pub(super) async fn settled<E: Ec2, S: NodeSink>(
-    inner: &Shared<E, S>,
-    name: &str,
-    instance: &str,
-    writers: &handover::Writers,
-) -> Settled {
-    let Some(at) = handover::unsettled_foreign_write(writers) else {
-        return Settled::Yes;
-    };
-    let now = clock::now();
-    let age = Duration::try_from(inner.wall_now().duration_since(at)).unwrap_or_default();
-    // managedFields times are truncated to the second: the write may be up to 1 s later.
-    let written = now.checked_sub(age).unwrap_or(now) + Duration::from_secs(1);
-    let trusted_from = written + DESCRIBE_LAG;
-    let listed = |inner: &Shared<E, S>| {
-        let cache = inner.cache.read().expect("cache");
-        cache.instance(instance).and_then(|e| e.listed_at)
-    };
-    if listed(inner).is_some_and(|t| t >= trusted_from) {
-        return Settled::Yes;
-    }
-    if now < trusted_from {
-        debug!(
-            node = name,
-            "waiting for EC2 to show the other allocator's last calls"
-        );
-        return Settled::WaitFor(trusted_from - now);
-    }
-    inner.refresh_instances(&[instance.to_string()], &[]).await;
-    if listed(inner).is_some_and(|t| t >= trusted_from) {
-        Settled::Yes
-    } else {
-        Settled::WaitFor(GUARD_RETRY)
     }
 }
 

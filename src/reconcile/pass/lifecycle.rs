@@ -22,7 +22,7 @@ use crate::reconcile::shared::Shared;
 
 use super::said::{self, End, Said};
 use super::snapshot::Snapshot;
-use super::{DONE, FAILED, Step, Verdict, cluster_tag, finalize, guard, identity};
+use super::{DONE, FAILED, Step, Verdict, ec2_facts, finalize, guard, identity};
 
 /// The admitted node to serve, or the end of the pass.
 pub(super) async fn admit<E: Ec2, S: NodeSink>(
@@ -104,13 +104,13 @@ async fn read<E: Ec2, S: NodeSink>(
             // A Node found again under the name changes what the watch told.
             (facts.identity, facts.rivals) = identity::read(inner, name, &instance);
         }
-        Need::ClusterTag => facts.cluster_tag = cluster_tag::read(inner, name, &instance).await,
+        Need::ClusterTag => facts.cluster_tag = ec2_facts::read(inner, name, &instance).await,
         Need::Guard => {
             let g = guard::read(inner, name, &facts.node, stored.writers());
             facts.guard = Guard::Read(Box::new(g));
         }
         Need::Settled => {
-            facts.settled = guard::settled(inner, name, &instance, stored.writers()).await;
+            facts.settled = ec2_facts::settled(inner, name, &instance, stored.writers()).await;
         }
     }
     Ok(())

@@ -1,16 +1,21 @@
 //! One pass over one node, as named steps in the order they run:
 //! [`snapshot`] (the node's slot, copied) -> [`lifecycle`] (the facts, and the one admission
 //! decision of [`crate::ipam::admission`] carried out: hand back, leave alone, finalize, wait,
-//! refuse, or take the admitted node over; may end the pass) -> [`plan`] (health, hold,
-//! limits, the engine's plan, the multi-pool re-read) -> [`execute`] (the one EC2 action) ->
-//! [`write`] (desired state, change set, sink) -> [`report`] (Events, next priority, what the
-//! slot keeps). [`static_ip`] runs between lifecycle and plan (a static IP comes before any
-//! allocation, as in Cilium). A step that ends the pass returns its [`Verdict`] as the error.
+//! refuse, or take the admitted node over; may end the pass) -> [`ec2_facts::for_plan`]
+//! (health, hold, limits) -> [`plan`] (the engine's plan, the multi-pool re-read) ->
+//! [`execute`] (the one EC2 action) -> [`write`] (desired state, change set, sink) ->
+//! [`report`] (Events, next priority, what the slot keeps). [`static_ip`] runs between
+//! lifecycle and the plan's facts (a static IP comes before any allocation, as in Cilium). A
+//! step that ends the pass returns its [`Verdict`] as the error.
+//!
+//! EC2 is read in [`ec2_facts`] (the facts a decision asks for, read before it) and changed
+//! only by the executor ([`crate::reconcile::executor`]): the engine's action, and the
+//! finalizer's and the static IP's calls.
 //!
 //! State: a pass owns its node's slot from snapshot to report (the queue never runs two passes
 //! of a node at once); the EC2 cache is shared, written only by the executor and refresher.
 
-mod cluster_tag;
+mod ec2_facts;
 mod execute;
 mod finalize;
 mod guard;
@@ -88,7 +93,8 @@ async fn chain<E: Ec2, S: NodeSink>(inner: &Shared<E, S>, name: &str) -> Result<
     let mut memory = std::mem::take(&mut snap.memory);
     let node = lifecycle::admit(inner, name, &snap).await?;
     let (node, statics) = static_ip::ensure(inner, name, node).await?;
-    let mut planned = plan::plan(inner, name, &node, &mut memory, &snap).await?;
+    let facts = ec2_facts::for_plan(inner, name, &node, &snap).await?;
+    let mut planned = plan::plan(inner, name, &node, &mut memory, &snap, facts).await?;
     statics.hold(&mut planned);
     let executed = execute::execute(inner, &planned, &mut memory).await;
     let written = write::write(inner, name, &node, &planned, &executed, &memory).await?;

@@ -1,13 +1,12 @@
-//! Step 3: decide the node's one action. Waits out an unhealthy EC2 view and a not-running
-//! hold, makes sure the instance type's limits are known, asks the engine, and re-reads the
-//! CiliumNode right before a multi-pool release (§7.4).
+//! Step 3: decide the node's one action from the facts [`super::ec2_facts::for_plan`] read
+//! (a healthy view, no hold, the type's limits): asks the engine, and re-reads the CiliumNode
+//! right before a multi-pool release (§7.4).
 
 use std::time::Instant;
 
-use tracing::{debug, info, warn};
+use tracing::{info, warn};
 
 use crate::cache::type_limits::Unresolved;
-use crate::clock::now;
 use crate::ec2::Ec2;
 use crate::ipam::admission::AdmittedNode;
 use crate::ipam::capacity::{self, InterfaceStats};
@@ -15,10 +14,10 @@ use crate::ipam::release::{allocated_cidrs, fresh_copy_refuses, readopted};
 use crate::ipam::withdrawal::status_lists;
 use crate::ipam::{self, Action, Generation, InstanceView, NodeMemory, NodePlan, Release};
 use crate::k8s::sink::NodeSink;
-use crate::reconcile::queue::Outcome;
 use crate::reconcile::shared::Shared;
 use crate::reconcile::status::WaitReason;
 
+use super::ec2_facts::PlanFacts;
 use super::said::{End, Said};
 use super::snapshot::Snapshot;
 use super::{DONE, FAILED, Step};
@@ -46,39 +45,15 @@ pub(super) async fn plan<E: Ec2, S: NodeSink>(
     node: &AdmittedNode,
     memory: &mut NodeMemory,
     snap: &Snapshot,
+    facts: PlanFacts,
 ) -> Result<Planned, End> {
-    let t = now();
-    let mut said = Said::default();
-    if !inner.cache.read().expect("cache").healthy {
-        // Never act on an EC2 view we could not refresh (§1.2).
-        let why = "the last full EC2 refresh failed: nothing changes on a stale view";
-        let retry = t + inner.config.unhealthy_retry;
-        said.wait(WaitReason::Ec2Unavailable, why, Some(retry));
-        let verdict = (Outcome::RetryAfter(inner.config.unhealthy_retry), None);
-        return Err(End::with(verdict, said));
-    }
-    if let Some(until) = snap.hold
-        && until > t
-    {
-        let why = "the instance was not running; left alone until then";
-        said.wait(WaitReason::NotRunning, why, Some(until));
-        return Err(End::with((Outcome::RetryAfter(until - t), None), said));
-    }
+    let PlanFacts {
+        at: t,
+        limits,
+        mut said,
+    } = facts;
     let instance_id = node.spec.instance_id.clone();
     let instance_type = node.spec.eni.instance_type.clone();
-    let limits = ensure_limits(inner, &instance_type).await.err();
-    if let Some(u) = &limits {
-        let why = match &u.error {
-            Some(e) => format!("limits of instance type {instance_type:?} unknown: {e}"),
-            None => format!("limits of instance type {instance_type:?} unknown"),
-        };
-        said.wait(WaitReason::LimitsUnknown, why, Some(u.retry_at));
-    }
-    if !instance_id.is_empty()
-        && let Some(e) = inner.executor.retry_pending(&instance_id).await
-    {
-        debug!(node = name, error = %e, "delete-on-termination retry failed");
-    }
     let (mut plan, interfaces) = {
         let cache = inner.cache.read().expect("cache");
         let held = super::held_back(&cache, node);
@@ -136,37 +111,6 @@ pub(super) async fn plan<E: Ec2, S: NodeSink>(
         interfaces,
         limits,
         said,
-    })
-}
-
-/// Make sure the type's limits are known: wait for its lookup in flight, else describe that
-/// type alone (`cache::type_limits`). `Err`: still unknown, and when to look again.
-async fn ensure_limits<E: Ec2, S: NodeSink>(
-    inner: &Shared<E, S>,
-    instance_type: &str,
-) -> Result<(), Unresolved> {
-    if instance_type.is_empty() || !inner.config.limits_via_api {
-        return Ok(());
-    }
-    let known = || {
-        inner
-            .cache
-            .read()
-            .expect("cache")
-            .limits
-            .contains_key(instance_type)
-    };
-    let types = [instance_type.to_string()];
-    let lookup = inner.type_lookups.ensure(instance_type, known, || {
-        inner.refresher.instance_types(&types)
-    });
-    lookup.await.inspect_err(|u| {
-        debug!(
-            instance_type,
-            error = u.error.as_deref().unwrap_or("not in the answer"),
-            retry_in = ?u.retry_at.saturating_duration_since(now()),
-            "instance type limits unknown; the node waits for the next lookup"
-        );
     })
 }
 

@@ -14,7 +14,7 @@ use crate::reconcile::queue::Outcome;
 use crate::reconcile::shadow::{EniSeen, Observation, ShadowBook};
 use crate::reconcile::shared::Shared;
 
-use super::{DONE, Step, Verdict, lifecycle, plan, report, snapshot};
+use super::{DONE, Step, Verdict, ec2_facts, lifecycle, plan, report, snapshot};
 
 pub(super) async fn pass<E: Ec2, S: NodeSink>(
     inner: &Shared<E, S>,
@@ -82,7 +82,11 @@ async fn steps<E: Ec2, S: NodeSink>(
     let mut memory = std::mem::take(&mut snap.memory);
     // Planning's waits go on the status page as the active operator's report puts them (a
     // shadow's plan says nothing else).
-    let mut planned = match plan::plan(inner, name, &node, &mut memory, &snap).await {
+    let planned = async {
+        let facts = ec2_facts::for_plan(inner, name, &node, &snap).await?;
+        plan::plan(inner, name, &node, &mut memory, &snap, facts).await
+    };
+    let mut planned = match planned.await {
         Ok(p) => p,
         Err(end) => {
             inner.with_slot(name, |s| s.memory = memory);

@@ -10,7 +10,7 @@
 use std::net::Ipv4Addr;
 
 use serde_json::json;
-use tracing::{debug, info};
+use tracing::info;
 
 use crate::crd::CiliumNode;
 use crate::ec2::{Ec2, Ec2Error};
@@ -128,7 +128,7 @@ enum Assigned {
     NotAllowed(Vec<String>),
 }
 
-/// Describe, then adopt or associate.
+/// Describe (the fact), decide, then associate (the executor's action).
 async fn assign<E: Ec2, S: NodeSink>(
     inner: &Shared<E, S>,
     tags: &crate::ec2::Tags,
@@ -143,25 +143,11 @@ async fn assign<E: Ec2, S: NodeSink>(
         Decision::NotAllowed(refused) => return Ok(Assigned::NotAllowed(refused)),
         Decision::Try(c) => c,
     };
-    for (allocation_id, public_ip) in candidates {
-        match inner
-            .ec2
-            .associate_address(&allocation_id, eni_id, private_ip)
-            .await
-        {
-            Ok(_) => return Ok(Assigned::Ip(public_ip)),
-            // Planted defect (dst-mutants): a lost race taken for a win.
-            Err(e) if e.is_already_associated() && crate::mutants::active("static-ip-race-won") => {
-                return Ok(Assigned::Ip(public_ip));
-            }
-            // Another node (or another tool) took it since the describe: the next one.
-            Err(e) if e.is_already_associated() => {
-                debug!(allocation_id, "Elastic IP taken meanwhile; trying the next");
-            }
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(Assigned::NoneFree)
+    let associated = inner
+        .executor
+        .associate_static(&candidates, eni_id, private_ip)
+        .await?;
+    Ok(associated.map_or(Assigned::NoneFree, Assigned::Ip))
 }
 
 /// Write `status.ipam.assigned-static-ip` (the agent waits for it).
@@ -223,27 +209,9 @@ pub(super) async fn disassociate<E: Ec2, S: NodeSink>(
     };
     let (key, value) = inner.config.ipam.static_ip_required_tag();
     let result = async {
-        let mut n = 0;
         let addresses = inner.ec2.describe_addresses(&tags).await?;
-        for a in addresses
-            .iter()
-            .filter(|a| static_ip::allowed(a, (&key, &value)))
-        {
-            let on_node = a
-                .network_interface_id
-                .as_ref()
-                .is_some_and(|eni| enis.contains(eni));
-            let Some(assoc) = a.association_id.as_deref().filter(|_| on_node) else {
-                continue;
-            };
-            match inner.ec2.disassociate_address(assoc).await {
-                // Gone already (a repeat whose first answer was lost, or the instance ended).
-                Ok(()) => n += 1,
-                Err(e) if e.is_not_found() => {}
-                Err(e) => return Err(e),
-            }
-        }
-        Ok::<_, Ec2Error>(n)
+        let on_node = associated_with(&addresses, &enis, (&key, &value));
+        inner.executor.disassociate_static(&on_node).await
     };
     match result.await {
         Ok(0) => Ok(()),
@@ -255,4 +223,22 @@ pub(super) async fn disassociate<E: Ec2, S: NodeSink>(
         }
         Err(e) => Err(e),
     }
+}
+
+/// The associations of addresses carrying the required tag on one of `enis`.
+fn associated_with(
+    addresses: &[crate::ec2::Address],
+    enis: &[String],
+    required: static_ip::RequiredTag<'_>,
+) -> Vec<String> {
+    addresses
+        .iter()
+        .filter(|a| static_ip::allowed(a, required))
+        .filter(|a| {
+            a.network_interface_id
+                .as_ref()
+                .is_some_and(|eni| enis.contains(eni))
+        })
+        .filter_map(|a| a.association_id.clone())
+        .collect()
 }
