@@ -260,10 +260,11 @@ fn restart(w: &mut World, t: u64, why: &str) {
         return;
     }
     let next_at = t + c.rng.random_range(3..=20);
-    c.leader = Leader::Restarting {
-        released: t,
-        next_at,
-    };
+    // The Lease is dated by the clock our operator and the API server read (the loop's second
+    // can lag it while a second's events await).
+    let released = w.seconds();
+    let Some(c) = w.cilium.as_mut() else { return };
+    c.leader = Leader::Restarting { released, next_at };
     c.shared.clear();
     let dropped = std::mem::take(&mut c.held).len();
     w.log(
@@ -299,26 +300,30 @@ pub fn tick(w: &mut World, t: u64) {
     {
         c.generation += 1;
         let holder = format!("cilium-operator-{}", c.generation);
+        let acquired = w.seconds();
+        let Some(c) = w.cilium.as_mut() else { return };
         c.leader = Leader::Running {
             holder: holder.clone(),
-            acquired: t,
+            acquired,
         };
         w.log(t, format!("Cilium's operator: {holder} takes the Lease"));
     }
+    let asked = asks_restart(w);
     let c = w.cilium.as_mut().expect("checked");
     if c.user_restart_at == Some(t) {
         c.user_restart_at = None;
-        if !c.held.is_empty() || !c.shared.is_empty() {
+        if asked || !c.held.is_empty() || !c.shared.is_empty() {
             restart(w, t, "the user restarts it: it holds nodes");
         }
     }
     // After the faults the user watches the operator-status of every node: a leader that holds
-    // one (again) is restarted once more.
+    // one (again), or one a node's status says may hold it, is restarted once more.
+    let asked = asks_restart(w);
     let c = w.cilium.as_mut().expect("checked");
     if c.after_faults
         && c.user_restart_at.is_none()
         && matches!(c.leader, Leader::Running { .. })
-        && (!c.held.is_empty() || !c.shared.is_empty())
+        && (asked || !c.held.is_empty() || !c.shared.is_empty())
     {
         c.user_restart_at = Some(t + USER_RESTART_AFTER);
     }
@@ -341,6 +346,23 @@ pub fn tick(w: &mut World, t: u64) {
             .is_some_and(|o| o.metadata.uid.as_deref() == Some(h.uid.as_str()))
     });
     tell(w);
+}
+
+/// What the user reads (docs/migrating-from-cilium.md, step 4): a node whose operator-status
+/// says Cilium's leader took over before the annotation waits until Cilium's operator restarts
+/// once more. The guard dates managedFields to the second, so it may say so of a leader that
+/// listed the node already annotated in that second: the user restarts all the same.
+fn asks_restart(w: &World) -> bool {
+    w.sink
+        .names()
+        .iter()
+        .filter_map(|n| w.sink.get(n))
+        .any(|o| {
+            o.status
+                .as_ref()
+                .and_then(|s| s.ipam.operator_status.error.as_deref())
+                .is_some_and(|e| e.starts_with("OtherAllocatorActive") && e.contains("restarts"))
+        })
 }
 
 /// Every running core of ours reads Cilium's Lease (the real one every 5 s; here at once and

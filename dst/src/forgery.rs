@@ -61,6 +61,11 @@ pub struct Forgery {
     rng: StdRng,
     /// Instances that are no node of the cluster: id -> their ENIs as they must stay.
     bystanders: BTreeMap<String, Vec<Print>>,
+    /// The calls that named each bystander while the harness set it up (its own attach).
+    named_at_setup: BTreeMap<String, u64>,
+    /// Bystanders named by a node whose Node has no providerID: describing the instance (its
+    /// primary address against the Node's InternalIP) is the one fact that refuses it (§15).
+    read_to_refuse: std::collections::BTreeSet<String>,
     /// The peered VPC, once made.
     peered: Option<Peered>,
     /// Forged CiliumNodes: name -> (kind, when it is deleted).
@@ -75,6 +80,8 @@ impl Forgery {
         Self {
             rng: StdRng::seed_from_u64(seed ^ 0xf0e6_e000_0000_0040),
             bystanders: BTreeMap::new(),
+            named_at_setup: BTreeMap::new(),
+            read_to_refuse: std::collections::BTreeSet::new(),
             peered: None,
             forged: BTreeMap::new(),
             rewritten: BTreeMap::new(),
@@ -97,6 +104,15 @@ impl Forgery {
     /// The peered VPC's instance, once made.
     pub fn peered_instance(&self) -> Option<&String> {
         self.peered.as_ref().map(|p| &p.instance)
+    }
+
+    /// Each bystander no call may name, with the calls that named it while the harness set it
+    /// up (one only an InternalIP can refuse is described: not in here).
+    pub fn bystanders_named_at_setup(&self) -> impl Iterator<Item = (&String, u64)> {
+        self.named_at_setup
+            .iter()
+            .filter(|(i, _)| !self.read_to_refuse.contains(*i))
+            .map(|(i, n)| (i, *n))
     }
 }
 
@@ -173,6 +189,8 @@ async fn bystander(w: &mut World, t: u64) -> String {
         ),
     );
     w.forgery.bystanders.insert(inst.id.clone(), enis);
+    let setup = w.sim.times_named(&inst.id);
+    w.forgery.named_at_setup.insert(inst.id.clone(), setup);
     inst.id
 }
 
@@ -279,6 +297,13 @@ async fn rewrite_instance_id(w: &mut World, t: u64) {
     }
     let name = served[w.forgery.rng.random_range(0..served.len())].clone();
     let instance = bystander(w, t).await;
+    let by_ip = w
+        .sink
+        .node(&name)
+        .is_some_and(|n| n.spec.and_then(|s| s.provider_id).is_none());
+    if by_ip {
+        w.forgery.read_to_refuse.insert(instance.clone());
+    }
     let Some(stored) = w
         .sink
         .update(&name, |n| n.spec.instance_id = instance.clone())

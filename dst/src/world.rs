@@ -529,12 +529,9 @@ impl World {
         if crate::statics::wants(self.next_node - 1) {
             n.spec.ipam.static_ip_tags = crate::statics::tags();
         }
-        crate::cilium::admit(self, &mut n);
         let node = self.put_node(&name, zone, &inst.id);
         self.node_event(Event::Apply(node));
-        let stored = self.sink.put(&n);
-        crate::cilium::created(self, &stored, t);
-        self.send(NodeInput::Upsert(Box::new(stored)));
+        self.agent_creates(n, t);
         let target = rng.random_range(0..=capacity);
         let multi_pool = self.agents.draw_multi_pool();
         self.log(
@@ -723,11 +720,20 @@ impl World {
                 .spec
                 .instance_id
                 .clone_from(&self.nodes[&name].instance_id);
-            let stored = self.sink.put(&again);
-            self.send(NodeInput::Upsert(Box::new(stored)));
+            self.agent_creates(again, t);
             self.nodes.get_mut(&name).expect("known").phase = Phase::Live;
             self.log(t, format!("{name}: agent writes its CiliumNode again"));
         }
+    }
+
+    /// An agent creates its node's CiliumNode: the API server's admission (the chart's
+    /// policy may annotate it), then Cilium's running leader sees the creation before we do.
+    /// Every agent creation goes through here, a node's first and a re-created one alike.
+    pub(crate) fn agent_creates(&mut self, mut n: CiliumNode, t: u64) {
+        crate::cilium::admit(self, &mut n);
+        let stored = self.sink.put(&n);
+        crate::cilium::created(self, &stored, t);
+        self.send(NodeInput::Upsert(Box::new(stored)));
     }
 
     /// The Node is gone: Kubernetes' garbage collector deletes the CiliumNode it owns.

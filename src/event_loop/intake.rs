@@ -68,7 +68,11 @@ pub(super) fn accept<E: Ec2, S: NodeSink>(inner: &Shared<E, S>, input: NodeInput
 
 /// Whether the instance a CiliumNode names may be described and managed before a pass judges
 /// the node (§15): only when its Node confirms it, or can only be checked against the describe.
-fn admitted<E: Ec2, S: NodeSink>(inner: &Shared<E, S>, name: &str, instance: &str) -> bool {
+pub(super) fn admitted<E: Ec2, S: NodeSink>(
+    inner: &Shared<E, S>,
+    name: &str,
+    instance: &str,
+) -> bool {
     let nodes = inner.nodes.lock().expect("nodes");
     nodes.may_describe(name, instance, inner.config.require_node)
 }

@@ -95,9 +95,12 @@ impl Loop {
             Done::Pass(name, outcome, again) => {
                 self.workers -= 1;
                 self.queue.finish(&name, outcome, now(), self.jitter.unit());
+                // The instance the object names now: an agent may have rewritten it while the
+                // pass ran, and one its Node does not confirm is never described (§15, N2).
                 if outcome == Outcome::Done
                     && again.is_some()
                     && let Some(i) = inner.instance_of(&name)
+                    && super::intake::admitted(inner, &name, &i)
                 {
                     self.schedule.changed(i);
                 }
