@@ -56,34 +56,47 @@ impl AwsEc2 {
     }
 }
 
+/// One page of a describe call, in the shape all of them share: the IDs, the filters, the page
+/// size (none when IDs are named) and the token; `|out| items` turns the answer into the page's items.
+macro_rules! describe_page {
+    ($self:ident, $op:ident, $call:ident.$set_ids:ident($ids:expr) $(.filters($filters:expr))?,
+     $token:expr, |$out:ident| $items:expr) => {{
+        let ids = $ids;
+        let page_size = $self.page_size(!ids.is_empty());
+        let $out = send(
+            Operation::$op,
+            $self
+                .client
+                .$call()
+                .$set_ids(non_empty(ids))
+                $(.set_filters(non_empty($filters)))?
+                .set_max_results(page_size)
+                .set_next_token($token)
+                .send(),
+        )
+        .await?;
+        Ok(page($items, $out.next_token()))
+    }};
+}
+
 impl Ec2 for AwsEc2 {
     async fn describe_instance_types(
         &self,
         types: &[String],
         next_token: Option<String>,
     ) -> Result<Page<InstanceTypeLimits>> {
-        let op = Operation::DescribeInstanceTypes;
-        let out = send(
-            op,
-            self.client
-                .describe_instance_types()
-                .set_instance_types(non_empty(
-                    types
-                        .iter()
-                        .map(|t| sdk::InstanceType::from(t.as_str()))
-                        .collect(),
-                ))
-                .set_max_results(self.page_size(!types.is_empty()))
-                .set_next_token(next_token)
-                .send(),
+        let types = types.iter().map(|t| sdk::InstanceType::from(t.as_str()));
+        describe_page!(
+            self,
+            DescribeInstanceTypes,
+            describe_instance_types.set_instance_types(types.collect::<Vec<_>>()),
+            next_token,
+            |out| out
+                .instance_types()
+                .iter()
+                .map(instance_type_limits)
+                .collect()
         )
-        .await?;
-        let items = out
-            .instance_types()
-            .iter()
-            .map(instance_type_limits)
-            .collect();
-        Ok(page(items, out.next_token()))
     }
 
     async fn describe_instances(
@@ -91,25 +104,20 @@ impl Ec2 for AwsEc2 {
         f: &InstanceFilter,
         next_token: Option<String>,
     ) -> Result<Page<Instance>> {
-        let op = Operation::DescribeInstances;
-        let out = send(
-            op,
-            self.client
-                .describe_instances()
-                .set_instance_ids(non_empty(f.ids.clone()))
-                .set_filters(non_empty(common_filters(&f.vpc_id, &f.tags)))
-                .set_max_results(self.page_size(!f.ids.is_empty()))
-                .set_next_token(next_token)
-                .send(),
+        describe_page!(
+            self,
+            DescribeInstances,
+            describe_instances
+                .set_instance_ids(f.ids.clone())
+                .filters(common_filters(&f.vpc_id, &f.tags)),
+            next_token,
+            |out| out
+                .reservations()
+                .iter()
+                .flat_map(|r| r.instances())
+                .map(instance)
+                .collect()
         )
-        .await?;
-        let items = out
-            .reservations()
-            .iter()
-            .flat_map(|r| r.instances())
-            .map(instance)
-            .collect();
-        Ok(page(items, out.next_token()))
     }
 
     async fn describe_network_interfaces(
@@ -117,7 +125,6 @@ impl Ec2 for AwsEc2 {
         f: &EniFilter,
         next_token: Option<String>,
     ) -> Result<Page<NetworkInterface>> {
-        let op = Operation::DescribeNetworkInterfaces;
         let mut filters = common_filters(&f.vpc_id, &f.tags);
         if !f.instance_ids.is_empty() {
             filters.push(filter("attachment.instance-id", f.instance_ids.clone()));
@@ -128,23 +135,19 @@ impl Ec2 for AwsEc2 {
         if let Some(state) = f.state {
             filters.push(filter("status", [state.as_str().to_string()]));
         }
-        let out = send(
-            op,
-            self.client
-                .describe_network_interfaces()
-                .set_network_interface_ids(non_empty(f.ids.clone()))
-                .set_filters(non_empty(filters))
-                .set_max_results(self.page_size(!f.ids.is_empty()))
-                .set_next_token(next_token)
-                .send(),
+        describe_page!(
+            self,
+            DescribeNetworkInterfaces,
+            describe_network_interfaces
+                .set_network_interface_ids(f.ids.clone())
+                .filters(filters),
+            next_token,
+            |out| out
+                .network_interfaces()
+                .iter()
+                .map(network_interface)
+                .collect()
         )
-        .await?;
-        let items = out
-            .network_interfaces()
-            .iter()
-            .map(network_interface)
-            .collect();
-        Ok(page(items, out.next_token()))
     }
 
     async fn describe_subnets(
@@ -152,20 +155,15 @@ impl Ec2 for AwsEc2 {
         f: &ResourceFilter,
         next_token: Option<String>,
     ) -> Result<Page<Subnet>> {
-        let op = Operation::DescribeSubnets;
-        let out = send(
-            op,
-            self.client
-                .describe_subnets()
-                .set_subnet_ids(non_empty(f.ids.clone()))
-                .set_filters(non_empty(common_filters(&f.vpc_id, &f.tags)))
-                .set_max_results(self.page_size(!f.ids.is_empty()))
-                .set_next_token(next_token)
-                .send(),
+        describe_page!(
+            self,
+            DescribeSubnets,
+            describe_subnets
+                .set_subnet_ids(f.ids.clone())
+                .filters(common_filters(&f.vpc_id, &f.tags)),
+            next_token,
+            |out| out.subnets().iter().filter_map(subnet).collect()
         )
-        .await?;
-        let items = out.subnets().iter().filter_map(subnet).collect();
-        Ok(page(items, out.next_token()))
     }
 
     async fn describe_vpcs(
@@ -173,23 +171,18 @@ impl Ec2 for AwsEc2 {
         f: &ResourceFilter,
         next_token: Option<String>,
     ) -> Result<Page<Vpc>> {
-        let op = Operation::DescribeVpcs;
         // The VPC's own ID is an ID filter here, not a `vpc-id` filter.
         let mut ids = f.ids.clone();
         ids.extend(f.vpc_id.iter().filter(|v| !f.ids.contains(v)).cloned());
-        let out = send(
-            op,
-            self.client
-                .describe_vpcs()
-                .set_vpc_ids(non_empty(ids.clone()))
-                .set_filters(non_empty(common_filters(&None, &f.tags)))
-                .set_max_results(self.page_size(!ids.is_empty()))
-                .set_next_token(next_token)
-                .send(),
+        describe_page!(
+            self,
+            DescribeVpcs,
+            describe_vpcs
+                .set_vpc_ids(ids)
+                .filters(common_filters(&None, &f.tags)),
+            next_token,
+            |out| out.vpcs().iter().filter_map(vpc).collect()
         )
-        .await?;
-        let items = out.vpcs().iter().filter_map(vpc).collect();
-        Ok(page(items, out.next_token()))
     }
 
     async fn describe_security_groups(
@@ -197,28 +190,23 @@ impl Ec2 for AwsEc2 {
         f: &ResourceFilter,
         next_token: Option<String>,
     ) -> Result<Page<SecurityGroup>> {
-        let op = Operation::DescribeSecurityGroups;
-        let out = send(
-            op,
-            self.client
-                .describe_security_groups()
-                .set_group_ids(non_empty(f.ids.clone()))
-                .set_filters(non_empty(common_filters(&f.vpc_id, &f.tags)))
-                .set_max_results(self.page_size(!f.ids.is_empty()))
-                .set_next_token(next_token)
-                .send(),
+        describe_page!(
+            self,
+            DescribeSecurityGroups,
+            describe_security_groups
+                .set_group_ids(f.ids.clone())
+                .filters(common_filters(&f.vpc_id, &f.tags)),
+            next_token,
+            |out| out
+                .security_groups()
+                .iter()
+                .map(|g| SecurityGroup {
+                    id: s(g.group_id()),
+                    vpc_id: s(g.vpc_id()),
+                    tags: tags(g.tags()),
+                })
+                .collect()
         )
-        .await?;
-        let items = out
-            .security_groups()
-            .iter()
-            .map(|g| SecurityGroup {
-                id: s(g.group_id()),
-                vpc_id: s(g.vpc_id()),
-                tags: tags(g.tags()),
-            })
-            .collect();
-        Ok(page(items, out.next_token()))
     }
 
     async fn describe_route_tables(
@@ -226,20 +214,15 @@ impl Ec2 for AwsEc2 {
         f: &ResourceFilter,
         next_token: Option<String>,
     ) -> Result<Page<RouteTable>> {
-        let op = Operation::DescribeRouteTables;
-        let out = send(
-            op,
-            self.client
-                .describe_route_tables()
-                .set_route_table_ids(non_empty(f.ids.clone()))
-                .set_filters(non_empty(common_filters(&f.vpc_id, &f.tags)))
-                .set_max_results(self.page_size(!f.ids.is_empty()))
-                .set_next_token(next_token)
-                .send(),
+        describe_page!(
+            self,
+            DescribeRouteTables,
+            describe_route_tables
+                .set_route_table_ids(f.ids.clone())
+                .filters(common_filters(&f.vpc_id, &f.tags)),
+            next_token,
+            |out| out.route_tables().iter().map(route_table).collect()
         )
-        .await?;
-        let items = out.route_tables().iter().map(route_table).collect();
-        Ok(page(items, out.next_token()))
     }
 
     async fn create_network_interface(&self, r: &CreateEniRequest) -> Result<NetworkInterface> {
