@@ -106,143 +106,68 @@ impl<E: Ec2, L: Layer> Layered<E, L> {
     }
 }
 
-impl<E: Ec2, L: Layer> Ec2 for Layered<E, L> {
-    async fn describe_instance_types(
-        &self,
-        types: &[String],
-        next_token: Option<String>,
-    ) -> Result<Page<InstanceTypeLimits>> {
-        self.around(Operation::DescribeInstanceTypes, &|| {
-            attempt(
-                self.inner
-                    .describe_instance_types(types, next_token.clone()),
-            )
-        })
-        .await
-    }
+/// Each method of [`Ec2`] passed through the layer as one [`Call`] of its operation. A describe
+/// clones its page token for each attempt; every other argument is `Copy`.
+macro_rules! forward {
+    (
+        describes { $($describe:ident($filter:ty) -> $page:ty => $dop:ident;)* }
+        calls { $($name:ident($($arg:ident: $ty:ty),*) -> $out:ty => $op:ident;)* }
+        $($rest:item)*
+    ) => {
+        impl<E: Ec2, L: Layer> Ec2 for Layered<E, L> {
+            $(
+                async fn $describe(
+                    &self,
+                    filter: $filter,
+                    next_token: Option<String>,
+                ) -> Result<$page> {
+                    self.around(Operation::$dop, &|| {
+                        attempt(self.inner.$describe(filter, next_token.clone()))
+                    })
+                    .await
+                }
+            )*
+            $(
+                async fn $name(&self, $($arg: $ty),*) -> Result<$out> {
+                    self.around(Operation::$op, &|| attempt(self.inner.$name($($arg),*)))
+                        .await
+                }
+            )*
+            $($rest)*
+        }
+    };
+}
 
-    async fn describe_instances(
-        &self,
-        filter: &InstanceFilter,
-        next_token: Option<String>,
-    ) -> Result<Page<Instance>> {
-        self.around(Operation::DescribeInstances, &|| {
-            attempt(self.inner.describe_instances(filter, next_token.clone()))
-        })
-        .await
+forward! {
+    describes {
+        describe_instance_types(&[String]) -> Page<InstanceTypeLimits> => DescribeInstanceTypes;
+        describe_instances(&InstanceFilter) -> Page<Instance> => DescribeInstances;
+        describe_network_interfaces(&EniFilter) -> Page<NetworkInterface>
+            => DescribeNetworkInterfaces;
+        describe_subnets(&ResourceFilter) -> Page<Subnet> => DescribeSubnets;
+        describe_vpcs(&ResourceFilter) -> Page<Vpc> => DescribeVpcs;
+        describe_security_groups(&ResourceFilter) -> Page<SecurityGroup>
+            => DescribeSecurityGroups;
+        describe_route_tables(&ResourceFilter) -> Page<RouteTable> => DescribeRouteTables;
     }
-
-    async fn describe_network_interfaces(
-        &self,
-        filter: &EniFilter,
-        next_token: Option<String>,
-    ) -> Result<Page<NetworkInterface>> {
-        self.around(Operation::DescribeNetworkInterfaces, &|| {
-            attempt(
-                self.inner
-                    .describe_network_interfaces(filter, next_token.clone()),
-            )
-        })
-        .await
-    }
-
-    async fn describe_subnets(
-        &self,
-        filter: &ResourceFilter,
-        next_token: Option<String>,
-    ) -> Result<Page<Subnet>> {
-        self.around(Operation::DescribeSubnets, &|| {
-            attempt(self.inner.describe_subnets(filter, next_token.clone()))
-        })
-        .await
-    }
-
-    async fn describe_vpcs(
-        &self,
-        filter: &ResourceFilter,
-        next_token: Option<String>,
-    ) -> Result<Page<Vpc>> {
-        self.around(Operation::DescribeVpcs, &|| {
-            attempt(self.inner.describe_vpcs(filter, next_token.clone()))
-        })
-        .await
-    }
-
-    async fn describe_security_groups(
-        &self,
-        filter: &ResourceFilter,
-        next_token: Option<String>,
-    ) -> Result<Page<SecurityGroup>> {
-        self.around(Operation::DescribeSecurityGroups, &|| {
-            attempt(
-                self.inner
-                    .describe_security_groups(filter, next_token.clone()),
-            )
-        })
-        .await
-    }
-
-    async fn describe_route_tables(
-        &self,
-        filter: &ResourceFilter,
-        next_token: Option<String>,
-    ) -> Result<Page<RouteTable>> {
-        self.around(Operation::DescribeRouteTables, &|| {
-            attempt(self.inner.describe_route_tables(filter, next_token.clone()))
-        })
-        .await
-    }
-
-    async fn create_network_interface(
-        &self,
-        request: &CreateEniRequest,
-    ) -> Result<NetworkInterface> {
-        self.around(Operation::CreateNetworkInterface, &|| {
-            attempt(self.inner.create_network_interface(request))
-        })
-        .await
-    }
-
-    async fn attach_network_interface(
-        &self,
-        eni_id: &str,
-        instance_id: &str,
-        device_index: u32,
-    ) -> Result<String> {
-        self.around(Operation::AttachNetworkInterface, &|| {
-            attempt(
-                self.inner
-                    .attach_network_interface(eni_id, instance_id, device_index),
-            )
-        })
-        .await
-    }
-
-    async fn set_delete_on_termination(
-        &self,
-        eni_id: &str,
-        attachment_id: &str,
-        delete_on_termination: bool,
-    ) -> Result<()> {
-        self.around(Operation::ModifyNetworkInterfaceAttribute, &|| {
-            attempt(self.inner.set_delete_on_termination(
-                eni_id,
-                attachment_id,
-                delete_on_termination,
-            ))
-        })
-        .await
-    }
-
-    async fn assign_private_ip_addresses(
-        &self,
-        eni_id: &str,
-        request: AddressRequest,
-    ) -> Result<Assigned> {
-        self.around(Operation::AssignPrivateIpAddresses, &|| {
-            attempt(self.inner.assign_private_ip_addresses(eni_id, request))
-        })
-        .await
+    calls {
+        create_network_interface(request: &CreateEniRequest) -> NetworkInterface
+            => CreateNetworkInterface;
+        attach_network_interface(eni_id: &str, instance_id: &str, device_index: u32) -> String
+            => AttachNetworkInterface;
+        set_delete_on_termination(
+            eni_id: &str,
+            attachment_id: &str,
+            delete_on_termination: bool
+        ) -> () => ModifyNetworkInterfaceAttribute;
+        assign_private_ip_addresses(eni_id: &str, request: AddressRequest) -> Assigned
+            => AssignPrivateIpAddresses;
+        detach_network_interface(attachment_id: &str, force: bool) -> () => DetachNetworkInterface;
+        delete_network_interface(eni_id: &str) -> () => DeleteNetworkInterface;
+        describe_addresses(tags: &Tags) -> Vec<Address> => DescribeAddresses;
+        associate_address(allocation_id: &str, eni_id: &str, private_ip: Ipv4Addr) -> String
+            => AssociateAddress;
+        disassociate_address(association_id: &str) -> () => DisassociateAddress;
     }
 
     async fn unassign_private_ip_addresses(
@@ -266,48 +191,5 @@ impl<E: Ec2, L: Layer> Ec2 for Layered<E, L> {
             )
         };
         self.layer.around(call, &send).await
-    }
-
-    async fn detach_network_interface(&self, attachment_id: &str, force: bool) -> Result<()> {
-        self.around(Operation::DetachNetworkInterface, &|| {
-            attempt(self.inner.detach_network_interface(attachment_id, force))
-        })
-        .await
-    }
-
-    async fn delete_network_interface(&self, eni_id: &str) -> Result<()> {
-        self.around(Operation::DeleteNetworkInterface, &|| {
-            attempt(self.inner.delete_network_interface(eni_id))
-        })
-        .await
-    }
-
-    async fn describe_addresses(&self, tags: &Tags) -> Result<Vec<Address>> {
-        self.around(Operation::DescribeAddresses, &|| {
-            attempt(self.inner.describe_addresses(tags))
-        })
-        .await
-    }
-
-    async fn associate_address(
-        &self,
-        allocation_id: &str,
-        eni_id: &str,
-        private_ip: Ipv4Addr,
-    ) -> Result<String> {
-        self.around(Operation::AssociateAddress, &|| {
-            attempt(
-                self.inner
-                    .associate_address(allocation_id, eni_id, private_ip),
-            )
-        })
-        .await
-    }
-
-    async fn disassociate_address(&self, association_id: &str) -> Result<()> {
-        self.around(Operation::DisassociateAddress, &|| {
-            attempt(self.inner.disassociate_address(association_id))
-        })
-        .await
     }
 }
