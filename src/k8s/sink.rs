@@ -73,24 +73,20 @@ pub enum SinkError {
 
 pub type SinkResult<T> = Result<T, SinkError>;
 
+/// What a write answers: the object after it (`None` when it took effect but the object does
+/// not parse: an invalid CiliumNode's error report).
+pub type Written = SinkResult<Option<CiliumNode>>;
+
 /// The core's only way to the outside world.
 pub trait NodeSink: Send + Sync + 'static {
     /// Apply the change set's writes in order. Returns the object after the last write (`None`
     /// when it took effect but the object does not parse: an invalid CiliumNode's error report).
-    fn apply(
-        &self,
-        node: &NodeRef,
-        changes: &ChangeSet,
-    ) -> impl Future<Output = SinkResult<Option<CiliumNode>>> + Send;
+    fn apply(&self, node: &NodeRef, changes: &ChangeSet) -> impl Future<Output = Written> + Send;
 
     fn event(&self, node: &NodeRef, event: NodeEvent) -> impl Future<Output = ()> + Send;
 
     /// Add (`present`) or remove our finalizer; a no-op when already so.
-    fn set_finalizer(
-        &self,
-        node: &NodeRef,
-        present: bool,
-    ) -> impl Future<Output = SinkResult<Option<CiliumNode>>> + Send;
+    fn set_finalizer(&self, node: &NodeRef, present: bool) -> impl Future<Output = Written> + Send;
 
     /// Set (`Some`) or remove (`None`) one annotation, touching no other key.
     fn set_annotation(
@@ -98,7 +94,7 @@ pub trait NodeSink: Send + Sync + 'static {
         node: &NodeRef,
         key: &str,
         value: Option<&str>,
-    ) -> impl Future<Output = SinkResult<Option<CiliumNode>>> + Send;
+    ) -> impl Future<Output = Written> + Send;
 
     fn delete(&self, name: &str) -> impl Future<Output = SinkResult<()>> + Send;
 
@@ -110,26 +106,21 @@ pub trait NodeSink: Send + Sync + 'static {
 
     /// The CiliumNode as the API server has it now (`None`: gone). For the last check before
     /// an irreversible EC2 call, when the watched copy may be seconds old.
-    fn fetch(&self, name: &str) -> impl Future<Output = SinkResult<Option<CiliumNode>>> + Send;
+    fn fetch(&self, name: &str) -> impl Future<Output = Written> + Send;
 }
 
 /// A shared sink is a sink (wrappers such as `fence::FencedSink` hold one).
 impl<S: NodeSink> NodeSink for std::sync::Arc<S> {
-    async fn apply(&self, node: &NodeRef, changes: &ChangeSet) -> SinkResult<Option<CiliumNode>> {
+    async fn apply(&self, node: &NodeRef, changes: &ChangeSet) -> Written {
         S::apply(self, node, changes).await
     }
     async fn event(&self, node: &NodeRef, event: NodeEvent) {
         S::event(self, node, event).await
     }
-    async fn set_finalizer(&self, node: &NodeRef, present: bool) -> SinkResult<Option<CiliumNode>> {
+    async fn set_finalizer(&self, node: &NodeRef, present: bool) -> Written {
         S::set_finalizer(self, node, present).await
     }
-    async fn set_annotation(
-        &self,
-        node: &NodeRef,
-        key: &str,
-        value: Option<&str>,
-    ) -> SinkResult<Option<CiliumNode>> {
+    async fn set_annotation(&self, node: &NodeRef, key: &str, value: Option<&str>) -> Written {
         S::set_annotation(self, node, key, value).await
     }
     async fn delete(&self, name: &str) -> SinkResult<()> {
@@ -138,7 +129,7 @@ impl<S: NodeSink> NodeSink for std::sync::Arc<S> {
     async fn node_exists(&self, name: &str) -> SinkResult<bool> {
         S::node_exists(self, name).await
     }
-    async fn fetch(&self, name: &str) -> SinkResult<Option<CiliumNode>> {
+    async fn fetch(&self, name: &str) -> Written {
         S::fetch(self, name).await
     }
 }
@@ -223,7 +214,7 @@ impl KubeSink {
 }
 
 impl NodeSink for KubeSink {
-    async fn apply(&self, node: &NodeRef, changes: &ChangeSet) -> SinkResult<Option<CiliumNode>> {
+    async fn apply(&self, node: &NodeRef, changes: &ChangeSet) -> Written {
         let mut version = node.resource_version.clone();
         let mut last = None;
         for (i, w) in changes.writes.iter().enumerate() {
@@ -279,7 +270,7 @@ impl NodeSink for KubeSink {
         }
     }
 
-    async fn set_finalizer(&self, node: &NodeRef, present: bool) -> SinkResult<Option<CiliumNode>> {
+    async fn set_finalizer(&self, node: &NodeRef, present: bool) -> Written {
         let Some(patch) = finalizer_patch(node, present) else {
             return Ok(None);
         };
@@ -296,12 +287,7 @@ impl NodeSink for KubeSink {
         }
     }
 
-    async fn set_annotation(
-        &self,
-        node: &NodeRef,
-        key: &str,
-        value: Option<&str>,
-    ) -> SinkResult<Option<CiliumNode>> {
+    async fn set_annotation(&self, node: &NodeRef, key: &str, value: Option<&str>) -> Written {
         let patch = annotation_patch(key, value);
         // Cilium's ignore annotation under its own field manager: its managedFields entry then
         // dates the handover (the handover guard compares it with Cilium's Lease).
@@ -342,7 +328,7 @@ impl NodeSink for KubeSink {
         }
     }
 
-    async fn fetch(&self, name: &str) -> SinkResult<Option<CiliumNode>> {
+    async fn fetch(&self, name: &str) -> Written {
         self.api
             .get_opt(name)
             .await

@@ -6,10 +6,9 @@
 use std::future::Future;
 use std::pin::Pin;
 
-use crate::crd::CiliumNode;
 use crate::ipam::ChangeSet;
 
-use super::sink::{NodeEvent, NodeRef, NodeSink, SinkResult};
+use super::sink::{NodeEvent, NodeRef, NodeSink, SinkResult, Written};
 
 /// One write of the [`NodeSink`] trait, as a layer sees it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -95,7 +94,7 @@ impl<S, L> LayeredSink<S, L> {
 }
 
 impl<S: NodeSink, L: SinkLayer> NodeSink for LayeredSink<S, L> {
-    async fn apply(&self, node: &NodeRef, changes: &ChangeSet) -> SinkResult<Option<CiliumNode>> {
+    async fn apply(&self, node: &NodeRef, changes: &ChangeSet) -> Written {
         let send = Box::pin(self.inner.apply(node, changes));
         self.layer.around(Write::Patch(node), send).await
     }
@@ -108,17 +107,12 @@ impl<S: NodeSink, L: SinkLayer> NodeSink for LayeredSink<S, L> {
         let _ = self.layer.around(Write::Event(node), send).await;
     }
 
-    async fn set_finalizer(&self, node: &NodeRef, present: bool) -> SinkResult<Option<CiliumNode>> {
+    async fn set_finalizer(&self, node: &NodeRef, present: bool) -> Written {
         let send = Box::pin(self.inner.set_finalizer(node, present));
         self.layer.around(Write::Finalizer(node), send).await
     }
 
-    async fn set_annotation(
-        &self,
-        node: &NodeRef,
-        key: &str,
-        value: Option<&str>,
-    ) -> SinkResult<Option<CiliumNode>> {
+    async fn set_annotation(&self, node: &NodeRef, key: &str, value: Option<&str>) -> Written {
         let send = Box::pin(self.inner.set_annotation(node, key, value));
         self.layer.around(Write::Annotation(node), send).await
     }
@@ -132,7 +126,7 @@ impl<S: NodeSink, L: SinkLayer> NodeSink for LayeredSink<S, L> {
         self.inner.node_exists(name).await
     }
 
-    async fn fetch(&self, name: &str) -> SinkResult<Option<CiliumNode>> {
+    async fn fetch(&self, name: &str) -> Written {
         self.inner.fetch(name).await
     }
 }

@@ -10,8 +10,8 @@ use eni_operator::crd::{CILIUM_IGNORE_ANNOTATION, CiliumNode};
 use eni_operator::ipam::handover::{HANDOVER_FIELD_MANAGER, OWN_FIELD_MANAGER};
 use eni_operator::ipam::{ChangeSet, Subresource};
 use eni_operator::k8s::sink::{
-    NodeEvent, NodeRef, NodeSink, SinkError, SinkResult, annotation_patch, finalizer_patch,
-    with_version,
+    NodeEvent, NodeRef, NodeSink, SinkError, SinkResult, Written, annotation_patch,
+    finalizer_patch, with_version,
 };
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
@@ -130,6 +130,14 @@ impl MemorySink {
             .map(|t| t.to_string())
     }
 
+    /// Records the agent as the manager of what `v` sets beyond `before`; the time it stamped.
+    fn record_agent(&self, v: &mut Value, before: &managed_fields::Owned) -> Option<String> {
+        let time = self.stamp();
+        let manager = |_: Option<&str>| managed_fields::AGENT_MANAGER;
+        managed_fields::record_at(v, before, manager, time.as_deref());
+        time
+    }
+
     /// The next `times` writes of the operator (patches and deletes) meet `fault`.
     pub fn inject_write_fault(&self, fault: WriteFault, times: usize) {
         let mut f = self.faults.lock().expect("faults");
@@ -222,25 +230,11 @@ impl MemorySink {
             {
                 v["metadata"]["managedFields"] = x.clone();
             }
-            let before = managed_fields::Owned::of(old);
-            let time = self.stamp();
-            managed_fields::record_at(
-                &mut v,
-                &before,
-                |_| managed_fields::AGENT_MANAGER,
-                time.as_deref(),
-            );
+            let _ = self.record_agent(&mut v, &managed_fields::Owned::of(old));
         } else {
             // A creator owns what it set, unless the test forges the record itself.
             if node.metadata.managed_fields.is_none() {
-                let before = managed_fields::Owned::default();
-                let time = self.stamp();
-                managed_fields::record_at(
-                    &mut v,
-                    &before,
-                    |_| managed_fields::AGENT_MANAGER,
-                    time.as_deref(),
-                );
+                let time = self.record_agent(&mut v, &managed_fields::Owned::default());
                 managed_fields::record_creator(
                     &mut v,
                     managed_fields::AGENT_MANAGER,
@@ -472,12 +466,7 @@ impl MemorySink {
 
     /// Apply a patch; returns the object after it, `None` when that does not parse (the patch
     /// still took effect, as on the API server).
-    fn patch(
-        &self,
-        name: &str,
-        patch: &Value,
-        sub: Option<Subresource>,
-    ) -> SinkResult<Option<CiliumNode>> {
+    fn patch(&self, name: &str, patch: &Value, sub: Option<Subresource>) -> Written {
         let time = self.stamp();
         let mut s = self.state.lock().expect("sink lock");
         s.next_version += 1;
@@ -536,7 +525,7 @@ impl MemorySink {
 }
 
 impl MemorySink {
-    fn apply_now(&self, node: &NodeRef, changes: &ChangeSet) -> SinkResult<Option<CiliumNode>> {
+    fn apply_now(&self, node: &NodeRef, changes: &ChangeSet) -> Written {
         let mut version = node.resource_version.clone();
         let mut last = None;
         for (i, w) in changes.writes.iter().enumerate() {
@@ -556,7 +545,7 @@ impl MemorySink {
 }
 
 impl NodeSink for MemorySink {
-    async fn apply(&self, node: &NodeRef, changes: &ChangeSet) -> SinkResult<Option<CiliumNode>> {
+    async fn apply(&self, node: &NodeRef, changes: &ChangeSet) -> Written {
         let answer = self.faulty_write(&node.name, || self.apply_now(node, changes));
         let slow = self.slow_answers.lock().expect("slow answers").pop_front();
         if let Some(delay) = slow {
@@ -573,19 +562,14 @@ impl NodeSink for MemorySink {
             .push((node.name.clone(), event));
     }
 
-    async fn set_finalizer(&self, node: &NodeRef, present: bool) -> SinkResult<Option<CiliumNode>> {
+    async fn set_finalizer(&self, node: &NodeRef, present: bool) -> Written {
         match finalizer_patch(node, present) {
             None => Ok(None),
             Some(p) => self.faulty_write(&node.name, || self.patch(&node.name, &p, None)),
         }
     }
 
-    async fn set_annotation(
-        &self,
-        node: &NodeRef,
-        key: &str,
-        value: Option<&str>,
-    ) -> SinkResult<Option<CiliumNode>> {
+    async fn set_annotation(&self, node: &NodeRef, key: &str, value: Option<&str>) -> Written {
         let p = annotation_patch(key, value);
         self.faulty_write(&node.name, || self.patch(&node.name, &p, None))
     }
@@ -603,7 +587,7 @@ impl NodeSink for MemorySink {
         Ok(!s.gone_nodes.contains(name))
     }
 
-    async fn fetch(&self, name: &str) -> SinkResult<Option<CiliumNode>> {
+    async fn fetch(&self, name: &str) -> Written {
         match self.raw(name) {
             None => Ok(None),
             // Like KubeSink's typed GET of an object our types reject.
