@@ -13,6 +13,22 @@ use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use serde_json::json;
 use tokio::process::{Child, Command};
 
+/// A local operator's environment: the ServiceAccount's kubeconfig, and test credentials for
+/// the emulator unless the caller's are set.
+fn local_env(cmd: &mut Command, kubeconfig: Option<&PathBuf>) {
+    if let Some(k) = kubeconfig {
+        cmd.env("KUBECONFIG", k);
+    }
+    for (k, v) in [
+        ("AWS_ACCESS_KEY_ID", "test"),
+        ("AWS_SECRET_ACCESS_KEY", "test"),
+    ] {
+        if std::env::var_os(k).is_none() {
+            cmd.env(k, v);
+        }
+    }
+}
+
 /// What a scenario needs from the operator.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct OperatorOptions {
@@ -224,17 +240,7 @@ impl Operators {
                         .stdout(out.try_clone()?)
                         .stderr(out)
                         .kill_on_drop(true);
-                    if let Some(k) = &kubeconfig {
-                        cmd.env("KUBECONFIG", k);
-                    }
-                    for (k, v) in [
-                        ("AWS_ACCESS_KEY_ID", "test"),
-                        ("AWS_SECRET_ACCESS_KEY", "test"),
-                    ] {
-                        if std::env::var_os(k).is_none() {
-                            cmd.env(k, v);
-                        }
-                    }
+                    local_env(&mut cmd, kubeconfig.as_ref());
                     if std::env::var_os("RUST_LOG").is_none() {
                         cmd.env("RUST_LOG", "info");
                     }
@@ -412,17 +418,7 @@ impl Operators {
             .args(["--output", "json"])
             .stdin(Stdio::null())
             .kill_on_drop(true);
-        if let Some(k) = kubeconfig {
-            cmd.env("KUBECONFIG", k);
-        }
-        for (k, v) in [
-            ("AWS_ACCESS_KEY_ID", "test"),
-            ("AWS_SECRET_ACCESS_KEY", "test"),
-        ] {
-            if std::env::var_os(k).is_none() {
-                cmd.env(k, v);
-            }
-        }
+        local_env(&mut cmd, kubeconfig.as_ref());
         let out = tokio::time::timeout(Duration::from_secs(120), cmd.output())
             .await
             .context("plan did not exit within 120 s")??;

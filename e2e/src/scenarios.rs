@@ -184,6 +184,15 @@ async fn eventually<T>(
     }
 }
 
+/// A check of [`eventually`] from its notes: met when there are none, else the notes joined.
+fn all_met(notes: Vec<String>) -> Result<std::result::Result<(), String>> {
+    Ok(if notes.is_empty() {
+        Ok(())
+    } else {
+        Err(notes.join("; "))
+    })
+}
+
 fn is_status(e: &kube::Error, code: u16) -> bool {
     matches!(e, kube::Error::Api(s) if s.code == code)
 }
@@ -429,11 +438,7 @@ impl Suite {
         if r.settled && r.pods == agent.pods() && served(avail, r.pods, r.unsatisfied, cap) {
             return Ok(Ok(()));
         }
-        let err = cn
-            .status
-            .as_ref()
-            .and_then(|s| s.ipam.operator_status.error.clone())
-            .unwrap_or_default();
+        let err = operator_error(&cn);
         Ok(Err(format!(
             "{} ({}, {}): pods {}, in use {}, unsatisfied {}, available {avail}, operator-status {err:?}",
             n.name,
@@ -483,11 +488,7 @@ impl Suite {
                 notes.push(n);
             }
         }
-        Ok(if notes.is_empty() {
-            Ok(())
-        } else {
-            Err(notes.join("; "))
-        })
+        all_met(notes)
     }
 
     async fn owned_enis(&self) -> Result<Vec<EniView>> {
@@ -501,6 +502,16 @@ impl Suite {
             .await?
             .into_iter()
             .filter(|e| e.tags.get(OWNER_INSTANCE_TAG).map(String::as_str) == Some(instance))
+            .collect())
+    }
+
+    /// The IDs of the ENIs we made for an instance: what "ENIs changed" checks compare.
+    async fn eni_ids_for(&self, instance: &str) -> Result<BTreeSet<String>> {
+        Ok(self
+            .enis_for(instance)
+            .await?
+            .into_iter()
+            .map(|e| e.id)
             .collect())
     }
 
@@ -569,11 +580,7 @@ impl Suite {
         let slack = self.cfg.gc * 2 + self.cfg.resync * 2 + Duration::from_secs(60);
         if let Err(e) = eventually(slack, "no ENI of ours left unattached", async || {
             let p = checks::owned_eni_problems(&self.owned_enis().await?);
-            Ok(if p.is_empty() {
-                Ok(())
-            } else {
-                Err(p.join("; "))
-            })
+            all_met(p)
         })
         .await
         {
@@ -617,11 +624,7 @@ impl Suite {
                         notes.push(format!("addresses on two nodes: {ours:?}"));
                     }
                 }
-                Ok(if notes.is_empty() {
-                    Ok(())
-                } else {
-                    Err(notes.join("; "))
-                })
+                all_met(notes)
             },
         )
         .await
@@ -729,11 +732,7 @@ impl Suite {
                 "no ENI of ours unattached after clean-up",
                 async || {
                     let p = checks::owned_eni_problems(&self.owned_enis().await?);
-                    Ok(if p.is_empty() {
-                        Ok(())
-                    } else {
-                        Err(p.join("; "))
-                    })
+                    all_met(p)
                 },
             )
             .await
@@ -817,15 +816,7 @@ impl Suite {
                 "{}: used has {used} entries",
                 self.nodes[i].name
             );
-            ensure!(
-                cn.metadata
-                    .finalizers
-                    .iter()
-                    .flatten()
-                    .any(|f| f == FINALIZER),
-                "{}: no finalizer",
-                self.nodes[i].name
-            );
+            ensure!(ours(&cn), "{}: no finalizer", self.nodes[i].name);
         }
         Ok(())
     }
@@ -994,12 +985,7 @@ impl Suite {
         // No loop: over three resyncs, no ENI is added or replaced.
         tokio::time::sleep(self.cfg.resync * 3).await;
         for i in [a, b] {
-            let after: BTreeSet<String> = self
-                .enis_for(&self.nodes[i].instance.id)
-                .await?
-                .into_iter()
-                .map(|e| e.id)
-                .collect();
+            let after = self.eni_ids_for(&self.nodes[i].instance.id).await?;
             ensure!(
                 after == before[&i],
                 "{}: ENIs changed while idle: {:?} -> {after:?}",
@@ -1063,12 +1049,7 @@ impl Suite {
         self.wait_served(&[a, b], self.cfg.timeout).await?;
         let mut before = BTreeMap::new();
         for i in [a, b] {
-            let ids: BTreeSet<String> = self
-                .enis_for(&self.nodes[i].instance.id)
-                .await?
-                .into_iter()
-                .map(|e| e.id)
-                .collect();
+            let ids = self.eni_ids_for(&self.nodes[i].instance.id).await?;
             before.insert(i, ids);
             self.set_pods(i, 2);
         }
@@ -1085,11 +1066,7 @@ impl Suite {
                     ));
                 }
             }
-            Ok(if notes.is_empty() {
-                Ok(())
-            } else {
-                Err(notes.join("; "))
-            })
+            all_met(notes)
         })
         .await?;
         let classic = self.nodes[a].agent.as_ref().unwrap().report();
@@ -1098,12 +1075,7 @@ impl Suite {
             "classic node released without a ready-for-release answer"
         );
         for i in [a, b] {
-            let ids: BTreeSet<String> = self
-                .enis_for(&self.nodes[i].instance.id)
-                .await?
-                .into_iter()
-                .map(|e| e.id)
-                .collect();
+            let ids = self.eni_ids_for(&self.nodes[i].instance.id).await?;
             ensure!(
                 ids == before[&i],
                 "{}: release changed ENIs {:?} -> {ids:?}",
@@ -1155,12 +1127,7 @@ impl Suite {
         // Only the CiliumNode goes (the Node stays): ENIs stay and are adopted again.
         let name_b = self.nodes[b].name.clone();
         let inst_b = self.nodes[b].instance.id.clone();
-        let enis_b: BTreeSet<String> = self
-            .enis_for(&inst_b)
-            .await?
-            .into_iter()
-            .map(|e| e.id)
-            .collect();
+        let enis_b = self.eni_ids_for(&inst_b).await?;
         self.nodes[b].agent.as_ref().unwrap().stop();
         self.cns()
             .delete(&name_b, &DeleteParams::background())
@@ -1173,12 +1140,7 @@ impl Suite {
             })
         })
         .await?;
-        let still: BTreeSet<String> = self
-            .enis_for(&inst_b)
-            .await?
-            .into_iter()
-            .map(|e| e.id)
-            .collect();
+        let still = self.eni_ids_for(&inst_b).await?;
         ensure!(
             still == enis_b,
             "ENIs of a live Node changed on CiliumNode deletion: {enis_b:?} -> {still:?}"
@@ -1188,12 +1150,7 @@ impl Suite {
             .await?;
         self.start_agent(b, Generation::MultiPool, 4);
         self.wait_served(&[b], self.cfg.timeout).await?;
-        let again: BTreeSet<String> = self
-            .enis_for(&inst_b)
-            .await?
-            .into_iter()
-            .map(|e| e.id)
-            .collect();
+        let again = self.eni_ids_for(&inst_b).await?;
         ensure!(
             again == enis_b,
             "recreated CiliumNode did not adopt its ENIs: {enis_b:?} -> {again:?}"
@@ -1566,11 +1523,7 @@ impl Suite {
                         ));
                     }
                 }
-                Ok(if notes.is_empty() {
-                    Ok(())
-                } else {
-                    Err(notes.join("; "))
-                })
+                all_met(notes)
             },
         )
         .await?;
@@ -2051,6 +2004,15 @@ fn assigned_static_ip(cn: &CiliumNode) -> String {
         .as_ref()
         .map(|s| s.ipam.assigned_static_ip.clone())
         .unwrap_or_default()
+}
+
+/// Whether the CiliumNode carries our finalizer.
+fn ours(cn: &CiliumNode) -> bool {
+    cn.metadata
+        .finalizers
+        .iter()
+        .flatten()
+        .any(|f| f == FINALIZER)
 }
 
 fn operator_error(cn: &CiliumNode) -> String {

@@ -10,7 +10,7 @@ use kube::api::{Api, DeleteParams, ListParams};
 use serde_json::Value;
 use testkit::agent::Generation;
 
-use super::{Suite, eventually};
+use super::{Suite, all_met, eventually};
 use crate::checks::NodeVariant;
 use crate::faultproxy::FaultProxy;
 use crate::operator::OperatorOptions;
@@ -183,11 +183,7 @@ impl Suite {
                     .iter()
                     .filter_map(|n| in_deficit(&summary, n).err())
                     .collect();
-                Ok(if notes.is_empty() {
-                    Ok(())
-                } else {
-                    Err(notes.join("; "))
-                })
+                all_met(notes)
             },
         )
         .await?;
@@ -589,12 +585,7 @@ impl Suite {
         let name_a = self.nodes[a].name.clone();
         eventually(self.cfg.timeout, "OtherAllocatorActive on A", async || {
             let events = self.warning_events(&name_a).await?;
-            let status = self
-                .cn(a)
-                .await?
-                .status
-                .and_then(|s| s.ipam.operator_status.error)
-                .unwrap_or_default();
+            let status = super::operator_error(&self.cn(a).await?);
             Ok(
                 if events.iter().any(|e| e.starts_with("OtherAllocatorActive"))
                     && status.contains("another allocator")
@@ -633,12 +624,7 @@ impl Suite {
         .await?;
         // The other allocator stops: after --handover-quiet the node is served again.
         eventually(self.cfg.timeout, "A's operator-status clear", async || {
-            let status = self
-                .cn(a)
-                .await?
-                .status
-                .and_then(|s| s.ipam.operator_status.error)
-                .unwrap_or_default();
+            let status = super::operator_error(&self.cn(a).await?);
             Ok(if status.is_empty() {
                 Ok(())
             } else {

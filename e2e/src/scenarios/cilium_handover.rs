@@ -18,7 +18,7 @@ use testkit::wire::clients::MutatingCall;
 
 use super::adopt::HANDOVER_LABEL;
 use super::real_cilium::work_dir;
-use super::{Abort, Suite, eventually};
+use super::{Abort, Suite, all_met, eventually};
 use crate::checks::NodeVariant;
 use crate::cilium_op::{self, CiliumOperator, Version};
 use crate::operator::OperatorOptions;
@@ -164,11 +164,7 @@ impl Suite {
                         ));
                     }
                 }
-                Ok(if notes.is_empty() {
-                    Ok(())
-                } else {
-                    Err(notes.join("; "))
-                })
+                all_met(notes)
             },
         )
         .await
@@ -266,25 +262,11 @@ impl Suite {
     /// against 1.16, which ignores `ipam.cilium.io/ignore`, the guard's refusal
     /// (`cilium_refusal.rs`). See the module doc and e2e/README.md.
     pub(super) async fn cilium_handover(&mut self) -> Result<()> {
-        let Some((sim, versions)) = self.cilium_versions("cilium-handover").await? else {
-            return Ok(());
-        };
-        for (n, v) in versions.into_iter().enumerate() {
-            if n > 0 {
-                self.check_invariants().await?;
-                self.cleanup().await?;
-            }
-            let t0 = Instant::now();
-            match v {
-                Version::V120 => self.cilium_handover_version(&sim, v).await?,
-                Version::V116 => self.cilium_handover_refused(&sim, v).await?,
-            }
-            println!(
-                "     cilium-handover {v}: passed in {:.0}s",
-                t0.elapsed().as_secs_f64()
-            );
-        }
-        Ok(())
+        self.per_cilium_version("cilium-handover", async |s, sim, v| match v {
+            Version::V120 => s.cilium_handover_version(sim, v).await,
+            Version::V116 => s.cilium_handover_refused(sim, v).await,
+        })
+        .await
     }
 
     async fn cilium_handover_version(&mut self, sim: &SimControl, v: Version) -> Result<()> {

@@ -124,13 +124,9 @@ impl Suite {
 
     /// `cilium-frozen-copy` (module doc).
     pub(super) async fn cilium_frozen_copy(&mut self) -> Result<()> {
-        let Some((sim, versions)) = self.cilium_versions("cilium-frozen-copy").await? else {
+        let Some(sim) = self.cilium_120("cilium-frozen-copy", "").await? else {
             return Ok(());
         };
-        if !versions.contains(&Version::V120) {
-            println!("NOT RUN cilium-frozen-copy: CILIUM_OPERATOR (1.20) is not set");
-            return Ok(());
-        }
         let g = self
             .add_node(
                 "m5.large",
@@ -227,13 +223,9 @@ impl Suite {
 
     /// `cilium-ipam-crd` (module doc).
     pub(super) async fn cilium_ipam_crd(&mut self) -> Result<()> {
-        let Some((sim, versions)) = self.cilium_versions("cilium-ipam-crd").await? else {
+        let Some(sim) = self.cilium_120("cilium-ipam-crd", "").await? else {
             return Ok(());
         };
-        if !versions.contains(&Version::V120) {
-            println!("NOT RUN cilium-ipam-crd: CILIUM_OPERATOR (1.20) is not set");
-            return Ok(());
-        }
         let h = self
             .add_node(
                 "m5.large",

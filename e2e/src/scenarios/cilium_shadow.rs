@@ -76,22 +76,10 @@ impl Suite {
 
     /// `cilium-shadow`: against each Cilium version given (see e2e/README.md).
     pub(super) async fn cilium_shadow(&mut self) -> Result<()> {
-        let Some((sim, versions)) = self.cilium_versions("cilium-shadow").await? else {
-            return Ok(());
-        };
-        for (n, v) in versions.into_iter().enumerate() {
-            if n > 0 {
-                self.check_invariants().await?;
-                self.cleanup().await?;
-            }
-            let t0 = Instant::now();
-            self.cilium_shadow_version(&sim, v).await?;
-            println!(
-                "     cilium-shadow {v}: passed in {:.0}s",
-                t0.elapsed().as_secs_f64()
-            );
-        }
-        Ok(())
+        self.per_cilium_version("cilium-shadow", async |s, sim, v| {
+            s.cilium_shadow_version(sim, v).await
+        })
+        .await
     }
 
     async fn cilium_shadow_version(&mut self, sim: &SimControl, v: Version) -> Result<()> {

@@ -23,7 +23,7 @@ use kube::core::GroupVersionKind;
 use testkit::agent::Generation;
 
 use super::cilium_handover::calls_on;
-use super::{Suite, eventually, is_status};
+use super::{Suite, all_met, eventually, is_status};
 use crate::checks::{self, NodeVariant};
 use crate::cilium_op::{self, CiliumOperator, Version};
 use crate::operator::OperatorOptions;
@@ -125,15 +125,10 @@ impl Suite {
     /// One handover, then the nodes that join with the policy, then (policy removed, same
     /// cluster and Cilium operator) those that join without it.
     pub(super) async fn cilium_steady_state(&mut self) -> Result<()> {
-        let Some((sim, versions)) = self.cilium_versions("cilium-steady-state").await? else {
+        let why = "; 1.16 refuses every handover (cilium-handover)";
+        let Some(sim) = self.cilium_120("cilium-steady-state", why).await? else {
             return Ok(());
         };
-        if !versions.contains(&Version::V120) {
-            println!(
-                "NOT RUN cilium-steady-state: CILIUM_OPERATOR (1.20) is not set; 1.16 refuses every handover (cilium-handover)"
-            );
-            return Ok(());
-        }
         let t0 = Instant::now();
         let mut first = Vec::new();
         for zone in [0, 1] {
@@ -188,11 +183,7 @@ impl Suite {
                         notes.push(format!("{}: {status:?}", self.nodes[i].name));
                     }
                 }
-                Ok(if notes.is_empty() {
-                    Ok(())
-                } else {
-                    Err(notes.join("; "))
-                })
+                all_met(notes)
             },
         )
         .await?;

@@ -20,7 +20,6 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow, bail, ensure};
-use eni_operator::crd::FINALIZER;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, Container};
@@ -28,7 +27,7 @@ use kube::api::{Api, DeleteParams};
 use testkit::agent::Generation;
 use tokio::process::Command;
 
-use super::{Suite, eventually};
+use super::{Suite, eventually, ours};
 use crate::checks::NodeVariant;
 
 const RELEASE: &str = "eni-operator-helm";
@@ -41,33 +40,28 @@ const EVERY_VALUE_NAMESPACES: &[&str] = &["cilium", "monitoring"];
 
 /// The Prometheus Operator's two CRDs, reduced to what the API server needs to accept the chart's
 /// ServiceMonitor and PrometheusRule (the dry run of every value).
-const MONITORING_CRDS: &str = r#"
-apiVersion: apiextensions.k8s.io/v1
+fn monitoring_crds() -> String {
+    ["ServiceMonitor", "PrometheusRule"]
+        .map(|kind| {
+            let singular = kind.to_lowercase();
+            format!(
+                r#"apiVersion: apiextensions.k8s.io/v1
 kind: CustomResourceDefinition
-metadata: {name: servicemonitors.monitoring.coreos.com}
+metadata: {{name: {singular}s.monitoring.coreos.com}}
 spec:
   group: monitoring.coreos.com
   scope: Namespaced
-  names: {kind: ServiceMonitor, plural: servicemonitors, singular: servicemonitor, listKind: ServiceMonitorList}
+  names: {{kind: {kind}, plural: {singular}s, singular: {singular}, listKind: {kind}List}}
   versions:
     - name: v1
       served: true
       storage: true
-      schema: {openAPIV3Schema: {type: object, x-kubernetes-preserve-unknown-fields: true}}
----
-apiVersion: apiextensions.k8s.io/v1
-kind: CustomResourceDefinition
-metadata: {name: prometheusrules.monitoring.coreos.com}
-spec:
-  group: monitoring.coreos.com
-  scope: Namespaced
-  names: {kind: PrometheusRule, plural: prometheusrules, singular: prometheusrule, listKind: PrometheusRuleList}
-  versions:
-    - name: v1
-      served: true
-      storage: true
-      schema: {openAPIV3Schema: {type: object, x-kubernetes-preserve-unknown-fields: true}}
-"#;
+      schema: {{openAPIV3Schema: {{type: object, x-kubernetes-preserve-unknown-fields: true}}}}
+"#
+            )
+        })
+        .join("---\n")
+}
 
 fn chart() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../charts/eni-operator")
@@ -84,11 +78,7 @@ fn work_dir() -> PathBuf {
 async fn output(program: &Path, args: &[&str], stdin: Option<&[u8]>) -> Result<String> {
     let mut cmd = Command::new(program);
     cmd.args(args)
-        .stdin(if stdin.is_some() {
-            Stdio::piped()
-        } else {
-            Stdio::null()
-        })
+        .stdin(testkit::piped_if(stdin.is_some()))
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .kill_on_drop(true);
@@ -179,12 +169,8 @@ impl Suite {
             let yaml = format!("apiVersion: v1\nkind: Namespace\nmetadata: {{name: {ns}}}\n");
             output(&kubectl, &["apply", "-f", "-"], Some(yaml.as_bytes())).await?;
         }
-        output(
-            &kubectl,
-            &["apply", "-f", "-"],
-            Some(MONITORING_CRDS.as_bytes()),
-        )
-        .await?;
+        let crds = monitoring_crds();
+        output(&kubectl, &["apply", "-f", "-"], Some(crds.as_bytes())).await?;
         output(
             &kubectl,
             &[
@@ -378,14 +364,7 @@ extraEnv:
             let idx = idx?;
             self.wait_served(&[idx], self.cfg.timeout).await?;
             let cn = self.cn(idx).await?;
-            ensure!(
-                cn.metadata
-                    .finalizers
-                    .iter()
-                    .flatten()
-                    .any(|f| f == FINALIZER),
-                "served, but no finalizer"
-            );
+            ensure!(ours(&cn), "served, but no finalizer");
             Ok::<_, anyhow::Error>(idx)
         }
         .await;
@@ -544,28 +523,13 @@ extraEnv:
         .await?;
         ensure!(leases.get_opt(LEASE).await?.is_none(), "the Lease is left");
         for cn in self.cns().list(&Default::default()).await?.items {
-            ensure!(
-                !cn.metadata
-                    .finalizers
-                    .iter()
-                    .flatten()
-                    .any(|f| f == FINALIZER),
-                "{:?} keeps our finalizer",
-                cn.metadata.name
-            );
+            ensure!(!ours(&cn), "{:?} keeps our finalizer", cn.metadata.name);
         }
         Ok(())
     }
 
     async fn has_finalizer(&self, idx: usize) -> Result<bool> {
-        Ok(self
-            .cn(idx)
-            .await?
-            .metadata
-            .finalizers
-            .iter()
-            .flatten()
-            .any(|f| f == FINALIZER))
+        Ok(ours(&self.cn(idx).await?))
     }
 
     /// A kubeconfig for the ServiceAccount `sa`: the suite's cluster, a token from `kubectl

@@ -105,6 +105,44 @@ impl Suite {
         Ok(Some((sim, versions)))
     }
 
+    /// Runs `run` against each Cilium version given (1.20 first), checking the invariants and
+    /// cleaning up between versions; NOT RUN when no binary is given.
+    pub(super) async fn per_cilium_version(
+        &mut self,
+        scenario: &str,
+        mut run: impl AsyncFnMut(&mut Self, &SimControl, Version) -> Result<()>,
+    ) -> Result<()> {
+        let Some((sim, versions)) = self.cilium_versions(scenario).await? else {
+            return Ok(());
+        };
+        for (n, v) in versions.into_iter().enumerate() {
+            if n > 0 {
+                self.check_invariants().await?;
+                self.cleanup().await?;
+            }
+            let t0 = Instant::now();
+            run(self, &sim, v).await?;
+            println!(
+                "     {scenario} {v}: passed in {:.0}s",
+                t0.elapsed().as_secs_f64()
+            );
+        }
+        Ok(())
+    }
+
+    /// ec2-sim's control connection for a scenario that needs Cilium 1.20; `None` (NOT RUN
+    /// printed, with `why` when given) without it.
+    pub(super) async fn cilium_120(&self, scenario: &str, why: &str) -> Result<Option<SimControl>> {
+        let Some((sim, versions)) = self.cilium_versions(scenario).await? else {
+            return Ok(None);
+        };
+        if !versions.contains(&Version::V120) {
+            println!("NOT RUN {scenario}: CILIUM_OPERATOR (1.20) is not set{why}");
+            return Ok(None);
+        }
+        Ok(Some(sim))
+    }
+
     /// The real operator's process died: stop waiting.
     fn cilium_exited(op: &mut CiliumOperator) -> Result<()> {
         match op.exited() {
