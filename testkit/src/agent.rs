@@ -769,6 +769,20 @@ mod tests {
         assert_eq!(step.unsatisfied, 12 - 5);
     }
 
+    /// The address leaves the pool and eni-1's addresses (EC2 took it back).
+    fn leave_pool_and_eni(cn: &mut CiliumNode, addr: &str) {
+        cn.spec.ipam.pool.remove(addr);
+        cn.status
+            .as_mut()
+            .unwrap()
+            .eni
+            .enis
+            .get_mut("eni-1")
+            .unwrap()
+            .addresses
+            .retain(|a| a != addr);
+    }
+
     #[test]
     fn classic_deletes_released_entries_once_the_address_left_the_pool() {
         let addrs = ips("10.0.1", 10..14);
@@ -783,16 +797,7 @@ mod tests {
             .insert("10.0.1.13".into(), "released".into());
         // Still in the pool: keep the entry.
         assert!(agent.step(&cn, 0).status_patch.is_none());
-        cn.spec.ipam.pool.remove("10.0.1.13");
-        cn.status
-            .as_mut()
-            .unwrap()
-            .eni
-            .enis
-            .get_mut("eni-1")
-            .unwrap()
-            .addresses
-            .retain(|a| a != "10.0.1.13");
+        leave_pool_and_eni(&mut cn, "10.0.1.13");
         let step = agent.step(&cn, 0);
         let patch = step.status_patch.unwrap();
         assert_eq!(
@@ -841,16 +846,7 @@ mod tests {
             restarted.step(&cn, 1).status_patch.is_none(),
             "adopts the reported used map"
         );
-        cn.spec.ipam.pool.remove("10.0.1.12");
-        cn.status
-            .as_mut()
-            .unwrap()
-            .eni
-            .enis
-            .get_mut("eni-1")
-            .unwrap()
-            .addresses
-            .retain(|a| a != "10.0.1.12");
+        leave_pool_and_eni(&mut cn, "10.0.1.12");
         let step = restarted.step(&cn, 1);
         assert_eq!(step.violations.len(), 1, "{:?}", step.violations);
         assert!(step.violations[0].contains("10.0.1.12"));
@@ -1004,16 +1000,7 @@ mod tests {
             Value::Null
         );
         cn = apply(&cn, &step.spec_patch.unwrap());
-        cn.spec.ipam.pool.remove("10.0.1.10");
-        cn.status
-            .as_mut()
-            .unwrap()
-            .eni
-            .enis
-            .get_mut("eni-1")
-            .unwrap()
-            .addresses
-            .retain(|a| a != "10.0.1.10");
+        leave_pool_and_eni(&mut cn, "10.0.1.10");
         // Out of the status while in use: kept, still listed, nothing new taken from it.
         let step = agent.step(&cn, 0);
         assert!(step.violations.is_empty(), "{:?}", step.violations);

@@ -486,11 +486,7 @@ impl Kubectl {
             .arg("--kubeconfig")
             .arg(&self.kubeconfig)
             .args(args)
-            .stdin(if stdin.is_some() {
-                Stdio::piped()
-            } else {
-                Stdio::null()
-            })
+            .stdin(crate::piped_if(stdin.is_some()))
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()

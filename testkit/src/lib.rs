@@ -53,6 +53,15 @@ pub async fn wait_until(mut cond: impl FnMut() -> bool, limit: Duration) -> bool
     cond()
 }
 
+/// A child's stdin: a pipe when there is input to give it, else nothing.
+pub fn piped_if(input: bool) -> std::process::Stdio {
+    if input {
+        std::process::Stdio::piped()
+    } else {
+        std::process::Stdio::null()
+    }
+}
+
 /// C2 + demand: every pool address is listed on its ENI in status, and the pool holds at least
 /// `want` addresses.
 pub fn served(sink: &MemorySink, name: &str, want: usize) -> bool {
