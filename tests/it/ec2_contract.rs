@@ -84,14 +84,21 @@ macro_rules! sim_contract {
     )*};
 }
 
-sim_contract!(
-    describes,
-    create_attach_assign_unassign_detach_delete,
-    not_found_errors,
-    idempotent_create,
-    pagination,
-    limits_and_exhaustion,
-);
+/// The contract's checks, named once for every backend.
+macro_rules! each_check {
+    ($backend:ident) => {
+        $backend!(
+            describes,
+            create_attach_assign_unassign_detach_delete,
+            not_found_errors,
+            idempotent_create,
+            pagination,
+            limits_and_exhaustion,
+        );
+    };
+}
+
+each_check!(sim_contract);
 
 /// The same checks against moto: `AwsEc2` behind the gate, on a moto server of its own per test
 /// (moto's state is global to a server; separate servers keep parallel tests apart).
@@ -116,14 +123,7 @@ macro_rules! moto_contract {
     };
 }
 
-moto_contract!(
-    describes,
-    create_attach_assign_unassign_detach_delete,
-    not_found_errors,
-    idempotent_create,
-    pagination,
-    limits_and_exhaustion,
-);
+each_check!(moto_contract);
 
 /// The same checks against `ec2-sim`: the simulator served as the EC2 Query API on a free
 /// loopback port in this test's runtime, `AwsEc2` (the real aws-sdk-ec2) behind the gate as its
@@ -155,14 +155,7 @@ macro_rules! wire_contract {
     };
 }
 
-wire_contract!(
-    describes,
-    create_attach_assign_unassign_detach_delete,
-    not_found_errors,
-    idempotent_create,
-    pagination,
-    limits_and_exhaustion,
-);
+each_check!(wire_contract);
 
 /// Elastic IPs (static IPs) on the simulator: two tagged addresses and an untagged one.
 #[tokio::test]
