@@ -3,10 +3,10 @@
 //! and that describes lag behind changes ("Eventual consistency in the Amazon EC2 API").
 
 use std::net::Ipv4Addr;
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 use std::time::Duration;
 
-use eni_operator::cache::Ec2Cache;
+use crate::support::{cache_with, cached_ips};
 use eni_operator::crd::CiliumNode;
 use eni_operator::ec2::{
     AddressRequest, Ec2, EniFilter, EniState, NetworkInterface, Operation, Tags, collect_pages,
@@ -370,13 +370,8 @@ async fn an_assign_without_an_answer_does_not_take_back_addresses_just_unassigne
         .assign_private_ip_addresses(&primary, AddressRequest::Ips(4))
         .await
         .unwrap();
-    let cache = Arc::new(RwLock::new(Ec2Cache::for_cluster(CLUSTER)));
     let listed = described(&sim).await;
-    cache.write().unwrap().apply_instances(
-        std::slice::from_ref(&instance),
-        listed,
-        tokio::time::Instant::now().into_std(),
-    );
+    let cache = cache_with(CLUSTER, &instance, listed);
     let executor = Executor::new(Arc::new(sim.clone()), cache.clone());
     sim.set_eventual_consistency(Duration::from_secs(6), false, 4);
 
@@ -408,13 +403,7 @@ async fn an_assign_without_an_answer_does_not_take_back_addresses_just_unassigne
             fallback_ips: None,
         }))
         .await;
-    let known = cache
-        .read()
-        .unwrap()
-        .eni(&primary)
-        .unwrap()
-        .secondary_ips
-        .clone();
+    let known = cached_ips(&cache, &primary);
     assert!(
         !known.contains(&gone),
         "{gone} is back in the cache: {known:?}"

@@ -23,7 +23,7 @@ use testkit::{served, wait_until};
 
 use super::support::{
     CLUSTER, attached_enis, config, crash_between_create_and_attach, join, our_available_enis,
-    start,
+    start, started,
 };
 
 #[tokio::test(start_paused = true)]
@@ -157,9 +157,7 @@ const KARPENTER: &str = "karpenter.sh/termination";
 
 #[tokio::test(start_paused = true)]
 async fn a_draining_node_keeps_its_enis_until_it_is_gone() {
-    let w = Cluster::new();
-    let sink = Arc::new(MemorySink::new());
-    let (_core, tx, _task) = start(w.sim.clone(), &sink, config(4));
+    let (w, sink, (_core, tx, _task)) = started(config(4));
     let inst = join(&w, &sink, &tx, "d", 8).await;
     let node = sink.put_node("d", &[KARPENTER]);
     tx.send(node_input(Event::Apply(node)).unwrap())
@@ -201,9 +199,7 @@ async fn a_draining_node_keeps_its_enis_until_it_is_gone() {
 
 #[tokio::test(start_paused = true)]
 async fn an_unparsable_node_is_deleted_with_its_enis_once_its_node_is_gone() {
-    let w = Cluster::new();
-    let sink = Arc::new(MemorySink::new());
-    let (_core, tx, _task) = start(w.sim.clone(), &sink, config(4));
+    let (w, sink, (_core, tx, _task)) = started(config(4));
     let inst = join(&w, &sink, &tx, "bad", 8).await;
     let node = sink.put_node("bad", &[]);
     tx.send(node_input(Event::Apply(node)).unwrap())

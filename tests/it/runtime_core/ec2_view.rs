@@ -12,13 +12,11 @@ use testkit::sim::Simulator;
 use testkit::sink::MemorySink;
 use testkit::{served, wait_until};
 
-use super::support::{config, join, operator_error, start, start_with_cache};
+use super::support::{config, join, operator_error, start_with_cache, started};
 
 #[tokio::test(start_paused = true)]
 async fn an_unhealthy_ec2_view_blocks_mutations_until_a_full_refresh_succeeds() {
-    let w = Cluster::new();
-    let sink = Arc::new(MemorySink::new());
-    let (_core, tx, _task) = start(w.sim.clone(), &sink, config(4));
+    let (w, sink, (_core, tx, _task)) = started(config(4));
     join(&w, &sink, &tx, "n", 4).await;
     assert!(wait_until(|| served(&sink, "n", 4), Duration::from_secs(30)).await);
 

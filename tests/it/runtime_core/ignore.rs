@@ -4,20 +4,20 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use eni_operator::crd::FINALIZER;
+use eni_operator::crd::{CiliumNode, FINALIZER};
 use eni_operator::ec2::Tags;
 use eni_operator::event_loop::core::NodeInput;
 use testkit::cluster::{Cluster, agent_node};
 use testkit::sink::MemorySink;
 use testkit::{served, wait_until};
 
-use super::support::{attached_enis, config, join, start};
+use testkit::sim::Simulator;
+
+use super::support::{Running, attached_enis, config, join, start, started};
 
 #[tokio::test(start_paused = true)]
 async fn an_ignored_node_is_let_go_with_its_finalizer() {
-    let w = Cluster::new();
-    let sink = Arc::new(MemorySink::new());
-    let (_core, tx, _task) = start(w.sim.clone(), &sink, config(4));
+    let (w, sink, (_core, tx, _task)) = started(config(4));
     join(&w, &sink, &tx, "n", 4).await;
     assert!(wait_until(|| served(&sink, "n", 4), Duration::from_secs(30)).await);
     let n = sink
@@ -48,9 +48,7 @@ async fn an_ignored_node_is_let_go_with_its_finalizer() {
 #[tokio::test(start_paused = true)]
 async fn a_node_cilium_is_told_to_ignore_is_served_by_us() {
     // `ipam.cilium.io/ignore` hands the node over from Cilium's operator (C10): we serve it.
-    let w = Cluster::new();
-    let sink = Arc::new(MemorySink::new());
-    let (_core, tx, _task) = start(w.sim.clone(), &sink, config(4));
+    let (w, sink, (_core, tx, _task)) = started(config(4));
     let inst = w.instance();
     let mut node = agent_node(&w, "handed-over", &inst.id, 12);
     node.metadata.annotations = Some(
@@ -65,6 +63,36 @@ async fn a_node_cilium_is_told_to_ignore_is_served_by_us() {
     assert!(wait_until(|| served(&sink, "handed-over", 12), Duration::from_secs(60)).await);
 }
 
+/// A core that writes Cilium's ignore annotation, told of node "n" (annotated `team: net`).
+async fn annotating_with_team_node(
+    min_allocate: i64,
+) -> (Cluster, Arc<MemorySink>, Running<Simulator>) {
+    let w = Cluster::new();
+    let sink = Arc::new(MemorySink::new());
+    let mut cfg = config(4);
+    cfg.annotate_cilium_ignore = true;
+    let running = start(w.sim.clone(), &sink, cfg);
+    let inst = w.instance();
+    let mut node = agent_node(&w, "n", &inst.id, min_allocate);
+    node.metadata.annotations = Some([("team".to_string(), "net".to_string())].into());
+    let n = sink.put(&node);
+    running
+        .1
+        .send(NodeInput::Upsert(Box::new(n)))
+        .await
+        .unwrap();
+    (w, sink, running)
+}
+
+/// Someone else changes node "n"'s annotations.
+fn edit_annotations(
+    sink: &MemorySink,
+    f: impl FnOnce(&mut std::collections::BTreeMap<String, String>),
+) -> CiliumNode {
+    sink.update("n", |n| f(n.metadata.annotations.as_mut().unwrap()))
+        .unwrap()
+}
+
 fn annotation(sink: &MemorySink, name: &str, key: &str) -> Option<String> {
     sink.get(name)?.metadata.annotations?.get(key).cloned()
 }
@@ -72,16 +100,7 @@ fn annotation(sink: &MemorySink, name: &str, key: &str) -> Option<String> {
 #[tokio::test(start_paused = true)]
 async fn annotate_cilium_ignore_marks_served_nodes_once_and_keeps_other_annotations() {
     use eni_operator::crd::CILIUM_IGNORE_ANNOTATION;
-    let w = Cluster::new();
-    let sink = Arc::new(MemorySink::new());
-    let mut cfg = config(4);
-    cfg.annotate_cilium_ignore = true;
-    let (_core, tx, _task) = start(w.sim.clone(), &sink, cfg);
-    let inst = w.instance();
-    let mut node = agent_node(&w, "n", &inst.id, 8);
-    node.metadata.annotations = Some([("team".to_string(), "net".to_string())].into());
-    let n = sink.put(&node);
-    tx.send(NodeInput::Upsert(Box::new(n))).await.unwrap();
+    let (_w, sink, (_core, tx, _task)) = annotating_with_team_node(8).await;
     assert!(wait_until(|| served(&sink, "n", 8), Duration::from_secs(60)).await);
     assert_eq!(
         annotation(&sink, "n", CILIUM_IGNORE_ANNOTATION).as_deref(),
@@ -99,15 +118,9 @@ async fn annotate_cilium_ignore_marks_served_nodes_once_and_keeps_other_annotati
     assert_eq!(sink.writes("n"), writes, "no write in steady state");
 
     // Someone removes it: it comes back (and only it is written).
-    let n = sink
-        .update("n", |n| {
-            n.metadata
-                .annotations
-                .as_mut()
-                .unwrap()
-                .remove(CILIUM_IGNORE_ANNOTATION);
-        })
-        .unwrap();
+    let n = edit_annotations(&sink, |a| {
+        a.remove(CILIUM_IGNORE_ANNOTATION);
+    });
     tx.send(NodeInput::Upsert(Box::new(n))).await.unwrap();
     assert!(
         wait_until(
@@ -123,16 +136,7 @@ async fn annotate_cilium_ignore_marks_served_nodes_once_and_keeps_other_annotati
 #[tokio::test(start_paused = true)]
 async fn opting_a_node_out_removes_the_cilium_ignore_annotation() {
     use eni_operator::crd::{CILIUM_IGNORE_ANNOTATION, IGNORE_ANNOTATION};
-    let w = Cluster::new();
-    let sink = Arc::new(MemorySink::new());
-    let mut cfg = config(4);
-    cfg.annotate_cilium_ignore = true;
-    let (_core, tx, _task) = start(w.sim.clone(), &sink, cfg);
-    let inst = w.instance();
-    let mut node = agent_node(&w, "n", &inst.id, 4);
-    node.metadata.annotations = Some([("team".to_string(), "net".to_string())].into());
-    let n = sink.put(&node);
-    tx.send(NodeInput::Upsert(Box::new(n))).await.unwrap();
+    let (_w, sink, (_core, tx, _task)) = annotating_with_team_node(4).await;
     assert!(
         wait_until(
             || annotation(&sink, "n", CILIUM_IGNORE_ANNOTATION).is_some(),
@@ -140,15 +144,9 @@ async fn opting_a_node_out_removes_the_cilium_ignore_annotation() {
         )
         .await
     );
-    let n = sink
-        .update("n", |n| {
-            n.metadata
-                .annotations
-                .as_mut()
-                .unwrap()
-                .insert(IGNORE_ANNOTATION.into(), "true".into());
-        })
-        .unwrap();
+    let n = edit_annotations(&sink, |a| {
+        a.insert(IGNORE_ANNOTATION.into(), "true".into());
+    });
     tx.send(NodeInput::Upsert(Box::new(n))).await.unwrap();
     let let_go = || {
         sink.get("n").is_some_and(|n| {
@@ -172,9 +170,7 @@ async fn opting_a_node_out_removes_the_cilium_ignore_annotation() {
 #[tokio::test(start_paused = true)]
 async fn without_annotate_cilium_ignore_the_annotation_is_never_written() {
     use eni_operator::crd::CILIUM_IGNORE_ANNOTATION;
-    let w = Cluster::new();
-    let sink = Arc::new(MemorySink::new());
-    let (_core, tx, _task) = start(w.sim.clone(), &sink, config(4));
+    let (w, sink, (_core, tx, _task)) = started(config(4));
     join(&w, &sink, &tx, "n", 4).await;
     assert!(wait_until(|| served(&sink, "n", 4), Duration::from_secs(30)).await);
     assert_eq!(annotation(&sink, "n", CILIUM_IGNORE_ANNOTATION), None);

@@ -10,13 +10,11 @@ use testkit::cluster::{Cluster, agent_node};
 use testkit::sink::MemorySink;
 use testkit::{served, wait_until};
 
-use super::support::{config, join, operator_error, start, start_with_cache};
+use super::support::{config, join, operator_error, start_with_cache, started};
 
 #[tokio::test(start_paused = true)]
 async fn a_node_with_a_bad_spec_gets_an_error_and_the_rest_proceed() {
-    let w = Cluster::new();
-    let sink = Arc::new(MemorySink::new());
-    let (_core, tx, _task) = start(w.sim.clone(), &sink, config(4));
+    let (w, sink, (_core, tx, _task)) = started(config(4));
     // Malformed: a string where a number belongs. The source reports it per object.
     let inst = w.instance();
     let bad = sink.put(&agent_node(&w, "bad", &inst.id, 4));

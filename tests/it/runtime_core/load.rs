@@ -14,7 +14,9 @@ use testkit::sim::Simulator;
 use testkit::sink::MemorySink;
 use testkit::{served, wait_until};
 
-use super::support::{config, join, join_many, operator_error, our_available_enis, start};
+use super::support::{
+    config, join, join_many, operator_error, our_available_enis, start, started_gated,
+};
 
 #[tokio::test(start_paused = true)]
 async fn a_burst_of_nodes_all_reach_their_demand() {
@@ -172,9 +174,7 @@ async fn twenty_nodes_under_a_tenth_of_the_aws_rates_all_get_their_enis() {
         let (burst, rate) = b.aws_default();
         w.sim.set_bucket(b, (burst / 10).max(1), (rate / 10).max(1));
     }
-    let sink = Arc::new(MemorySink::new());
-    let gate = Gate::new(w.sim.clone(), GateConfig::aws_defaults());
-    let (_core, tx, _task) = start(gate, &sink, config(20));
+    let (sink, (_core, tx, _task)) = started_gated(&w, config(20));
     let names = join_many(&w, &sink, &tx, NODES, 8).await;
     let all = wait_until(
         || names.iter().all(|n| served(&sink, n, 8)),

@@ -1,26 +1,23 @@
 //! EC2 calls whose answer was lost: the effect is found, never doubled.
 
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 use std::time::Duration;
 
-use eni_operator::cache::Ec2Cache;
 use eni_operator::ec2::gate::{Gate, GateConfig};
 use eni_operator::ec2::{AddressRequest, Ec2, EniFilter, Operation, collect_pages};
 use eni_operator::event_loop::core::NodeInput;
 use eni_operator::ipam::{Action, Release};
 use eni_operator::reconcile::executor::Executor;
 use testkit::cluster::{Cluster, agent_node};
-use testkit::sink::MemorySink;
 use testkit::{served, wait_until};
 
-use super::support::{CLUSTER, config, join, operator_error, our_attached, start};
+use super::support::{CLUSTER, config, join, operator_error, our_attached, started_gated};
+use crate::support::{cache_with, cached_ips};
 
 #[tokio::test(start_paused = true)]
 async fn a_lost_answer_to_an_assign_does_not_double_the_addresses() {
     let w = Cluster::new();
-    let sink = Arc::new(MemorySink::new());
-    let gate = Gate::new(w.sim.clone(), GateConfig::aws_defaults());
-    let (_core, tx, _task) = start(gate, &sink, config(4));
+    let (sink, (_core, tx, _task)) = started_gated(&w, config(4));
     // m5.xlarge: 14 secondary addresses per ENI, room for a top-up and for its double.
     let inst = w
         .sim
@@ -75,12 +72,7 @@ async fn an_unassign_that_took_effect_counts_released_when_its_retry_meets_a_5xx
     let enis = collect_pages(|t| w.sim.describe_network_interfaces(&f, t))
         .await
         .unwrap();
-    let cache = Arc::new(RwLock::new(Ec2Cache::for_cluster(CLUSTER)));
-    cache.write().unwrap().apply_instances(
-        std::slice::from_ref(&inst.id),
-        enis,
-        tokio::time::Instant::now().into_std(),
-    );
+    let cache = cache_with(CLUSTER, &inst.id, enis);
     let gate = Gate::new(w.sim.clone(), GateConfig::aws_defaults());
     let executor = Executor::new(Arc::new(gate), cache.clone());
 
@@ -114,13 +106,7 @@ async fn an_unassign_that_took_effect_counts_released_when_its_retry_meets_a_5xx
         "the last answer was a 5xx, yet the release counts"
     );
     assert!(out.released.is_some());
-    let known = cache
-        .read()
-        .unwrap()
-        .eni(&primary)
-        .unwrap()
-        .secondary_ips
-        .clone();
+    let known = cached_ips(&cache, &primary);
     assert!(
         gone.iter().all(|ip| !known.contains(ip)),
         "the cache still has them: {known:?}"
@@ -134,9 +120,7 @@ async fn a_lost_answer_to_an_attach_is_found_attached() {
     // repeat it (refused "in use") and then try to delete an attached ENI.
     w.sim
         .inject_lost_answer(Operation::AttachNetworkInterface, 1);
-    let sink = Arc::new(MemorySink::new());
-    let gate = Gate::new(w.sim.clone(), GateConfig::aws_defaults());
-    let (_core, tx, _task) = start(gate, &sink, config(4));
+    let (sink, (_core, tx, _task)) = started_gated(&w, config(4));
     let inst = join(&w, &sink, &tx, "n", 8).await;
     assert!(
         wait_until(|| served(&sink, "n", 8), Duration::from_secs(60)).await,

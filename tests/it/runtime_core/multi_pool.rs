@@ -14,7 +14,7 @@ use testkit::sink::{MemorySink, WriteFault};
 use testkit::{served, wait_until};
 use tokio::sync::mpsc;
 
-use super::support::{Running, attached_enis, config, releasing, start};
+use super::support::{Running, attached_enis, config, pool_addresses, releasing, start, started};
 
 /// The agent's CIDRs of the instance's non-primary ENIs (C3: each /28, each other address as a
 /// /32; the simulator grants no /28s).
@@ -210,9 +210,7 @@ async fn a_dropped_cidr_leaves_the_status_before_its_unassign_even_when_writes_f
 
 #[tokio::test(start_paused = true)]
 async fn a_write_committed_behind_a_5xx_is_not_diffed_against_the_older_copy() {
-    let w = Cluster::new();
-    let sink = Arc::new(MemorySink::new());
-    let (_core, tx, _task) = start(w.sim.clone(), &sink, config(4));
+    let (w, sink, (_core, tx, _task)) = started(config(4));
     let inst = w.instance();
     let n = sink.put(&agent_node(&w, "n", &inst.id, 8));
     tx.send(NodeInput::Upsert(Box::new(n))).await.unwrap();
@@ -224,16 +222,7 @@ async fn a_write_committed_behind_a_5xx_is_not_diffed_against_the_older_copy() {
     let before = sink.total_writes();
     // The agent puts a pod on an address: the operator tops the node up and writes once
     // (status, then the pool's additions); the API server commits that but answers 504.
-    let ip = sink
-        .get("n")
-        .unwrap()
-        .spec
-        .ipam
-        .pool
-        .keys()
-        .next()
-        .unwrap()
-        .clone();
+    let ip = pool_addresses(&sink, "n")[0].clone();
     let n = sink
         .update("n", |n| {
             n.status

@@ -11,7 +11,7 @@ use testkit::cluster::Cluster;
 use testkit::sink::MemorySink;
 use testkit::{served, wait_until};
 
-use super::support::{attached_enis, join, releasing, start};
+use super::support::{attached_enis, join, pool_addresses, releasing, start};
 
 #[tokio::test(start_paused = true)]
 async fn release_handshake_with_a_classic_agent() {
@@ -24,16 +24,7 @@ async fn release_handshake_with_a_classic_agent() {
     assert!(wait_until(|| served(&sink, "n", 16), Duration::from_secs(60)).await);
 
     // Three addresses in use; demand drops back to the default pre-allocation.
-    let in_use: Vec<String> = sink
-        .get("n")
-        .unwrap()
-        .spec
-        .ipam
-        .pool
-        .keys()
-        .take(3)
-        .cloned()
-        .collect();
+    let in_use: Vec<String> = pool_addresses(&sink, "n").into_iter().take(3).collect();
     let n = sink
         .update("n", |n| {
             n.spec.ipam.min_allocate = 0;

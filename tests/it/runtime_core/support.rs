@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use eni_operator::cache::Ec2Cache;
 use eni_operator::crd::CiliumNode;
+use eni_operator::ec2::gate::{Gate, GateConfig};
 use eni_operator::ec2::{
     Ec2, EniFilter, EniState, NetworkInterface, Operation, Result, collect_pages,
 };
@@ -158,4 +159,33 @@ pub async fn crash_between_create_and_attach(
     let mut left = our_available_enis(&w.sim).await;
     assert_eq!(left.len(), 1, "the created ENI was never attached");
     left.remove(0)
+}
+
+/// The addresses in the node's pool, in order.
+pub fn pool_addresses(sink: &MemorySink, name: &str) -> Vec<String> {
+    sink.get(name)
+        .unwrap()
+        .spec
+        .ipam
+        .pool
+        .keys()
+        .cloned()
+        .collect()
+}
+
+/// A core with `cfg` on a fresh cluster, and the sink it writes to.
+pub fn started(cfg: CoreConfig) -> (Cluster, Arc<MemorySink>, Running<Simulator>) {
+    let w = Cluster::new();
+    let sink = Arc::new(MemorySink::new());
+    let running = start(w.sim.clone(), &sink, cfg);
+    (w, sink, running)
+}
+
+/// A core with `cfg` on the cluster's simulator behind the gate (AWS's buckets and retries),
+/// and the sink it writes to.
+pub fn started_gated(w: &Cluster, cfg: CoreConfig) -> (Arc<MemorySink>, Running<Gate<Simulator>>) {
+    let sink = Arc::new(MemorySink::new());
+    let gate = Gate::new(w.sim.clone(), GateConfig::aws_defaults());
+    let running = start(gate, &sink, cfg);
+    (sink, running)
 }

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use eni_operator::ec2::gate::{Gate, GateConfig};
+use eni_operator::ec2::gate::GateConfig;
 use eni_operator::ec2::{Ec2, Instance, NetworkInterface, Operation, Tags};
 use eni_operator::event_loop::core::NodeInput;
 use eni_operator::reconcile::gc::EniGc;
@@ -14,7 +14,7 @@ use testkit::{served, wait_until};
 
 use super::support::{
     CLUSTER, an_eni_created, config, crash_between_create_and_attach, join, ok_calls,
-    operator_error, our_attached, our_available_enis, start, throttled,
+    operator_error, our_attached, our_available_enis, start, started, started_gated, throttled,
 };
 
 fn create_calls(sim: &Simulator) -> u64 {
@@ -31,9 +31,7 @@ async fn a_throttled_attach_keeps_the_eni_and_the_next_pass_attaches_it() {
         "RequestLimitExceeded",
         GateConfig::aws_defaults().max_attempts as usize,
     );
-    let sink = Arc::new(MemorySink::new());
-    let gate = Gate::new(w.sim.clone(), GateConfig::aws_defaults());
-    let (_core, tx, _task) = start(gate, &sink, config(4));
+    let (sink, (_core, tx, _task)) = started_gated(&w, config(4));
     let inst = join(&w, &sink, &tx, "n", 8).await;
     assert!(
         wait_until(|| served(&sink, "n", 8), Duration::from_secs(120)).await,
@@ -135,9 +133,7 @@ async fn a_token_burned_before_a_restart_does_not_block_the_node() {
 
 #[tokio::test(start_paused = true)]
 async fn a_new_eni_at_a_reused_device_index_gets_a_fresh_token() {
-    let w = Cluster::new();
-    let sink = Arc::new(MemorySink::new());
-    let (_core, tx, _task) = start(w.sim.clone(), &sink, config(4));
+    let (w, sink, (_core, tx, _task)) = started(config(4));
     let inst = join(&w, &sink, &tx, "n", 8).await;
     assert!(wait_until(|| served(&sink, "n", 8), Duration::from_secs(60)).await);
     // The ENI at device index 1 goes away (detached and deleted by someone); the node needs a
@@ -211,9 +207,7 @@ async fn the_gc_removing_a_kept_eni_does_not_block_the_node() {
     let w = Cluster::new();
     w.sim
         .set_fault_rate(Operation::AttachNetworkInterface, 1.0, throttled());
-    let sink = Arc::new(MemorySink::new());
-    let gate = Gate::new(w.sim.clone(), GateConfig::aws_defaults());
-    let (_core, tx, _task) = start(gate, &sink, config(4));
+    let (sink, (_core, tx, _task)) = started_gated(&w, config(4));
     let inst = join(&w, &sink, &tx, "n", 8).await;
     assert!(an_eni_created(&w.sim).await);
     // The kept ENI stays available over two GC runs and is collected.
