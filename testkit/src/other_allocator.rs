@@ -91,7 +91,7 @@ impl OtherAllocator {
 
     async fn allocate(&self, node: &CiliumNode, needed: u32) {
         let instance = &node.spec.instance_id;
-        let enis = self.secondary_enis(instance);
+        let enis = self.sim.secondary_enis(instance);
         let room =
             |e: &NetworkInterface| SECONDARY_PER_ENI.saturating_sub(e.secondary_ips.len() as u32);
         if let Some(eni) = enis.iter().rev().find(|e| room(e) > 0) {
@@ -131,25 +131,10 @@ impl OtherAllocator {
             .await;
     }
 
-    fn secondary_enis(&self, instance: &str) -> Vec<NetworkInterface> {
-        let mut enis: Vec<NetworkInterface> = self
-            .sim
-            .network_interfaces()
-            .into_iter()
-            .filter(|e| {
-                e.attachment
-                    .as_ref()
-                    .is_some_and(|a| a.instance_id == instance && a.device_index > 0)
-            })
-            .collect();
-        enis.sort_by_key(|e| e.attachment.as_ref().map(|a| a.device_index));
-        enis
-    }
-
     /// Write the pool and `status.eni.enis` as Cilium's operator does, if they changed.
     fn publish(&self, sink: &MemorySink, node: &CiliumNode) -> Option<CiliumNode> {
         let name = node.metadata.name.clone().unwrap_or_default();
-        let enis = self.secondary_enis(&node.spec.instance_id);
+        let enis = self.sim.secondary_enis(&node.spec.instance_id);
         let mut pool = BTreeMap::new();
         let mut entries = BTreeMap::new();
         for e in &enis {

@@ -37,19 +37,13 @@ fn config() -> CoreConfig {
     }
 }
 
-const MUTATING: [Operation; 7] = [
-    Operation::CreateNetworkInterface,
-    Operation::AttachNetworkInterface,
-    Operation::ModifyNetworkInterfaceAttribute,
-    Operation::AssignPrivateIpAddresses,
-    Operation::UnassignPrivateIpAddresses,
-    Operation::DetachNetworkInterface,
-    Operation::DeleteNetworkInterface,
-];
-
 fn mutating_calls(sim: &Simulator) -> u64 {
     let stats = sim.stats();
-    MUTATING.iter().map(|op| stats.get(*op).calls).sum()
+    Operation::ALL
+        .into_iter()
+        .filter(|op| op.is_mutating())
+        .map(|op| stats.get(op).calls)
+        .sum()
 }
 
 struct Shadow {
@@ -500,16 +494,7 @@ async fn the_plan_table_says_what_the_active_operator_then_does() {
     );
     for (i, inst) in instances.iter().enumerate() {
         let want = 8.max(5 + i);
-        let enis: Vec<_> = w
-            .sim
-            .network_interfaces()
-            .into_iter()
-            .filter(|e| {
-                e.attachment
-                    .as_ref()
-                    .is_some_and(|a| a.instance_id == *inst && a.device_index > 0)
-            })
-            .collect();
+        let enis = w.sim.secondary_enis(inst);
         assert_eq!(enis.len(), 1, "one ENI created, as planned: {enis:?}");
         assert_eq!(enis[0].subnet_id, w.subnet);
         assert_eq!(enis[0].security_groups, vec![w.sg.clone()]);

@@ -286,17 +286,13 @@ impl Simulator {
     }
 
     pub fn add_vpc(&self, primary: Ipv4Net, secondary: &[Ipv4Net]) -> String {
-        let mut inner = self.lock();
-        let id = inner.state.new_id("vpc");
-        inner.state.vpcs.insert(
-            id.clone(),
-            Vpc {
-                id: id.clone(),
-                primary_cidr: primary,
-                secondary_cidrs: secondary.to_vec(),
-            },
-        );
-        id
+        let secondary_cidrs = secondary.to_vec();
+        let vpc = |id| Vpc {
+            id,
+            primary_cidr: primary,
+            secondary_cidrs,
+        };
+        self.lock().state.insert_new("vpc", |s| &mut s.vpcs, vpc)
     }
 
     /// # Panics
@@ -315,18 +311,15 @@ impl Simulator {
     }
 
     pub fn add_route_table(&self, vpc_id: &str, main: bool, subnet_ids: &[String]) -> String {
-        let mut inner = self.lock();
-        let id = inner.state.new_id("rtb");
-        inner.state.route_tables.insert(
-            id.clone(),
-            RouteTable {
-                id: id.clone(),
-                vpc_id: vpc_id.to_owned(),
-                main,
-                subnet_ids: subnet_ids.to_vec(),
-            },
-        );
-        id
+        let table = |id| RouteTable {
+            id,
+            vpc_id: vpc_id.to_owned(),
+            main,
+            subnet_ids: subnet_ids.to_vec(),
+        };
+        self.lock()
+            .state
+            .insert_new("rtb", |s| &mut s.route_tables, table)
     }
 
     /// Launch a running instance with its primary ENI at device index 0 (delete on
@@ -387,6 +380,22 @@ impl Simulator {
         let mut inner = self.peek();
         inner.state.settle(Instant::now());
         inner.state.enis.values().map(|r| r.eni.clone()).collect()
+    }
+
+    /// The ENIs attached to `instance` beside its primary one, by device index (no throttling,
+    /// no counters).
+    pub fn secondary_enis(&self, instance: &str) -> Vec<NetworkInterface> {
+        let mut enis: Vec<NetworkInterface> = self
+            .network_interfaces()
+            .into_iter()
+            .filter(|e| {
+                e.attachment
+                    .as_ref()
+                    .is_some_and(|a| a.instance_id == instance && a.device_index > 0)
+            })
+            .collect();
+        enis.sort_by_key(|e| e.attachment.as_ref().map(|a| a.device_index));
+        enis
     }
 
     /// Check AWS's invariants over the whole state (see `State::check_invariants`).
