@@ -122,16 +122,14 @@ impl Simulator {
         if !inner.state.vpcs.contains_key(vpc_id) {
             return Err(vpc_not_found(vpc_id));
         }
-        let id = inner.state.new_id("sg");
-        inner.state.security_groups.insert(
-            id.clone(),
-            SecurityGroup {
-                id: id.clone(),
-                vpc_id: vpc_id.to_owned(),
-                tags,
-            },
-        );
-        Ok(id)
+        let group = |id| SecurityGroup {
+            id,
+            vpc_id: vpc_id.to_owned(),
+            tags,
+        };
+        Ok(inner
+            .state
+            .insert_new("sg", |s| &mut s.security_groups, group))
     }
 
     /// [`Simulator::run_instance`] with the instance's tags, refusing an unknown type, subnet or

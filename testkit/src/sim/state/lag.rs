@@ -119,16 +119,7 @@ impl State {
         now: Instant,
         f: impl FnOnce(&mut Self) -> Result<()>,
     ) -> Result<()> {
-        let eni_id = self
-            .enis
-            .values()
-            .find(|r| {
-                r.eni
-                    .attachment
-                    .as_ref()
-                    .is_some_and(|a| a.id == attachment_id)
-            })
-            .map(|r| r.eni.id.clone());
+        let eni_id = self.eni_by_attachment(attachment_id);
         match eni_id {
             Some(id) => self.lagged(Operation::DetachNetworkInterface, &id, now, f),
             None => f(self),

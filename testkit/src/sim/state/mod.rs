@@ -113,6 +113,19 @@ impl State {
             .filter(move |r| r.eni.instance_id() == Some(instance_id))
     }
 
+    /// A new resource: a new ID with `prefix`, and `make(id)` stored under it in `table`.
+    pub(crate) fn insert_new<T>(
+        &mut self,
+        prefix: &str,
+        table: impl FnOnce(&mut Self) -> &mut BTreeMap<String, T>,
+        make: impl FnOnce(String) -> T,
+    ) -> String {
+        let id = self.new_id(prefix);
+        let value = make(id.clone());
+        table(self).insert(id.clone(), value);
+        id
+    }
+
     pub(crate) fn new_id(&mut self, prefix: &str) -> String {
         self.next_id += 1;
         format!("{prefix}-{:017x}", self.next_id)

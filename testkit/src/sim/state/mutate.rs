@@ -342,7 +342,7 @@ impl State {
         Ok(attachment_id)
     }
 
-    fn eni_by_attachment(&self, attachment_id: &str) -> Option<String> {
+    pub(super) fn eni_by_attachment(&self, attachment_id: &str) -> Option<String> {
         self.enis
             .values()
             .find(|r| {
