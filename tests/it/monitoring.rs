@@ -264,7 +264,7 @@ async fn metrics_carry_ciliums_names_and_labels() {
 // PromQL in the monitoring files.
 
 /// Aggregation operators, keywords and set operators: identifiers that are not metric names
-/// although no `(` follows them directly.
+/// although no `(` follows them directly (with [`LABEL_LISTS`], keywords too).
 const KEYWORDS: &[&str] = &[
     "sum",
     "min",
@@ -278,12 +278,6 @@ const KEYWORDS: &[&str] = &[
     "quantile",
     "count_values",
     "group",
-    "by",
-    "without",
-    "on",
-    "ignoring",
-    "group_left",
-    "group_right",
     "and",
     "or",
     "unless",
@@ -385,7 +379,9 @@ fn promql_metric_names(expr: &str) -> BTreeSet<String> {
                 }
                 continue;
             }
-            if !next_open && !KEYWORDS.contains(&id.to_ascii_lowercase().as_str()) {
+            let word = id.to_ascii_lowercase();
+            let keyword = KEYWORDS.contains(&word.as_str()) || LABEL_LISTS.contains(&word.as_str());
+            if !next_open && !keyword {
                 names.insert(id.clone());
             }
         }
