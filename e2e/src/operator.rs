@@ -13,6 +13,21 @@ use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use serde_json::json;
 use tokio::process::{Child, Command};
 
+/// Runs a subcommand of the operator to its end within `secs`: its stdout, or an error with
+/// its stderr.
+async fn stdout_of(mut cmd: Command, what: &str, secs: u64) -> Result<Vec<u8>> {
+    let out = tokio::time::timeout(Duration::from_secs(secs), cmd.output())
+        .await
+        .with_context(|| format!("{what} did not exit within {secs} s"))??;
+    anyhow::ensure!(
+        out.status.success(),
+        "{what} exited with {}: {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(out.stdout)
+}
+
 /// A local operator's environment: the ServiceAccount's kubeconfig, and test credentials for
 /// the emulator unless the caller's are set.
 fn local_env(cmd: &mut Command, kubeconfig: Option<&PathBuf>) {
@@ -419,16 +434,8 @@ impl Operators {
             .stdin(Stdio::null())
             .kill_on_drop(true);
         local_env(&mut cmd, kubeconfig.as_ref());
-        let out = tokio::time::timeout(Duration::from_secs(120), cmd.output())
-            .await
-            .context("plan did not exit within 120 s")??;
-        anyhow::ensure!(
-            out.status.success(),
-            "plan exited with {}: {}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr)
-        );
-        Ok(String::from_utf8(out.stdout)?)
+        let out = stdout_of(cmd, "plan", 120).await?;
+        Ok(String::from_utf8(out)?)
     }
 
     /// `eni-operator status --address <address> --output json` (local mode): the page it read.
@@ -443,16 +450,8 @@ impl Operators {
         cmd.args(["status", "--address", address, "--output", "json"])
             .stdin(Stdio::null())
             .kill_on_drop(true);
-        let out = tokio::time::timeout(Duration::from_secs(30), cmd.output())
-            .await
-            .context("status did not exit within 30 s")??;
-        anyhow::ensure!(
-            out.status.success(),
-            "status exited with {}: {}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr)
-        );
-        Ok(serde_json::from_slice(&out.stdout)?)
+        let out = stdout_of(cmd, "status", 30).await?;
+        Ok(serde_json::from_slice(&out)?)
     }
 
     /// `127.0.0.1:<port>` of each running local operator's metrics listener (empty in-cluster).
@@ -553,7 +552,6 @@ mod tests {
 
     #[test]
     fn the_operator_accepts_the_command_lines_the_suite_gives_it() {
-        use clap::Parser;
         // Plain seconds (`E2E_DURATION_STYLE=seconds`) are for operators that take them; ours
         // takes Go's grammar only.
         for style in ["suffix"] {
@@ -571,13 +569,7 @@ mod tests {
                     ..settings()
                 };
                 let args = s.args(Some("op-1"), Some((9000, 9001)), &opts);
-                let parsed = eni_operator::config::Settings::try_parse_from(
-                    std::iter::once("eni-operator".to_string()).chain(args.iter().cloned()),
-                )
-                .unwrap_or_else(|e| panic!("{args:?}: {e}"));
-                parsed
-                    .validate()
-                    .unwrap_or_else(|e| panic!("{args:?}: {e}"));
+                let parsed = parsed(&args);
                 assert_eq!(
                     parsed.ipam.aws_enable_prefix_delegation,
                     opts.prefix_delegation
@@ -586,9 +578,21 @@ mod tests {
         }
     }
 
+    /// The operator's settings from `args`, parsed and validated as at its start.
+    fn parsed(args: &[String]) -> eni_operator::config::Settings {
+        use clap::Parser;
+        let parsed = eni_operator::config::Settings::try_parse_from(
+            std::iter::once("eni-operator".to_string()).chain(args.iter().cloned()),
+        )
+        .unwrap_or_else(|e| panic!("{args:?}: {e}"));
+        parsed
+            .validate()
+            .unwrap_or_else(|e| panic!("{args:?}: {e}"));
+        parsed
+    }
+
     #[test]
     fn the_operator_accepts_the_kind_overlays_command_line() {
-        use clap::Parser;
         let path = concat!(env!("CARGO_MANIFEST_DIR"), "/overlay/deployment-patch.yaml");
         let ops: Vec<serde_json::Value> =
             serde_saphyr::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
@@ -606,13 +610,7 @@ mod tests {
                     .replace("$(POD_NAME)", "eni-operator-abc")
             })
             .collect();
-        let parsed = eni_operator::config::Settings::try_parse_from(
-            std::iter::once("eni-operator".to_string()).chain(args.iter().cloned()),
-        )
-        .unwrap_or_else(|e| panic!("{args:?}: {e}"));
-        parsed
-            .validate()
-            .unwrap_or_else(|e| panic!("{args:?}: {e}"));
+        let parsed = parsed(&args);
         assert_eq!(parsed.ipam.cluster_name.as_deref(), Some("e2e"));
     }
 

@@ -326,6 +326,12 @@ impl Suite {
     }
 
     /// A node on a new `instance_type` instance in `zone`, its agent using `pods` addresses.
+    /// A classic m5.large with 4 pods in `zone`: the real-Cilium scenarios' node.
+    async fn add_classic(&mut self, zone: usize) -> Result<usize> {
+        self.add_plain("m5.large", zone, Some(Generation::Classic), 4)
+            .await
+    }
+
     async fn add_plain(
         &mut self,
         instance_type: &str,

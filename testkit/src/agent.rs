@@ -168,6 +168,23 @@ pub struct Step {
     pub ignored: bool,
 }
 
+impl Step {
+    /// validateENIConfig fails on a C2 break: the agent ignores the whole update (true), and
+    /// the break is a violation.
+    fn ignores_a_c2_break(&mut self, cn: &CiliumNode) -> bool {
+        let c2 = c2_violations(cn);
+        if c2.is_empty() {
+            return false;
+        }
+        self.violations.push(format!(
+            "C2: pool addresses missing from their ENI: {}",
+            c2.join(", ")
+        ));
+        self.ignored = true;
+        true
+    }
+}
+
 fn with_resource_version(cn: &CiliumNode, mut patch: Value) -> Value {
     // Optimistic concurrency like the real agents' updates: release-ips is shared with the
     // operator, and `requested` must not be computed from a stale view.
@@ -218,14 +235,7 @@ impl ClassicAgent {
                     .push(format!("in-use address {ip} left spec.ipam.pool"));
             }
         }
-        let c2 = c2_violations(cn);
-        if !c2.is_empty() {
-            // validateENIConfig fails: the agent ignores the whole update.
-            step.violations.push(format!(
-                "C2: pool addresses missing from their ENI: {}",
-                c2.join(", ")
-            ));
-            step.ignored = true;
+        if step.ignores_a_c2_break(cn) {
             return step;
         }
 
@@ -406,13 +416,7 @@ impl MultiPoolAgent {
                 .push(format!("in-use address {ip} is no longer attached"));
             self.in_use.remove(&ip);
         }
-        let c2 = c2_violations(cn);
-        if !c2.is_empty() {
-            step.violations.push(format!(
-                "C2: pool addresses missing from their ENI: {}",
-                c2.join(", ")
-            ));
-            step.ignored = true;
+        if step.ignores_a_c2_break(cn) {
             return step;
         }
 
@@ -722,8 +726,7 @@ mod tests {
 
     #[test]
     fn classic_handshake_answers_ready_or_do_not_release() {
-        let addrs = ips("10.0.1", 10..16);
-        let mut cn = node(vec![eni("eni-1", 1, &refs(&addrs), &[])]);
+        let mut cn = eni1_node(16);
         let mut agent = ClassicAgent::new();
         let cn1 = apply(&cn, &agent.step(&cn, 1).status_patch.unwrap());
         // 10.0.1.10..12 are in use; the operator proposes two used and one free address, plus
@@ -769,6 +772,12 @@ mod tests {
         assert_eq!(step.unsatisfied, 12 - 5);
     }
 
+    /// A node whose eni-1 (device index 1) holds 10.0.1.10 up to `end` (excluded).
+    fn eni1_node(end: u8) -> CiliumNode {
+        let addrs = ips("10.0.1", 10..end);
+        node(vec![eni("eni-1", 1, &refs(&addrs), &[])])
+    }
+
     /// The address leaves the pool and eni-1's addresses (EC2 took it back).
     fn leave_pool_and_eni(cn: &mut CiliumNode, addr: &str) {
         cn.spec.ipam.pool.remove(addr);
@@ -785,8 +794,7 @@ mod tests {
 
     #[test]
     fn classic_deletes_released_entries_once_the_address_left_the_pool() {
-        let addrs = ips("10.0.1", 10..14);
-        let mut cn = node(vec![eni("eni-1", 1, &refs(&addrs), &[])]);
+        let mut cn = eni1_node(14);
         let mut agent = ClassicAgent::new();
         cn = apply(&cn, &agent.step(&cn, 0).status_patch.unwrap());
         cn.status
@@ -811,8 +819,7 @@ mod tests {
 
     #[test]
     fn classic_frees_pods_on_demand_drop_with_null_entries() {
-        let addrs = ips("10.0.1", 10..20);
-        let mut cn = node(vec![eni("eni-1", 1, &refs(&addrs), &[])]);
+        let mut cn = eni1_node(20);
         let mut agent = ClassicAgent::new();
         cn = apply(&cn, &agent.step(&cn, 5).status_patch.unwrap());
         assert_eq!(cn.status.as_ref().unwrap().ipam.used.len(), 7);
@@ -838,8 +845,7 @@ mod tests {
 
     #[test]
     fn classic_adopts_used_after_restart_and_flags_released_in_use_address() {
-        let addrs = ips("10.0.1", 10..14);
-        let mut cn = node(vec![eni("eni-1", 1, &refs(&addrs), &[])]);
+        let mut cn = eni1_node(14);
         cn = apply(&cn, &ClassicAgent::new().step(&cn, 1).status_patch.unwrap());
         let mut restarted = ClassicAgent::new();
         assert!(
@@ -985,8 +991,7 @@ mod tests {
 
     #[test]
     fn multi_pool_keeps_an_in_use_cidr_the_status_drops_and_flags_one_it_lost() {
-        let addrs = ips("10.0.1", 10..20);
-        let mut cn = node(vec![eni("eni-1", 1, &refs(&addrs), &[])]);
+        let mut cn = eni1_node(20);
         cn.status
             .as_mut()
             .unwrap()
@@ -1024,8 +1029,7 @@ mod tests {
 
     #[test]
     fn multi_pool_restart_treats_unlisted_attached_cidrs_as_dropped() {
-        let addrs = ips("10.0.1", 10..40);
-        let mut cn = node(vec![eni("eni-1", 1, &refs(&addrs), &[])]);
+        let mut cn = eni1_node(40);
         cn = apply(&cn, &MultiPoolAgent::new().step(&cn, 0).spec_patch.unwrap());
         assert_eq!(cn.spec.ipam.pools.allocated[0].cidrs.len(), 10);
         let mut restarted = MultiPoolAgent::new();

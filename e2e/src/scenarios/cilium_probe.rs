@@ -25,12 +25,10 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::json;
-use testkit::agent::Generation;
 
 use super::cilium_handover::calls_on;
 use super::real_cilium::work_dir;
 use super::{Suite, eventually};
-use crate::checks::NodeVariant;
 use crate::cilium_op::{self, CiliumOperator, Version};
 use crate::operator::OperatorOptions;
 use crate::simctl::SimControl;
@@ -122,22 +120,23 @@ impl Suite {
             .collect())
     }
 
+    /// For a scenario on Cilium 1.20: ec2-sim's control connection and a classic node whose
+    /// instance Cilium's operator runs on (its metadata answers with it).
+    async fn cilium_120_node(&mut self, scenario: &str) -> Result<Option<(SimControl, usize)>> {
+        let Some(sim) = self.cilium_120(scenario, "").await? else {
+            return Ok(None);
+        };
+        let idx = self.add_classic(0).await?;
+        sim.set_metadata_instance(&self.nodes[idx].instance.id)
+            .await?;
+        Ok(Some((sim, idx)))
+    }
+
     /// `cilium-frozen-copy` (module doc).
     pub(super) async fn cilium_frozen_copy(&mut self) -> Result<()> {
-        let Some(sim) = self.cilium_120("cilium-frozen-copy", "").await? else {
+        let Some((sim, g)) = self.cilium_120_node("cilium-frozen-copy").await? else {
             return Ok(());
         };
-        let g = self
-            .add_node(
-                "m5.large",
-                0,
-                Some(Generation::Classic),
-                4,
-                NodeVariant::default(),
-            )
-            .await?;
-        sim.set_metadata_instance(&self.nodes[g].instance.id)
-            .await?;
         let op = Mutex::new(Some(self.start_cilium(Version::V120).await?));
         let body = self.frozen_copy_steps(&sim, &op, g).await;
         self.stop_cilium(op, body).await
@@ -223,20 +222,9 @@ impl Suite {
 
     /// `cilium-ipam-crd` (module doc).
     pub(super) async fn cilium_ipam_crd(&mut self) -> Result<()> {
-        let Some(sim) = self.cilium_120("cilium-ipam-crd", "").await? else {
+        let Some((sim, h)) = self.cilium_120_node("cilium-ipam-crd").await? else {
             return Ok(());
         };
-        let h = self
-            .add_node(
-                "m5.large",
-                0,
-                Some(Generation::Classic),
-                4,
-                NodeVariant::default(),
-            )
-            .await?;
-        sim.set_metadata_instance(&self.nodes[h].instance.id)
-            .await?;
         self.taint_agent_not_ready(h).await?;
         let extra = [
             "--ipam=crd".to_string(),

@@ -9,12 +9,10 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use anyhow::{Result, ensure};
-use testkit::agent::Generation;
 
 use super::adopt::HANDOVER_LABEL;
 use super::cilium_handover::calls_on;
 use super::{Suite, eventually};
-use crate::checks::NodeVariant;
 use crate::cilium_op::{self, CiliumOperator, Version};
 use crate::operator::OperatorOptions;
 use crate::simctl::SimControl;
@@ -27,11 +25,7 @@ impl Suite {
     ) -> Result<()> {
         let mut idxs = Vec::new();
         for zone in [0, 1] {
-            let kind = Some(Generation::Classic);
-            idxs.push(
-                self.add_node("m5.large", zone, kind, 4, NodeVariant::default())
-                    .await?,
-            );
+            idxs.push(self.add_classic(zone).await?);
         }
         sim.set_metadata_instance(&self.nodes[idxs[0]].instance.id)
             .await?;

@@ -132,11 +132,7 @@ impl Suite {
         let t0 = Instant::now();
         let mut first = Vec::new();
         for zone in [0, 1] {
-            let kind = Some(Generation::Classic);
-            first.push(
-                self.add_node("m5.large", zone, kind, 4, NodeVariant::default())
-                    .await?,
-            );
+            first.push(self.add_classic(zone).await?);
         }
         let id = self.nodes[first[0]].instance.id.clone();
         sim.set_metadata_instance(&id).await?;

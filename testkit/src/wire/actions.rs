@@ -124,34 +124,43 @@ fn next_token(x: &mut Xml, token: Option<String>) {
     x.opt("nextToken", token);
 }
 
+/// A describe's answer: the page's items under `set`, each written by `item`, and the token.
+fn page_body<T: Send + 'static>(
+    set: &'static str,
+    page: Page<T>,
+    item: impl FnMut(&mut Xml, &T) + Send + 'static,
+) -> Answer {
+    body(move |x| {
+        x.list(set, &page.items, item);
+        next_token(x, page.next_token);
+    })
+}
+
 pub async fn describe_instance_types(sim: &Simulator, p: &Params) -> Answer {
     let types = p.list("InstanceType");
     let max = max_results(p, !types.is_empty())?;
     let page = sim.describe_instance_types(&types, token(p)).await?;
     let page = cut(page, max, |t| &t.instance_type);
-    body(move |x| {
-        x.list("instanceTypeSet", &page.items, |x, t| {
-            x.leaf("instanceType", &t.instance_type)
-                .leaf("hypervisor", if t.nitro { "nitro" } else { "xen" })
-                .leaf("bareMetal", t.bare_metal)
-                .node("networkInfo", |x| {
-                    x.leaf("maximumNetworkInterfaces", t.max_enis)
-                        .leaf("ipv4AddressesPerInterface", t.ipv4_per_eni)
-                        .leaf("ipv6AddressesPerInterface", t.ipv6_per_eni)
-                        .leaf("maximumNetworkCards", t.enis_per_card.len().max(1));
-                    // EC2 lists every card, a single-card type too.
-                    let cards: Vec<(usize, u32)> = if t.enis_per_card.is_empty() {
-                        vec![(0, t.max_enis)]
-                    } else {
-                        t.enis_per_card.iter().copied().enumerate().collect()
-                    };
-                    x.list("networkCards", &cards, |x, &(i, n)| {
-                        x.leaf("networkCardIndex", i)
-                            .leaf("maximumNetworkInterfaces", n);
-                    });
+    page_body("instanceTypeSet", page, |x, t| {
+        x.leaf("instanceType", &t.instance_type)
+            .leaf("hypervisor", if t.nitro { "nitro" } else { "xen" })
+            .leaf("bareMetal", t.bare_metal)
+            .node("networkInfo", |x| {
+                x.leaf("maximumNetworkInterfaces", t.max_enis)
+                    .leaf("ipv4AddressesPerInterface", t.ipv4_per_eni)
+                    .leaf("ipv6AddressesPerInterface", t.ipv6_per_eni)
+                    .leaf("maximumNetworkCards", t.enis_per_card.len().max(1));
+                // EC2 lists every card, a single-card type too.
+                let cards: Vec<(usize, u32)> = if t.enis_per_card.is_empty() {
+                    vec![(0, t.max_enis)]
+                } else {
+                    t.enis_per_card.iter().copied().enumerate().collect()
+                };
+                x.list("networkCards", &cards, |x, &(i, n)| {
+                    x.leaf("networkCardIndex", i)
+                        .leaf("maximumNetworkInterfaces", n);
                 });
-        });
-        next_token(x, page.next_token);
+            });
     })
 }
 
@@ -422,10 +431,7 @@ pub async fn describe_network_interfaces(sim: &Simulator, p: &Params) -> Answer 
             values.iter().any(|v| have.iter().any(|h| glob(v, h)))
         })
     });
-    body(move |x| {
-        x.list("networkInterfaceSet", &page.items, eni_xml);
-        next_token(x, page.next_token);
-    })
+    page_body("networkInterfaceSet", page, eni_xml)
 }
 
 fn resource_filter(
@@ -467,10 +473,7 @@ pub async fn describe_subnets(sim: &Simulator, p: &Params) -> Answer {
     let page = cut(sim.describe_subnets(&filter, token(p)).await?, max, |s| {
         &s.id
     });
-    body(move |x| {
-        x.list("subnetSet", &page.items, subnet_xml);
-        next_token(x, page.next_token);
-    })
+    page_body("subnetSet", page, subnet_xml)
 }
 
 fn vpc_xml(x: &mut Xml, v: &Vpc) {
@@ -504,10 +507,7 @@ pub async fn describe_vpcs(sim: &Simulator, p: &Params) -> Answer {
         filter.ids.push(v);
     }
     let page = cut(sim.describe_vpcs(&filter, token(p)).await?, max, |v| &v.id);
-    body(move |x| {
-        x.list("vpcSet", &page.items, vpc_xml);
-        next_token(x, page.next_token);
-    })
+    page_body("vpcSet", page, vpc_xml)
 }
 
 pub async fn describe_security_groups(sim: &Simulator, p: &Params) -> Answer {
@@ -517,16 +517,13 @@ pub async fn describe_security_groups(sim: &Simulator, p: &Params) -> Answer {
         max,
         |g| &g.id,
     );
-    body(move |x| {
-        x.list("securityGroupInfo", &page.items, |x, g| {
-            x.leaf("ownerId", OWNER)
-                .leaf("groupId", &g.id)
-                .leaf("groupName", &g.id)
-                .leaf("groupDescription", "ec2-sim")
-                .leaf("vpcId", &g.vpc_id)
-                .tags(&g.tags);
-        });
-        next_token(x, page.next_token);
+    page_body("securityGroupInfo", page, |x, g| {
+        x.leaf("ownerId", OWNER)
+            .leaf("groupId", &g.id)
+            .leaf("groupName", &g.id)
+            .leaf("groupDescription", "ec2-sim")
+            .leaf("vpcId", &g.vpc_id)
+            .tags(&g.tags);
     })
 }
 
@@ -537,25 +534,22 @@ pub async fn describe_route_tables(sim: &Simulator, p: &Params) -> Answer {
         max,
         |r| &r.id,
     );
-    body(move |x| {
-        x.list("routeTableSet", &page.items, |x, r| {
-            x.leaf("routeTableId", &r.id)
-                .leaf("vpcId", &r.vpc_id)
-                .leaf("ownerId", OWNER);
-            let mains = r.main.then_some(None);
-            let assocs = mains
-                .into_iter()
-                .chain(r.subnet_ids.iter().map(Some))
-                .enumerate();
-            x.list("associationSet", assocs, |x, (n, subnet)| {
-                x.leaf("routeTableAssociationId", format!("{}-assoc-{n}", r.id))
-                    .leaf("routeTableId", &r.id)
-                    .leaf("main", subnet.is_none())
-                    .opt("subnetId", subnet);
-            })
-            .tags(&Tags::new());
-        });
-        next_token(x, page.next_token);
+    page_body("routeTableSet", page, |x, r| {
+        x.leaf("routeTableId", &r.id)
+            .leaf("vpcId", &r.vpc_id)
+            .leaf("ownerId", OWNER);
+        let mains = r.main.then_some(None);
+        let assocs = mains
+            .into_iter()
+            .chain(r.subnet_ids.iter().map(Some))
+            .enumerate();
+        x.list("associationSet", assocs, |x, (n, subnet)| {
+            x.leaf("routeTableAssociationId", format!("{}-assoc-{n}", r.id))
+                .leaf("routeTableId", &r.id)
+                .leaf("main", subnet.is_none())
+                .opt("subnetId", subnet);
+        })
+        .tags(&Tags::new());
     })
 }
 
