@@ -55,6 +55,21 @@ pub struct Outcome {
     /// (seconds, nodes served at most): the rate-limit bound at each sample.
     pub bound: Vec<(f64, f64)>,
     pub took: Duration,
+    /// When the demand rose, and how many nodes the run had.
+    pub rise: Duration,
+    pub nodes: usize,
+}
+
+impl Outcome {
+    /// Every node served again after the rise: ours against the bound.
+    pub fn after_rise(&self) -> Option<super::served::AfterRise> {
+        super::served::AfterRise::of(
+            &self.figures.served_curve,
+            &self.bound,
+            self.rise.as_secs_f64(),
+            self.nodes,
+        )
+    }
 }
 
 /// Play `plan` against `b`, one step a second, until every node is served after the demand
@@ -169,6 +184,8 @@ pub(crate) async fn drive<B: Backend>(
                 figures: f,
                 bound,
                 took: t,
+                rise: plan.rise_at,
+                nodes: plan.nodes(),
             });
         }
         if t >= plan.limit {

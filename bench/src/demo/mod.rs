@@ -6,6 +6,7 @@
 //! * [`plan`]: the script and the bound;
 //! * [`model`]: the figures, a pure model fed by events;
 //! * [`view`]: the terminal view of the figures;
+//! * [`served`]: when every node is served again after the rise, ours and the bound's;
 //! * [`drive`]: the loop that plays the script against a back-end and feeds the model;
 //! * [`memory`]: the in-memory back-end (the operator's core, the simulator, the in-memory API
 //!   server, as `make bench`);
@@ -17,6 +18,7 @@ pub mod memory;
 pub mod model;
 pub mod plan;
 pub mod real;
+pub mod served;
 pub mod view;
 
 use serde_json::json;
@@ -58,6 +60,10 @@ pub fn summary(o: &Outcome, backend: &str) -> Vec<String> {
             f.calls_of("UnassignPrivateIpAddresses")
         ),
         format!("slowest node to be served: {slowest}"),
+        o.after_rise().map_or(
+            "after the demand rise: not every node served again".into(),
+            |a| a.line(),
+        ),
     ]
 }
 
@@ -78,6 +84,9 @@ pub fn summary_json(o: &Outcome, backend: &str) -> serde_json::Value {
         "throttled": f.throttled(),
         "ready_answers": f.ready_answers,
         "slowest": f.slowest.as_ref().map(|(n, s)| json!({"node": n, "seconds": s})),
+        "after_rise": o.after_rise().map(|a| json!({
+            "rise": a.rise, "ours": a.ours, "bound": a.bound, "ratio": a.ratio()
+        })),
     })
 }
 

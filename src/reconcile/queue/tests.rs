@@ -4,6 +4,16 @@ fn t0() -> Instant {
     Instant::now()
 }
 
+/// Every ready node in the order handed out, each pass ending before the next starts.
+fn drain(q: &mut DeficitQueue<&'static str>, now: Instant) -> Vec<&'static str> {
+    std::iter::from_fn(|| {
+        let n = q.pop(now)?;
+        q.finish(&n, Outcome::Done, now, 0.0);
+        Some(n)
+    })
+    .collect()
+}
+
 #[test]
 fn most_severe_first_then_fifo() {
     let now = t0();
@@ -15,7 +25,7 @@ fn most_severe_first_then_fifo() {
     q.push("starved", Priority::NoFreeIp);
     q.push("pods", Priority::PodsWaiting(1));
     q.push("small2", Priority::Deficit(2));
-    let order: Vec<_> = std::iter::from_fn(|| q.pop(now)).collect();
+    let order = drain(&mut q, now);
     assert_eq!(
         order,
         [
@@ -33,9 +43,7 @@ fn push_deduplicates_and_raises_priority() {
     q.push("a", Priority::Routine);
     q.push("a", Priority::NoFreeIp);
     assert_eq!(q.depth(), 2);
-    assert_eq!(q.pop(now), Some("a"));
-    assert_eq!(q.pop(now), Some("b"));
-    assert_eq!(q.pop(now), None);
+    assert_eq!(drain(&mut q, now), ["a", "b"]);
 }
 
 #[test]
@@ -125,8 +133,7 @@ fn a_delayed_node_keeps_its_delay_when_pushed() {
     assert_eq!(q.pop(now + Duration::from_secs(59)), None);
     q.push("b", Priority::Deficit(1));
     let later = now + Duration::from_secs(60);
-    assert_eq!(q.pop(later), Some("a"), "kept the raised priority");
-    assert_eq!(q.pop(later), Some("b"));
+    assert_eq!(drain(&mut q, later), ["a", "b"], "kept the raised priority");
 }
 
 #[test]
@@ -173,7 +180,7 @@ fn a_node_without_addresses_is_served_before_reserves_whatever_the_counts() {
     q.push("new", Priority::NoFreeIp);
     q.push("pods", Priority::PodsWaiting(2));
     q.push("new2", Priority::NoFreeIp);
-    let order: Vec<_> = std::iter::from_fn(|| q.pop(now)).collect();
+    let order = drain(&mut q, now);
     assert_eq!(order, ["new", "new2", "pods", "topping-up"]);
 }
 
@@ -197,4 +204,30 @@ fn a_failed_or_waiting_pass_keeps_the_nodes_urgency() {
     // A done pass asks for nothing more: the node leaves the queue's urgent part.
     q.finish(&"a", Outcome::Done, later, 0.0);
     assert_eq!(q.due(&"a", later), None);
+}
+
+#[test]
+fn reserves_wait_while_a_pass_for_first_addresses_runs() {
+    let now = t0();
+    let mut q = DeficitQueue::new();
+    q.push("new1", Priority::NoFreeIp);
+    q.push("reserve", Priority::Deficit(16));
+    q.push("release", Priority::Excess(4));
+    q.push("rescan", Priority::Routine);
+    assert_eq!(q.pop(now), Some("new1"));
+    // The reserve's calls would wait on the same buckets as new1's: not now. Work that takes
+    // no address goes on.
+    assert_eq!(q.pop(now), Some("release"));
+    assert_eq!(q.pop(now), Some("rescan"));
+    assert_eq!(q.pop(now), None);
+    // A node whose pods wait counts as urgent too; another arrives while new1 runs.
+    q.push("pods", Priority::PodsWaiting(3));
+    assert_eq!(q.pop(now), Some("pods"));
+    q.finish(&"new1", Outcome::Done, now, 0.0);
+    // new1 got its first ENI and is back for its reserve: behind, and held like the other.
+    q.push("new1", Priority::Deficit(16));
+    assert_eq!(q.pop(now), None, "pods still runs");
+    q.finish(&"pods", Outcome::Failed, now, 0.0);
+    assert_eq!(q.pop(now), Some("reserve"));
+    assert_eq!(q.pop(now), Some("new1"));
 }
