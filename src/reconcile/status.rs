@@ -475,9 +475,16 @@ tokio::task_local! {
     static CURRENT: (Arc<StatusBook>, String);
 }
 
-/// Run a pass over `name` with its book reachable from code that has no handle on it.
-pub async fn scope<F: Future>(book: Arc<StatusBook>, name: String, pass: F) -> F::Output {
-    CURRENT.scope((book, name), pass).await
+/// Run a pass over `name`, begun at `start`, with its book reachable from code that has no
+/// handle on it.
+pub async fn scope<F: Future>(
+    book: Arc<StatusBook>,
+    name: &str,
+    start: Instant,
+    pass: F,
+) -> F::Output {
+    book.begin(name, start);
+    CURRENT.scope((book, name.to_string()), pass).await
 }
 
 /// The gate's [`ThrottleObserver`]: a throttled call of a pass marks that pass's node as waiting
