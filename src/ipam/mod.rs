@@ -1,11 +1,12 @@
 //! The IPAM engine: pure decisions for one node, no I/O.
 //!
-//! Given a node's [`CiliumNode`], the EC2 view of its instance ([`Ec2View`]) and the operator's
-//! settings ([`IpamConfig`]), the engine decides what to do next ([`plan_node`] -> [`NodePlan`])
-//! and what the CiliumNode should say afterwards ([`desired_state`] -> [`DesiredState`]), then
-//! which writes that takes ([`changes`] -> [`ChangeSet`]). The runtime executes the action,
-//! applies its result to the cache, and writes the change set. Nothing here calls EC2 or
-//! Kubernetes, so every rule is tested with plain values.
+//! Given a node's [`CiliumNode`](crate::crd::CiliumNode), the EC2 view of its instance
+//! ([`Ec2View`]) and the operator's settings ([`IpamConfig`]), the engine decides what to do
+//! next ([`plan_node`] -> [`NodePlan`]) and what the CiliumNode should say afterwards
+//! ([`desired_state`] -> [`DesiredState`]), then which writes that takes ([`changes`] ->
+//! [`ChangeSet`]). The runtime executes the action, applies its result to the cache, and
+//! writes the change set. Nothing here calls EC2 or Kubernetes, so every rule is tested with
+//! plain values.
 //!
 //! Behavioural reference: `docs/rules.md` (formulas, selection rules, release; rules C1-C10) and
 //! `docs/ciliumnode.md` (which CiliumNode fields are read and written).
@@ -18,6 +19,7 @@ pub mod demand;
 pub mod handover;
 pub mod ownership;
 pub mod plan;
+mod problem;
 pub mod published;
 pub mod release;
 pub mod selection;
@@ -40,14 +42,17 @@ use std::time::{Duration, Instant};
 
 use ipnet::Ipv4Net;
 
-use crate::crd::{AllocationIp, CiliumNode, EniEntry, OperatorSummary};
+use crate::crd::{AllocationIp, EniEntry, OperatorSummary};
 use crate::ec2::{
     CreateEniRequest, Instance, InstanceTypeLimits, NetworkInterface, RouteTable, SecurityGroup,
     Subnet, Tags, Vpc,
 };
 
 pub use demand::{Demand, Generation};
+pub use plan::plan_node;
+pub use problem::{Problem, ProblemReason};
 pub use release::NodeMemory;
+pub use writeback::{changes, desired_state};
 
 /// Operator-level settings that shape planning (from the command line).
 #[derive(Clone, Debug)]
@@ -140,94 +145,6 @@ impl Ec2View<'_> {
     pub fn is_pod_subnet(&self, subnet_id: &str) -> bool {
         self.pod_subnets.is_none_or(|s| s.contains(subnet_id))
     }
-}
-
-/// Why a node cannot be served: becomes `status.ipam.operator-status.error`, an Event reason
-/// and an `errors by reason` metric label.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum ProblemReason {
-    /// `spec.instance-id` is empty.
-    MissingInstanceId,
-    /// A number in `spec.ipam` is negative, or a field is otherwise unusable.
-    InvalidSpec,
-    /// The instance is not known to EC2 (yet).
-    InstanceNotFound,
-    /// The instance is shutting down or terminated.
-    InstanceGone,
-    /// `DescribeInstanceTypes` does not know the instance type.
-    UnknownInstanceType,
-    /// No subnet matches the node's selectors / VPC / AZ, or all are full.
-    NoMatchingSubnet,
-    /// No security group could be determined.
-    NoSecurityGroups,
-    /// VPC or subnet data needed for `status.eni.enis` is missing from the cache.
-    IncompleteEc2Data,
-    /// The node needs addresses but every ENI is full and no interface slot is free.
-    AtCapacity,
-    /// The last EC2 call for the node failed (set by the runtime).
-    Ec2Error,
-    /// `spec.ipam.static-ip-tags` is set and no unassociated Elastic IP carries them (set by
-    /// the runtime's static-IP step; nothing is allocated until one is found, as in Cilium).
-    NoStaticIp,
-    /// Free Elastic IPs carry the node's `static-ip-tags` but not `--static-ip-required-tag`:
-    /// they are never associated (an agent chooses only among the addresses the operator may
-    /// use).
-    StaticIpNotAllowed,
-    /// Another allocator (Cilium's operator) serves the node: we leave it alone
-    /// ([`handover`]).
-    OtherAllocatorActive,
-    /// The node's CiliumNode is being deleted and our finalizer cannot finish (an EC2 or API
-    /// error, e.g. a missing IAM permission): retried until the grace period, then let go.
-    FinalizerBlocked,
-    /// No Node of the CiliumNode's name exists: it is not served (§15).
-    NoNode,
-    /// The Node of the CiliumNode's name names another instance (§15).
-    InstanceMismatch,
-    /// Another live CiliumNode names the same instance: served through neither (§15).
-    InstanceNamedTwice,
-    /// EC2 shows the instance without this cluster's tag (§15).
-    NotClusterInstance,
-    /// Cilium operator's Lease cannot be read: a node not handed over yet waits (§16).
-    CiliumLeaseUnreadable,
-    /// Cilium's running operator is older than `ipam.cilium.io/ignore` (or its release cannot
-    /// be told): the annotation would not keep it off the node, so we keep off it
-    /// ([`cilium_version`]).
-    CiliumIgnoresAnnotation,
-}
-
-impl ProblemReason {
-    /// CamelCase name, used as Event reason and metrics label.
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Self::MissingInstanceId => "MissingInstanceId",
-            Self::InvalidSpec => "InvalidSpec",
-            Self::InstanceNotFound => "InstanceNotFound",
-            Self::InstanceGone => "InstanceGone",
-            Self::UnknownInstanceType => "UnknownInstanceType",
-            Self::NoMatchingSubnet => "NoMatchingSubnet",
-            Self::NoSecurityGroups => "NoSecurityGroups",
-            Self::IncompleteEc2Data => "IncompleteEc2Data",
-            Self::AtCapacity => "AtCapacity",
-            Self::Ec2Error => "Ec2Error",
-            Self::NoStaticIp => "NoStaticIp",
-            Self::StaticIpNotAllowed => "StaticIpNotAllowed",
-            Self::OtherAllocatorActive => "OtherAllocatorActive",
-            Self::FinalizerBlocked => "FinalizerBlocked",
-            Self::NoNode => "NoNode",
-            Self::InstanceMismatch => "InstanceMismatch",
-            Self::InstanceNamedTwice => "InstanceNamedTwice",
-            Self::NotClusterInstance => "NotClusterInstance",
-            Self::CiliumLeaseUnreadable => "CiliumLeaseUnreadable",
-            Self::CiliumIgnoresAnnotation => "CiliumIgnoresAnnotation",
-        }
-    }
-}
-
-/// A reason the node cannot be (fully) served, with a message for humans.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Problem {
-    pub reason: ProblemReason,
-    pub message: String,
 }
 
 /// Addresses to take off one ENI.
@@ -336,181 +253,4 @@ impl ChangeSet {
     pub fn is_empty(&self) -> bool {
         self.writes.is_empty()
     }
-}
-
-/// Decide the next EC2 step for one node. Updates `memory` (release bookkeeping) as a side
-/// effect; otherwise pure. `pending_pods` feeds surge allocation.
-///
-/// ```
-/// # use std::collections::BTreeMap;
-/// # use std::time::Instant;
-/// # use eni_operator::crd::{CiliumNode, CiliumNodeSpec};
-/// # use eni_operator::ec2::*;
-/// # use eni_operator::ipam::*;
-/// # let limits = InstanceTypeLimits { instance_type: "m5.large".into(), max_enis: 3,
-/// #     ipv4_per_eni: 10, ipv6_per_eni: 10, nitro: true, bare_metal: false,
-/// #     enis_per_card: vec![] };
-/// # let subnet = Subnet { id: "subnet-a".into(), vpc_id: "vpc-1".into(),
-/// #     availability_zone: "az-1".into(), cidr: "10.0.0.0/20".parse().unwrap(),
-/// #     available_addresses: 100, tags: Tags::new() };
-/// # let subnets = BTreeMap::from([(subnet.id.clone(), subnet)]);
-/// # let vpcs = BTreeMap::from([("vpc-1".to_string(), Vpc { id: "vpc-1".into(),
-/// #     primary_cidr: "10.0.0.0/16".parse().unwrap(), secondary_cidrs: vec![] })]);
-/// # let primary = NetworkInterface { id: "eni-0".into(), subnet_id: "subnet-a".into(),
-/// #     vpc_id: "vpc-1".into(), availability_zone: "az-1".into(),
-/// #     mac: "02:00:00:00:00:01".into(), description: String::new(),
-/// #     primary_ip: "10.0.0.10".parse().unwrap(), secondary_ips: vec![], prefixes: vec![],
-/// #     ipv6_prefixes: vec![], security_groups: vec!["sg-1".into()], tags: Tags::new(),
-/// #     state: EniState::InUse, attachment: Some(Attachment { id: "attach-0".into(),
-/// #     instance_id: "i-1".into(), device_index: 0, delete_on_termination: true,
-/// #     network_card_index: 0 }),
-/// #     public_ip: None, interface_type: Default::default() };
-/// # let mut enis = vec![primary];
-/// # let (security_groups, cooldown) = (BTreeMap::new(), BTreeMap::new());
-/// # let mut node = CiliumNode::new("node-1", CiliumNodeSpec::default());
-/// # node.spec.instance_id = "i-1".into();
-/// # let config = IpamConfig::default();
-/// # let mut memory = NodeMemory::default();
-/// let view = Ec2View {
-///     instance: InstanceView::Known { instance: None, enis: &enis },
-///     limits: Some(&limits),
-///     subnets: &subnets,
-///     vpcs: &vpcs,
-///     security_groups: &security_groups,
-///     route_tables: &[],
-///     prefix_cooldown: &cooldown,
-///     pod_subnets: None,
-/// };
-/// // One bare primary ENI and the default pre-allocation of 8: top it up with 8 addresses.
-/// let plan = plan_node(&node, &view, &config, &mut memory, Instant::now(), 0);
-/// assert_eq!(plan.demand.needed, 8);
-/// match plan.action {
-///     Action::Assign(assign) => assert_eq!(assign.request, AddressRequest::Ips(8)),
-///     other => panic!("unexpected {other:?}"),
-/// }
-/// ```
-pub fn plan_node(
-    node: &CiliumNode,
-    ec2: &Ec2View<'_>,
-    config: &IpamConfig,
-    memory: &mut NodeMemory,
-    now: Instant,
-    pending_pods: u32,
-) -> NodePlan {
-    plan::plan_node(node, ec2, config, memory, now, pending_pods)
-}
-
-/// What the node's operator-owned fields should say, given the (updated) EC2 view.
-/// `problem` is the plan's (or the executor's) problem, published as operator-status.
-///
-/// ```
-/// # use std::collections::BTreeMap;
-/// # use std::time::Instant;
-/// # use eni_operator::crd::{CiliumNode, CiliumNodeSpec};
-/// # use eni_operator::ec2::*;
-/// # use eni_operator::ipam::*;
-/// # let limits = InstanceTypeLimits { instance_type: "m5.large".into(), max_enis: 3,
-/// #     ipv4_per_eni: 10, ipv6_per_eni: 10, nitro: true, bare_metal: false,
-/// #     enis_per_card: vec![] };
-/// # let subnet = Subnet { id: "subnet-a".into(), vpc_id: "vpc-1".into(),
-/// #     availability_zone: "az-1".into(), cidr: "10.0.0.0/20".parse().unwrap(),
-/// #     available_addresses: 100, tags: Tags::new() };
-/// # let subnets = BTreeMap::from([(subnet.id.clone(), subnet)]);
-/// # let vpcs = BTreeMap::from([("vpc-1".to_string(), Vpc { id: "vpc-1".into(),
-/// #     primary_cidr: "10.0.0.0/16".parse().unwrap(), secondary_cidrs: vec![] })]);
-/// # let primary = NetworkInterface { id: "eni-0".into(), subnet_id: "subnet-a".into(),
-/// #     vpc_id: "vpc-1".into(), availability_zone: "az-1".into(),
-/// #     mac: "02:00:00:00:00:01".into(), description: String::new(),
-/// #     primary_ip: "10.0.0.10".parse().unwrap(), secondary_ips: vec![], prefixes: vec![],
-/// #     ipv6_prefixes: vec![], security_groups: vec!["sg-1".into()], tags: Tags::new(),
-/// #     state: EniState::InUse, attachment: Some(Attachment { id: "attach-0".into(),
-/// #     instance_id: "i-1".into(), device_index: 0, delete_on_termination: true,
-/// #     network_card_index: 0 }),
-/// #     public_ip: None, interface_type: Default::default() };
-/// # let mut enis = vec![primary];
-/// # let (security_groups, cooldown) = (BTreeMap::new(), BTreeMap::new());
-/// # let mut node = CiliumNode::new("node-1", CiliumNodeSpec::default());
-/// # node.spec.instance_id = "i-1".into();
-/// # let config = IpamConfig::default();
-/// # let mut memory = NodeMemory::default();
-/// enis[0].secondary_ips = vec!["10.0.0.11".parse().unwrap(), "10.0.0.12".parse().unwrap()];
-/// let view = Ec2View {
-///     instance: InstanceView::Known { instance: None, enis: &enis },
-///     limits: Some(&limits),
-///     subnets: &subnets,
-///     vpcs: &vpcs,
-///     security_groups: &security_groups,
-///     route_tables: &[],
-///     prefix_cooldown: &cooldown,
-///     pod_subnets: None,
-/// };
-/// let desired = desired_state(&node, &view, &config, &memory, None);
-/// let eni = &desired.enis.as_ref().unwrap()["eni-0"];
-/// assert_eq!(eni.addresses, ["10.0.0.11", "10.0.0.12"]);
-/// assert_eq!(eni.vpc.primary_cidr, "10.0.0.0/16");
-/// assert_eq!(desired.pool.as_ref().unwrap()["10.0.0.11"].resource, "eni-0");
-/// assert_eq!(desired.operator_error, None);
-/// ```
-pub fn desired_state(
-    node: &CiliumNode,
-    ec2: &Ec2View<'_>,
-    config: &IpamConfig,
-    memory: &NodeMemory,
-    problem: Option<&Problem>,
-) -> DesiredState {
-    writeback::desired_state(node, ec2, config, memory, problem)
-}
-
-/// The minimal, correctly ordered writes from `node` to `desired`.
-///
-/// ```
-/// # use std::collections::BTreeMap;
-/// # use std::time::Instant;
-/// # use eni_operator::crd::{CiliumNode, CiliumNodeSpec};
-/// # use eni_operator::ec2::*;
-/// # use eni_operator::ipam::*;
-/// # let limits = InstanceTypeLimits { instance_type: "m5.large".into(), max_enis: 3,
-/// #     ipv4_per_eni: 10, ipv6_per_eni: 10, nitro: true, bare_metal: false,
-/// #     enis_per_card: vec![] };
-/// # let subnet = Subnet { id: "subnet-a".into(), vpc_id: "vpc-1".into(),
-/// #     availability_zone: "az-1".into(), cidr: "10.0.0.0/20".parse().unwrap(),
-/// #     available_addresses: 100, tags: Tags::new() };
-/// # let subnets = BTreeMap::from([(subnet.id.clone(), subnet)]);
-/// # let vpcs = BTreeMap::from([("vpc-1".to_string(), Vpc { id: "vpc-1".into(),
-/// #     primary_cidr: "10.0.0.0/16".parse().unwrap(), secondary_cidrs: vec![] })]);
-/// # let primary = NetworkInterface { id: "eni-0".into(), subnet_id: "subnet-a".into(),
-/// #     vpc_id: "vpc-1".into(), availability_zone: "az-1".into(),
-/// #     mac: "02:00:00:00:00:01".into(), description: String::new(),
-/// #     primary_ip: "10.0.0.10".parse().unwrap(), secondary_ips: vec![], prefixes: vec![],
-/// #     ipv6_prefixes: vec![], security_groups: vec!["sg-1".into()], tags: Tags::new(),
-/// #     state: EniState::InUse, attachment: Some(Attachment { id: "attach-0".into(),
-/// #     instance_id: "i-1".into(), device_index: 0, delete_on_termination: true,
-/// #     network_card_index: 0 }),
-/// #     public_ip: None, interface_type: Default::default() };
-/// # let mut enis = vec![primary];
-/// # let (security_groups, cooldown) = (BTreeMap::new(), BTreeMap::new());
-/// # let mut node = CiliumNode::new("node-1", CiliumNodeSpec::default());
-/// # node.spec.instance_id = "i-1".into();
-/// # let config = IpamConfig::default();
-/// # let mut memory = NodeMemory::default();
-/// enis[0].secondary_ips = vec!["10.0.0.11".parse().unwrap()];
-/// let view = Ec2View {
-///     instance: InstanceView::Known { instance: None, enis: &enis },
-///     limits: Some(&limits),
-///     subnets: &subnets,
-///     vpcs: &vpcs,
-///     security_groups: &security_groups,
-///     route_tables: &[],
-///     prefix_cooldown: &cooldown,
-///     pod_subnets: None,
-/// };
-/// let desired = desired_state(&node, &view, &config, &memory, None);
-/// let set = changes(&node, &desired);
-/// // New addresses: the ENI goes to status before the address enters the pool (C1).
-/// let order: Vec<Subresource> = set.writes.iter().map(|w| w.subresource).collect();
-/// assert_eq!(order, [Subresource::Status, Subresource::Spec]);
-/// assert_eq!(set.writes[1].patch["spec"]["ipam"]["pool"]["10.0.0.11"]["resource"], "eni-0");
-/// ```
-pub fn changes(node: &CiliumNode, desired: &DesiredState) -> ChangeSet {
-    writeback::changes(node, desired)
 }

@@ -35,7 +35,57 @@ fn refuse(demand: Demand, reason: ProblemReason, message: String) -> NodePlan {
     }
 }
 
-/// See [`super::plan_node`].
+/// Decide the next EC2 step for one node. Updates `memory` (release bookkeeping) as a side
+/// effect; otherwise pure. `pending_pods` feeds surge allocation.
+///
+/// ```
+/// # use std::collections::BTreeMap;
+/// # use std::time::Instant;
+/// # use eni_operator::crd::{CiliumNode, CiliumNodeSpec};
+/// # use eni_operator::ec2::*;
+/// # use eni_operator::ipam::*;
+/// # let limits = InstanceTypeLimits { instance_type: "m5.large".into(), max_enis: 3,
+/// #     ipv4_per_eni: 10, ipv6_per_eni: 10, nitro: true, bare_metal: false,
+/// #     enis_per_card: vec![] };
+/// # let subnet = Subnet { id: "subnet-a".into(), vpc_id: "vpc-1".into(),
+/// #     availability_zone: "az-1".into(), cidr: "10.0.0.0/20".parse().unwrap(),
+/// #     available_addresses: 100, tags: Tags::new() };
+/// # let subnets = BTreeMap::from([(subnet.id.clone(), subnet)]);
+/// # let vpcs = BTreeMap::from([("vpc-1".to_string(), Vpc { id: "vpc-1".into(),
+/// #     primary_cidr: "10.0.0.0/16".parse().unwrap(), secondary_cidrs: vec![] })]);
+/// # let primary = NetworkInterface { id: "eni-0".into(), subnet_id: "subnet-a".into(),
+/// #     vpc_id: "vpc-1".into(), availability_zone: "az-1".into(),
+/// #     mac: "02:00:00:00:00:01".into(), description: String::new(),
+/// #     primary_ip: "10.0.0.10".parse().unwrap(), secondary_ips: vec![], prefixes: vec![],
+/// #     ipv6_prefixes: vec![], security_groups: vec!["sg-1".into()], tags: Tags::new(),
+/// #     state: EniState::InUse, attachment: Some(Attachment { id: "attach-0".into(),
+/// #     instance_id: "i-1".into(), device_index: 0, delete_on_termination: true,
+/// #     network_card_index: 0 }),
+/// #     public_ip: None, interface_type: Default::default() };
+/// # let mut enis = vec![primary];
+/// # let (security_groups, cooldown) = (BTreeMap::new(), BTreeMap::new());
+/// # let mut node = CiliumNode::new("node-1", CiliumNodeSpec::default());
+/// # node.spec.instance_id = "i-1".into();
+/// # let config = IpamConfig::default();
+/// # let mut memory = NodeMemory::default();
+/// let view = Ec2View {
+///     instance: InstanceView::Known { instance: None, enis: &enis },
+///     limits: Some(&limits),
+///     subnets: &subnets,
+///     vpcs: &vpcs,
+///     security_groups: &security_groups,
+///     route_tables: &[],
+///     prefix_cooldown: &cooldown,
+///     pod_subnets: None,
+/// };
+/// // One bare primary ENI and the default pre-allocation of 8: top it up with 8 addresses.
+/// let plan = plan_node(&node, &view, &config, &mut memory, Instant::now(), 0);
+/// assert_eq!(plan.demand.needed, 8);
+/// match plan.action {
+///     Action::Assign(assign) => assert_eq!(assign.request, AddressRequest::Ips(8)),
+///     other => panic!("unexpected {other:?}"),
+/// }
+/// ```
 pub fn plan_node(
     node: &CiliumNode,
     ec2: &Ec2View<'_>,

@@ -14,20 +14,20 @@
 //! book and name in a task local set for the pass ([`scope`]).
 
 use std::collections::BTreeMap;
-use std::future::Future;
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::sync::Mutex;
+use std::time::Instant;
 
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use serde::{Deserialize, Serialize};
 
-use crate::ec2::Operation;
-use crate::ec2::gate::ThrottleObserver;
 use crate::ipam::{Action, Demand, Generation, ProblemReason};
 
+mod in_pass;
 pub mod page;
+
+pub use in_pass::{ThrottledPasses, scope};
 use page::{Message, NodeStatus, Page, Stamped, Wait};
 
 type Labels = Vec<(&'static str, String)>;
@@ -468,32 +468,6 @@ fn settle(
         w.retry_at = due.or(rescan);
     }
     Some(w)
-}
-
-tokio::task_local! {
-    /// The book and node of the pass this task runs (see [`scope`]).
-    static CURRENT: (Arc<StatusBook>, String);
-}
-
-/// Run a pass over `name` with its book reachable from code that has no handle on it.
-pub async fn scope<F: Future>(book: Arc<StatusBook>, name: String, pass: F) -> F::Output {
-    CURRENT.scope((book, name), pass).await
-}
-
-/// The gate's [`ThrottleObserver`]: a throttled call of a pass marks that pass's node as waiting
-/// until the retry. Nothing outside a pass (refreshes, the GC).
-#[derive(Clone, Copy, Debug, Default)]
-pub struct ThrottledPasses;
-
-impl ThrottleObserver for ThrottledPasses {
-    fn throttled(&self, operation: Operation, delay: Duration) {
-        let _ = CURRENT.try_with(|(book, name)| {
-            let retry = crate::clock::now() + delay;
-            let detail =
-                format!("{operation} answered RequestLimitExceeded; the EC2 gate retries it");
-            book.wait_live(name, WaitReason::Throttled, detail, retry);
-        });
-    }
 }
 
 #[cfg(test)]

@@ -35,11 +35,11 @@ pub(super) async fn finalize<E: Ec2, S: NodeSink>(
 ) -> End {
     let mut said = Said::on(r.clone());
     let (named, confirmed) = (decided.named.as_str(), decided.release.as_deref());
-    let verdict = remove(inner, name, &r, named, confirmed, &mut said).await;
+    let verdict = let_go(inner, name, &r, named, confirmed, &mut said).await;
     End::with(verdict, said)
 }
 
-async fn remove<E: Ec2, S: NodeSink>(
+async fn let_go<E: Ec2, S: NodeSink>(
     inner: &Shared<E, S>,
     name: &str,
     r: &NodeRef,

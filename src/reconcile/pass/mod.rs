@@ -57,11 +57,10 @@ const FAILED: Verdict = (Outcome::Failed, None);
 pub(crate) async fn pass<E: Ec2, S: NodeSink>(inner: &Shared<E, S>, name: &str) -> Verdict {
     inner.metrics.passes.inc();
     let start = crate::clock::now();
-    inner.status.begin(name, start);
+    let work = one_pass(inner, name);
     // The gate reports throttled answers to the node's status through this scope.
     let book = inner.status.clone();
-    let verdict =
-        crate::reconcile::status::scope(book, name.to_string(), pass_inner(inner, name)).await;
+    let verdict = crate::reconcile::status::scope(book, name, start, work).await;
     let seconds = crate::clock::now().saturating_duration_since(start);
     // Cilium's pool-maintainer ("deficit_resolver") trigger run duration.
     inner
@@ -72,20 +71,16 @@ pub(crate) async fn pass<E: Ec2, S: NodeSink>(inner: &Shared<E, S>, name: &str) 
     verdict
 }
 
-async fn pass_inner<E: Ec2, S: NodeSink>(inner: &Shared<E, S>, name: &str) -> Verdict {
-    // A shadow core (built only from read-only types: `Core::shadow`) compares, never acts.
-    if let Some(book) = &inner.shadow {
-        return shadow::pass(inner, name, book).await;
-    }
-    steps(inner, name).await
-}
-
-/// The chain of steps; a pass a step ended is reported by [`report::ended`].
-async fn steps<E: Ec2, S: NodeSink>(inner: &Shared<E, S>, name: &str) -> Verdict {
-    match chain(inner, name).await {
-        Ok(verdict) => verdict,
-        Err(end) => report::ended(inner, name, end).await,
-    }
+/// The chain of steps; a pass a step ended is reported by [`report::ended`]. A shadow core
+/// (built only from read-only types: `Core::shadow`) compares, never acts.
+async fn one_pass<E: Ec2, S: NodeSink>(inner: &Shared<E, S>, name: &str) -> Verdict {
+    let Some(book) = &inner.shadow else {
+        return match chain(inner, name).await {
+            Ok(verdict) => verdict,
+            Err(end) => report::ended(inner, name, end).await,
+        };
+    };
+    shadow::pass(inner, name, book).await
 }
 
 async fn chain<E: Ec2, S: NodeSink>(inner: &Shared<E, S>, name: &str) -> Result<Verdict, End> {

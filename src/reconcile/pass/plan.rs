@@ -2,11 +2,8 @@
 //! (a healthy view, no hold, the type's limits): asks the engine, and re-reads the CiliumNode
 //! right before a multi-pool release (§7.4).
 
-use std::time::Instant;
-
 use tracing::{info, warn};
 
-use crate::cache::type_limits::Unresolved;
 use crate::ec2::Ec2;
 use crate::ipam::admission::AdmittedNode;
 use crate::ipam::capacity::{self, InterfaceStats};
@@ -18,7 +15,7 @@ use crate::reconcile::shared::Shared;
 use crate::reconcile::status::WaitReason;
 
 use super::ec2_facts::PlanFacts;
-use super::said::{End, Said};
+use super::said::End;
 use super::snapshot::Snapshot;
 use super::{DONE, FAILED, Step};
 
@@ -29,14 +26,11 @@ pub(super) struct Planned {
     pub action: Action,
     pub instance_id: String,
     pub instance_type: String,
-    /// When the pass planned (the demand latency counts from here).
-    pub at: Instant,
     /// Cilium's interface figures of the node, from the view planned against.
     pub interfaces: Option<InterfaceStats>,
-    /// The type's limits are unknown: why, and when they are looked up again.
-    pub limits: Option<Unresolved>,
-    /// Why the node waits, when planning found a reason (said by the report).
-    pub said: Said,
+    /// What planning started from (when, the type's limits if unknown), and why the node
+    /// waits when planning found a reason (said by the report).
+    pub facts: PlanFacts,
 }
 
 pub(super) async fn plan<E: Ec2, S: NodeSink>(
@@ -45,13 +39,9 @@ pub(super) async fn plan<E: Ec2, S: NodeSink>(
     node: &AdmittedNode,
     memory: &mut NodeMemory,
     snap: &Snapshot,
-    facts: PlanFacts,
+    mut facts: PlanFacts,
 ) -> Result<Planned, End> {
-    let PlanFacts {
-        at: t,
-        limits,
-        mut said,
-    } = facts;
+    let (t, said) = (facts.at, &mut facts.said);
     let instance_id = node.spec.instance_id.clone();
     let instance_type = node.spec.eni.instance_type.clone();
     let (mut plan, interfaces) = {
@@ -95,9 +85,9 @@ pub(super) async fn plan<E: Ec2, S: NodeSink>(
                     // Taken back: no EC2 call; the re-adoption's update re-plans the node.
                     let memory = std::mem::take(memory);
                     inner.with_slot(name, |s| s.memory = memory);
-                    return Err(End::with(DONE, said));
+                    return Err(End::with(DONE, facts.said));
                 }
-                Err(verdict) => return Err(End::with(verdict, said)),
+                Err(verdict) => return Err(End::with(verdict, facts.said)),
             }
         }
         action => action,
@@ -107,10 +97,8 @@ pub(super) async fn plan<E: Ec2, S: NodeSink>(
         action,
         instance_id,
         instance_type,
-        at: t,
         interfaces,
-        limits,
-        said,
+        facts,
     })
 }
 

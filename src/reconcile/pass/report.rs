@@ -36,7 +36,7 @@ pub(super) async fn report<E: Ec2, S: NodeSink>(
     memory: NodeMemory,
 ) -> Verdict {
     // What planning found (a wait on the status page) comes first: a later wait replaces it.
-    say(inner, name, std::mem::take(&mut planned.said)).await;
+    say(inner, name, std::mem::take(&mut planned.facts.said)).await;
     let node_ref = NodeRef::of(written.node.as_ref().unwrap_or(&**node));
     let previous = inner.with_slot(name, |s| s.last_problem.clone()).flatten();
     let problem = executed.problem.as_ref();
@@ -175,7 +175,7 @@ fn verdict<E: Ec2, S: NodeSink>(
             pending,
         ));
         info!(node = name, "EC2 changed for the node");
-    } else if let Some(u) = &planned.limits
+    } else if let Some(u) = &planned.facts.limits
         && outcome == Outcome::Done
     {
         // Planned without the type's limits: look again when they can be looked up again,
@@ -259,7 +259,7 @@ fn remember<E: Ec2, S: NodeSink>(
             s.node = Some(stored);
         }
         match (s.demand_seen, met) {
-            (None, false) => s.demand_seen = Some(planned.at),
+            (None, false) => s.demand_seen = Some(planned.facts.at),
             (Some(seen), true) => {
                 let latency = t_end.duration_since(seen).as_secs_f64();
                 inner.metrics.demand_latency.observe(latency);

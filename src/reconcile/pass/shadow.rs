@@ -5,6 +5,7 @@
 //! step that tried would be refused and counted.
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use crate::clock::now;
 use crate::ec2::Ec2;
@@ -21,27 +22,51 @@ pub(super) async fn pass<E: Ec2, S: NodeSink>(
     name: &str,
     book: &Arc<ShadowBook>,
 ) -> Verdict {
-    steps(inner, name, book).await.unwrap_or_else(|end| end)
+    let (seen, verdict) = match steps(inner, name).await {
+        Ok(done) => done,
+        Err(verdict) => (Seen::Nothing, verdict),
+    };
+    match seen {
+        Seen::Nothing => {}
+        Seen::Gone => {
+            book.forget(name);
+            inner.status.forget(name);
+        }
+        Seen::NotCompared => book.forget(name),
+        Seen::Observed(obs, at) => {
+            book.observe(name, obs, at);
+        }
+    }
+    verdict
 }
 
-async fn steps<E: Ec2, S: NodeSink>(
-    inner: &Shared<E, S>,
-    name: &str,
-    book: &ShadowBook,
-) -> Step<Verdict> {
+/// What a shadow's pass tells its book of the node.
+enum Seen {
+    Nothing,
+    /// The slot is gone: the node's figures and its status go.
+    Gone,
+    /// Not ours to compare (opted out, out of scope, going away).
+    NotCompared,
+    /// Compared (or the active operator's error, as ours), planned at that time.
+    Observed(Observation, Instant),
+}
+
+/// The node's observation as an error of ours.
+fn error(message: String) -> (Seen, Verdict) {
+    let obs = Observation {
+        error: Some(message),
+        ..Observation::default()
+    };
+    (Seen::Observed(obs, now()), DONE)
+}
+
+async fn steps<E: Ec2, S: NodeSink>(inner: &Shared<E, S>, name: &str) -> Step<(Seen, Verdict)> {
     let Ok(mut snap) = snapshot::take(inner, name) else {
-        book.forget(name);
-        inner.status.forget(name);
-        return Err(DONE);
+        return Ok((Seen::Gone, DONE));
     };
     if let Some(invalid) = &snap.invalid {
         // What the active operator would report on the node, as an error of ours.
-        let obs = Observation {
-            error: Some(invalid.error.clone()),
-            ..Observation::default()
-        };
-        book.observe(name, obs, now());
-        return Err(DONE);
+        return Ok(error(invalid.error.clone()));
     }
     let stored = snap.node.as_ref().ok_or(DONE)?;
     // The active operator's admission, without the guard (another allocator serves the node:
@@ -50,24 +75,14 @@ async fn steps<E: Ec2, S: NodeSink>(
     let node = match admission::decide(&facts) {
         Decision::Serve(serve) => facts.admit(serve),
         Decision::Wait { retry, .. } => return Err((Outcome::RetryAfter(retry), None)),
-        Decision::Refuse(r) => {
-            // The active operator's refusal (§15), as an error of ours.
-            let obs = Observation {
-                error: Some(format!("{}: {}", r.reason.as_str(), r.message)),
-                ..Observation::default()
-            };
-            book.observe(name, obs, now());
-            return Err(DONE);
-        }
+        // The active operator's refusal (§15), as an error of ours.
+        Decision::Refuse(r) => return Ok(error(format!("{}: {}", r.reason.as_str(), r.message))),
         // Opted out, out of scope, or going away (the live GET is the active operator's):
         // nothing to compare.
         Decision::HandBack
         | Decision::LeaveAlone(_)
         | Decision::Finalize(_)
-        | Decision::Need(_) => {
-            book.forget(name);
-            return Err(DONE);
-        }
+        | Decision::Need(_) => return Ok((Seen::NotCompared, DONE)),
     };
     let instance = node.spec.instance_id.clone();
     // The serving allocator's changes reach our cache only through describes (we make none of
@@ -94,8 +109,8 @@ async fn steps<E: Ec2, S: NodeSink>(
             return Err(end.verdict);
         }
     };
-    report::say(inner, name, std::mem::take(&mut planned.said)).await;
-    if let Some(u) = planned.limits.as_ref().filter(|u| !u.invalid_type) {
+    report::say(inner, name, std::mem::take(&mut planned.facts.said)).await;
+    if let Some(u) = planned.facts.limits.as_ref().filter(|u| !u.invalid_type) {
         // Our own missing data (the lookup failed), not a disagreement with the serving
         // allocator: compare once the limits are known.
         inner.with_slot(name, |s| s.memory = memory);
@@ -126,16 +141,15 @@ async fn steps<E: Ec2, S: NodeSink>(
         .status
         .observed(name, obs.figures.clone(), obs.would.clone());
     if let Some(e) = &obs.error {
-        inner.status.error(name, e.clone(), planned.at);
+        inner.status.error(name, e.clone(), planned.facts.at);
     }
-    book.observe(name, obs, planned.at);
     let demand = planned.plan.demand.clone();
     inner.with_slot(name, |s| {
         s.memory = memory;
         s.demand = demand;
     });
     // Nothing was done: the next input (or the rescan) plans the node again.
-    Ok(DONE)
+    Ok((Seen::Observed(obs, planned.facts.at), DONE))
 }
 
 /// The CiliumNode lists an ENI the EC2 cache does not have on its instance, or an address or

@@ -89,7 +89,8 @@ pub(super) async fn ensure<E: Ec2, S: NodeSink>(
     match assign(inner, &tags, &eni_id, private_ip, required).await {
         Ok(Assigned::Ip(ip)) => {
             info!(node = name, %ip, eni = %eni_id, "static IP assigned");
-            node.replace(publish(inner, name, &node, ip).await?);
+            let published = publish(inner, name, &node, ip).await?;
+            node.replace(published);
             Ok((node, StaticIp::default()))
         }
         Ok(Assigned::NoneFree) => Ok((

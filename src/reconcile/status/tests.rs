@@ -1,4 +1,8 @@
 use super::*;
+use crate::ec2::Operation;
+use crate::ec2::gate::ThrottleObserver;
+use std::sync::Arc;
+use std::time::Duration;
 
 fn book() -> StatusBook {
     StatusBook::new(Family::default(), (Timestamp::UNIX_EPOCH, Instant::now()))
@@ -119,8 +123,7 @@ async fn a_throttled_call_inside_a_pass_marks_its_node() {
         0,
         "outside a pass: nothing"
     );
-    b.begin("n1", crate::clock::now());
-    scope(b.clone(), "n1".into(), async {
+    scope(b.clone(), "n1", crate::clock::now(), async {
         gate.throttled(Operation::AttachNetworkInterface, Duration::from_secs(3));
     })
     .await;
@@ -134,8 +137,7 @@ async fn a_throttled_call_inside_a_pass_marks_its_node() {
     assert_eq!(w.reason, WaitReason::Throttled);
     assert!(w.detail.contains("AttachNetworkInterface"), "{}", w.detail);
     // Throttled, then served in the same pass: it waits no more.
-    b.begin("n1", crate::clock::now());
-    scope(b.clone(), "n1".into(), async {
+    scope(b.clone(), "n1", crate::clock::now(), async {
         gate.throttled(Operation::AttachNetworkInterface, Duration::from_secs(3));
     })
     .await;

@@ -8,12 +8,6 @@ fn stored_under_ciliums_crd(n: &CiliumNode) -> CiliumNode {
     serde_json::from_value(v).unwrap()
 }
 
-fn status_write(set: &ChangeSet) -> Option<&Write> {
-    set.writes
-        .iter()
-        .find(|w| w.subresource == Subresource::Status)
-}
-
 #[test]
 fn a_summary_pruned_by_ciliums_crd_counts_as_unchanged() {
     let w = world_with_prefix();
