@@ -622,6 +622,13 @@ async fn a_node_without_provider_id_gets_nothing_for_a_stranger_its_agent_names(
         "{}",
         t.error("n")
     );
+    assert_eq!(
+        t.w.sim.times_named(&stranger.id),
+        0,
+        "a call named the stranger"
+    );
+    assert!(!t.cache.read().unwrap().manages(&stranger.id));
+    // Refused by EC2's owner of the InternalIP, named in the message.
     assert!(t.error("n").contains(&own.id), "{}", t.error("n"));
     // Several resyncs and refused passes later.
     tokio::time::sleep(Duration::from_secs(180)).await;
