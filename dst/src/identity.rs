@@ -14,7 +14,9 @@
 //!   holds. Invariant: while the old CiliumNode exists, no ENI of ours leaves the instance the
 //!   live node runs on (its finalizer must not release them after the grace period; planted
 //!   defect `release-named-instance`). In between, neither is served (`InstanceNamedTwice`);
-//!   the node is served once the old one goes.
+//!   the node is served once the old one goes. Half the new Nodes carry no providerID (a
+//!   kubelet without the AWS cloud provider; only their InternalIP names the instance), so
+//!   that the other CiliumNode is all that keeps the old finalizer's hands off.
 //!
 //! "A Node deleted while its instance runs" is `World::orphan`. Every draw here comes from a
 //! stream of its own (as crate::slow_answer's), so adding this moves no other draw of a seed.
@@ -230,7 +232,21 @@ fn rename(w: &mut World, t: u64) {
     w.pods_gone(&old);
     n.agent.pods.clear();
     n.quiet = None;
-    let node = w.put_node(&new, n.zone, &n.instance_id);
+    // Half register from a kubelet without the AWS cloud provider: no providerID, only the
+    // InternalIP (§15 checks it against the instance's primary address). No other Node's
+    // providerID names the instance then, so only the other CiliumNode stops the old one's
+    // finalizer.
+    let by_ip = w.identity.rng.random_bool(0.5);
+    let primary = w
+        .sim
+        .network_interfaces()
+        .into_iter()
+        .find(|e| e.instance_id() == Some(n.instance_id.as_str()) && e.device_index() == Some(0))
+        .map(|e| e.primary_ip);
+    let node = match primary.filter(|_| by_ip) {
+        Some(ip) => w.sink.put_node_at_ip(&new, &[KARPENTER], &ip.to_string()),
+        None => w.put_node(&new, n.zone, &n.instance_id),
+    };
     w.node_event(Event::Apply(node));
     let mut again = CiliumNode::new(&new, stored.spec.clone());
     again.spec.ipam.pool.clear();
@@ -249,8 +265,13 @@ fn rename(w: &mut World, t: u64) {
     w.log(
         t,
         format!(
-            "{old}: registers again as {new} on {}; the old Node is deleted at t={goes_at}s",
-            n.instance_id
+            "{old}: registers again as {new} on {}{}; the old Node is deleted at t={goes_at}s",
+            n.instance_id,
+            if by_ip && primary.is_some() {
+                " (Node without providerID)"
+            } else {
+                ""
+            }
         ),
     );
     w.nodes.insert(new, n);

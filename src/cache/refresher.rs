@@ -100,7 +100,7 @@ impl<E: Ec2> Refresher<E> {
     /// where the operator reads its VPC from IMDS and lists everything when that fails). The
     /// managed nodes' VPC is known after their first per-instance refresh; nodes in several
     /// VPCs leave the listing unscoped.
-    fn vpc_scope(&self) -> Option<String> {
+    pub fn vpc_scope(&self) -> Option<String> {
         if let Some(v) = &self.scope.vpc_id {
             return Some(v.clone());
         }

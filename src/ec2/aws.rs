@@ -135,6 +135,10 @@ impl Ec2 for AwsEc2 {
         if let Some(state) = f.state {
             filters.push(filter("status", [state.as_str().to_string()]));
         }
+        if !f.private_ips.is_empty() {
+            let ips = f.private_ips.iter().map(ToString::to_string);
+            filters.push(filter("addresses.private-ip-address", ips));
+        }
         describe_page!(
             self,
             DescribeNetworkInterfaces,

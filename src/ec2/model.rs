@@ -316,6 +316,9 @@ pub struct EniFilter {
     pub tags: Tags,
     /// `status`.
     pub state: Option<EniState>,
+    /// `addresses.private-ip-address`: an ENI with any of these among its private IPv4
+    /// addresses (AWS matches primary and secondary ones; moto only the primary).
+    pub private_ips: Vec<Ipv4Addr>,
 }
 
 /// Filters of `DescribeInstances`.

@@ -143,7 +143,8 @@ impl<E: Ec2, S: NodeSink> Core<E, S> {
         let mut inputs_open = true;
         loop {
             *inner.beat.lock().expect("beat") = now();
-            if l.first.due(now(), l.schedule.describing())
+            if l.first
+                .due(now(), l.schedule.describing() || l.owners.busy())
                 && let Some(go) = go.take()
             {
                 let _ = go.send(());
@@ -154,6 +155,7 @@ impl<E: Ec2, S: NodeSink> Core<E, S> {
             if let Some(refresh) = l.schedule.next_refresh() {
                 l.start_refresh(inner, refresh);
             }
+            l.start_lookup(inner);
             inner.metrics.queue_depth.set(l.queue.depth() as i64);
             let pushed = l.queue.take_pushes();
             inner.metrics.cilium.deficit_queued.inc_by(pushed);

@@ -1,6 +1,8 @@
 //! How the event loop takes one [`NodeInput`]: what the Nodes say goes to the identity table
 //! (§15), the rest to the node slots ([`crate::reconcile::nodes::accept`], pure), and the loop queues,
-//! dequeues or makes a node wait for its instance's describe as the slots ask.
+//! dequeues or makes a node wait for its instance's describe as the slots ask. A node whose Node
+//! has no providerID first waits for the lookup of its InternalIP's instance
+//! ([`super::owners`]).
 
 use crate::ec2::Ec2;
 
@@ -19,14 +21,8 @@ pub(super) fn accept<E: Ec2, S: NodeSink>(inner: &Shared<E, S>, input: NodeInput
             let changed = inner.nodes.lock().expect("nodes").set(name, facts.clone());
             let held = inner.slots.lock().expect("slots").contains_key(name);
             if changed && held {
-                // A CiliumNode refused so far may be admitted now: describe its instance.
-                let p = inner.priority(name);
-                let instance = inner.instance_of(name).filter(|i| admitted(inner, name, i));
-                match instance {
-                    Some(i) if nodes::enroll(&inner.cache, &i, p) => wait(inner, l, i, name),
-                    // Out of any wait the refusal set: the reason may be gone.
-                    _ => l.queue.wake(name.clone(), p),
-                }
+                reconsider(inner, l, name);
+                ask_owners(inner, l, name);
             }
             return;
         }
@@ -44,6 +40,10 @@ pub(super) fn accept<E: Ec2, S: NodeSink>(inner: &Shared<E, S>, input: NodeInput
     if let (Some(book), NodeInput::Deleted(name)) = (&inner.shadow, &input) {
         book.forget(name);
     }
+    let upserted = match &input {
+        NodeInput::Upsert(node) => node.metadata.name.clone(),
+        _ => None,
+    };
     let a = nodes::accept(&inner.slots, input, &inner.cache, |name, instance| {
         admitted(inner, name, instance)
     });
@@ -64,10 +64,44 @@ pub(super) fn accept<E: Ec2, S: NodeSink>(inner: &Shared<E, S>, input: NodeInput
             l.queue.push(name, p);
         }
     }
+    if let Some(name) = upserted {
+        ask_owners(inner, l, &name);
+    }
+}
+
+/// What a node's Node (or EC2's answer about its InternalIP) says changed: a CiliumNode refused
+/// so far may be admitted now (its instance is managed and described), and any wait a refusal
+/// set ends (the reason may be gone).
+pub(super) fn reconsider<E: Ec2, S: NodeSink>(inner: &Shared<E, S>, l: &mut Loop, name: &str) {
+    if !inner.slots.lock().expect("slots").contains_key(name) {
+        return;
+    }
+    let p = inner.priority(name);
+    let instance = inner.instance_of(name).filter(|i| admitted(inner, name, i));
+    match instance {
+        Some(i) if nodes::enroll(&inner.cache, &i, p) => wait(inner, l, i, name),
+        _ => l.queue.wake(name.to_string(), p),
+    }
+}
+
+/// Look up the instance behind the InternalIPs of `name`'s Node when it has no providerID and
+/// no answer (or an old one refuting the claim) is at hand: the claim is judged by that answer.
+pub(super) fn ask_owners<E: Ec2, S: NodeSink>(inner: &Shared<E, S>, l: &mut Loop, name: &str) {
+    let Some(instance) = inner.instance_of(name) else {
+        return;
+    };
+    let due = {
+        let nodes = inner.nodes.lock().expect("nodes");
+        nodes.lookups_due(name, &instance, crate::clock::now())
+    };
+    for ip in due {
+        l.owners.wait(ip, name.to_string());
+    }
 }
 
 /// Whether the instance a CiliumNode names may be described and managed before a pass judges
-/// the node (§15): only when its Node confirms it, or can only be checked against the describe.
+/// the node (§15): only when its Node confirms it (its providerID, or EC2's owner of its
+/// InternalIP).
 pub(super) fn admitted<E: Ec2, S: NodeSink>(
     inner: &Shared<E, S>,
     name: &str,

@@ -8,6 +8,7 @@ use crate::ec2::Ec2;
 use crate::jitter::Jitter;
 
 use crate::clock::now;
+use crate::event_loop::owners::{self, Lookups};
 use crate::event_loop::schedule::{InstanceRefresh, RefreshSchedule};
 use crate::event_loop::start::FirstListing;
 use crate::event_loop::tasks::{Done, Tasks};
@@ -20,6 +21,8 @@ pub(super) struct Loop {
     pub queue: DeficitQueue<String>,
     pub tasks: Tasks,
     pub schedule: RefreshSchedule,
+    /// The InternalIPs whose instance nodes wait for.
+    pub owners: Lookups,
     /// Passes running.
     pub workers: usize,
     /// The backoff jitter of failed passes.
@@ -34,6 +37,7 @@ impl Loop {
             queue: DeficitQueue::default(),
             tasks: Tasks::default(),
             schedule: RefreshSchedule::default(),
+            owners: Lookups::default(),
             workers: 0,
             jitter: Jitter::new(jitter_seed),
             first,
@@ -71,6 +75,26 @@ impl Loop {
         let task = async move {
             inner.refresh_instances(&new, &confirm).await;
             Done::Refreshed(new)
+        };
+        self.tasks.spawn(task, on_panic);
+    }
+
+    /// Look up the instances behind the InternalIPs nodes wait for, unless a lookup runs.
+    pub fn start_lookup<E: Ec2, S: NodeSink>(&mut self, inner: &Arc<Shared<E, S>>) {
+        let Some(ips) = self.owners.next() else {
+            return;
+        };
+        let inner = inner.clone();
+        let on_panic = Done::Owners(ips.clone(), None);
+        let task = async move {
+            let vpc = inner.refresher.vpc_scope();
+            match owners::look_up(&*inner.ec2, &ips, vpc).await {
+                Ok(found) => Done::Owners(ips, Some(found)),
+                Err(e) => {
+                    tracing::warn!(error = %e, "looking up the instances of Nodes' InternalIPs failed");
+                    Done::Owners(ips, None)
+                }
+            }
         };
         self.tasks.spawn(task, on_panic);
     }
@@ -113,6 +137,14 @@ impl Loop {
                     inner.publish_totals();
                 }
             }
+            Done::Owners(ips, found) => {
+                if let Some(found) = found {
+                    inner.nodes.lock().expect("nodes").set_owners(found, now());
+                }
+                for name in self.owners.done(&ips) {
+                    super::intake::reconsider(inner, self, &name);
+                }
+            }
             Done::Refreshed(ids) => {
                 self.first.described();
                 for name in self.schedule.refreshed(ids) {
@@ -122,8 +154,14 @@ impl Loop {
             }
             Done::FullRefresh => {
                 self.schedule.full_done();
-                // Resync pass: every node, neediest first.
+                // Resync pass: every node, neediest first; an InternalIP whose lookup failed
+                // or refuted a claim long enough ago is asked about again.
                 inner.requeue_all(&mut self.queue);
+                let names: Vec<String> =
+                    inner.slots.lock().expect("slots").keys().cloned().collect();
+                for name in names {
+                    super::intake::ask_owners(inner, self, &name);
+                }
                 inner.publish_totals();
             }
         }

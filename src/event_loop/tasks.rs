@@ -17,6 +17,11 @@ pub enum Done {
     /// The per-instance refresh of these instances (the ones nodes wait for).
     Refreshed(Vec<String>),
     FullRefresh,
+    /// The lookup of these InternalIPs' instances, and EC2's answer (`None`: it failed).
+    Owners(
+        Vec<std::net::Ipv4Addr>,
+        Option<BTreeMap<std::net::Ipv4Addr, std::collections::BTreeSet<String>>>,
+    ),
 }
 
 #[derive(Default)]

@@ -334,8 +334,10 @@ fn identity(f: &Facts) -> Option<Decision> {
     match &f.identity {
         Identity::Confirmed => {}
         Identity::Unknown => {
-            let why =
-                format!("no Node named {name} seen yet to confirm {instance}; served once it is");
+            let why = format!(
+                "no Node named {name} seen yet, or EC2 not yet asked which instance its \
+                 InternalIP is, to confirm {instance}; served once it is"
+            );
             return Some(wait(Some((WaitReason::NodeNotSeen, why)), UNKNOWN_RETRY));
         }
         Identity::NoNode => {

@@ -2,14 +2,22 @@
 //! can create and write CiliumNodes, so `spec.instance-id` is a claim; the Node of the same
 //! name is the fact: its `spec.providerID` (`aws:///<zone>/<instance-id>`), or, on clusters
 //! whose Nodes carry none, its InternalIP, which must be the instance's primary private address
-//! in EC2. Pure: the Node watch feeds [`Nodes`], a pass asks [`Nodes::verdict`] and
-//! [`rivals`].
+//! in EC2. Which instance that is comes from a describe filtered by the address (the Node's, not
+//! the agent's claim, [`owners_of`]): the instance the agent names is never described or managed
+//! before that answer names it. Pure: the Node watch and those answers feed [`Nodes`], a pass
+//! asks [`Nodes::verdict`] and [`rivals`].
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::Ipv4Addr;
+use std::time::{Duration, Instant};
 
+use crate::ec2::NetworkInterface;
 use crate::k8s::input::NodeFacts;
 use crate::reconcile::nodes::Slots;
+
+/// How soon an InternalIP whose owner refutes a CiliumNode's claim is asked about again (an
+/// instance replaced under the same address and Node name).
+pub const OWNER_RECHECK: Duration = Duration::from_secs(60);
 
 /// The Nodes the watch has shown, by name.
 #[derive(Debug, Default)]
@@ -17,6 +25,47 @@ pub struct Nodes {
     facts: BTreeMap<String, NodeFacts>,
     /// The watch's first listing is complete: a name it did not show has no Node.
     listed: bool,
+    /// The instances whose primary address each InternalIP of a Node without providerID is,
+    /// as EC2 answered, and when. Kept only for addresses some Node has.
+    owners: BTreeMap<Ipv4Addr, (BTreeSet<String>, Instant)>,
+}
+
+/// What the owners of a Node's InternalIPs say.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum ByIp {
+    /// An address not asked about yet.
+    NotAsked,
+    /// Exactly one instance has one of them as its primary address.
+    Is(String),
+    /// None, or several (why).
+    NotOne(String),
+}
+
+/// For each address, the instances whose primary ENI (card 0, device 0) has it as its primary
+/// private address, from a describe filtered by those addresses (an address nobody has maps to
+/// no instance: that is an answer too).
+pub fn owners_of(
+    ips: &[Ipv4Addr],
+    enis: &[NetworkInterface],
+) -> BTreeMap<Ipv4Addr, BTreeSet<String>> {
+    ips.iter()
+        .map(|ip| {
+            let owners = enis
+                .iter()
+                .filter(|e| e.primary_ip == *ip && e.is_primary())
+                .filter_map(|e| e.instance_id().map(str::to_string))
+                .collect();
+            (*ip, owners)
+        })
+        .collect()
+}
+
+fn joined<T: ToString>(items: impl IntoIterator<Item = T>) -> String {
+    items
+        .into_iter()
+        .map(|i| i.to_string())
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// Whether a CiliumNode may be served for the instance it names.
@@ -32,24 +81,89 @@ pub enum Verdict {
 }
 
 impl Nodes {
-    /// A Node was added or changed (`Some`) or deleted (`None`); whether anything changed.
+    /// A Node was added or changed (`Some`) or deleted (`None`); whether anything changed. An
+    /// address no Node has any more loses what EC2 said of it (a Node registered again under
+    /// it is asked about afresh).
     pub fn set(&mut self, name: &str, facts: Option<NodeFacts>) -> bool {
-        match facts {
+        let changed = match facts {
             Some(f) => self.facts.insert(name.to_string(), f.clone()) != Some(f),
             None => self.facts.remove(name).is_some(),
+        };
+        if changed {
+            let held: BTreeSet<Ipv4Addr> = self
+                .facts
+                .values()
+                .filter(|f| f.instance.is_none())
+                .flat_map(|f| f.internal_ips.iter().copied())
+                .collect();
+            self.owners.retain(|ip, _| held.contains(ip));
+        }
+        changed
+    }
+
+    /// What EC2 answered (at `at`) for these addresses ([`owners_of`]).
+    pub fn set_owners(&mut self, found: BTreeMap<Ipv4Addr, BTreeSet<String>>, at: Instant) {
+        for (ip, owners) in found {
+            self.owners.insert(ip, (owners, at));
+        }
+    }
+
+    /// The InternalIPs of `name`'s Node to look up before the instance its CiliumNode names
+    /// (`instance`) may be judged: those of a Node without providerID not asked about yet, or
+    /// whose answer does not name `instance` and is [`OWNER_RECHECK`] old.
+    pub fn lookups_due(&self, name: &str, instance: &str, now: Instant) -> Vec<Ipv4Addr> {
+        let Some(f) = self.facts.get(name).filter(|f| f.instance.is_none()) else {
+            return Vec::new();
+        };
+        if instance.is_empty() {
+            return Vec::new();
+        }
+        f.internal_ips
+            .iter()
+            .filter(|ip| match self.owners.get(ip) {
+                None => true,
+                Some((owners, at)) => {
+                    !owners.contains(instance)
+                        && now.saturating_duration_since(*at) >= OWNER_RECHECK
+                }
+            })
+            .copied()
+            .collect()
+    }
+
+    fn by_ip(&self, f: &NodeFacts) -> ByIp {
+        let mut instances = BTreeSet::new();
+        for ip in &f.internal_ips {
+            match self.owners.get(ip) {
+                None => return ByIp::NotAsked,
+                Some((owners, _)) => instances.extend(owners.iter().cloned()),
+            }
+        }
+        let ips = joined(&f.internal_ips);
+        match instances.len() {
+            1 => ByIp::Is(instances.into_iter().next().unwrap_or_default()),
+            0 => ByIp::NotOne(format!(
+                "its Node's InternalIP ({ips}) is no instance's primary address in EC2"
+            )),
+            _ => ByIp::NotOne(format!(
+                "its Node's InternalIP ({ips}) is the primary address of several instances \
+                 ({}): set --vpc-id, or give the Node its providerID",
+                joined(&instances)
+            )),
         }
     }
 
     /// Whether the instance `name`'s CiliumNode names may be described and managed before a
-    /// pass judges it: its Node names that instance, or has no providerID (then the instance's
-    /// primary address, from the describe, is what decides). `required` as in [`Self::verdict`].
+    /// pass judges it: its Node names that instance, or has no providerID and EC2 answered
+    /// that its InternalIP is that instance's primary address (and no other's).
+    /// `required` as in [`Self::verdict`].
     pub fn may_describe(&self, name: &str, instance: &str, required: bool) -> bool {
         match self.facts.get(name) {
             // Planted defect (dst-mutants): an object no Node confirms is described anyway.
             None => !required || crate::mutants::active("manage-refused-instance"),
             Some(f) => match &f.instance {
                 Some(id) => id == instance,
-                None => !f.internal_ips.is_empty(),
+                None => matches!(self.by_ip(f), ByIp::Is(i) if i == instance),
             },
         }
     }
@@ -71,7 +185,9 @@ impl Nodes {
     /// `required`: a Node watch feeds the core (production). Without one (a core driven by
     /// tests or the benchmark), a name no Node input spoke of is taken on trust; one it did
     /// speak of is checked all the same. `primary_ip`: the instance's primary private address
-    /// as EC2 lists it (`None`: not described yet).
+    /// as the cache lists it (`None`: not described yet); a Node without providerID is judged
+    /// by the owner EC2 named for its InternalIP ([`Self::set_owners`]), and a primary address
+    /// the cache lists must agree.
     pub fn verdict(
         &self,
         name: &str,
@@ -93,20 +209,24 @@ impl Nodes {
             (Some(id), _) => {
                 Verdict::Mismatch(format!("its Node's providerID names {id}, not {instance}"))
             }
-            (None, None) if facts.internal_ips.is_empty() => Verdict::Mismatch(
+            (None, _) if facts.internal_ips.is_empty() => Verdict::Mismatch(
                 "its Node has neither a providerID nor an InternalIP to check it against".into(),
             ),
-            (None, None) => Verdict::Unknown,
-            (None, Some(ip)) if facts.internal_ips.contains(&ip) => Verdict::Confirmed,
-            (None, Some(ip)) => Verdict::Mismatch(format!(
-                "its Node's InternalIP ({}) is not {instance}'s primary address {ip}",
-                facts
-                    .internal_ips
-                    .iter()
-                    .map(ToString::to_string)
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            )),
+            (None, ip) => match self.by_ip(facts) {
+                ByIp::NotAsked => Verdict::Unknown,
+                ByIp::Is(i) if i == instance => match ip {
+                    Some(ip) if !facts.internal_ips.contains(&ip) => Verdict::Mismatch(format!(
+                        "its Node's InternalIP ({}) is not {instance}'s primary address {ip}",
+                        joined(&facts.internal_ips)
+                    )),
+                    _ => Verdict::Confirmed,
+                },
+                ByIp::Is(i) => Verdict::Mismatch(format!(
+                    "its Node's InternalIP ({}) is the primary address of {i}, not {instance}",
+                    joined(&facts.internal_ips)
+                )),
+                ByIp::NotOne(why) => Verdict::Mismatch(why),
+            },
         }
     }
 }
@@ -176,16 +296,10 @@ mod tests {
         assert!(!n.may_describe("a", "i-2", true), "the Node names another");
         assert!(!n.may_describe("a", "i-2", false));
         let ip = "10.0.0.5".parse().unwrap();
-        n.set(
-            "b",
-            Some(NodeFacts {
-                instance: None,
-                internal_ips: vec![ip],
-            }),
-        );
+        n.set("b", Some(by_ip(ip)));
         assert!(
-            n.may_describe("b", "i-1", true),
-            "only the describe can tell"
+            !n.may_describe("b", "i-1", true),
+            "no providerID: nothing is described before EC2 names the InternalIP's owner"
         );
         n.set("c", Some(NodeFacts::default()));
         assert!(
@@ -196,29 +310,121 @@ mod tests {
         assert_eq!(n.named_by("i-1", "a"), None);
     }
 
+    fn by_ip(ip: Ipv4Addr) -> NodeFacts {
+        NodeFacts {
+            instance: None,
+            internal_ips: vec![ip],
+        }
+    }
+
+    fn owned(ip: Ipv4Addr, instances: &[&str]) -> BTreeMap<Ipv4Addr, BTreeSet<String>> {
+        let owners = instances.iter().map(|i| i.to_string()).collect();
+        BTreeMap::from([(ip, owners)])
+    }
+
     #[test]
     fn without_a_provider_id_the_internal_ip_must_be_the_primary_address() {
         let mut n = Nodes::default();
         let ip: Ipv4Addr = "10.0.0.5".parse().unwrap();
-        n.set(
-            "a",
-            Some(NodeFacts {
-                instance: None,
-                internal_ips: vec![ip],
-            }),
-        );
+        let t = Instant::now();
+        n.set("a", Some(by_ip(ip)));
         assert_eq!(n.verdict("a", "i-1", None, true), Verdict::Unknown);
+        assert_eq!(
+            n.verdict("a", "i-1", Some(ip), true),
+            Verdict::Unknown,
+            "the claimed instance's own address is not the fact: EC2's owner of the address is"
+        );
+        n.set_owners(owned(ip, &["i-1"]), t);
+        assert_eq!(n.verdict("a", "i-1", None, true), Verdict::Confirmed);
         assert_eq!(n.verdict("a", "i-1", Some(ip), true), Verdict::Confirmed);
         let other = "10.0.0.6".parse().unwrap();
         assert!(matches!(
             n.verdict("a", "i-1", Some(other), true),
             Verdict::Mismatch(_)
         ));
+        match n.verdict("a", "i-2", None, true) {
+            Verdict::Mismatch(why) => assert!(why.contains("primary address of i-1"), "{why}"),
+            v => panic!("{v:?}"),
+        }
         n.set("b", Some(NodeFacts::default()));
         assert!(matches!(
             n.verdict("b", "i-1", Some(ip), true),
             Verdict::Mismatch(_)
         ));
+    }
+
+    #[test]
+    fn a_node_without_provider_id_manages_only_the_instance_ec2_names_for_its_address() {
+        let mut n = Nodes::default();
+        let ip: Ipv4Addr = "10.0.0.5".parse().unwrap();
+        let t = Instant::now();
+        n.set("a", Some(by_ip(ip)));
+        assert_eq!(n.lookups_due("a", "i-1", t), [ip]);
+        assert!(n.lookups_due("a", "", t).is_empty(), "no claim, no lookup");
+        assert!(n.lookups_due("x", "i-1", t).is_empty(), "no Node");
+        assert!(!n.may_describe("a", "i-1", true));
+        n.set_owners(owned(ip, &["i-1"]), t);
+        assert!(n.may_describe("a", "i-1", true));
+        assert!(
+            !n.may_describe("a", "i-2", true),
+            "the agent names a stranger"
+        );
+        assert!(!n.may_describe("a", "i-2", false));
+        assert!(n.lookups_due("a", "i-1", t + OWNER_RECHECK).is_empty());
+        assert!(n.lookups_due("a", "i-2", t).is_empty(), "asked just now");
+        assert_eq!(n.lookups_due("a", "i-2", t + OWNER_RECHECK), [ip]);
+        // Two instances with that primary address (other VPCs): neither.
+        n.set_owners(owned(ip, &["i-1", "i-9"]), t);
+        assert!(!n.may_describe("a", "i-1", true));
+        match n.verdict("a", "i-1", None, true) {
+            Verdict::Mismatch(why) => assert!(why.contains("several"), "{why}"),
+            v => panic!("{v:?}"),
+        }
+        n.set_owners(owned(ip, &[]), t);
+        assert!(!n.may_describe("a", "i-1", true));
+        assert!(matches!(
+            n.verdict("a", "i-1", None, true),
+            Verdict::Mismatch(_)
+        ));
+        // The Node goes and registers again: asked afresh.
+        n.set("a", None);
+        n.set("a", Some(by_ip(ip)));
+        assert_eq!(n.lookups_due("a", "i-1", t), [ip]);
+        assert_eq!(n.verdict("a", "i-1", None, true), Verdict::Unknown);
+    }
+
+    #[test]
+    fn an_address_is_owned_by_the_instance_whose_primary_eni_has_it_as_primary() {
+        use crate::ipam::fixtures;
+        let ip: Ipv4Addr = "10.0.0.5".parse().unwrap();
+        let on = |id: &str, instance: &str, device: u32| {
+            let mut e = fixtures::eni(id, device, "subnet-1");
+            e.attachment.as_mut().expect("attached").instance_id = instance.into();
+            e.primary_ip = ip;
+            e
+        };
+        let mut secondary = on("eni-3", "i-3", 0);
+        secondary.primary_ip = "10.0.0.9".parse().unwrap();
+        secondary.secondary_ips = vec![ip];
+        let mut other_card = on("eni-4", "i-4", 0);
+        other_card
+            .attachment
+            .as_mut()
+            .expect("attached")
+            .network_card_index = 1;
+        let mut detached = on("eni-5", "", 0);
+        detached.attachment = None;
+        let enis = [
+            on("eni-1", "i-1", 0),
+            on("eni-2", "i-2", 1),
+            secondary,
+            other_card,
+            detached,
+        ];
+        let other: Ipv4Addr = "10.0.0.7".parse().unwrap();
+        let found = owners_of(&[ip, other], &enis);
+        assert_eq!(found[&ip], BTreeSet::from(["i-1".to_string()]));
+        assert!(found[&other].is_empty(), "no owner is an answer too");
     }
 
     #[test]

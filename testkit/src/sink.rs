@@ -373,6 +373,23 @@ impl MemorySink {
         node
     }
 
+    /// As [`Self::put_node`], for a kubelet without the AWS cloud provider: no
+    /// `spec.providerID`, only its InternalIP in `status.addresses` (the instance's primary
+    /// private address), which is then all a CiliumNode's instance is checked against.
+    pub fn put_node_at_ip(&self, name: &str, finalizers: &[&str], internal_ip: &str) -> Node {
+        let mut node = self.put_node_with(name, finalizers, None);
+        node.status = Some(k8s_openapi::api::core::v1::NodeStatus {
+            addresses: Some(vec![k8s_openapi::api::core::v1::NodeAddress {
+                type_: "InternalIP".into(),
+                address: internal_ip.to_string(),
+            }]),
+            ..Default::default()
+        });
+        let mut s = self.state.lock().expect("sink lock");
+        s.nodes.insert(name.to_string(), node.clone());
+        node
+    }
+
     /// The names of the Kubernetes Nodes put by a test that exist now, sorted.
     pub fn node_names(&self) -> Vec<String> {
         let s = self.state.lock().expect("sink lock");

@@ -82,6 +82,30 @@ impl World {
         .await;
     }
 
+    /// The Node `name` of a kubelet without the AWS cloud provider: no providerID, only its
+    /// InternalIP, the instance's primary private address.
+    async fn node_at_ip(&self, name: &str, instance: &Instance) {
+        self.sink.put_node(name, &[]);
+        let facts = NodeFacts {
+            instance: None,
+            internal_ips: vec![self.primary_ip(&instance.id)],
+        };
+        self.send(NodeInput::NodeFacts {
+            name: name.into(),
+            facts: Some(facts),
+        })
+        .await;
+    }
+
+    fn primary_ip(&self, instance: &str) -> std::net::Ipv4Addr {
+        let enis = self.w.sim.network_interfaces();
+        let primary = enis
+            .iter()
+            .find(|e| e.instance_id() == Some(instance) && e.is_primary())
+            .expect("the instance's primary ENI");
+        primary.primary_ip
+    }
+
     async fn cilium_node(&self, name: &str, instance: &str) {
         let stored = self.sink.put(&agent_node(&self.w, name, instance, 8));
         self.send(NodeInput::Upsert(Box::new(stored))).await;
@@ -574,4 +598,97 @@ async fn what_the_core_keeps_per_node_goes_with_its_cilium_node() {
     );
     // Type lookups: none kept once their types are known.
     assert_eq!(t.core.tracked().type_lookups, 0);
+}
+
+/// A Node without providerID (a kubelet without the AWS cloud provider) has only its
+/// InternalIP to confirm the instance its CiliumNode names. An agent naming a stranger there
+/// gets nothing of it into the operator: no EC2 call names the stranger, it is never managed;
+/// the node is refused once EC2 says whose primary address the InternalIP is. Named right, the
+/// node is served. On the old main the upsert managed and described the named instance before
+/// any check (`Nodes::may_describe` let a Node with an InternalIP through).
+#[tokio::test(start_paused = true)]
+async fn a_node_without_provider_id_gets_nothing_for_a_stranger_its_agent_names() {
+    let t = world(true);
+    let (own, stranger) = (t.w.instance(), t.w.instance());
+    t.node_at_ip("n", &own).await;
+    t.send(NodeInput::NodesListed).await;
+    t.cilium_node("n", &stranger.id).await;
+    assert!(
+        wait_until(
+            || t.error("n").starts_with("InstanceMismatch"),
+            Duration::from_secs(60)
+        )
+        .await,
+        "{}",
+        t.error("n")
+    );
+    assert_eq!(
+        t.w.sim.times_named(&stranger.id),
+        0,
+        "a call named the stranger"
+    );
+    assert!(!t.cache.read().unwrap().manages(&stranger.id));
+    // Refused by EC2's owner of the InternalIP, named in the message.
+    assert!(t.error("n").contains(&own.id), "{}", t.error("n"));
+    // Several resyncs and refused passes later.
+    tokio::time::sleep(Duration::from_secs(180)).await;
+    assert_eq!(
+        t.w.sim.times_named(&stranger.id),
+        0,
+        "a call named the stranger"
+    );
+    assert!(!t.cache.read().unwrap().manages(&stranger.id));
+    assert_eq!(
+        t.enis_of(&stranger.id),
+        1,
+        "only the stranger's primary ENI"
+    );
+    assert!(t.sink.get("n").unwrap().spec.ipam.pool.is_empty());
+
+    // The agent names its own instance: served, like a Node with providerID.
+    t.cilium_node("n", &own.id).await;
+    assert!(wait_until(|| served(&t.sink, "n", 8), Duration::from_secs(60)).await);
+    assert!(t.cache.read().unwrap().manages(&own.id));
+    assert_eq!(t.w.sim.times_named(&stranger.id), 0);
+}
+
+/// An honest node without providerID is served one lookup (a describe filtered by its
+/// InternalIP) later than one with a providerID: with every EC2 call taking 200 ms, 0.4 s later.
+#[tokio::test(start_paused = true)]
+async fn an_honest_node_without_provider_id_is_served_one_lookup_later() {
+    let t = world(true);
+    for op in [
+        Operation::DescribeNetworkInterfaces,
+        Operation::DescribeInstances,
+        Operation::DescribeSubnets,
+        Operation::DescribeVpcs,
+        Operation::DescribeSecurityGroups,
+        Operation::DescribeRouteTables,
+        Operation::DescribeInstanceTypes,
+        Operation::CreateNetworkInterface,
+        Operation::AttachNetworkInterface,
+        Operation::AssignPrivateIpAddresses,
+        Operation::ModifyNetworkInterfaceAttribute,
+    ] {
+        t.w.sim.set_latency(op, Duration::from_millis(200));
+    }
+    let (by_id, by_ip) = (t.w.instance(), t.w.instance());
+    t.node("by-id", &by_id).await;
+    t.node_at_ip("by-ip", &by_ip).await;
+    t.send(NodeInput::NodesListed).await;
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    let start = tokio::time::Instant::now();
+    t.cilium_node("by-id", &by_id.id).await;
+    assert!(wait_until(|| served(&t.sink, "by-id", 8), Duration::from_secs(60)).await);
+    let with_provider_id = start.elapsed();
+    let start = tokio::time::Instant::now();
+    t.cilium_node("by-ip", &by_ip.id).await;
+    assert!(wait_until(|| served(&t.sink, "by-ip", 8), Duration::from_secs(60)).await);
+    let with_internal_ip = start.elapsed();
+    eprintln!("served in {with_provider_id:?} (providerID), {with_internal_ip:?} (InternalIP)");
+    assert!(
+        with_internal_ip <= with_provider_id + Duration::from_secs(1),
+        "{with_internal_ip:?} vs {with_provider_id:?}"
+    );
+    assert!(t.error("by-ip").is_empty(), "{}", t.error("by-ip"));
 }

@@ -154,6 +154,12 @@ impl State {
             .filter(|e| f.subnet_ids.is_empty() || f.subnet_ids.contains(&e.subnet_id))
             .filter(|e| tags_match(&e.tags, &f.tags))
             .filter(|e| f.state.is_none_or(|s| e.state == s))
+            .filter(|e| {
+                f.private_ips.is_empty()
+                    || std::iter::once(&e.primary_ip)
+                        .chain(&e.secondary_ips)
+                        .any(|ip| f.private_ips.contains(ip))
+            })
             .collect();
         // AWS refuses MaxResults together with NetworkInterfaceIds, so ID lookups are one page.
         let page_size = if f.ids.is_empty() {
