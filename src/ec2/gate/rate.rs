@@ -205,7 +205,9 @@ impl RateController {
             } else {
                 self.rate = ramp;
             }
-        } else if self.next_probe.is_some_and(|at| now >= at) {
+        } else if self.next_probe.is_some_and(|at| now >= at)
+            && !crate::mutants::active("growth-only-by-successes")
+        {
             self.next_probe = None;
             self.probe = Some(Probe {
                 start: now,
