@@ -4,7 +4,7 @@
 //! `ENI_DST_MUTANT=<name>` selects the defect of a run.
 
 /// Every planted defect, by name.
-pub const ALL: [&str; 20] = [
+pub const ALL: [&str; 21] = [
     "release-used",
     "drain-is-gone",
     "reuse-burned-token",
@@ -25,6 +25,7 @@ pub const ALL: [&str; 20] = [
     "trust-named-instance",
     "manage-refused-instance",
     "static-ip-any-tag",
+    "growth-only-by-successes",
 ];
 
 /// Whether the defects are compiled into this build.

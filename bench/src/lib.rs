@@ -217,12 +217,13 @@ mod tests {
     }
 
     #[test]
-    fn detach_and_attach_share_the_general_bucket() {
+    fn detach_and_attach_have_buckets_of_their_own() {
         let calls = per_bucket([
             (Operation::AttachNetworkInterface, 3),
             (Operation::DetachNetworkInterface, 4),
         ]);
-        assert_eq!(calls.get(&Bucket::GeneralMutating), Some(&7));
+        assert_eq!(calls.get(&Bucket::AttachNetworkInterface), Some(&3));
+        assert_eq!(calls.get(&Bucket::DetachNetworkInterface), Some(&4));
     }
 
     #[test]

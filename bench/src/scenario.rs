@@ -1026,7 +1026,7 @@ mod tests {
     #[test]
     fn burst_bound_is_the_published_one() {
         // docs/benchmarks.md's bounds: 3 ENIs per node with secondary IPs, 1 with prefixes;
-        // attach meters the general-mutating bucket (burst 50, 5/s).
+        // attach meters its own bucket (burst 50, 5/s).
         let s = Settings::default();
         let close = |nodes, prefix, want: f64| {
             let got = burst_bound(&s, nodes, prefix).as_secs_f64();

@@ -208,6 +208,10 @@ pub fn build(
     };
     let layer = GateLayer::new(gate_config).reporting_throttles_to(ThrottledPasses);
     let gate = Arc::new(Gate::new(ec2, layer));
+    let weak = Arc::downgrade(&gate);
+    probes.gates.watch(Arc::new(move || {
+        weak.upgrade().map(|g| crate::tenant_spell::rates(&g))
+    }));
     let metrics = RuntimeMetrics::default();
     let issue = ObservedSink::new(
         sink.clone(),

@@ -21,6 +21,7 @@ mod replay;
 pub mod reuse;
 pub mod slow_answer;
 pub mod statics;
+pub mod tenant_spell;
 pub mod unassign_crash;
 pub mod view;
 pub mod world;
@@ -192,8 +193,9 @@ async fn simulate(seed: u64, opts: &Options, watch: &Watch) -> Outcome {
         tokio::time::sleep(Duration::from_secs(1)).await;
         t += 1;
         watch.seconds.store(t, Ordering::Relaxed);
-        if let Err((invariant, detail)) =
-            check::always(&w).and_then(|()| first_action::check(&mut w, t))
+        if let Err((invariant, detail)) = check::always(&w)
+            .and_then(|()| first_action::check(&mut w, t))
+            .and_then(|()| tenant_spell::check(&mut w, t))
         {
             violation = Some(Violation {
                 invariant,
@@ -264,6 +266,7 @@ async fn events(w: &mut World, rng: &mut StdRng, t: u64) {
     identity::events(w, t);
     cilium::events(w, t);
     forgery::events(w, t).await;
+    tenant_spell::events(w, t);
     if roll(rng, P_EC2_FAULT) {
         let op = *[
             Operation::CreateNetworkInterface,

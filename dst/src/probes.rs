@@ -34,6 +34,8 @@ use crate::world::World;
 pub struct Probes {
     broken: Arc<Mutex<Vec<Broken>>>,
     caches: Arc<Mutex<Vec<Weak<RwLock<Ec2Cache>>>>>,
+    /// Each process's gate rates (crate::tenant_spell).
+    pub gates: crate::tenant_spell::Gates,
 }
 
 impl Probes {

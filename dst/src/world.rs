@@ -177,6 +177,8 @@ pub struct World {
     pub forgery: crate::forgery::Forgery,
     /// What the checks see inside each operator process (crate::probes).
     pub probes: crate::probes::Probes,
+    /// Another tenant's spell on the account's buckets (crate::tenant_spell).
+    pub tenant_spell: crate::tenant_spell::TenantSpell,
 }
 
 impl World {
@@ -274,6 +276,7 @@ impl World {
             cilium: crate::cilium::Cilium::draw(seed),
             forgery: crate::forgery::Forgery::new(seed),
             probes: crate::probes::Probes::default(),
+            tenant_spell: crate::tenant_spell::TenantSpell::new(seed),
         };
         // One wall clock for the run: the API server's managedFields times and every core's.
         w.cfg.wall_epoch = Some((crate::cilium::epoch(), w.start.into_std()));

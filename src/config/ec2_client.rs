@@ -46,8 +46,9 @@ pub struct GateSettings {
     #[arg(long, env = "ENI_OPERATOR_EC2_RATE_FRACTION", default_value_t = 0.8)]
     pub ec2_rate_fraction: f64,
     /// Override one bucket as NAME=BURST/RATE (rate per second), repeatable or comma-separated.
-    /// Names: describe, general-mutating, create-network-interface, assign-private-ip-addresses,
-    /// unassign-private-ip-addresses, modify-network-interface-attribute, delete-network-interface.
+    /// Names: one per EC2 action, kebab-case (describe-instances, create-network-interface,
+    /// attach-network-interface, ...); `describe` sets every describe action's bucket,
+    /// `general-mutating` those of attach, detach, associate-address and disassociate-address.
     #[arg(long, env = "ENI_OPERATOR_EC2_BUCKET", value_delimiter = ',')]
     pub ec2_bucket: Vec<BucketOverride>,
     /// Attempts per EC2 call (throttling and transient errors), including the first.
@@ -115,7 +116,12 @@ impl Ec2Settings {
 impl GateSettings {
     /// (burst, rate per second) for a bucket: an override, else AWS's default × the fraction.
     pub fn bucket_limits(&self, bucket: Bucket) -> (u32, f64) {
-        if let Some(o) = self.ec2_bucket.iter().rev().find(|o| o.bucket == bucket) {
+        if let Some(o) = self
+            .ec2_bucket
+            .iter()
+            .rev()
+            .find(|o| o.buckets.contains(&bucket))
+        {
             return (o.burst, o.rate);
         }
         let (burst, rate) = bucket.aws_default();

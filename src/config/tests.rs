@@ -211,8 +211,22 @@ fn tags_and_bucket_overrides() {
     assert!("ab".parse::<Tag>().is_err());
 
     let o: BucketOverride = "create-network-interface=20/2.5".parse().unwrap();
-    assert_eq!(o.bucket, Bucket::CreateNetworkInterface);
+    assert_eq!(o.buckets, vec![Bucket::CreateNetworkInterface]);
     assert_eq!((o.burst, o.rate), (20, 2.5));
+    // The shared buckets of earlier versions set each bucket they were split into.
+    let o: BucketOverride = "general-mutating=10/1".parse().unwrap();
+    assert_eq!(
+        o.buckets,
+        vec![
+            Bucket::AttachNetworkInterface,
+            Bucket::DetachNetworkInterface,
+            Bucket::AssociateAddress,
+            Bucket::DisassociateAddress,
+        ]
+    );
+    let o: BucketOverride = "describe=10/1".parse().unwrap();
+    assert_eq!(o.buckets.len(), 8);
+    assert!(o.buckets.contains(&Bucket::DescribeInstances));
     for bad in [
         "nope=1/1",
         "describe",
@@ -457,7 +471,8 @@ fn gate_flags_reach_the_gate_config() {
     .unwrap();
     let c = s.gate.gate_config();
     assert_eq!(c.rate_fraction, 0.5);
-    assert_eq!(c.overrides[&Bucket::Describe], (7, 3.0));
+    assert_eq!(c.overrides[&Bucket::DescribeSubnets], (7, 3.0));
+    assert_eq!(c.overrides[&Bucket::DescribeNetworkInterfaces], (7, 3.0));
     // Every bucket gets its limits, the others at half of AWS's defaults.
     assert_eq!(c.overrides.len(), Bucket::ALL.len());
     let (burst, rate) = Bucket::DeleteNetworkInterface.aws_default();

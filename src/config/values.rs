@@ -64,10 +64,12 @@ impl fmt::Display for Tag {
     }
 }
 
-/// `NAME=BURST/RATE`: replaces one gate bucket's limits (not scaled by the rate fraction).
+/// `NAME=BURST/RATE`: replaces one gate bucket's limits (not scaled by the rate fraction); the
+/// name of a bucket group of earlier versions (`describe`, `general-mutating`) sets each of its
+/// buckets.
 #[derive(Clone, Debug, PartialEq)]
 pub struct BucketOverride {
-    pub bucket: Bucket,
+    pub buckets: Vec<Bucket>,
     pub burst: u32,
     /// Tokens per second.
     pub rate: f64,
@@ -78,17 +80,18 @@ impl FromStr for BucketOverride {
 
     fn from_str(s: &str) -> Result<Self, String> {
         let bad = || {
-            format!("invalid bucket override {s:?}: expected NAME=BURST/RATE, e.g. describe=100/20")
+            format!(
+                "invalid bucket override {s:?}: expected NAME=BURST/RATE, e.g. describe-instances=100/20"
+            )
         };
         let (name, limits) = s.split_once('=').ok_or_else(bad)?;
         let name = name.trim();
-        let bucket = Bucket::ALL
-            .into_iter()
-            .find(|b| b.name() == name)
-            .ok_or_else(|| {
-                let names: Vec<_> = Bucket::ALL.iter().map(|b| b.name()).collect();
-                format!("unknown EC2 bucket {name:?}; known: {}", names.join(", "))
-            })?;
+        let buckets = Bucket::named(name).ok_or_else(|| {
+            format!(
+                "unknown EC2 bucket {name:?}; known: {}",
+                Bucket::known_names().join(", ")
+            )
+        })?;
         let (burst, rate) = limits.split_once('/').ok_or_else(bad)?;
         let burst: u32 = burst.trim().parse().map_err(|_| bad())?;
         let rate: f64 = rate.trim().parse().map_err(|_| bad())?;
@@ -98,7 +101,7 @@ impl FromStr for BucketOverride {
             ));
         }
         Ok(BucketOverride {
-            bucket,
+            buckets,
             burst,
             rate,
         })

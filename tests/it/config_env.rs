@@ -42,11 +42,14 @@ fn env_overrides_default_and_flag_overrides_env() {
         s.ipam.eni_tags(),
         BTreeMap::from([("team".into(), "net".into()), ("env".into(), "prod".into())])
     );
-    assert_eq!(s.gate.bucket_limits(Bucket::Describe), (10, 2.0));
+    assert_eq!(s.gate.bucket_limits(Bucket::DescribeInstances), (10, 2.0));
     assert_eq!(
         s.gate.bucket_limits(Bucket::DeleteNetworkInterface),
         (4, 1.0)
     );
     // Not overridden: AWS default scaled by the fraction.
-    assert_eq!(s.gate.bucket_limits(Bucket::GeneralMutating), (40, 4.0));
+    assert_eq!(
+        s.gate.bucket_limits(Bucket::AttachNetworkInterface),
+        (40, 4.0)
+    );
 }

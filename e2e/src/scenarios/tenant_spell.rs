@@ -30,7 +30,7 @@ const RECOVERY: Duration = Duration::from_secs(20);
 /// The buckets a burst of new ENIs uses (create, attach, delete-on-termination).
 const BURST_BUCKETS: [Bucket; 3] = [
     Bucket::CreateNetworkInterface,
-    Bucket::GeneralMutating,
+    Bucket::AttachNetworkInterface,
     Bucket::ModifyNetworkInterfaceAttribute,
 ];
 
@@ -115,11 +115,11 @@ mod tests {
     #[test]
     fn reads_the_rate_gauge_of_one_bucket() {
         let text = "# TYPE eni_operator_ec2_rate_limit_qps gauge\n\
-                    eni_operator_ec2_rate_limit_qps{bucket=\"describe\"} 16.0\n\
+                    eni_operator_ec2_rate_limit_qps{bucket=\"describe-subnets\"} 16.0\n\
                     eni_operator_ec2_rate_limit_qps{bucket=\"create-network-interface\"} 0.35\n\
-                    eni_operator_ec2_rate_limit_qps_other{bucket=\"general-mutating\"} 1\n";
+                    eni_operator_ec2_rate_limit_qps_other{bucket=\"attach-network-interface\"} 1\n";
         assert_eq!(rate_gauge(text, "create-network-interface"), Some(0.35));
-        assert_eq!(rate_gauge(text, "describe"), Some(16.0));
-        assert_eq!(rate_gauge(text, "general-mutating"), None);
+        assert_eq!(rate_gauge(text, "describe-subnets"), Some(16.0));
+        assert_eq!(rate_gauge(text, "attach-network-interface"), None);
     }
 }

@@ -226,11 +226,15 @@ fn rate_of(g: &Gate<Fake>, bucket: Bucket) -> f64 {
         .1
 }
 
-/// A gate whose general mutating bucket is so large (1000/s, floor 10/s) that its pacing never
-/// spaces calls more than the penalties and backoffs under test.
-fn large_general_bucket(config: GateConfig) -> GateConfig {
+/// A gate whose attach and detach buckets are so large (1000/s, floor 10/s) that their pacing
+/// never spaces calls more than the penalties and backoffs under test.
+fn large_attach_buckets(config: GateConfig) -> GateConfig {
     GateConfig {
-        overrides: [(Bucket::GeneralMutating, (1000, 1000.0))].into(),
+        overrides: [
+            (Bucket::AttachNetworkInterface, (1000, 1000.0)),
+            (Bucket::DetachNetworkInterface, (1000, 1000.0)),
+        ]
+        .into(),
         ..config
     }
 }

@@ -45,10 +45,10 @@ struct Args {
     /// No throttling at all (AWS's per-account buckets are on by default).
     #[arg(long)]
     no_throttling: bool,
-    /// Override a throttling bucket: NAME=BURST:PER_SECOND (repeatable), NAME one of describe,
-    /// general-mutating, create-network-interface, assign-private-ip-addresses,
-    /// unassign-private-ip-addresses, modify-network-interface-attribute,
-    /// delete-network-interface.
+    /// Override a throttling bucket: NAME=BURST:PER_SECOND (repeatable), NAME an action's bucket
+    /// (kebab-case: describe-instances, attach-network-interface, ...) or a group of them
+    /// (`describe`: every describe; `general-mutating`: attach, detach, associate and
+    /// disassociate).
     #[arg(long = "bucket", value_name = "NAME=BURST:PER_SECOND")]
     buckets: Vec<String>,
     /// Share (0..1) of every bucket's refill used by another tenant of the account.
@@ -122,11 +122,13 @@ fn configure(sim: &Simulator, a: &Args) -> Result<(), String> {
     }
     for b in &a.buckets {
         let (name, v) = split_pair(b)?;
-        let bucket = parse_bucket(name).ok_or_else(|| format!("unknown bucket {name:?}"))?;
+        let buckets = parse_bucket(name).ok_or_else(|| format!("unknown bucket {name:?}"))?;
         let (burst, rate) = v
             .split_once(':')
             .ok_or_else(|| format!("{b:?}: expected NAME=BURST:PER_SECOND"))?;
-        sim.set_bucket(bucket, num(burst, "burst")?, num(rate, "per second")?);
+        for bucket in buckets {
+            sim.set_bucket(bucket, num(burst, "burst")?, num(rate, "per second")?);
+        }
     }
     if a.other_tenant_share > 0.0 {
         sim.set_other_tenant_share(a.other_tenant_share);

@@ -205,12 +205,12 @@ mod tests {
         let mut t = Throttle::aws_default(Instant::now());
         assert_eq!(drain(&mut t, Bucket::CreateNetworkInterface), 100);
         // The other buckets are independent.
-        assert_eq!(drain(&mut t, Bucket::GeneralMutating), 50);
-        assert_eq!(drain(&mut t, Bucket::Describe), 100);
+        assert_eq!(drain(&mut t, Bucket::AttachNetworkInterface), 50);
+        assert_eq!(drain(&mut t, Bucket::DescribeSubnets), 100);
         tokio::time::advance(Duration::from_secs(2)).await;
         assert_eq!(drain(&mut t, Bucket::CreateNetworkInterface), 10);
-        assert_eq!(drain(&mut t, Bucket::GeneralMutating), 10);
-        assert_eq!(drain(&mut t, Bucket::Describe), 40);
+        assert_eq!(drain(&mut t, Bucket::AttachNetworkInterface), 10);
+        assert_eq!(drain(&mut t, Bucket::DescribeSubnets), 40);
         tokio::time::advance(Duration::from_millis(199)).await;
         assert_eq!(drain(&mut t, Bucket::CreateNetworkInterface), 0);
         tokio::time::advance(Duration::from_millis(1)).await;
@@ -231,11 +231,11 @@ mod tests {
         t.set_other_tenant(0.7, Instant::now());
         // The burst is there at the start.
         assert_eq!(drain(&mut t, Bucket::CreateNetworkInterface), 100);
-        assert_eq!(drain(&mut t, Bucket::Describe), 100);
+        assert_eq!(drain(&mut t, Bucket::DescribeSubnets), 100);
         // 30 % of 5/s and 20/s is left: 1.5/s and 6/s.
         tokio::time::advance(Duration::from_secs(10)).await;
         assert_eq!(drain(&mut t, Bucket::CreateNetworkInterface), 15);
-        assert_eq!(drain(&mut t, Bucket::Describe), 60);
+        assert_eq!(drain(&mut t, Bucket::DescribeSubnets), 60);
         // The tenant leaves: the whole refill is ours again.
         t.set_other_tenant(0.0, Instant::now());
         tokio::time::advance(Duration::from_secs(2)).await;
@@ -248,11 +248,11 @@ mod tests {
         t.set_other_tenant(0.5, Instant::now());
         t.empty(Instant::now());
         assert_eq!(drain(&mut t, Bucket::CreateNetworkInterface), 0);
-        assert_eq!(drain(&mut t, Bucket::Describe), 0);
+        assert_eq!(drain(&mut t, Bucket::DescribeSubnets), 0);
         // They refill from empty at the share left: 2.5/s and 10/s.
         tokio::time::advance(Duration::from_secs(2)).await;
         assert_eq!(drain(&mut t, Bucket::CreateNetworkInterface), 5);
-        assert_eq!(drain(&mut t, Bucket::Describe), 20);
+        assert_eq!(drain(&mut t, Bucket::DescribeSubnets), 20);
     }
 
     #[tokio::test(start_paused = true)]
@@ -260,16 +260,16 @@ mod tests {
         let mut t = Throttle::disabled();
         assert_eq!(
             (0..1000)
-                .filter(|_| t.try_take(Bucket::Describe, Instant::now()))
+                .filter(|_| t.try_take(Bucket::DescribeSubnets, Instant::now()))
                 .count(),
             1000
         );
-        t.set(Bucket::Describe, 3, 1, Instant::now());
-        assert_eq!(drain(&mut t, Bucket::Describe), 3);
+        t.set(Bucket::DescribeSubnets, 3, 1, Instant::now());
+        assert_eq!(drain(&mut t, Bucket::DescribeSubnets), 3);
         // Setting one bucket enables the AWS defaults for the rest.
-        assert_eq!(drain(&mut t, Bucket::GeneralMutating), 50);
+        assert_eq!(drain(&mut t, Bucket::AttachNetworkInterface), 50);
         tokio::time::advance(Duration::from_secs(1)).await;
-        assert_eq!(drain(&mut t, Bucket::Describe), 1);
+        assert_eq!(drain(&mut t, Bucket::DescribeSubnets), 1);
     }
 
     #[tokio::test(start_paused = true)]
@@ -291,7 +291,7 @@ mod tests {
         // It starts at 10 s: what was left is gone, a tenth of the refill is ours.
         tokio::time::advance(Duration::from_secs(8)).await;
         assert_eq!(drain(&mut t, Bucket::CreateNetworkInterface), 1);
-        assert_eq!(drain(&mut t, Bucket::GeneralMutating), 1);
+        assert_eq!(drain(&mut t, Bucket::AttachNetworkInterface), 1);
         tokio::time::advance(Duration::from_secs(10)).await;
         assert_eq!(drain(&mut t, Bucket::CreateNetworkInterface), 5);
         // It ends at 30 s (8 s at 0.5/s, 2 s at 2.5/s), and the steady share is back.

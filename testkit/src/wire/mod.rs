@@ -341,9 +341,10 @@ async fn stats(State(s): State<Server>) -> Response {
     r
 }
 
-/// A throttling bucket by its name (`Bucket::name`, e.g. `create-network-interface`).
-pub fn parse_bucket(name: &str) -> Option<Bucket> {
-    Bucket::ALL.into_iter().find(|b| b.name() == name)
+/// Throttling buckets by name (`Bucket::name`, e.g. `create-network-interface`, or a group of
+/// earlier versions such as `general-mutating`: each of its buckets).
+pub fn parse_bucket(name: &str) -> Option<Vec<Bucket>> {
+    Bucket::named(name)
 }
 
 /// An operation by its AWS action name.
@@ -353,15 +354,17 @@ pub fn parse_operation(name: &str) -> Option<Operation> {
 
 async fn set_bucket(State(s): State<Server>, RawQuery(q): RawQuery, body: Bytes) -> Response {
     let p = Params::parse(q.as_deref(), &body);
-    let Some(bucket) = p.get("bucket").and_then(parse_bucket) else {
-        let names: Vec<&str> = Bucket::ALL.iter().map(|b| b.name()).collect();
+    let Some(buckets) = p.get("bucket").and_then(parse_bucket) else {
+        let names = Bucket::known_names();
         return control_error(format!("bucket must be one of {names:?}"));
     };
     let (Ok(Some(burst)), Ok(Some(rate))) = (p.int("burst"), p.int("per_second")) else {
         return control_error("burst and per_second must be integers".into());
     };
-    s.sim
-        .set_bucket(bucket, burst.max(0) as u32, rate.max(0) as u32);
+    for bucket in buckets {
+        s.sim
+            .set_bucket(bucket, burst.max(0) as u32, rate.max(0) as u32);
+    }
     StatusCode::NO_CONTENT.into_response()
 }
 

@@ -5,8 +5,11 @@ use super::*;
 #[test]
 fn default_buckets_are_a_fraction_of_aws() {
     let config = GateConfig::aws_defaults();
-    assert_eq!(config.bucket_limits(Bucket::Describe), (80, 16.0));
-    assert_eq!(config.bucket_limits(Bucket::GeneralMutating), (40, 4.0));
+    assert_eq!(config.bucket_limits(Bucket::DescribeSubnets), (80, 16.0));
+    assert_eq!(
+        config.bucket_limits(Bucket::AttachNetworkInterface),
+        (40, 4.0)
+    );
     assert_eq!(
         config.bucket_limits(Bucket::CreateNetworkInterface),
         (80, 4.0)
@@ -16,34 +19,27 @@ fn default_buckets_are_a_fraction_of_aws() {
         ..GateConfig::aws_defaults()
     };
     assert_eq!(
-        tiny.bucket_limits(Bucket::Describe).0,
+        tiny.bucket_limits(Bucket::DescribeSubnets).0,
         1,
         "burst at least 1"
     );
     let mut overridden = GateConfig::aws_defaults();
-    overridden.overrides.insert(Bucket::Describe, (7, 2.5));
-    assert_eq!(overridden.bucket_limits(Bucket::Describe), (7, 2.5));
+    overridden.overrides.insert(Bucket::DescribeVpcs, (7, 2.5));
+    assert_eq!(overridden.bucket_limits(Bucket::DescribeVpcs), (7, 2.5));
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_thousand_concurrent_calls_never_exceed_the_rate() {
     let g = gate(Fake::default(), GateConfig::aws_defaults());
-    let (burst, rate) = g.config().bucket_limits(Bucket::Describe);
+    let (burst, rate) = g.config().bucket_limits(Bucket::DescribeSubnets);
     let start = Instant::now();
     let tasks: Vec<_> = (0..1000)
-        .map(|i| {
+        .map(|_| {
             let g = g.clone();
             tokio::spawn(async move {
-                // Mix the describes that share AWS's describe bucket.
-                if i % 2 == 0 {
-                    g.describe_subnets(&ResourceFilter::default(), None)
-                        .await
-                        .map(|_| ())
-                } else {
-                    g.describe_network_interfaces(&EniFilter::default(), None)
-                        .await
-                        .map(|_| ())
-                }
+                g.describe_subnets(&ResourceFilter::default(), None)
+                    .await
+                    .map(|_| ())
             })
         })
         .collect();
@@ -144,7 +140,7 @@ async fn every_page_takes_a_token() {
         ..Fake::default()
     };
     let mut config = GateConfig::aws_defaults();
-    config.overrides.insert(Bucket::Describe, (1, 1.0));
+    config.overrides.insert(Bucket::DescribeSubnets, (1, 1.0));
     let g = gate(fake, config);
     let start = Instant::now();
     let all = ResourceFilter::default();

@@ -254,7 +254,7 @@ async fn the_throttle_deadline_counts_retrying_not_waiting_for_a_token() {
 async fn consecutive_throttles_grow_the_penalty_up_to_its_cap_and_success_resets_it() {
     let fake = Fake::default();
     fake.fail(Operation::DetachNetworkInterface, "RequestLimitExceeded", 6);
-    let config = large_general_bucket(GateConfig {
+    let config = large_attach_buckets(GateConfig {
         max_attempts: 1,
         // Throttled answers are returned at once, so each call below is one attempt.
         throttle_deadline: Duration::ZERO,
@@ -288,7 +288,7 @@ async fn consecutive_throttles_grow_the_penalty_up_to_its_cap_and_success_resets
 async fn a_throttled_call_never_sleeps_longer_than_the_cap_between_attempts() {
     let fake = Fake::default();
     fake.fail(Operation::AttachNetworkInterface, "RequestLimitExceeded", 8);
-    let g = gate(fake, large_general_bucket(GateConfig::aws_defaults()));
+    let g = gate(fake, large_attach_buckets(GateConfig::aws_defaults()));
     g.attach_network_interface("eni-1", "i-1", 1).await.unwrap();
     let times = g.inner().times(Some(Operation::AttachNetworkInterface));
     assert_eq!(times.len(), 9);
