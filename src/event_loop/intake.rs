@@ -6,7 +6,7 @@
 
 use crate::ec2::Ec2;
 
-use crate::event_loop::run::Loop;
+use crate::event_loop::state::Loop;
 use crate::k8s::input::NodeInput;
 use crate::k8s::sink::NodeSink;
 use crate::reconcile::nodes;

@@ -11,4 +11,5 @@ mod owners;
 mod run;
 pub mod schedule;
 mod start;
+mod state;
 mod tasks;

@@ -1,49 +1,22 @@
-//! The event loop's own state ([`Loop`]) and the work it starts and takes back: passes from
-//! the deficit queue, per-instance and full EC2 refreshes, and what each reports when it ends.
-//! The loop alone owns the queue, the running tasks and the refresh schedule.
+//! The work the event loop ([`Loop`]) starts and takes back: passes from the deficit queue,
+//! per-instance and full EC2 refreshes, and what each reports when it ends. The loop alone owns
+//! the queue, the running tasks and the refresh schedule.
 
 use std::sync::Arc;
 
 use crate::ec2::Ec2;
-use crate::jitter::Jitter;
 
 use crate::clock::now;
-use crate::event_loop::owners::{self, Lookups};
-use crate::event_loop::schedule::{InstanceRefresh, RefreshSchedule};
-use crate::event_loop::start::FirstListing;
-use crate::event_loop::tasks::{Done, Tasks};
+use crate::event_loop::owners;
+use crate::event_loop::schedule::InstanceRefresh;
+use crate::event_loop::state::Loop;
+use crate::event_loop::tasks::Done;
 use crate::k8s::sink::NodeSink;
 use crate::reconcile::pass::pass;
-use crate::reconcile::queue::{DeficitQueue, Outcome};
+use crate::reconcile::queue::Outcome;
 use crate::reconcile::shared::Shared;
 
-pub(super) struct Loop {
-    pub queue: DeficitQueue<String>,
-    pub tasks: Tasks,
-    pub schedule: RefreshSchedule,
-    /// The InternalIPs whose instance nodes wait for.
-    pub owners: Lookups,
-    /// Passes running.
-    pub workers: usize,
-    /// The backoff jitter of failed passes.
-    pub jitter: Jitter,
-    /// When the leadership's first full listing may start.
-    pub first: FirstListing,
-}
-
 impl Loop {
-    pub fn new(jitter_seed: Option<u64>, first: FirstListing) -> Self {
-        Self {
-            queue: DeficitQueue::default(),
-            tasks: Tasks::default(),
-            schedule: RefreshSchedule::default(),
-            owners: Lookups::default(),
-            workers: 0,
-            jitter: Jitter::new(jitter_seed),
-            first,
-        }
-    }
-
     /// Start every ready node we have a worker for.
     pub fn start_passes<E: Ec2, S: NodeSink>(&mut self, inner: &Arc<Shared<E, S>>) {
         while self.workers < inner.config.workers.max(1) {
