@@ -793,7 +793,7 @@ fn the_adoption_steps_in_docs_upgrading_work() {
 #[test]
 fn the_runbook_explains_every_problem_and_wait_reason() {
     let runbook = std::fs::read_to_string(root().join("docs/runbook.md")).unwrap();
-    let ipam = std::fs::read_to_string(root().join("src/ipam/mod.rs")).unwrap();
+    let ipam = std::fs::read_to_string(root().join("src/ipam/problem.rs")).unwrap();
     let problems: Vec<&str> = ipam
         .lines()
         .filter_map(|l| l.trim().strip_prefix("Self::"))
