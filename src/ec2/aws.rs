@@ -352,25 +352,15 @@ impl Ec2 for AwsEc2 {
         prefixes: &[Ipv4Net],
     ) -> Result<()> {
         let op = Operation::UnassignPrivateIpAddresses;
-        // AWS takes addresses or prefixes in one call, not both: one call per non-empty kind.
-        if !ips.is_empty() {
+        let listed = |all: Vec<String>| (!all.is_empty()).then_some(all);
+        for (ips, prefixes) in unassign_calls(ips, prefixes) {
             send(
                 op,
                 self.client
                     .unassign_private_ip_addresses()
                     .network_interface_id(eni_id)
-                    .set_private_ip_addresses(Some(ips.iter().map(|a| a.to_string()).collect()))
-                    .send(),
-            )
-            .await?;
-        }
-        if !prefixes.is_empty() {
-            send(
-                op,
-                self.client
-                    .unassign_private_ip_addresses()
-                    .network_interface_id(eni_id)
-                    .set_ipv4_prefixes(Some(prefixes.iter().map(|p| p.to_string()).collect()))
+                    .set_private_ip_addresses(listed(ips.iter().map(|a| a.to_string()).collect()))
+                    .set_ipv4_prefixes(listed(prefixes.iter().map(|p| p.to_string()).collect()))
                     .send(),
             )
             .await?;

@@ -13,7 +13,7 @@ use ipnet::Ipv4Net;
 use super::{
     Address, AddressRequest, Assigned, CreateEniRequest, Ec2, EniFilter, Instance, InstanceFilter,
     InstanceTypeLimits, NetworkInterface, Operation, Page, ResourceFilter, Result, RouteTable,
-    SecurityGroup, Subnet, Tags, Vpc,
+    SecurityGroup, Subnet, Tags, Vpc, unassign_calls,
 };
 
 /// One call of the [`Ec2`] trait, as a layer sees it.
@@ -176,13 +176,14 @@ forward! {
         ips: &[Ipv4Addr],
         prefixes: &[Ipv4Net],
     ) -> Result<()> {
+        let aws_calls = unassign_calls(ips, prefixes).count() as u32;
         // Nothing to unassign is no AWS call, at every layer.
-        if ips.is_empty() && prefixes.is_empty() {
+        if aws_calls == 0 {
             return Ok(());
         }
         let call = Call {
             operation: Operation::UnassignPrivateIpAddresses,
-            aws_calls: u32::from(!ips.is_empty()) + u32::from(!prefixes.is_empty()),
+            aws_calls,
         };
         let send = || {
             attempt(

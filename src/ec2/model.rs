@@ -356,6 +356,18 @@ impl AddressRequest {
     }
 }
 
+/// The AWS calls one unassign is made of: `UnassignPrivateIpAddresses` takes addresses or
+/// prefixes, not both, so one call per non-empty kind, addresses first. Nothing to unassign is
+/// no call at all.
+pub fn unassign_calls<'a>(
+    ips: &'a [Ipv4Addr],
+    prefixes: &'a [Ipv4Net],
+) -> impl Iterator<Item = (&'a [Ipv4Addr], &'a [Ipv4Net])> {
+    let ips = (!ips.is_empty()).then_some((ips, &[][..]));
+    let prefixes = (!prefixes.is_empty()).then_some((&[][..], prefixes));
+    ips.into_iter().chain(prefixes)
+}
+
 /// `CreateNetworkInterface`: everything inline, so a new ENI costs no extra assign call.
 #[derive(Clone, Debug, PartialEq)]
 pub struct CreateEniRequest {
@@ -383,4 +395,20 @@ pub fn prefix_addresses(prefix: Ipv4Net) -> impl Iterator<Item = Ipv4Addr> {
     let base = u32::from(prefix.network());
     let len = 1u32 << (32 - u32::from(prefix.prefix_len()));
     (0..len).map(move |i| Ipv4Addr::from(base + i))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_unassign_is_one_call_per_kind_it_names_addresses_first() {
+        let ips = [Ipv4Addr::new(10, 0, 0, 9)];
+        let prefixes: [Ipv4Net; 1] = ["10.0.1.16/28".parse().unwrap()];
+        let calls: Vec<_> = unassign_calls(&ips, &prefixes).collect();
+        assert_eq!(calls, [(&ips[..], &[][..]), (&[][..], &prefixes[..])]);
+        assert_eq!(unassign_calls(&[], &prefixes).count(), 1);
+        assert_eq!(unassign_calls(&ips, &[]).count(), 1);
+        assert_eq!(unassign_calls(&[], &[]).count(), 0, "nothing: no call");
+    }
 }

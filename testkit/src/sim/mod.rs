@@ -614,19 +614,11 @@ impl Ec2 for Simulator {
         prefixes: &[Ipv4Net],
     ) -> Result<()> {
         let op = Operation::UnassignPrivateIpAddresses;
-        // AWS takes addresses and prefixes in separate calls: each one is metered.
-        if !ips.is_empty() {
+        // Each of AWS's calls is metered.
+        for (ips, prefixes) in unassign_calls(ips, prefixes) {
             self.call(op, |s, now| {
                 s.lagged(op, eni_id, now, |s| {
-                    s.unassign_private_ip_addresses(op, eni_id, ips, &[])
-                })
-            })
-            .await?;
-        }
-        if !prefixes.is_empty() {
-            self.call(op, |s, now| {
-                s.lagged(op, eni_id, now, |s| {
-                    s.unassign_private_ip_addresses(op, eni_id, &[], prefixes)
+                    s.unassign_private_ip_addresses(op, eni_id, ips, prefixes)
                 })
             })
             .await?;
