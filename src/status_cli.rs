@@ -112,40 +112,38 @@ pub fn table(page: &Page) -> String {
         "\n{} nodes, {} waiting, {} with an error",
         t.nodes, t.nodes_waiting, t.nodes_with_errors
     );
-    let waiting: Vec<_> = page
-        .nodes
-        .iter()
-        .filter_map(|(name, n)| n.waiting.as_ref().map(|w| (name, w)))
-        .collect();
-    if !waiting.is_empty() {
-        let _ = writeln!(out, "\nWhy nodes wait:");
-    }
-    for (name, w) in waiting {
+    let waiting = page.nodes.iter().filter_map(|(name, n)| {
+        let w = n.waiting.as_ref()?;
         let retry = match (&w.retry_at, w.retry_in_seconds) {
             (Some(at), Some(s)) => format!("retried at {at} (in {s:.0} s)"),
             _ => "retried at its next update or the next rescan".into(),
         };
-        let _ = writeln!(
-            out,
+        Some(format!(
             "  {}: {}: {}; {retry}",
             printable(name),
             w.reason.as_str(),
             printable(&w.detail)
-        );
-    }
-    let errors: Vec<_> = page
-        .nodes
-        .iter()
-        .filter_map(|(name, n)| n.last_error.as_ref().map(|e| (name, e)))
-        .collect();
-    if !errors.is_empty() {
-        let _ = writeln!(out, "\nLast errors:");
-    }
-    for (name, e) in errors {
+        ))
+    });
+    section(&mut out, "Why nodes wait:", waiting);
+    let errors = page.nodes.iter().filter_map(|(name, n)| {
+        let e = n.last_error.as_ref()?;
         let (name, message) = (printable(name), printable(&e.what.message));
-        let _ = writeln!(out, "  {name} at {}: {message}", e.at);
-    }
+        Some(format!("  {name} at {}: {message}", e.at))
+    });
+    section(&mut out, "Last errors:", errors);
     out
+}
+
+/// `lines` under `title`, after a blank line; nothing at all when there are none.
+fn section(out: &mut String, title: &str, lines: impl Iterator<Item = String>) {
+    let mut lines = lines.peekable();
+    if lines.peek().is_some() {
+        let _ = writeln!(out, "\n{title}");
+    }
+    for line in lines {
+        let _ = writeln!(out, "{line}");
+    }
 }
 
 /// `eni-operator status ...` (`args` without the program name's `status`).

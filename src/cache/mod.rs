@@ -156,6 +156,11 @@ struct InstanceTags {
     untagged: BTreeSet<String>,
 }
 
+/// `items` keyed by their id.
+fn by_id<T>(items: Vec<T>, id: fn(&T) -> &String) -> BTreeMap<String, T> {
+    items.into_iter().map(|t| (id(&t).clone(), t)).collect()
+}
+
 impl Ec2Cache {
     pub fn new() -> Self {
         Self::default()
@@ -171,18 +176,10 @@ impl Ec2Cache {
 
     /// Apply a successful full refresh.
     pub fn apply_full(&mut self, snap: FullSnapshot) {
-        self.subnets = snap
-            .subnets
-            .into_iter()
-            .map(|s| (s.id.clone(), s))
-            .collect();
+        self.subnets = by_id(snap.subnets, |s| &s.id);
         self.pod_subnets = snap.pod_subnets;
-        self.vpcs = snap.vpcs.into_iter().map(|v| (v.id.clone(), v)).collect();
-        self.security_groups = snap
-            .security_groups
-            .into_iter()
-            .map(|g| (g.id.clone(), g))
-            .collect();
+        self.vpcs = by_id(snap.vpcs, |v| &v.id);
+        self.security_groups = by_id(snap.security_groups, |g| &g.id);
         self.route_tables = snap.route_tables;
         let mut by_instance: BTreeMap<String, Vec<NetworkInterface>> = BTreeMap::new();
         let mut leftovers: BTreeMap<String, Vec<NetworkInterface>> = BTreeMap::new();

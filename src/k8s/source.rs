@@ -9,8 +9,11 @@
 //! watched (server-side filtered on `status.phase=Pending`) and counted per node for surge
 //! allocation: a node with more pods waiting than addresses needed gets them in one go.
 
+use futures::stream::BoxStream;
 use futures::{StreamExt, TryStreamExt};
+use serde::de::DeserializeOwned;
 use std::collections::BTreeMap;
+use std::fmt::Debug;
 
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::Resource;
@@ -135,6 +138,17 @@ impl Listed {
     }
 }
 
+/// `api`'s watch, started again with backoff after errors.
+fn watch<K>(
+    api: Api<K>,
+    config: watcher::Config,
+) -> BoxStream<'static, Result<Event<K>, watcher::Error>>
+where
+    K: Resource + Clone + DeserializeOwned + Debug + Send + 'static,
+{
+    watcher::watcher(api, config).default_backoff().boxed()
+}
+
 /// The next event of a watch, riding out (and logging) its errors; `None` once it ends.
 async fn next_event<K>(
     stream: &mut (impl futures::Stream<Item = Result<Event<K>, watcher::Error>> + Unpin),
@@ -157,14 +171,9 @@ pub async fn watch_cilium_nodes(
 ) {
     let ar = ApiResource::erase::<CiliumNode>(&());
     let api: Api<DynamicObject> = Api::all_with(client, &ar);
-    let mut stream = watcher::watcher(api, watcher::Config::default())
-        .default_backoff()
-        .boxed();
+    let mut stream = watch(api, watcher::Config::default());
     let mut listed = Listed::default();
-    loop {
-        let Some(event) = next_event(&mut stream, "CiliumNode").await else {
-            return;
-        };
+    while let Some(event) = next_event(&mut stream, "CiliumNode").await {
         let inputs = match event {
             Event::Apply(obj) | Event::InitApply(obj) => {
                 listed.seen(obj.metadata.name.as_deref().unwrap_or_default());
@@ -261,14 +270,9 @@ pub async fn list_nodes(client: kube::Client) -> kube::Result<Vec<NodeInput>> {
 /// facts stay.
 pub async fn watch_nodes(client: kube::Client, tx: mpsc::Sender<NodeInput>) {
     let api: Api<Node> = Api::all(client);
-    let mut stream = watcher::watcher(api, watcher::Config::default())
-        .default_backoff()
-        .boxed();
+    let mut stream = watch(api, watcher::Config::default());
     let mut listed = Listed::default();
-    loop {
-        let Some(event) = next_event(&mut stream, "Node").await else {
-            return;
-        };
+    while let Some(event) = next_event(&mut stream, "Node").await {
         let gone = match &event {
             Event::Init => {
                 listed.init();
@@ -421,12 +425,9 @@ pub async fn watch_pending_pods(client: kube::Client, tx: mpsc::Sender<NodeInput
     let api: Api<PendingPod> = Api::all_with(client, &ApiResource::erase::<Pod>(&()));
     // A pod that stops being Pending leaves the filtered watch as a delete.
     let config = watcher::Config::default().fields("status.phase=Pending");
-    let mut stream = watcher::watcher(api, config).default_backoff().boxed();
+    let mut stream = watch(api, config);
     let mut index = PendingPods::default();
-    loop {
-        let Some(event) = next_event(&mut stream, "pending-pod").await else {
-            return;
-        };
+    while let Some(event) = next_event(&mut stream, "pending-pod").await {
         let uid = |p: &PendingPod| p.metadata.uid.clone().unwrap_or_default();
         let node = |p: &PendingPod| p.spec.node_name.clone();
         let changed = match event {

@@ -71,6 +71,15 @@ impl ExecOutcome {
             ..Self::default()
         }
     }
+
+    /// EC2 changed for the node: `success` was done.
+    fn succeeded(success: Success) -> Self {
+        Self {
+            changed: true,
+            success: Some(success),
+            ..Self::default()
+        }
+    }
 }
 
 /// An unassign that failed although its addresses may be gone: the gate retried a call whose
@@ -191,13 +200,11 @@ impl<E: Ec2> Executor<E> {
             Ok(_) => {
                 self.metrics.allocated(&a.subnet_id, request.addresses());
                 ExecOutcome {
-                    changed: true,
-                    success: Some(Success::IpsAllocated {
+                    warning,
+                    ..ExecOutcome::succeeded(Success::IpsAllocated {
                         eni_id: a.eni_id.clone(),
                         addresses: request.addresses(),
-                    }),
-                    warning,
-                    ..ExecOutcome::default()
+                    })
                 }
             }
             Err(e) => ExecOutcome::failed(e),
@@ -343,13 +350,11 @@ impl<E: Ec2> Executor<E> {
         done.ips = r.ips.clone();
         let addresses = (ips.len() + r.prefixes.len() * 16) as u32;
         ExecOutcome {
-            changed: true,
-            success: Some(Success::IpsReleased {
+            released: Some(done),
+            ..ExecOutcome::succeeded(Success::IpsReleased {
                 eni_id: r.eni_id.clone(),
                 addresses,
-            }),
-            released: Some(done),
-            ..ExecOutcome::default()
+            })
         }
     }
 }

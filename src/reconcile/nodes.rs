@@ -108,6 +108,18 @@ impl Accepted {
             ..Self::default()
         }
     }
+
+    /// The node is let go: out of the slots and the queue, its instance out of the cache.
+    fn gone(slots: &mut Slots, name: String) -> Self {
+        Self {
+            forget: slots
+                .remove(&name)
+                .and_then(|s| s.node)
+                .map(|n| n.instance_id().to_string()),
+            dequeue: Some(name),
+            ..Self::default()
+        }
+    }
 }
 
 /// Take one input into the slots. `cache` is only touched for an upsert whose instance
@@ -143,14 +155,7 @@ pub fn accept(
             slot.invalid = Some(invalid);
             Accepted::queue(name, p)
         }
-        NodeInput::Deleted(name) => Accepted {
-            forget: slots
-                .remove(&name)
-                .and_then(|s| s.node)
-                .map(|n| n.instance_id().to_string()),
-            dequeue: Some(name),
-            ..Accepted::default()
-        },
+        NodeInput::Deleted(name) => Accepted::gone(slots, name),
         NodeInput::NodePresent { name, present } => {
             // Only for nodes we hold: a slot made here for a Node without a CiliumNode (or
             // whose CiliumNode is already gone) would never be removed. Not known counts as
@@ -204,14 +209,7 @@ fn upsert(
             slot.delivery = next_delivery();
             return Accepted::queue(name, Priority::Deleting);
         }
-        return Accepted {
-            forget: slots
-                .remove(&name)
-                .and_then(|s| s.node)
-                .map(|n| n.instance_id().to_string()),
-            dequeue: Some(name),
-            ..Accepted::default()
-        };
+        return Accepted::gone(slots, name);
     }
     // Another object under the same name (deleted and created again, its Deleted event not
     // seen: a watch that relisted meanwhile delivers only the new one, `make dst` seed 28):

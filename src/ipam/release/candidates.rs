@@ -11,15 +11,11 @@ use crate::ec2::{NetworkInterface, PREFIX_SIZE, prefix_addresses};
 use crate::ipam::Release;
 use crate::ipam::capacity::{single_addresses, usable_addresses};
 
-/// Classic release candidates on one ENI (§7.2).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Candidates {
-    pub eni_id: String,
-    pub prefixes: Vec<Ipv4Net>,
-    pub ips: Vec<Ipv4Addr>,
-}
+/// Classic release candidates on one ENI (§7.2): what a release of them all would take off.
+pub type Candidates = Release;
 
-impl Candidates {
+impl Release {
+    /// Its single addresses and those of its prefixes.
     pub(super) fn addresses(&self) -> BTreeSet<Ipv4Addr> {
         let mut set: BTreeSet<Ipv4Addr> = self.ips.iter().copied().collect();
         set.extend(self.prefixes.iter().flat_map(|p| prefix_addresses(*p)));

@@ -111,14 +111,12 @@ impl<E: Ec2> Executor<E> {
         match self.attach(c, eni, true).await {
             Attach::Done(attachment_id) => {
                 let outcome = ExecOutcome {
-                    changed: true,
-                    success: Some(Success::EniCreated {
-                        eni_id: eni_id.clone(),
-                        addresses,
-                    }),
                     warning,
                     retire_token: true,
-                    ..ExecOutcome::default()
+                    ..ExecOutcome::succeeded(Success::EniCreated {
+                        eni_id: eni_id.clone(),
+                        addresses,
+                    })
                 };
                 self.finish_attach(c, &eni_id, &attachment_id, outcome)
                     .await
@@ -158,13 +156,11 @@ impl<E: Ec2> Executor<E> {
             return match self.attach(c, eni, false).await {
                 Attach::Done(attachment_id) => {
                     let outcome = ExecOutcome {
-                        changed: true,
-                        success: Some(Success::EniAttached {
+                        retire_token: true,
+                        ..ExecOutcome::succeeded(Success::EniAttached {
                             eni_id: eni_id.clone(),
                             addresses,
-                        }),
-                        retire_token: true,
-                        ..ExecOutcome::default()
+                        })
                     };
                     Some(
                         self.finish_attach(c, &eni_id, &attachment_id, outcome)

@@ -22,7 +22,7 @@ use crate::reconcile::shared::Shared;
 
 use super::said::{self, End, Said};
 use super::snapshot::Snapshot;
-use super::{DONE, FAILED, Step, Verdict, ec2_facts, finalize, guard, identity};
+use super::{DONE, FAILED, Step, Verdict, ec2_facts, finalize, guard, identity, write_failed};
 
 /// The admitted node to serve, or the end of the pass.
 pub(super) async fn admit<E: Ec2, S: NodeSink>(
@@ -208,10 +208,7 @@ async fn delete<E: Ec2, S: NodeSink>(
     let ticket = inner.ticket(name);
     match inner.sink.delete(name).await {
         Ok(()) | Err(SinkError::NotFound) => {}
-        Err(e) => {
-            warn!(node = name, error = %e, "could not delete the CiliumNode");
-            return Err(FAILED);
-        }
+        Err(e) => return Err(write_failed(name, &e, "delete the CiliumNode")),
     }
     node.metadata.deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
         k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
@@ -238,10 +235,7 @@ async fn add_finalizer<E: Ec2, S: NodeSink>(
             Ok(None) => continue,
             Err(SinkError::NotFound) => return Err(DONE),
             Err(SinkError::Conflict(fresh)) => return Err(inner.conflict(name, fresh, ticket)),
-            Err(e) => {
-                warn!(node = name, error = %e, "could not add the finalizer");
-                return Err(FAILED);
-            }
+            Err(e) => return Err(write_failed(name, &e, "add the finalizer")),
         }
         inner.store(name, node, ticket);
     }
@@ -282,10 +276,7 @@ async fn record_instance<E: Ec2, S: NodeSink>(
             Ok(Some(n)) => node.replace(n),
             Ok(None) => {}
             Err(SinkError::NotFound) => return Err(DONE),
-            Err(e) => {
-                warn!(node = name, error = %e, "could not record the confirmed instance");
-                return Err(FAILED);
-            }
+            Err(e) => return Err(write_failed(name, &e, "record the confirmed instance")),
         }
         inner.store(name, node, ticket);
     }
@@ -307,10 +298,11 @@ async fn claim<E: Ec2, S: NodeSink>(
         }
         Ok(None) => Ok(()),
         Err(SinkError::NotFound) => Err(DONE),
-        Err(e) => {
-            warn!(node = name, error = %e, "could not set {CILIUM_IGNORE_ANNOTATION}");
-            Err(FAILED)
-        }
+        Err(e) => Err(write_failed(
+            name,
+            &e,
+            &format!("set {CILIUM_IGNORE_ANNOTATION}"),
+        )),
     }
 }
 
@@ -327,10 +319,7 @@ async fn hand_back<E: Ec2, S: NodeSink>(
             inner.slots.lock().expect("slots").remove(name);
             return DONE;
         }
-        Err(e) => {
-            warn!(node = name, error = %e, "could not remove {CILIUM_IGNORE_ANNOTATION}");
-            return FAILED;
-        }
+        Err(e) => return write_failed(name, &e, &format!("remove {CILIUM_IGNORE_ANNOTATION}")),
     };
     match inner.sink.set_finalizer(&NodeRef::of(&node), false).await {
         Ok(_) | Err(SinkError::NotFound) => {
@@ -366,10 +355,7 @@ async fn leave_alone<E: Ec2, S: NodeSink>(
     match inner.sink.set_finalizer(&r, false).await {
         Ok(_) | Err(SinkError::NotFound) => DONE,
         Err(SinkError::Conflict(fresh)) => inner.conflict(name, fresh, ticket),
-        Err(e) => {
-            warn!(node = name, error = %e, "could not remove the finalizer");
-            FAILED
-        }
+        Err(e) => write_failed(name, &e, "remove the finalizer"),
     }
 }
 
