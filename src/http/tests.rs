@@ -17,6 +17,21 @@ async fn get(addr: SocketAddr, path: &str) -> (u16, String) {
     (status, body)
 }
 
+/// `listeners` served with an empty registry: the server, its readiness and its shutdown.
+fn serve_on(
+    listeners: Vec<(TcpListener, Endpoints)>,
+) -> (HttpServer, Readiness, CancellationToken) {
+    let (readiness, shutdown) = (Readiness::new(), CancellationToken::new());
+    let server = start_on(
+        listeners,
+        MetricsRegistry::new(),
+        readiness.clone(),
+        shutdown.clone(),
+    )
+    .unwrap();
+    (server, readiness, shutdown)
+}
+
 async fn check_endpoints(server: &HttpServer, readiness: &Readiness) {
     assert_eq!(
         get(server.health_addr, "/healthz").await,
@@ -200,14 +215,7 @@ async fn debug_pages_are_served_as_json_on_the_metrics_listener() {
 #[tokio::test]
 async fn one_listener_serves_all_three_and_shuts_down() {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let (readiness, shutdown) = (Readiness::new(), CancellationToken::new());
-    let server = start_on(
-        vec![(listener, Endpoints::ALL)],
-        MetricsRegistry::new(),
-        readiness.clone(),
-        shutdown.clone(),
-    )
-    .unwrap();
+    let (server, readiness, shutdown) = serve_on(vec![(listener, Endpoints::ALL)]);
     assert_eq!(server.metrics_addr, server.health_addr);
     check_endpoints(&server, &readiness).await;
     shutdown.cancel();
@@ -241,18 +249,11 @@ async fn separate_listeners_split_the_endpoints() {
     let metrics = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let health = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let debug = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let (readiness, shutdown) = (Readiness::new(), CancellationToken::new());
-    let server = start_on(
-        vec![
-            (metrics, Endpoints::METRICS),
-            (health, Endpoints::HEALTH),
-            (debug, Endpoints::DEBUG),
-        ],
-        MetricsRegistry::new(),
-        readiness.clone(),
-        shutdown.clone(),
-    )
-    .unwrap();
+    let (server, readiness, shutdown) = serve_on(vec![
+        (metrics, Endpoints::METRICS),
+        (health, Endpoints::HEALTH),
+        (debug, Endpoints::DEBUG),
+    ]);
     assert_ne!(server.metrics_addr, server.health_addr);
     check_endpoints(&server, &readiness).await;
     assert_eq!(get(server.metrics_addr, "/healthz").await.0, 404);

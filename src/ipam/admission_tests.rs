@@ -70,6 +70,14 @@ fn refusal(d: Decision) -> Refusal {
     }
 }
 
+/// Why `decide` leaves the object alone, if it does.
+fn left_alone(f: &Facts) -> Option<LeaveAlone> {
+    match decide(f) {
+        Decision::LeaveAlone(why) => Some(why),
+        _ => None,
+    }
+}
+
 fn finalized(d: Decision) -> Finalize {
     match d {
         Decision::Finalize(f) => f,
@@ -110,10 +118,7 @@ fn an_ignored_node_is_handed_back_before_anything_else() {
 fn out_of_scope_is_left_alone_and_unknown_scope_waits_for_the_refresh() {
     let mut f = served();
     f.in_scope = Some(false);
-    assert!(matches!(
-        decide(&f),
-        Decision::LeaveAlone(LeaveAlone::OutOfScope)
-    ));
+    assert_eq!(left_alone(&f), Some(LeaveAlone::OutOfScope));
     f.in_scope = None;
     let Decision::Wait { wait, retry } = decide(&f) else {
         panic!("no wait");
@@ -128,10 +133,7 @@ fn outside_the_selector_a_served_node_is_handed_back_and_others_untouched() {
     assert!(matches!(decide(&f), Decision::HandBack));
     let mut f = new_node();
     f.selected = false;
-    assert!(matches!(
-        decide(&f),
-        Decision::LeaveAlone(LeaveAlone::NotSelected)
-    ));
+    assert_eq!(left_alone(&f), Some(LeaveAlone::NotSelected));
 }
 
 #[test]
@@ -156,23 +158,14 @@ fn a_node_we_never_served_is_neither_deleted_nor_handed_back() {
     f.watch_says_gone = true;
     f.gone_now = Some(true);
     f.identity = Identity::NoNode;
-    assert!(matches!(
-        decide(&f),
-        Decision::LeaveAlone(LeaveAlone::NotServed)
-    ));
+    assert_eq!(left_alone(&f), Some(LeaveAlone::NotServed));
     // With our finalizer added by an agent: the same.
     f.node.metadata.finalizers = Some(vec![FINALIZER.into()]);
-    assert!(matches!(
-        decide(&f),
-        Decision::LeaveAlone(LeaveAlone::NotServed)
-    ));
+    assert_eq!(left_alone(&f), Some(LeaveAlone::NotServed));
     let mut f = new_node();
     f.node.metadata.finalizers = Some(vec![FINALIZER.into()]);
     f.selected = false;
-    assert!(matches!(
-        decide(&f),
-        Decision::LeaveAlone(LeaveAlone::NotSelected)
-    ));
+    assert_eq!(left_alone(&f), Some(LeaveAlone::NotSelected));
 }
 
 #[test]

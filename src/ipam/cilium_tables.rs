@@ -182,6 +182,15 @@ fn settle(node: &CiliumNode, w: &mut World, config: &IpamConfig) -> i64 {
     panic!("no fixed point after 20 steps");
 }
 
+/// The world of Cilium's node manager tests: one instance of type `limits`, 200 addresses
+/// free in its subnet.
+fn cilium_world(limits: InstanceTypeLimits) -> World {
+    let mut w = World::new();
+    w.limits = Some(limits);
+    w.subnets.get_mut("subnet-a").unwrap().available_addresses = 200;
+    w
+}
+
 fn with_used(mut node: CiliumNode, used: usize) -> CiliumNode {
     let status = node.status.get_or_insert_with(Default::default);
     status.ipam.used = (0..used)
@@ -198,17 +207,13 @@ fn with_used(mut node: CiliumNode, used: usize) -> CiliumNode {
 fn node_manager_allocation_scenarios() {
     let cfg = IpamConfig::default();
 
-    let mut w = World::new();
-    w.limits = Some(typ("m5.large", 3, 10, true, false));
-    w.subnets.get_mut("subnet-a").unwrap().available_addresses = 200;
+    let mut w = cilium_world(typ("m5.large", 3, 10, true, false));
     let mut n = node();
     n.spec.ipam.pre_allocate = 8;
     assert_eq!(settle(&n, &mut w, &cfg), 8);
     assert_eq!(settle(&with_used(n.clone(), 7), &mut w, &cfg), 15);
 
-    let mut w = World::new();
-    w.limits = Some(typ("m3.large", 3, 10, false, false));
-    w.subnets.get_mut("subnet-a").unwrap().available_addresses = 200;
+    let mut w = cilium_world(typ("m3.large", 3, 10, false, false));
     let mut n = node();
     n.spec.ipam.pre_allocate = 1;
     n.spec.ipam.min_allocate = 10;
@@ -227,9 +232,7 @@ fn node_manager_prefix_delegation_scenario() {
         prefix_delegation: true,
         ..Default::default()
     };
-    let mut w = World::new();
-    w.limits = Some(typ("m5.large", 3, 10, true, false));
-    w.subnets.get_mut("subnet-a").unwrap().available_addresses = 200;
+    let mut w = cilium_world(typ("m5.large", 3, 10, true, false));
     let mut n = node();
     n.spec.ipam.pre_allocate = 8;
     assert_eq!(settle(&n, &mut w, &cfg), 16);
@@ -249,9 +252,7 @@ fn node_manager_prefix_delegation_scenario() {
 #[test]
 fn node_manager_min_allocate_scenario() {
     let cfg = IpamConfig::default();
-    let mut w = World::new();
-    w.limits = Some(typ("m5.4xlarge", 8, 30, true, false));
-    w.subnets.get_mut("subnet-a").unwrap().available_addresses = 200;
+    let mut w = cilium_world(typ("m5.4xlarge", 8, 30, true, false));
     let mut n = node();
     n.spec.ipam.pre_allocate = -1;
     n.spec.ipam.min_allocate = 10;

@@ -275,12 +275,18 @@ mod tests {
         assert!(err.message.contains(AZ));
     }
 
-    #[test]
-    fn explicit_tags_select_and_never_fall_through() {
+    /// The default world and `subnet-p`, tagged `role=pods`, with `free` addresses.
+    fn with_pods_subnet(free: u32) -> World {
         let mut w = World::new();
-        let mut pods = subnet("subnet-p", "100.64.0.0/17", 40);
+        let mut pods = subnet("subnet-p", "100.64.0.0/17", free);
         pods.tags = tags(&[("role", "pods")]);
         w.add_subnet(pods);
+        w
+    }
+
+    #[test]
+    fn explicit_tags_select_and_never_fall_through() {
+        let w = with_pods_subnet(40);
         let mut n = node();
         n.spec.eni.subnet_tags = tags(&[("role", "pods")]);
         assert_eq!(
@@ -311,10 +317,7 @@ mod tests {
 
     #[test]
     fn ids_win_over_tags() {
-        let mut w = World::new();
-        let mut pods = subnet("subnet-p", "100.64.0.0/17", 400);
-        pods.tags = tags(&[("role", "pods")]);
-        w.add_subnet(pods);
+        let w = with_pods_subnet(400);
         let mut n = node();
         n.spec.eni.subnet_ids = vec!["subnet-b".into()];
         n.spec.eni.subnet_tags = tags(&[("role", "pods")]);

@@ -8,14 +8,12 @@ fn modify_is_named_as_cilium_names_it_per_family() {
     ];
     let samples: Vec<Sample> = ours.iter().filter_map(|l| parse_sample(l)).collect();
     let text = cilium_families(&samples);
-    assert!(
-            text.contains("cilium_operator_ec2_api_duration_seconds_count{operation=\"ModifyNetworkInterface\",response_code=\"OK\"} 2"),
-            "{text}"
-        );
-    assert!(
-            text.contains("cilium_operator_ec2_api_rate_limit_duration_seconds_count{operation=\"ModifyNetworkInterfaceAttribute\"} 2"),
-            "{text}"
-        );
+    for line in [
+        "cilium_operator_ec2_api_duration_seconds_count{operation=\"ModifyNetworkInterface\",response_code=\"OK\"} 2",
+        "cilium_operator_ec2_api_rate_limit_duration_seconds_count{operation=\"ModifyNetworkInterfaceAttribute\"} 2",
+    ] {
+        assert!(text.contains(line), "{line} not in {text}");
+    }
 }
 
 #[test]

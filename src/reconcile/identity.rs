@@ -317,6 +317,14 @@ mod tests {
         }
     }
 
+    /// Node "a" known only by its InternalIP, and that address.
+    fn a_without_provider_id() -> (Nodes, Ipv4Addr) {
+        let mut n = Nodes::default();
+        let ip: Ipv4Addr = "10.0.0.5".parse().unwrap();
+        n.set("a", Some(by_ip(ip)));
+        (n, ip)
+    }
+
     fn owned(ip: Ipv4Addr, instances: &[&str]) -> BTreeMap<Ipv4Addr, BTreeSet<String>> {
         let owners = instances.iter().map(|i| i.to_string()).collect();
         BTreeMap::from([(ip, owners)])
@@ -324,10 +332,8 @@ mod tests {
 
     #[test]
     fn without_a_provider_id_the_internal_ip_must_be_the_primary_address() {
-        let mut n = Nodes::default();
-        let ip: Ipv4Addr = "10.0.0.5".parse().unwrap();
+        let (mut n, ip) = a_without_provider_id();
         let t = Instant::now();
-        n.set("a", Some(by_ip(ip)));
         assert_eq!(n.verdict("a", "i-1", None, true), Verdict::Unknown);
         assert_eq!(
             n.verdict("a", "i-1", Some(ip), true),
@@ -355,10 +361,8 @@ mod tests {
 
     #[test]
     fn a_node_without_provider_id_manages_only_the_instance_ec2_names_for_its_address() {
-        let mut n = Nodes::default();
-        let ip: Ipv4Addr = "10.0.0.5".parse().unwrap();
+        let (mut n, ip) = a_without_provider_id();
         let t = Instant::now();
-        n.set("a", Some(by_ip(ip)));
         assert_eq!(n.lookups_due("a", "i-1", t), [ip]);
         assert!(n.lookups_due("a", "", t).is_empty(), "no claim, no lookup");
         assert!(n.lookups_due("x", "i-1", t).is_empty(), "no Node");

@@ -400,21 +400,14 @@ mod tests {
         m.publish_nodes([("a", 10, 4, -2), ("b", 0, 0, 8)]);
         m.publish_subnets([("subnet-1", "zone-a", 100), ("subnet-2", "zone-b", 7)]);
         let t = text(&m);
-        assert!(
-            t.contains("eni_operator_ipam_available_ips{target_node=\"a\"} 10"),
-            "{t}"
-        );
-        assert!(
-            t.contains("eni_operator_ipam_needed_ips{target_node=\"a\"} 0"),
-            "{t}"
-        );
-        assert!(
-            t.contains("eni_operator_ipam_needed_ips{target_node=\"b\"} 8"),
-            "{t}"
-        );
-        assert!(t.contains(
-            "eni_operator_ipam_available_ips_per_subnet{subnet_id=\"subnet-2\",availability_zone=\"zone-b\"} 7"
-        ), "{t}");
+        for line in [
+            "eni_operator_ipam_available_ips{target_node=\"a\"} 10",
+            "eni_operator_ipam_needed_ips{target_node=\"a\"} 0",
+            "eni_operator_ipam_needed_ips{target_node=\"b\"} 8",
+            "eni_operator_ipam_available_ips_per_subnet{subnet_id=\"subnet-2\",availability_zone=\"zone-b\"} 7",
+        ] {
+            assert!(t.contains(line), "{line} not in {t}");
+        }
 
         m.publish_nodes([("b", 8, 0, 0)]);
         m.publish_subnets([("subnet-1", "zone-a", 90)]);

@@ -21,6 +21,13 @@ struct Fake {
 }
 
 impl Fake {
+    /// A fake whose next `times` calls of `op` fail with `code`.
+    fn failing(op: Operation, code: &str, times: usize) -> Self {
+        let fake = Self::default();
+        fake.fail(op, code, times);
+        fake
+    }
+
     fn fail(&self, op: Operation, code: &str, times: usize) {
         let err = Ec2Error::from_aws(op, code, "scripted", Some(400));
         self.script

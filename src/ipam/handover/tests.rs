@@ -54,6 +54,14 @@ fn annotated_by_handover(at: i64) -> Writers {
     )])
 }
 
+/// [`signals`] for a node without Cilium's ignore annotation.
+fn not_ignored<'a>(w: &'a Writers, lease: Option<&'a LeaseView>, now: i64) -> Signals<'a> {
+    Signals {
+        cilium_ignore: false,
+        ..signals(w, lease, now)
+    }
+}
+
 fn signals<'a>(w: &'a Writers, lease: Option<&'a LeaseView>, now: i64) -> Signals<'a> {
     Signals {
         writers: w,
@@ -164,8 +172,7 @@ fn the_previous_allocators_writes_before_our_claim_do_not_block() {
 fn a_running_cilium_operator_serves_unannotated_nodes() {
     let w = Writers::default();
     let l = lease(0, 100);
-    let mut s = signals(&w, Some(&l), 105);
-    s.cilium_ignore = false;
+    let mut s = not_ignored(&w, Some(&l), 105);
     assert!(matches!(
         other_allocator(&s),
         Some(OtherAllocator::CiliumNotIgnored { .. })
@@ -187,8 +194,7 @@ fn cilium_must_restart_after_the_annotation() {
     assert_eq!(other_allocator(&signals(&w, Some(&restarted), 105)), None);
     // About to annotate it ourselves, Cilium running since before: blocked as well.
     let w = Writers::default();
-    let mut s = signals(&w, Some(&before), 105);
-    s.cilium_ignore = false;
+    let mut s = not_ignored(&w, Some(&before), 105);
     s.will_annotate = true;
     assert!(matches!(
         other_allocator(&s),
@@ -201,8 +207,7 @@ fn a_node_blocked_before_our_annotation_is_annotated_so_a_restart_frees_it() {
     // Cilium's leader since before; we are to annotate the node and have not yet.
     let w = Writers::default();
     let before = lease(0, 100);
-    let mut s = signals(&w, Some(&before), 105);
-    s.cilium_ignore = false;
+    let mut s = not_ignored(&w, Some(&before), 105);
     s.will_annotate = true;
     let other = other_allocator(&s).expect("blocked");
     assert!(annotate_while_blocked(&s, &other), "annotate now");
@@ -291,8 +296,7 @@ fn a_node_annotated_at_its_creation_is_served_whatever_ciliums_lease_says() {
     };
     assert_eq!(other_allocator(&signals(&w, Some(&released), 105)), None);
     // Not annotated at all: Cilium's running operator serves it.
-    let mut s = signals(&w, Some(&running), 105);
-    s.cilium_ignore = false;
+    let s = not_ignored(&w, Some(&running), 105);
     assert!(matches!(
         other_allocator(&s),
         Some(OtherAllocator::CiliumNotIgnored { .. })
@@ -359,8 +363,7 @@ fn a_released_lease_blocks_as_a_held_one_until_a_new_holder_or_its_expiry_plus_i
     assert!(released.released());
     // Not annotated, not ours to annotate: its next leader serves it.
     let w = Writers::default();
-    let mut s = signals(&w, Some(&released), 105);
-    s.cilium_ignore = false;
+    let mut s = not_ignored(&w, Some(&released), 105);
     let other = other_allocator(&s).expect("blocked while released");
     assert!(other.to_string().contains("released at"), "{other}");
     // Ours to annotate now: after the release, so only its next leader's Lease clears it.

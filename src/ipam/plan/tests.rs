@@ -28,59 +28,77 @@ fn reason(p: &NodePlan) -> Option<ProblemReason> {
     p.problem.as_ref().map(|p| p.reason)
 }
 
+/// The default world with its primary ENI full (9 secondary addresses).
+fn first_eni_full() -> World {
+    let mut w = World::new();
+    w.enis[0] = eni_with_ips("eni-0", 0, "subnet-a", 9);
+    w
+}
+
+/// Why planning `n` on `w` with the default settings and no pending pods stops, if it does.
+fn problem(n: &CiliumNode, w: &World) -> Option<ProblemReason> {
+    reason(&run(n, w, &IpamConfig::default(), 0))
+}
+
+/// One change to a default value.
+type Change<T> = fn(&mut T);
+
 #[test]
 fn problems_stop_planning() {
     let w = World::new();
     let cfg = IpamConfig::default();
-    let mut n = node();
-    n.spec.instance_id.clear();
-    assert_eq!(
-        reason(&run(&n, &w, &cfg, 0)),
-        Some(ProblemReason::MissingInstanceId)
-    );
-    let mut n = node();
-    n.spec.ipam.pre_allocate = -2;
-    assert_eq!(
-        reason(&run(&n, &w, &cfg, 0)),
-        Some(ProblemReason::InvalidSpec)
-    );
-    let mut n = node();
-    n.spec.eni.first_interface_index = Some(-1);
-    assert_eq!(
-        reason(&run(&n, &w, &cfg, 0)),
-        Some(ProblemReason::InvalidSpec)
-    );
-
-    let mut unknown = World::new();
-    unknown.presence = Presence::Unknown;
-    assert_eq!(
-        reason(&run(&node(), &unknown, &cfg, 0)),
-        Some(ProblemReason::InstanceNotFound)
-    );
-    let mut no_enis = World::new();
-    no_enis.enis.clear();
-    assert_eq!(
-        reason(&run(&node(), &no_enis, &cfg, 0)),
-        Some(ProblemReason::InstanceNotFound)
-    );
-    let mut foreign = World::new();
-    foreign.enis[0].attachment.as_mut().unwrap().instance_id = "i-other".into();
-    assert_eq!(
-        reason(&run(&node(), &foreign, &cfg, 0)),
-        Some(ProblemReason::InstanceNotFound)
-    );
-    let mut gone = World::new();
-    gone.presence = Presence::Gone;
-    assert_eq!(
-        reason(&run(&node(), &gone, &cfg, 0)),
-        Some(ProblemReason::InstanceGone)
-    );
-    let mut terminated = World::new();
-    terminated.instance.state = InstanceState::ShuttingDown;
-    assert_eq!(
-        reason(&run(&node(), &terminated, &cfg, 0)),
-        Some(ProblemReason::InstanceGone)
-    );
+    // Each node, then each world, differs from the default in one way that stops planning.
+    let nodes: [(Change<CiliumNode>, ProblemReason); 3] = [
+        (
+            |n| n.spec.instance_id.clear(),
+            ProblemReason::MissingInstanceId,
+        ),
+        (
+            |n| n.spec.ipam.pre_allocate = -2,
+            ProblemReason::InvalidSpec,
+        ),
+        (
+            |n| n.spec.eni.first_interface_index = Some(-1),
+            ProblemReason::InvalidSpec,
+        ),
+    ];
+    for (i, (change, expected)) in nodes.into_iter().enumerate() {
+        let mut n = node();
+        change(&mut n);
+        assert_eq!(problem(&n, &w), Some(expected), "node {i}");
+    }
+    let worlds: [(&str, Change<World>, ProblemReason); 5] = [
+        (
+            "unknown",
+            |w| w.presence = Presence::Unknown,
+            ProblemReason::InstanceNotFound,
+        ),
+        (
+            "no ENIs",
+            |w| w.enis.clear(),
+            ProblemReason::InstanceNotFound,
+        ),
+        (
+            "another instance's ENIs",
+            |w| w.enis[0].attachment.as_mut().unwrap().instance_id = "i-other".into(),
+            ProblemReason::InstanceNotFound,
+        ),
+        (
+            "gone",
+            |w| w.presence = Presence::Gone,
+            ProblemReason::InstanceGone,
+        ),
+        (
+            "shutting down",
+            |w| w.instance.state = InstanceState::ShuttingDown,
+            ProblemReason::InstanceGone,
+        ),
+    ];
+    for (what, change, expected) in worlds {
+        let mut changed = World::new();
+        change(&mut changed);
+        assert_eq!(problem(&node(), &changed), Some(expected), "{what}");
+    }
     let mut no_limits = World::new();
     no_limits.limits = None;
     let p = run(&node(), &no_limits, &cfg, 0);
@@ -162,8 +180,7 @@ fn prefix_node_requests_whole_prefixes_with_fallback() {
 
 #[test]
 fn create_eni_when_full_with_everything_inline() {
-    let mut w = World::new();
-    w.enis[0] = eni_with_ips("eni-0", 0, "subnet-a", 9);
+    let mut w = first_eni_full();
     w.enis[0].security_groups = vec!["sg-b".into(), "sg-a".into()];
     let mut n = node();
     n.spec.ipam.min_allocate = 17; // 9 available: a deficit of 8
@@ -196,8 +213,7 @@ fn create_eni_when_full_with_everything_inline() {
 
 #[test]
 fn create_eni_prefix_attempts_order() {
-    let mut w = World::new();
-    w.enis[0] = eni_with_ips("eni-0", 0, "subnet-a", 9);
+    let mut w = first_eni_full();
     w.add_subnet(subnet("subnet-c", "10.0.32.0/20", 300));
     w.add_subnet(subnet("subnet-d", "10.0.48.0/20", 30));
     w.cooldown.insert("subnet-c".into(), Instant::now());
@@ -229,8 +245,7 @@ fn create_eni_prefix_attempts_order() {
 
 #[test]
 fn a_retired_token_is_not_reused_for_the_next_create() {
-    let mut w = World::new();
-    w.enis[0] = eni_with_ips("eni-0", 0, "subnet-a", 9);
+    let w = first_eni_full();
     let mut n = node();
     n.spec.ipam.min_allocate = 17;
     let cfg = IpamConfig::default();
@@ -276,29 +291,19 @@ fn at_capacity_and_full_subnets() {
     assert_eq!(p.action, Action::None);
     w.enis[2] = eni_with_ips("eni-2", 2, "subnet-a", 1);
     w.subnets.get_mut("subnet-a").unwrap().available_addresses = 0;
-    assert_eq!(
-        reason(&run(&n, &w, &IpamConfig::default(), 0)),
-        Some(ProblemReason::NoMatchingSubnet)
-    );
+    assert_eq!(problem(&n, &w), Some(ProblemReason::NoMatchingSubnet));
 }
 
 #[test]
 fn create_eni_reports_selection_problems() {
-    let mut w = World::new();
-    w.enis[0] = eni_with_ips("eni-0", 0, "subnet-a", 9);
+    let w = first_eni_full();
     let mut n = node();
     n.spec.ipam.min_allocate = 20;
     n.spec.eni.subnet_ids = vec!["subnet-x".into()];
-    assert_eq!(
-        reason(&run(&n, &w, &IpamConfig::default(), 0)),
-        Some(ProblemReason::NoMatchingSubnet)
-    );
+    assert_eq!(problem(&n, &w), Some(ProblemReason::NoMatchingSubnet));
     n.spec.eni.subnet_ids.clear();
     n.spec.eni.security_group_tags = tags(&[("k", "v")]);
-    assert_eq!(
-        reason(&run(&n, &w, &IpamConfig::default(), 0)),
-        Some(ProblemReason::NoSecurityGroups)
-    );
+    assert_eq!(problem(&n, &w), Some(ProblemReason::NoSecurityGroups));
 }
 
 #[test]
@@ -343,8 +348,7 @@ fn multi_pool_demand_from_requested() {
 
 #[test]
 fn release_comes_before_allocation_and_needs_the_delay() {
-    let mut w = World::new();
-    w.enis[0] = eni_with_ips("eni-0", 0, "subnet-a", 9);
+    let mut w = first_eni_full();
     w.enis.push(eni_with_ips("eni-1", 1, "subnet-a", 9));
     let n = node();
     let cfg = IpamConfig {

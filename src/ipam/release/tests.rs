@@ -12,6 +12,21 @@ fn config() -> IpamConfig {
     }
 }
 
+/// Two passes a release delay apart, `excess` addresses too many: the candidates are proposed
+/// and their delay is over at the time returned.
+fn proposed_and_ripe(
+    mem: &mut NodeMemory,
+    node: &CiliumNode,
+    usable: &[&NetworkInterface],
+    excess: i64,
+) -> Instant {
+    let t0 = Instant::now();
+    let t1 = t0 + config().release_delay;
+    mem.classic_pass(node, usable, excess, &config(), t0);
+    mem.classic_pass(node, usable, excess, &config(), t1);
+    t1
+}
+
 fn set_used(node: &mut CiliumNode, ips: &[&str]) {
     let s = node.status.get_or_insert_default();
     s.ipam.used = ips
@@ -132,10 +147,7 @@ fn used_address_never_released_even_if_acknowledged() {
     let a = w.enis[1].secondary_ips[0];
     let mut node = node();
     let mut mem = NodeMemory::new();
-    let t0 = Instant::now();
-    let t1 = t0 + Duration::from_secs(200);
-    mem.classic_pass(&node, &usable, 1, &config(), t0);
-    mem.classic_pass(&node, &usable, 1, &config(), t1);
+    let t1 = proposed_and_ripe(&mut mem, &node, &usable, 1);
     answer(&mut node, a, ReleaseState::ReadyForRelease);
     set_used(&mut node, &[&a.to_string()]);
     assert!(mem.classic_pass(&node, &usable, 1, &config(), t1).is_none());
@@ -150,10 +162,7 @@ fn prefix_needs_all_sixteen_acknowledgements() {
     let usable: Vec<&NetworkInterface> = w.enis.iter().collect();
     let mut node = node();
     let mut mem = NodeMemory::new();
-    let t0 = Instant::now();
-    let t1 = t0 + Duration::from_secs(180);
-    mem.classic_pass(&node, &usable, 16, &config(), t0);
-    mem.classic_pass(&node, &usable, 16, &config(), t1);
+    let t1 = proposed_and_ripe(&mut mem, &node, &usable, 16);
     assert_eq!(mem.proposed().count(), 16);
     let addrs: Vec<Ipv4Addr> = prefix_addresses(net("10.1.0.0/28")).collect();
     for a in &addrs[..15] {
@@ -195,10 +204,7 @@ fn no_excess_or_disabled_resets_proposals() {
     let usable: Vec<&NetworkInterface> = w.enis.iter().collect();
     let node = node();
     let mut mem = NodeMemory::new();
-    let t0 = Instant::now();
-    let t1 = t0 + Duration::from_secs(180);
-    mem.classic_pass(&node, &usable, 2, &config(), t0);
-    mem.classic_pass(&node, &usable, 2, &config(), t1);
+    let t1 = proposed_and_ripe(&mut mem, &node, &usable, 2);
     assert_eq!(mem.proposed().count(), 2);
     mem.classic_pass(&node, &usable, 0, &config(), t1);
     assert_eq!(mem.proposed().count(), 0);

@@ -6,12 +6,17 @@ use std::time::{Duration, Instant};
 
 /// What `n` should say on `w`'s view, with the default settings, no memory and no problem.
 fn desired(n: &CiliumNode, w: &World) -> DesiredState {
+    desired_with(n, w, None)
+}
+
+/// [`desired`] with `problem` to report.
+fn desired_with(n: &CiliumNode, w: &World, problem: Option<&Problem>) -> DesiredState {
     desired_state(
         n,
         &w.view(),
         &IpamConfig::default(),
         &NodeMemory::new(),
-        None,
+        problem,
     )
 }
 
@@ -109,13 +114,7 @@ fn given_problem_becomes_operator_error_and_clears() {
         reason: ProblemReason::AtCapacity,
         message: "full".into(),
     };
-    let d = desired_state(
-        &node(),
-        &w.view(),
-        &IpamConfig::default(),
-        &NodeMemory::new(),
-        Some(&p),
-    );
+    let d = desired_with(&node(), &w, Some(&p));
     assert_eq!(d.operator_error.as_deref(), Some("AtCapacity: full"));
     let n1 = apply(&node(), &changes(&node(), &d));
     assert_eq!(
@@ -289,13 +288,7 @@ fn every_problem_reason_reaches_operator_status() {
             reason,
             message: "m".into(),
         };
-        let d = desired_state(
-            &node(),
-            &w.view(),
-            &IpamConfig::default(),
-            &NodeMemory::new(),
-            Some(&p),
-        );
+        let d = desired_with(&node(), &w, Some(&p));
         assert_eq!(d.operator_error, Some(format!("{}: m", reason.as_str())));
     }
 }

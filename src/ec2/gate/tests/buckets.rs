@@ -191,8 +191,7 @@ async fn unassigning_ips_and_prefixes_takes_two_tokens() {
 
 /// A gate with its metrics registered, after one assign call throttled once and retried.
 async fn assign_throttled_once() -> (Arc<Gate<Fake>>, Registry) {
-    let fake = Fake::default();
-    fake.fail(
+    let fake = Fake::failing(
         Operation::AssignPrivateIpAddresses,
         "RequestLimitExceeded",
         1,

@@ -4,8 +4,7 @@ use super::*;
 
 #[tokio::test(start_paused = true)]
 async fn a_throttled_answer_cuts_the_rate_of_its_bucket_only() {
-    let fake = Fake::default();
-    fake.fail(Operation::AttachNetworkInterface, "RequestLimitExceeded", 1);
+    let fake = Fake::failing(Operation::AttachNetworkInterface, "RequestLimitExceeded", 1);
     let g = gate(fake, GateConfig::aws_defaults());
     let ceiling = |b| g.config().bucket_limits(b).1;
     g.attach_network_interface("eni-1", "i-1", 1).await.unwrap();
@@ -92,8 +91,7 @@ async fn new_work_yields_the_next_slot_to_half_done_work() {
     // One bucket for everything (Cilium's mode), throttled once: scarcity. Its floor (1/s) is
     // the rate after the cut, and the calls below are done before the probe's ramp gets back
     // to the ceiling (100/s).
-    let fake = Fake::default();
-    fake.fail(Operation::DescribeVpcs, "RequestLimitExceeded", 1);
+    let fake = Fake::failing(Operation::DescribeVpcs, "RequestLimitExceeded", 1);
     let config = GateConfig {
         single_bucket: Some((100.0, 1)),
         ..GateConfig::aws_defaults()
@@ -140,8 +138,7 @@ async fn new_work_yields_the_next_slot_to_half_done_work() {
 
 #[tokio::test(start_paused = true)]
 async fn a_throttled_answer_slows_the_whole_bucket() {
-    let fake = Fake::default();
-    fake.fail(Operation::AttachNetworkInterface, "RequestLimitExceeded", 1);
+    let fake = Fake::failing(Operation::AttachNetworkInterface, "RequestLimitExceeded", 1);
     let g = gate(fake, GateConfig::aws_defaults());
     let start = Instant::now();
     let throttled = {

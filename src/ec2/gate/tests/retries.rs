@@ -4,8 +4,7 @@ use super::*;
 
 #[tokio::test(start_paused = true)]
 async fn throttling_is_retried_with_backoff() {
-    let fake = Fake::default();
-    fake.fail(
+    let fake = Fake::failing(
         Operation::AssignPrivateIpAddresses,
         "RequestLimitExceeded",
         2,
@@ -45,8 +44,7 @@ impl ThrottleObserver for Seen {
 /// other retried failures are not.
 #[tokio::test(start_paused = true)]
 async fn throttled_retries_are_told_to_the_gates_observer() {
-    let fake = Fake::default();
-    fake.fail(
+    let fake = Fake::failing(
         Operation::AssignPrivateIpAddresses,
         "RequestLimitExceeded",
         2,
@@ -72,8 +70,7 @@ async fn throttled_retries_are_told_to_the_gates_observer() {
 
 #[tokio::test(start_paused = true)]
 async fn transient_failures_are_retried() {
-    let fake = Fake::default();
-    fake.fail(Operation::DeleteNetworkInterface, "InternalError", 1);
+    let fake = Fake::failing(Operation::DeleteNetworkInterface, "InternalError", 1);
     let g = gate(fake, GateConfig::aws_defaults());
     g.delete_network_interface("eni-1").await.unwrap();
     assert_eq!(g.inner().times(None).len(), 2);
@@ -85,8 +82,7 @@ async fn transient_failures_are_retried() {
 #[tokio::test(start_paused = true)]
 async fn a_seeded_gate_retries_after_the_same_delays() {
     async fn delays(seed: u64) -> Vec<Duration> {
-        let fake = Fake::default();
-        fake.fail(Operation::DeleteNetworkInterface, "InternalError", 4);
+        let fake = Fake::failing(Operation::DeleteNetworkInterface, "InternalError", 4);
         let config = GateConfig {
             jitter_seed: Some(seed),
             ..GateConfig::aws_defaults()
@@ -106,8 +102,7 @@ async fn a_seeded_gate_retries_after_the_same_delays() {
 async fn a_lost_answer_of_a_call_without_a_token_is_not_repeated() {
     // A 5xx or timeout may hide an assign or attach that took effect: repeating it would
     // assign the addresses twice. Throttled answers were not carried out and are repeated.
-    let fake = Fake::default();
-    fake.fail(Operation::AssignPrivateIpAddresses, "InternalError", 1);
+    let fake = Fake::failing(Operation::AssignPrivateIpAddresses, "InternalError", 1);
     fake.fail(Operation::AttachNetworkInterface, "InternalError", 1);
     let g = gate(fake, GateConfig::aws_defaults());
     let err = g
@@ -138,8 +133,7 @@ async fn a_lost_answer_of_a_call_without_a_token_is_not_repeated() {
 
 #[tokio::test(start_paused = true)]
 async fn client_errors_are_not_retried() {
-    let fake = Fake::default();
-    fake.fail(
+    let fake = Fake::failing(
         Operation::AssignPrivateIpAddresses,
         "PrivateIpAddressLimitExceeded",
         1,
@@ -156,8 +150,7 @@ async fn client_errors_are_not_retried() {
 
 #[tokio::test(start_paused = true)]
 async fn attempts_are_bounded() {
-    let fake = Fake::default();
-    fake.fail(Operation::CreateNetworkInterface, "InternalError", 10);
+    let fake = Fake::failing(Operation::CreateNetworkInterface, "InternalError", 10);
     let config = GateConfig {
         max_attempts: 3,
         ..GateConfig::aws_defaults()
@@ -174,8 +167,7 @@ async fn attempts_are_bounded() {
 
 #[tokio::test(start_paused = true)]
 async fn throttled_answers_are_retried_until_the_deadline_not_the_attempt_count() {
-    let fake = Fake::default();
-    fake.fail(
+    let fake = Fake::failing(
         Operation::CreateNetworkInterface,
         "RequestLimitExceeded",
         10,
@@ -193,8 +185,7 @@ async fn throttled_answers_are_retried_until_the_deadline_not_the_attempt_count(
     assert_eq!(g.stats().total_throttled(), 10);
 
     // Past the deadline the throttled answer is returned (the caller reschedules the work).
-    let fake = Fake::default();
-    fake.fail(
+    let fake = Fake::failing(
         Operation::CreateNetworkInterface,
         "RequestLimitExceeded",
         1000,
@@ -252,8 +243,7 @@ async fn the_throttle_deadline_counts_retrying_not_waiting_for_a_token() {
 
 #[tokio::test(start_paused = true)]
 async fn consecutive_throttles_grow_the_penalty_up_to_its_cap_and_success_resets_it() {
-    let fake = Fake::default();
-    fake.fail(Operation::DetachNetworkInterface, "RequestLimitExceeded", 6);
+    let fake = Fake::failing(Operation::DetachNetworkInterface, "RequestLimitExceeded", 6);
     let config = large_attach_buckets(GateConfig {
         max_attempts: 1,
         // Throttled answers are returned at once, so each call below is one attempt.
@@ -286,8 +276,7 @@ async fn consecutive_throttles_grow_the_penalty_up_to_its_cap_and_success_resets
 
 #[tokio::test(start_paused = true)]
 async fn a_throttled_call_never_sleeps_longer_than_the_cap_between_attempts() {
-    let fake = Fake::default();
-    fake.fail(Operation::AttachNetworkInterface, "RequestLimitExceeded", 8);
+    let fake = Fake::failing(Operation::AttachNetworkInterface, "RequestLimitExceeded", 8);
     let g = gate(fake, large_attach_buckets(GateConfig::aws_defaults()));
     g.attach_network_interface("eni-1", "i-1", 1).await.unwrap();
     let times = g.inner().times(Some(Operation::AttachNetworkInterface));

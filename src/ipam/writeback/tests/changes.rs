@@ -5,8 +5,7 @@ use super::*;
 #[test]
 fn changes_are_ordered_minimal_and_converge() {
     let w = world_with_prefix();
-    let cfg = IpamConfig::default();
-    let d = desired_state(&node(), &w.view(), &cfg, &NodeMemory::new(), None);
+    let d = desired(&node(), &w);
     let ch = changes(&node(), &d);
     let kinds: Vec<Subresource> = ch.writes.iter().map(|w| w.subresource).collect();
     assert_eq!(
@@ -28,7 +27,7 @@ fn changes_are_ordered_minimal_and_converge() {
     let mut w2 = w.clone();
     w2.enis[1].prefixes.clear();
     w2.enis[1].tags.clear();
-    let d2 = desired_state(&n1, &w2.view(), &cfg, &NodeMemory::new(), None);
+    let d2 = desired(&n1, &w2);
     let ch2 = changes(&n1, &d2);
     let kinds: Vec<Subresource> = ch2.writes.iter().map(|w| w.subresource).collect();
     assert_eq!(kinds, [Subresource::Spec, Subresource::Status]);
@@ -45,7 +44,7 @@ fn changes_are_ordered_minimal_and_converge() {
     // A removed ENI is nulled.
     let mut w3 = w2.clone();
     w3.enis.pop();
-    let d3 = desired_state(&n2, &w3.view(), &cfg, &NodeMemory::new(), None);
+    let d3 = desired(&n2, &w3);
     let ch3 = changes(&n2, &d3);
     let status = status_write(&ch3).unwrap();
     assert_eq!(status.patch["status"]["eni"]["enis"]["eni-1"], json!(null));
@@ -75,17 +74,16 @@ fn apply_checking_c2(node: &CiliumNode, set: &ChangeSet) -> CiliumNode {
 /// pool's ENI still lists it (C2), or the agent ignores the update and pods wait.
 #[test]
 fn an_address_moving_to_another_eni_keeps_c2_after_every_write() {
-    let cfg = IpamConfig::default();
     let mut w = World::new();
     w.enis.push(eni_with_ips("eni-1", 1, "subnet-b", 2));
     w.enis.push(eni_with_ips("eni-2", 2, "subnet-b", 2));
-    let d = desired_state(&node(), &w.view(), &cfg, &NodeMemory::new(), None);
+    let d = desired(&node(), &w);
     let n1 = apply(&node(), &changes(&node(), &d));
     assert_eq!(c2_violations(&n1), Vec::<String>::new());
 
     let moved = w.enis[2].secondary_ips.remove(0);
     w.enis[1].secondary_ips.push(moved);
-    let d2 = desired_state(&n1, &w.view(), &cfg, &NodeMemory::new(), None);
+    let d2 = desired(&n1, &w);
     check_c2_c3(&d2);
     let seen = apply_checking_c2(&n1, &changes(&n1, &d2));
     assert_eq!(seen.spec.ipam.pool[&moved.to_string()].resource, "eni-1");
@@ -100,7 +98,7 @@ fn an_address_moving_to_another_eni_keeps_c2_after_every_write() {
     let mut w3 = World::new();
     w3.enis.push(eni_with_ips("eni-1", 1, "subnet-b", 2));
     w3.enis[1].secondary_ips.push(ip("10.0.102.2"));
-    let d3 = desired_state(&n1, &w3.view(), &cfg, &NodeMemory::new(), None);
+    let d3 = desired(&n1, &w3);
     let seen = apply_checking_c2(&n1, &changes(&n1, &d3));
     assert!(!seen.status.as_ref().unwrap().eni.enis.contains_key("eni-2"));
     assert!(changes(&seen, &d3).is_empty());
@@ -111,8 +109,7 @@ fn an_address_moving_to_another_eni_keeps_c2_after_every_write() {
 #[test]
 fn pruned_summary_alone_is_not_rewritten() {
     let w = world_with_prefix();
-    let cfg = IpamConfig::default();
-    let d = desired_state(&node(), &w.view(), &cfg, &NodeMemory::new(), None);
+    let d = desired(&node(), &w);
     let n1 = apply(&node(), &changes(&node(), &d));
     assert!(
         n1.status.as_ref().unwrap().eni_operator.is_some(),

@@ -11,8 +11,7 @@ fn stored_under_ciliums_crd(n: &CiliumNode) -> CiliumNode {
 #[test]
 fn a_summary_pruned_by_ciliums_crd_counts_as_unchanged() {
     let w = world_with_prefix();
-    let cfg = IpamConfig::default();
-    let d = desired_state(&node(), &w.view(), &cfg, &NodeMemory::new(), None);
+    let d = desired(&node(), &w);
     let first = changes(&node(), &d);
     assert!(
         status_write(&first).unwrap().patch["status"]["eni-operator"].is_object(),
@@ -20,7 +19,7 @@ fn a_summary_pruned_by_ciliums_crd_counts_as_unchanged() {
     );
     let n1 = stored_under_ciliums_crd(&apply(&node(), &first));
     assert_eq!(n1.status.as_ref().unwrap().eni_operator, None, "pruned");
-    let d1 = desired_state(&n1, &w.view(), &cfg, &NodeMemory::new(), None);
+    let d1 = desired(&n1, &w);
     assert_eq!(
         changes(&n1, &d1).writes,
         [],
@@ -30,7 +29,7 @@ fn a_summary_pruned_by_ciliums_crd_counts_as_unchanged() {
     // A real change still carries the summary (our CRD would keep it).
     let mut w2 = w.clone();
     w2.enis[1].prefixes.clear();
-    let d2 = desired_state(&n1, &w2.view(), &cfg, &NodeMemory::new(), None);
+    let d2 = desired(&n1, &w2);
     let ch2 = changes(&n1, &d2);
     assert!(status_write(&ch2).unwrap().patch["status"]["eni-operator"].is_object());
 }
@@ -41,8 +40,7 @@ fn a_summary_pruned_by_ciliums_crd_counts_as_unchanged() {
 #[test]
 fn a_stale_summary_alone_is_not_written_but_rides_along_with_a_real_change() {
     let w = world_with_prefix();
-    let cfg = IpamConfig::default();
-    let d = desired_state(&node(), &w.view(), &cfg, &NodeMemory::new(), None);
+    let d = desired(&node(), &w);
     let mut n1 = apply(&node(), &changes(&node(), &d));
     assert_eq!(
         n1.status.as_ref().unwrap().eni_operator.as_ref(),
@@ -60,7 +58,7 @@ fn a_stale_summary_alone_is_not_written_but_rides_along_with_a_real_change() {
 
     let mut w2 = w.clone();
     w2.enis[1].prefixes.clear();
-    let d2 = desired_state(&n1, &w2.view(), &cfg, &NodeMemory::new(), None);
+    let d2 = desired(&n1, &w2);
     let ch2 = changes(&n1, &d2);
     assert_eq!(
         status_write(&ch2).unwrap().patch["status"]["eni-operator"],
@@ -75,12 +73,11 @@ fn every_field_we_write_survives_ciliums_crd_but_the_known_prunable_ones() {
     w.enis[1].ipv6_prefixes = vec!["2001:db8::/80".into()];
     w.enis[1].public_ip = Some("54.0.0.1".into());
     w.enis[1].description = "eni-operator".into();
-    let cfg = IpamConfig::default();
     let p = Problem {
         reason: ProblemReason::AtCapacity,
         message: "full".into(),
     };
-    let mut d = desired_state(&node(), &w.view(), &cfg, &NodeMemory::new(), Some(&p));
+    let mut d = desired_with(&node(), &w, Some(&p));
     d.release_ips
         .insert("10.0.99.1".into(), Some("marked-for-release".into()));
     let written = apply(&node(), &changes(&node(), &d));
@@ -109,7 +106,7 @@ fn every_field_we_write_survives_ciliums_crd_but_the_known_prunable_ones() {
 
     // Where the CRD keeps them (ours), a pruned-looking field that changes is written.
     w.enis[1].ipv6_prefixes.clear();
-    let d2 = desired_state(&written, &w.view(), &cfg, &NodeMemory::new(), Some(&p));
+    let d2 = desired_with(&written, &w, Some(&p));
     let ch = changes(&written, &d2);
     assert_eq!(
         status_write(&ch).unwrap().patch["status"]["eni"]["enis"]["eni-1"]["ipv6-prefixes"],
