@@ -496,6 +496,22 @@ fn an_agent_writes_only_its_own_node_and_never_its_addresses_or_provider_id() {
         "the policy's refusal of another Node",
         |a| matches!(a, Err(e) if e.contains("ValidatingAdmissionPolicy")),
     );
+    // The API server type-checks a policy against the Node's schema after storing it and only
+    // warns: a field misnamed would read as an error at each request (refused: failurePolicy).
+    let checked = [
+        "get",
+        "validatingadmissionpolicy",
+        "eni-operator-agent-node",
+        "-o",
+        "jsonpath={.status.observedGeneration}|{.status.typeChecking}",
+    ];
+    eventually(
+        &admin,
+        &checked,
+        "the policy's type check",
+        |a| matches!(a, Ok(s) if s.starts_with('1')),
+    );
+    assert_eq!(admin.ok(&checked, None), "1|{}");
 
     // Its own Node's annotations and labels (what annotateK8sNode writes): allowed.
     agent.ok(
