@@ -346,3 +346,311 @@ fn an_agent_writes_only_its_own_cilium_node_and_never_its_instance_or_our_finali
         check_the_policy(&cp, &admin, &crd);
     }
 }
+
+/// Cilium's agent RBAC on Nodes with `annotateK8sNode: true` (its chart's
+/// `templates/cilium-agent/clusterrole.yaml`: Nodes read, `nodes/status` patched to annotate its
+/// Node), bound to the agents' ServiceAccount and, so that only the policy tells them apart, to
+/// our operator's. Two Nodes without providerID: their InternalIPs say which instance they are
+/// (docs/rules.md §15), and a Pod on node-a for the agent's token.
+const AGENT_ON_NODES: &str = r#"
+apiVersion: v1
+kind: ServiceAccount
+metadata: {name: cilium, namespace: kube-system}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata: {name: cilium-nodes}
+rules:
+  - apiGroups: [""]
+    resources: ["nodes"]
+    verbs: ["get", "list", "watch"]
+  - apiGroups: [""]
+    resources: ["nodes/status"]
+    # Cilium's agent (client-go) patches without reading; kubectl patch reads first.
+    verbs: ["patch", "get"]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {name: cilium-nodes}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: cilium-nodes}
+subjects:
+  - {kind: ServiceAccount, name: cilium, namespace: kube-system}
+  - {kind: ServiceAccount, name: eni-operator, namespace: eni-operator}
+---
+apiVersion: v1
+kind: Node
+metadata: {name: node-a}
+---
+apiVersion: v1
+kind: Node
+metadata: {name: node-b}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: cilium-a, namespace: kube-system}
+spec:
+  nodeName: node-a
+  serviceAccountName: cilium
+  automountServiceAccountToken: false
+  containers: [{name: agent, image: quay.io/cilium/cilium:v1.18.0}]
+"#;
+
+/// More than Cilium grants (a user's extra rule): the Node itself written, created, deleted.
+const AGENT_MORE_ON_NODES: &str = r#"
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata: {name: cilium-nodes-more}
+rules:
+  - apiGroups: [""]
+    resources: ["nodes"]
+    verbs: ["create", "update", "patch", "delete"]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {name: cilium-nodes-more}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: cilium-nodes-more}
+subjects: [{kind: ServiceAccount, name: cilium, namespace: kube-system}]
+"#;
+
+fn node_status(name: &str, patch: &str) -> Vec<String> {
+    let mut v = ["patch", "node", name, "--subresource=status", "-p", patch]
+        .map(String::from)
+        .to_vec();
+    // Cilium annotates with a strategic merge patch (kubectl's default); addresses are set whole.
+    if patch.contains("addresses") {
+        v.extend(["--type", "merge"].map(String::from));
+    }
+    v
+}
+
+fn internal_ip(address: &str) -> String {
+    format!(r#"{{"status": {{"addresses": [{{"type": "InternalIP", "address": "{address}"}}]}}}}"#)
+}
+
+/// Retried for up to 60 s (the API server loads a policy, and RBAC, a moment after the write)
+/// until `done` holds for kubectl's answer.
+fn eventually(
+    kubectl: &Kubectl,
+    args: &[&str],
+    what: &str,
+    done: impl Fn(&Result<String, String>) -> bool,
+) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let answer = kubectl.answer(args, None);
+        if done(&answer) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{what} never came: {answer:?}");
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}
+
+#[test]
+fn an_agent_writes_only_its_own_node_and_never_its_addresses_or_provider_id() {
+    let Some(assets) = assets_from_env() else {
+        eprintln!(
+            "*** tests/it/agent_admission.rs: NOT RUN: KUBEBUILDER_ASSETS is not set (a directory \
+             with etcd, kube-apiserver, kube-controller-manager and kubectl; .ci/run sets it)"
+        );
+        return;
+    };
+    let cp = ControlPlane::start(&assets).expect("control plane");
+    let admin = Kubectl {
+        bin: assets.join("kubectl"),
+        kubeconfig: cp.kubeconfig(),
+    };
+    let manifests = root().join("manifests");
+    for f in [
+        "01-namespace.yaml",
+        "02-serviceaccount.yaml",
+        "03-rbac.yaml",
+        "08-agent-admission-policy.yaml",
+    ] {
+        admin.ok(&["apply", "-f", manifests.join(f).to_str().unwrap()], None);
+    }
+    admin.ok(&["apply", "-f", "-"], Some(AGENT_ON_NODES));
+    // The kubelet's write (here the admin's): not matched.
+    for (node, ip) in [("node-a", "10.0.1.10"), ("node-b", "10.0.2.20")] {
+        admin.ok(&args(&node_status(node, &internal_ip(ip))), None);
+    }
+    let token = admin.ok(
+        &[
+            "create",
+            "token",
+            "cilium",
+            "-n",
+            "kube-system",
+            "--bound-object-kind",
+            "Pod",
+            "--bound-object-name",
+            "cilium-a",
+        ],
+        None,
+    );
+    let agent = admin.with_token(&cp, "agent-a", token.trim());
+    let annotate = |n: &str| node_status(n, r#"{"metadata": {"annotations": {"c": "1"}}}"#);
+    eventually(
+        &agent,
+        &args(&annotate("node-b")),
+        "the policy's refusal of another Node",
+        |a| matches!(a, Err(e) if e.contains("ValidatingAdmissionPolicy")),
+    );
+    // The API server type-checks a policy against the Node's schema after storing it and only
+    // warns: a field misnamed would read as an error at each request (refused: failurePolicy).
+    let checked = [
+        "get",
+        "validatingadmissionpolicy",
+        "eni-operator-agent-node",
+        "-o",
+        "jsonpath={.status.observedGeneration}|{.status.typeChecking}",
+    ];
+    eventually(
+        &admin,
+        &checked,
+        "the policy's type check",
+        |a| matches!(a, Ok(s) if s.starts_with('1')),
+    );
+    assert_eq!(admin.ok(&checked, None), "1|{}");
+
+    // Its own Node's annotations and labels (what annotateK8sNode writes): allowed.
+    agent.ok(
+        &args(&node_status(
+            "node-a",
+            r#"{"metadata": {"annotations": {"network.cilium.io/ipv4-cilium-host": "10.0.1.5"},
+                "labels": {"x": "y"}}}"#,
+        )),
+        None,
+    );
+    let got = admin.ok(
+        &[
+            "get",
+            "node",
+            "node-a",
+            "-o",
+            r#"jsonpath={.metadata.annotations.network\.cilium\.io/ipv4-cilium-host} {.metadata.labels.x}"#,
+        ],
+        None,
+    );
+    assert_eq!(got, "10.0.1.5 y");
+
+    // Its own Node's addresses: neither pointed at another instance's nor dropped.
+    let err = agent.refused(
+        &args(&node_status("node-a", &internal_ip("10.0.2.20"))),
+        None,
+    );
+    assert!(
+        err.contains("may not change status.addresses of Node node-a"),
+        "{err}"
+    );
+    let err = agent.refused(
+        &args(&node_status("node-a", r#"{"status": {"addresses": null}}"#)),
+        None,
+    );
+    assert!(err.contains("may not change status.addresses"), "{err}");
+
+    // Another Node: nothing.
+    let err = agent.refused(&args(&annotate("node-b")), None);
+    assert!(
+        err.contains("may write only the Node of its own node (node-a), not node-b"),
+        "{err}"
+    );
+    let err = agent.refused(
+        &args(&node_status("node-b", &internal_ip("10.0.1.10"))),
+        None,
+    );
+    assert!(err.contains("(node-a), not node-b"), "{err}");
+    let addresses = |n: &str| {
+        admin.ok(
+            &[
+                "get",
+                "node",
+                n,
+                "-o",
+                "jsonpath={.status.addresses[*].address}",
+            ],
+            None,
+        )
+    };
+    assert_eq!(addresses("node-a"), "10.0.1.10");
+    assert_eq!(addresses("node-b"), "10.0.2.20");
+
+    // Our operator's ServiceAccount, with the same RBAC, and the kubelet: not matched.
+    let operator_token = admin.ok(
+        &["create", "token", "eni-operator", "-n", "eni-operator"],
+        None,
+    );
+    let operator = admin.with_token(&cp, "operator", operator_token.trim());
+    operator.ok(
+        &args(&node_status("node-b", &internal_ip("10.0.2.21"))),
+        None,
+    );
+    admin.ok(
+        &args(&node_status("node-a", &internal_ip("10.0.1.11"))),
+        None,
+    );
+    assert_eq!(addresses("node-b"), "10.0.2.21");
+    assert_eq!(addresses("node-a"), "10.0.1.11");
+
+    // With more RBAC than Cilium's: its own Node's labels still, never a providerID (an empty
+    // one may be set once, and would then name the instance), no other Node, no Node created
+    // or deleted.
+    admin.ok(&["apply", "-f", "-"], Some(AGENT_MORE_ON_NODES));
+    let label = [
+        "patch",
+        "node",
+        "node-a",
+        "-p",
+        r#"{"metadata": {"labels": {"x": "z"}}}"#,
+    ];
+    eventually(&agent, &label, "the extra RBAC", Result::is_ok);
+    let err = agent.refused(
+        &[
+            "patch",
+            "node",
+            "node-a",
+            "-p",
+            r#"{"spec": {"providerID": "aws:///us-east-1a/i-b"}}"#,
+        ],
+        None,
+    );
+    assert!(
+        err.contains("may not change spec.providerID of Node node-a"),
+        "{err}"
+    );
+    let err = agent.refused(
+        &[
+            "patch",
+            "node",
+            "node-b",
+            "-p",
+            r#"{"metadata": {"labels": {"x": "z"}}}"#,
+        ],
+        None,
+    );
+    assert!(err.contains("(node-a), not node-b"), "{err}");
+    let err = agent.refused(
+        &["create", "-f", "-"],
+        Some(r#"{"apiVersion": "v1", "kind": "Node", "metadata": {"name": "node-x"}}"#),
+    );
+    assert!(err.contains("may not create or delete Nodes"), "{err}");
+    let err = agent.refused(&["delete", "node", "node-b"], None);
+    assert!(err.contains("may not create or delete Nodes"), "{err}");
+    let got = admin.ok(
+        &[
+            "get",
+            "node",
+            "node-a",
+            "-o",
+            "jsonpath={.spec.providerID}|{.metadata.labels.x}",
+        ],
+        None,
+    );
+    assert_eq!(got, "|z");
+
+    // The same ServiceAccount with a token bound to no Pod names no node: refused.
+    let unbound = admin.ok(&["create", "token", "cilium", "-n", "kube-system"], None);
+    let unbound = admin.with_token(&cp, "agent-unbound", unbound.trim());
+    let err = unbound.refused(&args(&annotate("node-a")), None);
+    assert!(err.contains("its token names no node"), "{err}");
+}

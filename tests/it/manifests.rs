@@ -166,17 +166,23 @@ fn every_object_parses_and_the_set_is_complete() {
         o.admission_policy_bindings.len(),
     ];
     // Two Roles and RoleBindings: leader election, and Cilium's Lease (in kube-system); two
-    // ClusterRoles and bindings: the operator's, and the CiliumNode CRD's label; one admission
-    // policy and its binding: what a Cilium agent may write (docs/rules.md).
-    assert_eq!(counts, [1, 1, 2, 2, 2, 2, 1, 1, 1, 1, 1, 1]);
-    // Cluster-scoped, and the binding names its policy.
-    let (policy, binding) = (&o.admission_policies[0], &o.admission_policy_bindings[0]);
-    assert_eq!(policy.metadata.namespace, None);
-    assert_eq!(binding.metadata.namespace, None);
-    assert_eq!(
-        binding.spec.as_ref().and_then(|s| s.policy_name.clone()),
-        policy.metadata.name
-    );
+    // ClusterRoles and bindings: the operator's, and the CiliumNode CRD's label; two admission
+    // policies and their bindings: what a Cilium agent may write to CiliumNodes and to Nodes
+    // (docs/rules.md).
+    assert_eq!(counts, [1, 1, 2, 2, 2, 2, 1, 1, 1, 1, 2, 2]);
+    // Cluster-scoped, and each binding names its policy.
+    for (policy, binding) in o
+        .admission_policies
+        .iter()
+        .zip(&o.admission_policy_bindings)
+    {
+        assert_eq!(policy.metadata.namespace, None);
+        assert_eq!(binding.metadata.namespace, None);
+        assert_eq!(
+            binding.spec.as_ref().and_then(|s| s.policy_name.clone()),
+            policy.metadata.name
+        );
+    }
     assert_eq!(o.namespaces[0].metadata.name.as_deref(), Some(NAMESPACE));
     // Namespaced objects all live in the operator's namespace (but the Role to read Cilium's
     // Lease, `rbac_reads_only_cilium_operators_lease`).
