@@ -144,8 +144,13 @@ struct Args {
     #[arg(long, value_delimiter = ',', default_value = "0.5,0.7,0.9")]
     shares: Vec<f64>,
     /// Spells of another tenant (seconds at 90 % after emptying every bucket), one run each,
-    /// and the share drop (90 % to 50 %).
-    #[arg(long, value_delimiter = ',', default_value = "20,120,600")]
+    /// and the share drop (90 % to 50 %). Every 5 s up to two minutes: recovery depends on
+    /// where the spell's end falls between two probes, so the worst length is swept for.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "10,15,20,25,30,35,40,45,50,55,60,65,70,75,80,85,90,95,100,105,110,115,120,600"
+    )]
     spells: Vec<u64>,
     /// Small sizes for a CI smoke run; writes no file (the documented figures stay).
     #[arg(long)]
@@ -369,9 +374,11 @@ fn main() -> anyhow::Result<()> {
         for case in cases {
             let r = rt.block_on(spell::run(&settings, &case));
             eprintln!(
-                "{}: recovered after {:?} (target {:?}), throttled {:?} ({:.0} s wall so far)",
+                "{}: recovered after {:?}, rates at their ceiling after {:?} (target {:?}), \
+                 throttled {:?} ({:.0} s wall so far)",
                 r.case,
                 r.recovered,
+                r.at_ceiling,
                 r.target,
                 r.throttled,
                 wall.elapsed().as_secs_f64()

@@ -26,6 +26,8 @@ pub struct TenantStep {
 #[derive(Clone, Debug, PartialEq)]
 pub struct SpellCase {
     pub name: String,
+    /// The spell's length (`None`: not a spell, the share drop).
+    pub spell: Option<Duration>,
     pub steps: Vec<TenantStep>,
     /// Recovery is measured from this step's `at` (the spell's end, the share's drop).
     pub from: usize,
@@ -43,6 +45,7 @@ impl SpellCase {
         let start = Duration::from_secs(30);
         Self {
             name: format!("spell of {} s", d.as_secs()),
+            spell: Some(d),
             steps: vec![
                 TenantStep {
                     at: start,
@@ -70,6 +73,7 @@ impl SpellCase {
     pub fn share_drop() -> Self {
         Self {
             name: "share 90 % to 50 % at 50 s".into(),
+            spell: None,
             steps: vec![
                 TenantStep {
                     at: Duration::ZERO,
@@ -163,10 +167,14 @@ pub fn recovered_at(
 #[derive(Clone, Debug, PartialEq)]
 pub struct SpellRow {
     pub case: String,
+    pub spell: Option<Duration>,
     pub nodes: usize,
     pub target: Duration,
     /// From the spell's end (the share's drop) to recovered; `None`: not within the run.
     pub recovered: Option<Duration>,
+    /// From the spell's end to the second from which every constrained bucket's rate gauge
+    /// stays at its ceiling (the gate's own recovery; the e2e and the DST watch this one).
+    pub at_ceiling: Option<Duration>,
     /// The buckets the backlog kept busy (measured).
     pub buckets: Vec<&'static str>,
     /// Throttled answers per constrained bucket from the first step to the end of the run.
@@ -180,33 +188,86 @@ impl SpellRow {
     }
 }
 
-/// The spell results as a Markdown table.
+/// Spells up to this long have the short target; the sweep over them finds the worst length.
+pub const SHORT: Duration = Duration::from_secs(120);
+/// Spell lengths the table always shows in full; the other short ones are the sweep's, shown
+/// in full only when worst and otherwise listed in one line under the table.
+pub const SHOWN: [u64; 3] = [20, 120, 600];
+
+/// The short spell that recovered last (not within the run counts as the worst).
+fn worst_short(rows: &[SpellRow]) -> Option<&SpellRow> {
+    rows.iter()
+        .filter(|r| r.spell.is_some_and(|d| d <= SHORT))
+        .max_by_key(|r| (r.recovered.is_none(), r.recovered, r.spell))
+}
+
+fn recovered_text(r: &SpellRow) -> String {
+    r.recovered.map_or("not within the run".to_string(), |d| {
+        format!("{:.0} s", d.as_secs_f64())
+    })
+}
+
+/// The spell results as a Markdown table: the named lengths, the share drop and the worst short
+/// spell in rows; every short spell's recovery in one line under it (with more than the named).
 pub fn spell_table(rows: &[SpellRow]) -> String {
+    let worst = worst_short(rows);
     let mut out = String::from(
-        "| case | nodes (backlog) | recovered after | target | met | throttled answers per \
-         bucket (from the first step) | failed operations |\n\
-         |---|---:|---:|---:|---|---|---:|\n",
+        "| case | nodes (backlog) | recovered after | rates at their ceiling after | target | \
+         met | throttled answers per bucket (from the first step) | failed operations |\n\
+         |---|---:|---:|---:|---:|---|---|---:|\n",
     );
-    for r in rows {
+    let shown = |r: &SpellRow| {
+        r.spell.is_none_or(|d| SHOWN.contains(&d.as_secs())) || worst.is_some_and(|w| w == r)
+    };
+    for r in rows.iter().filter(|r| shown(r)) {
         let throttled = r
             .throttled
             .iter()
             .map(|(b, n)| format!("{b} {n}"))
             .collect::<Vec<_>>()
             .join(", ");
+        let case = if worst.is_some_and(|w| w == r) {
+            format!("{} (worst of the short spells)", r.case)
+        } else {
+            r.case.clone()
+        };
         out.push_str(&format!(
-            "| {} | {} | {} | ≤ {} s | {} | {} | {} |\n",
-            r.case,
+            "| {} | {} | {} | {} | ≤ {} s | {} | {} | {} |\n",
+            case,
             r.nodes,
-            r.recovered
-                .map_or("not within the run".to_string(), |d| format!(
-                    "{:.0} s",
-                    d.as_secs_f64()
-                )),
+            recovered_text(r),
+            r.at_ceiling
+                .map_or("-".to_string(), |d| format!("{:.0} s", d.as_secs_f64())),
             r.target.as_secs(),
             if r.met() { "yes" } else { "NO" },
             throttled,
             r.failed_operations,
+        ));
+    }
+    let short: Vec<&SpellRow> = rows
+        .iter()
+        .filter(|r| r.spell.is_some_and(|d| d <= SHORT))
+        .collect();
+    if let Some(w) = worst.filter(|_| short.iter().any(|r| !shown(r))) {
+        let each = short
+            .iter()
+            .map(|r| {
+                format!(
+                    "{} s → {}",
+                    r.spell.unwrap_or_default().as_secs(),
+                    recovered_text(r)
+                )
+            })
+            .collect::<Vec<_>>()
+            .join(", ");
+        out.push_str(&format!(
+            "\nEvery spell of up to {} s ({} lengths): the worst recovered after {} (a spell of \
+             {} s; target {} s). Spell length → recovered after: {each}.\n",
+            SHORT.as_secs(),
+            short.len(),
+            recovered_text(w),
+            w.spell.unwrap_or_default().as_secs(),
+            w.target.as_secs(),
         ));
     }
     out
@@ -273,6 +334,11 @@ pub async fn run(s: &Settings, case: &SpellCase) -> SpellRow {
         case.at_ceiling,
     )
     .map(|i| Duration::from_secs((i - from) as u64));
+    let at_ceiling = case
+        .at_ceiling
+        .then(|| recovered_at(&samples, 1, from, &buckets, |_| 0.0, true))
+        .flatten()
+        .map(|i| Duration::from_secs((i - from) as u64));
     let first = case.steps[0].at.as_secs() as usize;
     let last = samples.last().expect("sampled");
     let throttled = buckets
@@ -288,9 +354,11 @@ pub async fn run(s: &Settings, case: &SpellCase) -> SpellRow {
     }
     SpellRow {
         case: case.name.clone(),
+        spell: case.spell,
         nodes,
         target: case.target,
         recovered,
+        at_ceiling,
         buckets: buckets.iter().map(|b| b.name()).collect(),
         throttled,
         failed_operations: w.gate.stats().total_failed(),
@@ -360,6 +428,64 @@ mod tests {
             recovered_at(&s, WINDOW, 2, &create(), |_| 5.0, true),
             Some(12)
         );
+    }
+
+    fn row(d: u64, recovered: Option<u64>) -> SpellRow {
+        let case = SpellCase::spell(Duration::from_secs(d));
+        SpellRow {
+            case: case.name,
+            spell: case.spell,
+            nodes: 1,
+            target: case.target,
+            recovered: recovered.map(Duration::from_secs),
+            at_ceiling: recovered.map(Duration::from_secs),
+            buckets: vec![],
+            throttled: vec![],
+            failed_operations: 0,
+        }
+    }
+
+    #[test]
+    fn the_table_shows_the_worst_short_spell_and_lists_the_sweep() {
+        let rows = [
+            row(10, Some(6)),
+            row(20, Some(7)),
+            row(45, Some(12)),
+            row(50, Some(9)),
+            row(120, Some(8)),
+            row(600, Some(70)),
+        ];
+        let t = spell_table(&rows);
+        assert!(
+            t.contains("| spell of 45 s (worst of the short spells) | 1 | 12 s | 12 s |"),
+            "{t}"
+        );
+        assert!(t.contains("| spell of 20 s | 1 | 7 s | 7 s |"), "{t}");
+        assert!(
+            t.contains("| spell of 600 s | 1 | 70 s | 70 s | ≤ 620 s |"),
+            "{t}"
+        );
+        assert!(
+            !t.contains("| spell of 50 s"),
+            "a sweep length that is not the worst: {t}"
+        );
+        assert!(
+            t.contains("the worst recovered after 12 s (a spell of 45 s; target 20 s)"),
+            "{t}"
+        );
+        assert!(
+            t.contains("10 s → 6 s, 20 s → 7 s, 45 s → 12 s, 50 s → 9 s, 120 s → 8 s."),
+            "{t}"
+        );
+        // A run that never recovered is the worst, whatever the others took.
+        let t = spell_table(&[row(20, Some(7)), row(35, None), row(40, Some(19))]);
+        assert!(
+            t.contains("| spell of 35 s (worst of the short spells) | 1 | not within"),
+            "{t}"
+        );
+        // Only the named lengths: no sweep line.
+        let t = spell_table(&[row(20, Some(7)), row(120, Some(9))]);
+        assert!(!t.contains("Every spell"), "{t}");
     }
 
     #[test]
