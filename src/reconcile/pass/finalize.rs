@@ -19,7 +19,7 @@ use crate::reconcile::status::WaitReason;
 
 use super::said::{End, Note, Said};
 use super::snapshot::Snapshot;
-use super::{DONE, FAILED, Step, Verdict, write_failed};
+use super::{DONE, FAILED, Step, Verdict};
 
 /// The CiliumNode is being deleted. With its Node gone and its instance gone or stopped, give
 /// back our ENIs first; with the instance still running, keep them (the Node may come back)
@@ -73,7 +73,10 @@ async fn let_go<E: Ec2, S: NodeSink>(
         match inner.sink.set_finalizer(r, false).await {
             Ok(_) | Err(SinkError::NotFound) => {}
             Err(SinkError::Conflict(fresh)) => return inner.conflict(name, fresh, ticket),
-            Err(e) => return write_failed(name, &e, "remove the finalizer"),
+            Err(e) => {
+                warn!(node = name, error = %e, "could not remove the finalizer");
+                return FAILED;
+            }
         }
     }
     inner.slots.lock().expect("slots").remove(name);
@@ -337,7 +340,10 @@ pub(super) async fn invalid<E: Ec2, S: NodeSink>(
     if gone {
         match inner.sink.delete(name).await {
             Ok(()) | Err(SinkError::NotFound) => {}
-            Err(e) => return End::with(write_failed(name, &e, "delete the CiliumNode"), said),
+            Err(e) => {
+                warn!(node = name, error = %e, "could not delete the CiliumNode");
+                return End::with(FAILED, said);
+            }
         }
         invalid.deleting = true;
         inner.with_slot(name, |s| {

@@ -22,7 +22,7 @@ use crate::reconcile::shared::Shared;
 
 use super::said::{self, End, Said};
 use super::snapshot::Snapshot;
-use super::{DONE, FAILED, Step, Verdict, ec2_facts, finalize, guard, identity, write_failed};
+use super::{DONE, FAILED, Step, Verdict, ec2_facts, finalize, guard, identity};
 
 /// The admitted node to serve, or the end of the pass.
 pub(super) async fn admit<E: Ec2, S: NodeSink>(
@@ -208,7 +208,10 @@ async fn delete<E: Ec2, S: NodeSink>(
     let ticket = inner.ticket(name);
     match inner.sink.delete(name).await {
         Ok(()) | Err(SinkError::NotFound) => {}
-        Err(e) => return Err(write_failed(name, &e, "delete the CiliumNode")),
+        Err(e) => {
+            warn!(node = name, error = %e, "could not delete the CiliumNode");
+            return Err(FAILED);
+        }
     }
     node.metadata.deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
         k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
@@ -235,7 +238,10 @@ async fn add_finalizer<E: Ec2, S: NodeSink>(
             Ok(None) => continue,
             Err(SinkError::NotFound) => return Err(DONE),
             Err(SinkError::Conflict(fresh)) => return Err(inner.conflict(name, fresh, ticket)),
-            Err(e) => return Err(write_failed(name, &e, "add the finalizer")),
+            Err(e) => {
+                warn!(node = name, error = %e, "could not add the finalizer");
+                return Err(FAILED);
+            }
         }
         inner.store(name, node, ticket);
     }
@@ -276,7 +282,10 @@ async fn record_instance<E: Ec2, S: NodeSink>(
             Ok(Some(n)) => node.replace(n),
             Ok(None) => {}
             Err(SinkError::NotFound) => return Err(DONE),
-            Err(e) => return Err(write_failed(name, &e, "record the confirmed instance")),
+            Err(e) => {
+                warn!(node = name, error = %e, "could not record the confirmed instance");
+                return Err(FAILED);
+            }
         }
         inner.store(name, node, ticket);
     }
@@ -298,11 +307,10 @@ async fn claim<E: Ec2, S: NodeSink>(
         }
         Ok(None) => Ok(()),
         Err(SinkError::NotFound) => Err(DONE),
-        Err(e) => Err(write_failed(
-            name,
-            &e,
-            &format!("set {CILIUM_IGNORE_ANNOTATION}"),
-        )),
+        Err(e) => {
+            warn!(node = name, error = %e, "could not set {CILIUM_IGNORE_ANNOTATION}");
+            Err(FAILED)
+        }
     }
 }
 
@@ -319,7 +327,10 @@ async fn hand_back<E: Ec2, S: NodeSink>(
             inner.slots.lock().expect("slots").remove(name);
             return DONE;
         }
-        Err(e) => return write_failed(name, &e, &format!("remove {CILIUM_IGNORE_ANNOTATION}")),
+        Err(e) => {
+            warn!(node = name, error = %e, "could not remove {CILIUM_IGNORE_ANNOTATION}");
+            return FAILED;
+        }
     };
     match inner.sink.set_finalizer(&NodeRef::of(&node), false).await {
         Ok(_) | Err(SinkError::NotFound) => {
@@ -355,7 +366,10 @@ async fn leave_alone<E: Ec2, S: NodeSink>(
     match inner.sink.set_finalizer(&r, false).await {
         Ok(_) | Err(SinkError::NotFound) => DONE,
         Err(SinkError::Conflict(fresh)) => inner.conflict(name, fresh, ticket),
-        Err(e) => write_failed(name, &e, "remove the finalizer"),
+        Err(e) => {
+            warn!(node = name, error = %e, "could not remove the finalizer");
+            FAILED
+        }
     }
 }
 

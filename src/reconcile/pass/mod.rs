@@ -35,7 +35,7 @@ use crate::crd::{CiliumNode, ReleaseState};
 use crate::ec2::{Ec2, NetworkInterface};
 
 use crate::cache::Ec2Cache;
-use crate::k8s::sink::{NodeSink, SinkError};
+use crate::k8s::sink::NodeSink;
 use crate::k8s::stored::StoredNode;
 use crate::reconcile::nodes::Slot;
 use crate::reconcile::queue::{Outcome, Priority};
@@ -52,12 +52,6 @@ type Step<T> = Result<T, Verdict>;
 
 const DONE: Verdict = (Outcome::Done, None);
 const FAILED: Verdict = (Outcome::Failed, None);
-
-/// A write to the node that failed (`what` it was to do): said in the log; the pass failed.
-fn write_failed(name: &str, e: &SinkError, what: &str) -> Verdict {
-    tracing::warn!(node = name, error = %e, "could not {what}");
-    FAILED
-}
 
 /// One pass over one node. Never runs twice at once for a node (the queue sees to it).
 pub(crate) async fn pass<E: Ec2, S: NodeSink>(inner: &Shared<E, S>, name: &str) -> Verdict {
