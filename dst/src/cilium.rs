@@ -435,12 +435,7 @@ mod tests {
     /// change is not; a node annotated at its creation is never upserted.
     #[test]
     fn a_change_on_a_node_ciliums_leader_holds_is_caught() {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_time()
-            .start_paused(true)
-            .build()
-            .expect("runtime");
-        rt.block_on(async {
+        crate::paused_runtime().block_on(async {
             let mut rng = StdRng::seed_from_u64(5);
             let mut w = World::new(5, &mut rng).await;
             let mut c = Cilium::running(StdRng::seed_from_u64(1));

@@ -465,12 +465,7 @@ mod tests {
     /// A bystander that loses its ENI of ours is a violation; untouched, it is not.
     #[test]
     fn a_bystander_losing_an_eni_of_ours_is_caught() {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_time()
-            .start_paused(true)
-            .build()
-            .expect("runtime");
-        rt.block_on(async {
+        crate::paused_runtime().block_on(async {
             let mut rng = StdRng::seed_from_u64(7);
             let mut w = World::new(7, &mut rng).await;
             let instance = bystander(&mut w, 0).await;

@@ -99,12 +99,7 @@ mod tests {
     /// violation; the same node live, before the detach, is not.
     #[test]
     fn a_draining_node_losing_an_eni_of_ours_is_caught() {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_time()
-            .start_paused(true)
-            .build()
-            .expect("runtime");
-        rt.block_on(async {
+        crate::paused_runtime().block_on(async {
             let mut rng = StdRng::seed_from_u64(11);
             let mut w = World::new(11, &mut rng).await;
             w.join(&mut rng).await;

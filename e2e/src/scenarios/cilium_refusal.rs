@@ -5,15 +5,15 @@
 //! operator (after which, on the old main, ours took the node over beside it). A child module of
 //! `scenarios`.
 
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use anyhow::{Result, ensure};
 
 use super::adopt::HANDOVER_LABEL;
 use super::cilium_handover::calls_on;
+use super::real_cilium::Beside;
 use super::{Suite, eventually};
-use crate::cilium_op::{self, CiliumOperator, Version};
+use crate::cilium_op::{self, Version};
 use crate::operator::OperatorOptions;
 use crate::simctl::SimControl;
 
@@ -29,24 +29,15 @@ impl Suite {
         }
         sim.set_metadata_instance(&self.nodes[idxs[0]].instance.id)
             .await?;
-        let seen = sim.clients().await?.mutating.len();
         // A cluster that runs 1.16 has never had a newer Cilium; the suite's 1.20 runs left
         // their label, which 1.16 would not lower.
         cilium_op::forget_crd_schema_label(&self.kube).await?;
-        let op = self.start_cilium(v).await?;
-        let op = Mutex::new(Some(op));
-        let body = self.cilium_refusal_steps(sim, v, &op, &idxs, seen).await;
-        self.stop_cilium(op, body).await
+        let steps = async |s: &mut Self, c: Beside<'_>| s.cilium_refusal_steps(c, &idxs).await;
+        self.beside_cilium(sim, v, steps).await
     }
 
-    async fn cilium_refusal_steps(
-        &mut self,
-        sim: &SimControl,
-        v: Version,
-        op: &Mutex<Option<CiliumOperator>>,
-        idxs: &[usize],
-        seen: usize,
-    ) -> Result<()> {
+    async fn cilium_refusal_steps(&mut self, c: Beside<'_>, idxs: &[usize]) -> Result<()> {
+        let Beside { sim, v, op, seen } = c;
         let (a, b) = (idxs[0], idxs[1]);
         let t = self
             .served_beside(op, idxs, "Cilium's operator to serve two nodes")
