@@ -436,8 +436,7 @@ mod tests {
     #[test]
     fn a_change_on_a_node_ciliums_leader_holds_is_caught() {
         crate::paused_runtime().block_on(async {
-            let mut rng = StdRng::seed_from_u64(5);
-            let mut w = World::new(5, &mut rng).await;
+            let (mut w, mut rng) = World::seeded(5).await;
             let mut c = Cilium::running(StdRng::seed_from_u64(1));
             // Joins after the start: half annotated at creation.
             c.ticked = true;

@@ -155,17 +155,22 @@ fn assert_citations_resolve(what: &str, unresolved: impl Fn(&str) -> Vec<String>
     assert!(missing.is_empty(), "{what}:\n{}", missing.join("\n"));
 }
 
+/// The citations among `refs` that are not `known`, each as `: {prefix}{n}`.
+fn unknown<N: Ord + std::fmt::Display>(
+    refs: Vec<N>,
+    known: &BTreeSet<N>,
+    prefix: impl std::fmt::Display,
+) -> Vec<String> {
+    let refs = refs.into_iter().filter(|n| !known.contains(n));
+    refs.map(|n| format!(": {prefix}{n}")).collect()
+}
+
 #[test]
 fn section_references_resolve_to_headings_of_the_rules_page() {
     let known = sections(&rules_page());
     assert!(known.contains("7.4") && known.contains("14"), "{known:?}");
     let what = "sections cited but not in docs/rules.md";
-    assert_citations_resolve(what, |text| {
-        let refs = section_refs(text).into_iter();
-        refs.filter(|n| !known.contains(n))
-            .map(|n| format!(": {SECTION}{n}"))
-            .collect()
-    });
+    assert_citations_resolve(what, |text| unknown(section_refs(text), &known, SECTION));
 }
 
 #[test]
@@ -173,12 +178,7 @@ fn rule_references_resolve_to_rules_of_the_rules_page() {
     let known = rules_defined(&rules_page());
     assert_eq!(known, (1..=10).collect::<BTreeSet<_>>());
     let what = "rules cited but not defined in docs/rules.md";
-    assert_citations_resolve(what, |text| {
-        let refs = rule_refs(text).into_iter();
-        refs.filter(|n| !known.contains(n))
-            .map(|n| format!(": C{n}"))
-            .collect()
-    });
+    assert_citations_resolve(what, |text| unknown(rule_refs(text), &known, "C"));
 }
 
 #[test]

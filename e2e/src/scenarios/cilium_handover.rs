@@ -141,6 +141,23 @@ impl Suite {
             .is_some_and(|v| v == "true"))
     }
 
+    /// Ours started beside Cilium's operator as docs/migrating-from-cilium.md installs it for a
+    /// handover: the canary label's selector, `--annotate-cilium-ignore`, and `extra` flags.
+    pub(super) async fn start_ours_for_handover(&mut self, extra: &[&str]) -> Result<()> {
+        let selector = format!("{}={}", HANDOVER_LABEL.0, HANDOVER_LABEL.1);
+        let mut extra_args = vec![
+            format!("--handover-selector={selector}"),
+            "--annotate-cilium-ignore".into(),
+        ];
+        extra_args.extend(extra.iter().map(|a| a.to_string()));
+        let options = OperatorOptions {
+            cilium_operator_present: true,
+            extra_args,
+            ..Default::default()
+        };
+        self.start_ops(options, 1).await
+    }
+
     /// Labels `idxs` for the handover and waits until ours has annotated them and says it
     /// waits for Cilium's leader (the guard: that leader knew the nodes before the annotation).
     async fn label_and_wait_for_guard(&self, idxs: &[usize]) -> Result<()> {
@@ -311,20 +328,8 @@ impl Suite {
 
         // Steps 2 and 4 of the doc, in the safe order: ours installed and ready first, beside
         // Cilium's running operator; the guard keeps it off every node Cilium serves.
-        let selector = format!("{}={}", HANDOVER_LABEL.0, HANDOVER_LABEL.1);
-        self.start_ops(
-            OperatorOptions {
-                cilium_operator_present: true,
-                extra_args: vec![
-                    format!("--handover-selector={selector}"),
-                    "--annotate-cilium-ignore".into(),
-                    "--metrics-compat=cilium".into(),
-                ],
-                ..Default::default()
-            },
-            1,
-        )
-        .await?;
+        self.start_ours_for_handover(&["--metrics-compat=cilium"])
+            .await?;
         eventually(self.cfg.timeout, "ours to lead", async || {
             Ok(match self.ops.leader().await? {
                 Some(_) => Ok(()),

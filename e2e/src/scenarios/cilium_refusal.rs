@@ -9,12 +9,10 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Result, ensure};
 
-use super::adopt::HANDOVER_LABEL;
 use super::cilium_handover::calls_on;
 use super::real_cilium::Beside;
 use super::{Suite, eventually};
 use crate::cilium_op::{self, Version};
-use crate::operator::OperatorOptions;
 use crate::simctl::SimControl;
 
 impl Suite {
@@ -49,19 +47,7 @@ impl Suite {
             eni_operator::ipam::cilium_version::SCHEMA_LABEL,
         );
         // Ours installed beside it as for the real handover, the canary labelled.
-        let selector = format!("{}={}", HANDOVER_LABEL.0, HANDOVER_LABEL.1);
-        self.start_ops(
-            OperatorOptions {
-                cilium_operator_present: true,
-                extra_args: vec![
-                    format!("--handover-selector={selector}"),
-                    "--annotate-cilium-ignore".into(),
-                ],
-                ..Default::default()
-            },
-            1,
-        )
-        .await?;
+        self.start_ours_for_handover(&[]).await?;
         self.set_handover_label(a, true).await?;
         let refused = |s: &str| s.starts_with("CiliumIgnoresAnnotation") && s.contains("1.16");
         let t_refused = Instant::now();
