@@ -11,7 +11,7 @@ use std::time::Duration;
 use bench::heap;
 use bench::plot;
 use bench::scenario::{
-    GateMode, Outcome, Settings, burst, churn, peak_rss_mib, scale_down, shared_account,
+    BurstFlags, GateMode, Outcome, Settings, burst, churn, peak_rss_mib, scale_down, shared_account,
 };
 use bench::spell::{self, SpellCase, spell_table};
 use bench::{Row, SharedRow, shared_table, table};
@@ -123,13 +123,8 @@ struct Args {
     churn_minutes: u32,
     #[arg(long, value_enum, default_value_t = Scenario::All)]
     scenario: Scenario,
-    #[arg(long, default_value_t = 300)]
-    mutating_latency_ms: u64,
-    #[arg(long, default_value_t = 150)]
-    describe_latency_ms: u64,
-    /// Addresses each node needs in the burst.
-    #[arg(long, default_value_t = 30)]
-    ips_per_node: i64,
+    #[command(flatten)]
+    burst: BurstFlags,
     #[arg(long, default_value = "m5.xlarge")]
     instance_type: String,
     #[arg(long, default_value_t = 1)]
@@ -174,6 +169,17 @@ const SHARED_END: &str = "<!-- bench:shared:end -->";
 const SPELL_BEGIN: &str = "<!-- bench:spell:begin -->";
 const SPELL_END: &str = "<!-- bench:spell:end -->";
 
+/// [`splice`] the results into the document at `path` (created if missing).
+fn splice_into(
+    path: &std::path::Path,
+    results: &str,
+    begin: &str,
+    end: &str,
+) -> std::io::Result<()> {
+    let existing = std::fs::read_to_string(path).ok();
+    std::fs::write(path, splice(existing, results, begin, end))
+}
+
 /// Replace the part of an existing document between the markers (keeping the prose around it);
 /// without markers the results are appended.
 fn splice(existing: Option<String>, results: &str, begin: &str, end: &str) -> String {
@@ -213,11 +219,8 @@ fn main() -> anyhow::Result<()> {
     let settings = Settings {
         instance_type: args.instance_type.clone(),
         first_interface_index: args.first_interface_index,
-        ips_per_node: args.ips_per_node,
-        mutating_latency: Duration::from_millis(args.mutating_latency_ms),
-        describe_latency: Duration::from_millis(args.describe_latency_ms),
         heap: Some(counting::METER),
-        ..Settings::default()
+        ..args.burst.settings()
     };
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -350,15 +353,7 @@ fn main() -> anyhow::Result<()> {
                 md.push_str(&format!("- {n}\n"));
             }
             md.push_str(&plot_caption(&shared_curves, args.shared_nodes, &legend));
-            std::fs::write(
-                path,
-                splice(
-                    std::fs::read_to_string(path).ok(),
-                    &md,
-                    SHARED_BEGIN,
-                    SHARED_END,
-                ),
-            )?;
+            splice_into(path, &md, SHARED_BEGIN, SHARED_END)?;
         }
         if let Some(path) = &args.shared_plot {
             write_plot(path, &shared_curves, args.shared_nodes, &legend)?;
@@ -388,15 +383,7 @@ fn main() -> anyhow::Result<()> {
         let tbl = spell_table(&spell_rows);
         println!("{tbl}");
         if let Some(path) = &args.out {
-            std::fs::write(
-                path,
-                splice(
-                    std::fs::read_to_string(path).ok(),
-                    &tbl,
-                    SPELL_BEGIN,
-                    SPELL_END,
-                ),
-            )?;
+            splice_into(path, &tbl, SPELL_BEGIN, SPELL_END)?;
         }
     }
     if rows.is_empty() {
@@ -418,8 +405,8 @@ fn main() -> anyhow::Result<()> {
         settings.instance_type,
         settings.first_interface_index,
         settings.ips_per_node,
-        args.mutating_latency_ms,
-        args.describe_latency_ms
+        args.burst.mutating_latency_ms,
+        args.burst.describe_latency_ms
     );
     let legend = legend_of(&curves);
     if let Some(path) = &args.out {
@@ -428,10 +415,7 @@ fn main() -> anyhow::Result<()> {
             md.push_str(&format!("- {n}\n"));
         }
         md.push_str(&plot_caption(&curves, plot_size, &legend));
-        std::fs::write(
-            path,
-            splice(std::fs::read_to_string(path).ok(), &md, BEGIN, END),
-        )?;
+        splice_into(path, &md, BEGIN, END)?;
     }
     if let Some(path) = &args.plot {
         write_plot(path, &curves, plot_size, &legend)?;

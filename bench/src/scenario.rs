@@ -18,7 +18,7 @@ use eni_operator::cache::Ec2Cache;
 use eni_operator::cache::refresher::{Refresher, Scope};
 use eni_operator::crd::{CiliumNode, ReleaseState};
 use eni_operator::ec2::gate::{Gate, GateConfig, GateLayer};
-use eni_operator::ec2::{Operation, Tags};
+use eni_operator::ec2::{Bucket, Operation, Tags};
 use eni_operator::event_loop::core::{Core, CoreConfig, NodeInput};
 use eni_operator::ipam::IpamConfig;
 use eni_operator::reconcile::metrics::RuntimeMetrics;
@@ -100,6 +100,30 @@ impl Default for Settings {
             limit: Duration::from_secs(6 * 3600),
             seed: 7,
             heap: None,
+        }
+    }
+}
+
+/// The burst's flags both benchmark binaries take (`make bench`, `make bench-process`).
+#[derive(clap::Args, Clone, Debug)]
+pub struct BurstFlags {
+    #[arg(long, default_value_t = 300)]
+    pub mutating_latency_ms: u64,
+    #[arg(long, default_value_t = 150)]
+    pub describe_latency_ms: u64,
+    /// Addresses each node needs in the burst (its `min-allocate`).
+    #[arg(long, default_value_t = 30)]
+    pub ips_per_node: i64,
+}
+
+impl BurstFlags {
+    /// The default settings with these flags.
+    pub fn settings(&self) -> Settings {
+        Settings {
+            ips_per_node: self.ips_per_node,
+            mutating_latency: Duration::from_millis(self.mutating_latency_ms),
+            describe_latency: Duration::from_millis(self.describe_latency_ms),
+            ..Settings::default()
         }
     }
 }
@@ -252,6 +276,15 @@ impl World {
         n.spec.ipam.min_allocate = min_allocate;
         let stored = self.sink.put(&n);
         self.send(stored);
+    }
+
+    /// `nodes` nodes, `node-0`…, join at once with `min_allocate` each: their names.
+    fn join_all(&self, s: &Settings, nodes: usize, min_allocate: i64) -> Vec<String> {
+        let names: Vec<String> = (0..nodes).map(|i| format!("node-{i}")).collect();
+        for name in &names {
+            self.join(s, name, min_allocate);
+        }
+        names
     }
 
     pub(crate) fn send(&self, node: CiliumNode) {
@@ -495,6 +528,24 @@ async fn wait_for(
     }
 }
 
+/// [`wait_for`] every node to be [`served`] its `ips_per_node`, nothing ticking meanwhile.
+async fn wait_served(
+    w: &World,
+    names: &[String],
+    s: &Settings,
+) -> (Duration, bool, Vec<(f64, f64)>) {
+    let want = s.ips_per_node as usize;
+    wait_for(
+        w,
+        names,
+        s.limit,
+        false,
+        |_, n| served(n, want),
+        |_, _| BTreeSet::new(),
+    )
+    .await
+}
+
 /// Let in-flight passes finish (30 s), then count writes and mutating calls over two resync
 /// intervals and a bit: nothing changes in the world meanwhile, so both should be zero.
 async fn quiet_window(w: &World) -> Quiet {
@@ -530,15 +581,20 @@ pub(crate) fn per_new_eni(s: &Settings, prefix: bool) -> u32 {
 /// (no separate assign; describes fit in their burst), at AWS's full rates, plus the chain
 /// describe + create + attach + modify.
 pub fn burst_bound(s: &Settings, nodes: usize, prefix: bool) -> Duration {
+    let (necessary, chain) = burst_necessary(s, nodes, prefix);
+    let aws = GateMode::AwsFull.config();
+    lower_bound(&necessary, |b| aws.bucket_limits(b), chain)
+}
+
+/// The burst's strictly necessary calls per bucket and the chain of one node's latencies.
+fn burst_necessary(s: &Settings, nodes: usize, prefix: bool) -> (BTreeMap<Bucket, u64>, Duration) {
     let enis = u64::from(enis_needed(s.ips_per_node as u32, per_new_eni(s, prefix))) * nodes as u64;
     let necessary = per_bucket([
         (Operation::CreateNetworkInterface, enis),
         (Operation::AttachNetworkInterface, enis),
         (Operation::ModifyNetworkInterfaceAttribute, enis),
     ]);
-    let chain = s.describe_latency + 3 * s.mutating_latency;
-    let aws = GateMode::AwsFull.config();
-    lower_bound(&necessary, |b| aws.bucket_limits(b), chain)
+    (necessary, s.describe_latency + 3 * s.mutating_latency)
 }
 
 /// Burst: `nodes` nodes join at once, each needing `ips_per_node` addresses.
@@ -546,20 +602,8 @@ pub async fn burst(s: &Settings, nodes: usize, prefix: bool, mode: GateMode) -> 
     s.reset_heap_peak();
     let w = world(s, mode, prefix, false);
     let before = w.snapshot();
-    let names: Vec<String> = (0..nodes).map(|i| format!("node-{i}")).collect();
-    for name in &names {
-        w.join(s, name, s.ips_per_node);
-    }
-    let want = s.ips_per_node as usize;
-    let (took, all_met, curve) = wait_for(
-        &w,
-        &names,
-        s.limit,
-        false,
-        |_, n| served(n, want),
-        |_, _| BTreeSet::new(),
-    )
-    .await;
+    let names = w.join_all(s, nodes, s.ips_per_node);
+    let (took, all_met, curve) = wait_served(&w, &names, s).await;
     let after = w.snapshot();
     let win = window(&before, &after);
     let mode_name = if prefix { "prefix" } else { "secondary IPs" };
@@ -636,10 +680,7 @@ pub async fn shared_account(
 ) -> SharedOutcome {
     let w = world_shared(s, mode, false, false, other_share);
     let before = w.snapshot();
-    let names: Vec<String> = (0..nodes).map(|i| format!("node-{i}")).collect();
-    for name in &names {
-        w.join(s, name, s.ips_per_node);
-    }
+    let names = w.join_all(s, nodes, s.ips_per_node);
     let want = s.ips_per_node as usize;
     let mut learned: Option<Snapshot> = None;
     let (took, _, curve) = wait_for(
@@ -665,13 +706,7 @@ pub async fn shared_account(
         .count();
 
     // The necessary calls (as in the burst) against the capacity the other tenant leaves.
-    let enis = u64::from(enis_needed(s.ips_per_node as u32, per_new_eni(s, false))) * nodes as u64;
-    let necessary = per_bucket([
-        (Operation::CreateNetworkInterface, enis),
-        (Operation::AttachNetworkInterface, enis),
-        (Operation::ModifyNetworkInterfaceAttribute, enis),
-    ]);
-    let chain = s.describe_latency + 3 * s.mutating_latency;
+    let (necessary, chain) = burst_necessary(s, nodes, false);
     let left = 1.0 - other_share;
     let bound = lower_bound(
         &necessary,
@@ -817,19 +852,18 @@ pub async fn churn(s: &Settings, nodes: usize, minutes: u32) -> Outcome {
     s.reset_heap_peak();
     let w = world(s, GateMode::AwsFull, false, true);
     let mut rng = StdRng::seed_from_u64(s.seed);
-    let names: Vec<String> = (0..nodes).map(|i| format!("node-{i}")).collect();
-    let mut agents: BTreeMap<String, Agent> = BTreeMap::new();
-    for name in &names {
-        w.join(s, name, 0);
-        agents.insert(
-            name.clone(),
-            Agent {
+    let names = w.join_all(s, nodes, 0);
+    let mut agents: BTreeMap<String, Agent> = names
+        .iter()
+        .map(|name| {
+            let agent = Agent {
                 target: 20,
                 dirty: true,
                 ..Agent::default()
-            },
-        );
-    }
+            };
+            (name.clone(), agent)
+        })
+        .collect();
     // Warm-up: every node runs its 20 pods with its pre-allocation in reserve.
     let (_, warm) = settle_agents(&w, &names, s.limit, &mut agents).await;
     if !warm {
@@ -932,22 +966,12 @@ pub fn release_calls_needed(fills: &[u32], excess: u32) -> u32 {
 pub async fn scale_down(s: &Settings, nodes: usize) -> Outcome {
     s.reset_heap_peak();
     let w = world(s, GateMode::AwsFull, false, true);
-    let names: Vec<String> = (0..nodes).map(|i| format!("node-{i}")).collect();
-    let mut agents: BTreeMap<String, Agent> = BTreeMap::new();
-    for name in &names {
-        w.join(s, name, s.ips_per_node);
-        agents.insert(name.clone(), Agent::default());
-    }
-    let want = s.ips_per_node as usize;
-    let (_, up, _) = wait_for(
-        &w,
-        &names,
-        s.limit,
-        false,
-        |_, n| served(n, want),
-        |_, _| BTreeSet::new(),
-    )
-    .await;
+    let names = w.join_all(s, nodes, s.ips_per_node);
+    let mut agents: BTreeMap<String, Agent> = names
+        .iter()
+        .map(|name| (name.clone(), Agent::default()))
+        .collect();
+    let (_, up, _) = wait_served(&w, &names, s).await;
     assert!(up, "scale-down: the nodes never reached their demand");
     let half = s.ips_per_node / 2;
     let mut necessary = 0u64;

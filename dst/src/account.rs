@@ -246,6 +246,21 @@ mod tests {
         e
     }
 
+    /// The node's ENIs of seed 388 (the other tool's at slot 1 if `other`, `in_small`
+    /// addresses on its ENI in the /27), and another node's filling the /26.
+    fn seed_388(other: bool, in_small: u8) -> Vec<NetworkInterface> {
+        let mut enis = vec![eni("primary", 0, "node", 0)];
+        if other {
+            enis.push(eni("other", 1, "node", 1));
+        }
+        enis.extend([
+            eni("in-small", 2, "small", in_small),
+            eni("in-big", 3, "big", 6),
+            elsewhere("fill-big", "big", 51),
+        ]);
+        enis
+    }
+
     fn account() -> Account {
         Account {
             pod_subnets: vec![
@@ -276,15 +291,9 @@ mod tests {
     #[test]
     fn room_the_node_cannot_reach_excuses_it() {
         let foreign = vec!["other".to_string()];
-        let enis = vec![
-            eni("primary", 0, "node", 0),
-            eni("other", 1, "node", 1),
-            eni("in-small", 2, "small", 14),
-            eni("in-big", 3, "big", 6),
-            // Another node's ENIs fill the /26 (59 usable) and leave 2 of the /27's 27.
-            elsewhere("fill-big", "big", 51),
-            elsewhere("fill-small", "small", 9),
-        ];
+        // Another node's ENIs fill the /26 (59 usable) and leave 2 of the /27's 27.
+        let mut enis = seed_388(true, 14);
+        enis.push(elsewhere("fill-small", "small", 9));
         let a = account();
         let free = free_addresses(&a.pod_subnets, &enis);
         assert_eq!((free["big"], free["small"]), (0, 2));
@@ -301,22 +310,11 @@ mod tests {
         let foreign = vec!["other".to_string()];
         let why = Some("NoMatchingSubnet");
         // The ENI in the /27 has a free slot and the /27 has room.
-        let enis = vec![
-            eni("primary", 0, "node", 0),
-            eni("other", 1, "node", 1),
-            eni("in-small", 2, "small", 13),
-            eni("in-big", 3, "big", 6),
-            elsewhere("fill-big", "big", 51),
-        ];
+        let enis = seed_388(true, 13);
         let err = account().excuse(&facts(why, &foreign), &enis).unwrap_err();
         assert!(err.contains("in-small has a free slot"), "{err}");
         // No other tool's ENI: slot 1 is free for a new ENI in the /27.
-        let enis = vec![
-            eni("primary", 0, "node", 0),
-            eni("in-small", 2, "small", 14),
-            eni("in-big", 3, "big", 6),
-            elsewhere("fill-big", "big", 51),
-        ];
+        let enis = seed_388(false, 14);
         let err = account().excuse(&facts(why, &[]), &enis).unwrap_err();
         assert!(err.contains("an interface slot is free"), "{err}");
     }

@@ -435,14 +435,8 @@ mod tests {
     /// change is not; a node annotated at its creation is never upserted.
     #[test]
     fn a_change_on_a_node_ciliums_leader_holds_is_caught() {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_time()
-            .start_paused(true)
-            .build()
-            .expect("runtime");
-        rt.block_on(async {
-            let mut rng = StdRng::seed_from_u64(5);
-            let mut w = World::new(5, &mut rng).await;
+        crate::paused_runtime().block_on(async {
+            let (mut w, mut rng) = World::seeded(5).await;
             let mut c = Cilium::running(StdRng::seed_from_u64(1));
             // Joins after the start: half annotated at creation.
             c.ticked = true;

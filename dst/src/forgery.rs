@@ -457,22 +457,14 @@ pub fn check(w: &World) -> Result<(), Broken> {
 #[cfg(test)]
 mod tests {
     use eni_operator::ec2::Ec2;
-    use rand::SeedableRng;
-    use rand::rngs::StdRng;
 
     use super::*;
 
     /// A bystander that loses its ENI of ours is a violation; untouched, it is not.
     #[test]
     fn a_bystander_losing_an_eni_of_ours_is_caught() {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_time()
-            .start_paused(true)
-            .build()
-            .expect("runtime");
-        rt.block_on(async {
-            let mut rng = StdRng::seed_from_u64(7);
-            let mut w = World::new(7, &mut rng).await;
+        crate::paused_runtime().block_on(async {
+            let (mut w, _) = World::seeded(7).await;
             let instance = bystander(&mut w, 0).await;
             check(&w).expect("untouched");
             let ours = w

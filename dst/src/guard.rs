@@ -90,8 +90,6 @@ mod tests {
     use std::time::Duration;
 
     use eni_operator::ec2::Ec2;
-    use rand::SeedableRng;
-    use rand::rngs::StdRng;
 
     use crate::world::{Phase, World};
 
@@ -99,14 +97,8 @@ mod tests {
     /// violation; the same node live, before the detach, is not.
     #[test]
     fn a_draining_node_losing_an_eni_of_ours_is_caught() {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_time()
-            .start_paused(true)
-            .build()
-            .expect("runtime");
-        rt.block_on(async {
-            let mut rng = StdRng::seed_from_u64(11);
-            let mut w = World::new(11, &mut rng).await;
+        crate::paused_runtime().block_on(async {
+            let (mut w, mut rng) = World::seeded(11).await;
             w.join(&mut rng).await;
             let (name, instance) = {
                 let (name, n) = w.nodes.iter_mut().next().expect("one node");

@@ -99,13 +99,18 @@ impl Outcome {
     }
 }
 
-/// Run one seed on its own paused current-thread runtime.
-pub fn run_seed(seed: u64, opts: &Options) -> Outcome {
-    let rt = tokio::runtime::Builder::new_current_thread()
+/// A current-thread runtime with paused time: what a seed (and a check's own test) runs on.
+pub fn paused_runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
         .enable_time()
         .start_paused(true)
         .build()
-        .expect("a current-thread runtime");
+        .expect("a current-thread runtime")
+}
+
+/// Run one seed on its own paused current-thread runtime.
+pub fn run_seed(seed: u64, opts: &Options) -> Outcome {
+    let rt = paused_runtime();
     let watch = Arc::new(Watch::default());
     // Dropping `done` wakes the watchdog at once (a seed must not wait out its sleep).
     let (done, finished) = std::sync::mpsc::channel::<()>();

@@ -334,17 +334,9 @@ mod tests {
         (w, rng)
     }
 
-    fn paused() -> tokio::runtime::Runtime {
-        tokio::runtime::Builder::new_current_thread()
-            .enable_time()
-            .start_paused(true)
-            .build()
-            .expect("runtime")
-    }
-
     #[test]
     fn an_address_a_multi_pool_agent_holds_unassigned_is_caught() {
-        paused().block_on(async {
+        crate::paused_runtime().block_on(async {
             let (w, _) = one_multi_pool_node(7, 3).await;
             let n = &w.nodes["node-0"];
             assert_eq!(n.agent.pods.len(), 3, "the agent runs its pods");
@@ -414,7 +406,7 @@ mod tests {
 
     #[test]
     fn a_restarted_multi_pool_agent_keeps_its_pods_and_rewrites_nothing() {
-        paused().block_on(async {
+        crate::paused_runtime().block_on(async {
             let (mut w, _) = one_multi_pool_node(11, 4).await;
             let node = w.sink.get("node-0").expect("stored");
             let n = w.nodes.get_mut("node-0").expect("joined");

@@ -182,6 +182,15 @@ pub struct World {
 }
 
 impl World {
+    /// A world for a check's own test, with the rng of the same seed it was made with.
+    #[cfg(test)]
+    pub async fn seeded(seed: u64) -> (Self, StdRng) {
+        use rand::SeedableRng;
+        let mut rng = StdRng::seed_from_u64(seed);
+        let w = Self::new(seed, &mut rng).await;
+        (w, rng)
+    }
+
     pub async fn new(seed: u64, rng: &mut StdRng) -> Self {
         let sim = Simulator::new();
         sim.set_seed(seed);

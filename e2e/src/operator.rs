@@ -682,11 +682,16 @@ mod process_tests {
     use super::*;
     use std::os::unix::fs::PermissionsExt;
 
-    fn fake_operator(dir: &std::path::Path, body: &str) -> PathBuf {
+    /// A scratch directory named for `test` holding a fake operator that prints `started` and
+    /// its arguments, then runs `body`; and local operators of that binary.
+    fn fake_operators(test: &str, body: &str) -> (PathBuf, Operators) {
+        let dir = std::env::temp_dir().join(format!("{test}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
         let bin = dir.join("fake-operator");
         std::fs::write(&bin, format!("#!/bin/sh\necho \"started $*\"\n{body}\n")).unwrap();
         std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).unwrap();
-        bin
+        let ops = operators(bin, &dir);
+        (dir, ops)
     }
 
     fn operators(bin: PathBuf, dir: &std::path::Path) -> Operators {
@@ -724,10 +729,8 @@ mod process_tests {
 
     #[tokio::test]
     async fn local_operators_start_get_killed_and_stop() {
-        let dir = std::env::temp_dir().join(format!("e2e-ops-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let bin = fake_operator(&dir, "echo \"KUBECONFIG=$KUBECONFIG\"\nexec sleep 30");
-        let mut ops = operators(bin, &dir);
+        let (dir, mut ops) =
+            fake_operators("e2e-ops", "echo \"KUBECONFIG=$KUBECONFIG\"\nexec sleep 30");
         let opts = OperatorOptions {
             prefix_delegation: true,
             release_delay_secs: None,
@@ -773,10 +776,8 @@ mod process_tests {
 
     #[tokio::test]
     async fn exited_note_reports_operators_that_died() {
-        let dir = std::env::temp_dir().join(format!("e2e-ops-exit-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let bin = fake_operator(&dir, "echo 'error: unexpected argument'\nexit 2");
-        let mut ops = operators(bin, &dir);
+        let (dir, mut ops) =
+            fake_operators("e2e-ops-exit", "echo 'error: unexpected argument'\nexit 2");
         assert!(ops.exited_note().is_none(), "nothing started yet");
         ops.start(&OperatorOptions::default(), 1).await.unwrap();
         let mut note = None;

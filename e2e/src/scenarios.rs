@@ -374,12 +374,7 @@ impl Suite {
     ) -> Result<usize> {
         self.seq += 1;
         let name = format!("e2e-{}-{}", self.world.run_id, self.seq);
-        let node = checks::node_object(&name, &inst, &self.world.run_id);
-        let node = self
-            .k8s_nodes()
-            .create(&PostParams::default(), &node)
-            .await
-            .context("creating Node")?;
+        let node = self.register_node(&name, &inst).await?;
         let idx = self.nodes.len();
         self.nodes.push(TestNode {
             name: name.clone(),
@@ -391,6 +386,13 @@ impl Suite {
             self.start_agent(idx, g, pods);
         }
         Ok(idx)
+    }
+
+    /// The Node `name` of `inst`, as its kubelet registers it.
+    async fn register_node(&self, name: &str, inst: &Instance) -> Result<Node> {
+        let node = checks::node_object(name, inst, &self.world.run_id);
+        let created = self.k8s_nodes().create(&PostParams::default(), &node).await;
+        created.with_context(|| format!("registering Node {name}"))
     }
 
     async fn create_cilium_node(
@@ -425,6 +427,13 @@ impl Suite {
         if let Some(a) = &self.nodes[idx].agent {
             a.set_pods(pods);
         }
+    }
+
+    /// The longest wait for an address node `idx`'s agent saw since the last call (zero
+    /// without an agent); starts the next such figure.
+    fn longest_wait(&self, idx: usize) -> std::time::Duration {
+        let agent = self.nodes[idx].agent.as_ref();
+        agent.map(|h| h.take_longest_wait()).unwrap_or_default()
     }
 
     async fn cn(&self, idx: usize) -> Result<CiliumNode> {
@@ -804,25 +813,57 @@ impl Suite {
     // ---- scenarios ---------------------------------------------------------------------------
 
     async fn classic_ips(&mut self) -> Result<()> {
+        let plan = [("m5.large", 0, 5), ("t3.large", 1, 8), ("m5.xlarge", 0, 20)];
+        self.one_generation_ips(Generation::Classic, plan).await
+    }
+
+    async fn multi_pool_ips(&mut self) -> Result<()> {
+        let plan = [
+            ("m5.xlarge", 0, 5),
+            ("c5.xlarge", 1, 12),
+            ("t3.large", 1, 3),
+        ];
+        self.one_generation_ips(Generation::MultiPool, plan).await
+    }
+
+    /// Nodes of one agent generation (instance type, zone, pods each) served as that generation
+    /// reads its addresses: classic from `status.ipam.used` and our finalizer, multi-pool from
+    /// the published pool (C9) with nothing in `used`.
+    async fn one_generation_ips(
+        &mut self,
+        generation: Generation,
+        plan: [(&str, usize, usize); 3],
+    ) -> Result<()> {
         self.start_ops(OperatorOptions::default(), 1).await?;
         let mut idxs = Vec::new();
-        for (t, z, pods) in [("m5.large", 0, 5), ("t3.large", 1, 8), ("m5.xlarge", 0, 20)] {
-            idxs.push(
-                self.add_plain(t, z, Some(Generation::Classic), pods)
-                    .await?,
-            );
+        for (t, z, pods) in plan {
+            idxs.push(self.add_plain(t, z, Some(generation), pods).await?);
         }
         self.wait_served(&idxs, self.cfg.timeout).await?;
         for &i in &idxs {
             self.assert_pod_enis_follow_spec(i).await?;
             let cn = self.cn(i).await?;
-            let used = cn.status.as_ref().map_or(0, |s| s.ipam.used.len());
-            ensure!(
-                used == endpoints(self.nodes[i].agent.as_ref().unwrap().pods()),
-                "{}: used has {used} entries",
-                self.nodes[i].name
-            );
-            ensure!(ours(&cn), "{}: no finalizer", self.nodes[i].name);
+            let name = &self.nodes[i].name;
+            match generation {
+                Generation::Classic => {
+                    let used = cn.status.as_ref().map_or(0, |s| s.ipam.used.len());
+                    ensure!(
+                        used == endpoints(self.nodes[i].agent.as_ref().unwrap().pods()),
+                        "{name}: used has {used} entries"
+                    );
+                    ensure!(ours(&cn), "{name}: no finalizer");
+                }
+                Generation::MultiPool => {
+                    ensure!(
+                        cn.status.as_ref().is_none_or(|s| s.ipam.used.is_empty()),
+                        "{name}: status.ipam.used not empty"
+                    );
+                    ensure!(
+                        !cn.spec.ipam.pool.is_empty(),
+                        "{name}: pool not published for a multi-pool node (C9)"
+                    );
+                }
+            }
         }
         Ok(())
     }
@@ -877,37 +918,6 @@ impl Suite {
                 "{}: {} without vpc.primary-cidr (C4)",
                 n.name,
                 e.id
-            );
-        }
-        Ok(())
-    }
-
-    async fn multi_pool_ips(&mut self) -> Result<()> {
-        self.start_ops(OperatorOptions::default(), 1).await?;
-        let mut idxs = Vec::new();
-        for (t, z, pods) in [
-            ("m5.xlarge", 0, 5),
-            ("c5.xlarge", 1, 12),
-            ("t3.large", 1, 3),
-        ] {
-            idxs.push(
-                self.add_plain(t, z, Some(Generation::MultiPool), pods)
-                    .await?,
-            );
-        }
-        self.wait_served(&idxs, self.cfg.timeout).await?;
-        for &i in &idxs {
-            self.assert_pod_enis_follow_spec(i).await?;
-            let cn = self.cn(i).await?;
-            ensure!(
-                cn.status.as_ref().is_none_or(|s| s.ipam.used.is_empty()),
-                "{}: status.ipam.used not empty",
-                self.nodes[i].name
-            );
-            ensure!(
-                !cn.spec.ipam.pool.is_empty(),
-                "{}: pool not published for a multi-pool node (C9)",
-                self.nodes[i].name
             );
         }
         Ok(())

@@ -17,12 +17,31 @@ pub struct Cluster {
     pub sg: String,
 }
 
+/// The ids of a VPC with one subnet and one security group, as [`network`] creates them.
+pub struct Network {
+    pub vpc: String,
+    pub subnet: String,
+    pub sg: String,
+}
+
+/// A VPC of `vpc_cidr` in `sim`, one untagged subnet of `subnet_cidr` in `zone` and one untagged
+/// security group (created in that order).
+pub fn network(sim: &Simulator, vpc_cidr: &str, zone: &str, subnet_cidr: &str) -> Network {
+    let vpc = sim.add_vpc(vpc_cidr.parse().expect("a VPC CIDR"), &[]);
+    let subnet = sim.add_subnet(
+        &vpc,
+        zone,
+        subnet_cidr.parse().expect("a subnet CIDR"),
+        Tags::new(),
+    );
+    let sg = sim.add_security_group(&vpc, Tags::new());
+    Network { vpc, subnet, sg }
+}
+
 impl Cluster {
     pub fn new() -> Self {
         let sim = Simulator::new();
-        let vpc = sim.add_vpc("10.0.0.0/16".parse().unwrap(), &[]);
-        let subnet = sim.add_subnet(&vpc, "zone-a", "10.0.0.0/18".parse().unwrap(), Tags::new());
-        let sg = sim.add_security_group(&vpc, Tags::new());
+        let Network { vpc, subnet, sg } = network(&sim, "10.0.0.0/16", "zone-a", "10.0.0.0/18");
         sim.add_route_table(&vpc, true, &[]);
         Self {
             sim,
@@ -30,6 +49,12 @@ impl Cluster {
             subnet,
             sg,
         }
+    }
+
+    /// Another untagged subnet of `cidr` in the VPC, in `zone-a`.
+    pub fn add_subnet(&self, cidr: &str) -> String {
+        let cidr = cidr.parse().expect("a subnet CIDR");
+        self.sim.add_subnet(&self.vpc, "zone-a", cidr, Tags::new())
     }
 
     /// A running m5.large in the subnet, with the security group.

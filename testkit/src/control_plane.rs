@@ -480,6 +480,14 @@ pub struct Kubectl {
 }
 
 impl Kubectl {
+    /// The admin's kubectl of `cp`, from the binaries in `assets`.
+    pub fn admin(assets: &Path, cp: &ControlPlane) -> Self {
+        Self {
+            bin: assets.join("kubectl"),
+            kubeconfig: cp.kubeconfig(),
+        }
+    }
+
     /// Runs it with `stdin` piped in; its output, whatever the exit.
     pub fn run(&self, args: &[&str], stdin: Option<&str>) -> Output {
         let mut child = Command::new(&self.bin)

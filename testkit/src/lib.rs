@@ -62,17 +62,40 @@ pub fn piped_if(input: bool) -> std::process::Stdio {
     }
 }
 
+/// Every page of a describe ([`collect_pages`]), which the test expects to succeed.
+///
+/// [`collect_pages`]: eni_operator::ec2::collect_pages
+pub async fn every_page<T, F, Fut>(call: F) -> Vec<T>
+where
+    T: eni_operator::ec2::Listed,
+    F: FnMut(Option<String>) -> Fut,
+    Fut: std::future::Future<Output = eni_operator::ec2::Result<eni_operator::ec2::Page<T>>>,
+{
+    let listed = eni_operator::ec2::collect_pages(call).await;
+    listed.unwrap_or_else(|e| panic!("{:?}: {e}", T::OPERATION))
+}
+
+/// Waits up to `limit` until every node of `names` is [`served`] with `want` addresses.
+pub async fn all_served(
+    sink: &MemorySink,
+    names: &[impl AsRef<str>],
+    want: usize,
+    limit: Duration,
+) -> bool {
+    wait_until(
+        || names.iter().all(|n| served(sink, n.as_ref(), want)),
+        limit,
+    )
+    .await
+}
+
 /// C2 + demand: every pool address is listed on its ENI in status, and the pool holds at least
 /// `want` addresses.
 pub fn served(sink: &MemorySink, name: &str, want: usize) -> bool {
     let Some(n) = sink.get(name) else {
         return false;
     };
-    let enis = n
-        .status
-        .as_ref()
-        .map(|s| s.eni.enis.clone())
-        .unwrap_or_default();
+    let enis = n.status.map(|s| s.eni.enis).unwrap_or_default();
     n.spec.ipam.pool.len() >= want
         && n.spec.ipam.pool.iter().all(|(ip, a)| {
             enis.get(&a.resource)

@@ -103,26 +103,20 @@ fn control_plane_serves_crds_rbac_and_garbage_collection_then_stops() {
     // A CRD through kubectl's client-side validation (needs OpenAPI served at once).
     let crd =
         Path::new(env!("CARGO_MANIFEST_DIR")).join("../manifests/crd/ciliumnodes.cilium.io.yaml");
-    let (ok, out) = kubectl(&assets, &kc, &["apply", "-f", &crd.display().to_string()]);
+    let k = |args: &[&str]| kubectl(&assets, &kc, args);
+    let (ok, out) = k(&["apply", "-f", &crd.display().to_string()]);
     assert!(ok, "kubectl apply of the CRD: {out}");
-    let (ok, out) = kubectl(
-        &assets,
-        &kc,
-        &[
-            "wait",
-            "--for=condition=established",
-            "crd/ciliumnodes.cilium.io",
-            "--timeout=60s",
-        ],
-    );
+    let established = "--for=condition=established";
+    let (ok, out) = k(&[
+        "wait",
+        established,
+        "crd/ciliumnodes.cilium.io",
+        "--timeout=60s",
+    ]);
     assert!(ok, "CRD established: {out}");
 
     // RBAC is on: a user without bindings is refused.
-    let (_, out) = kubectl(
-        &assets,
-        &kc,
-        &["auth", "can-i", "list", "nodes", "--as=nobody"],
-    );
+    let (_, out) = k(&["auth", "can-i", "list", "nodes", "--as=nobody"]);
     assert_eq!(
         out.lines().next(),
         Some("no"),
@@ -130,32 +124,28 @@ fn control_plane_serves_crds_rbac_and_garbage_collection_then_stops() {
     );
 
     // The garbage collector runs: a dependent goes with its owner.
-    let (ok, out) = kubectl(&assets, &kc, &["create", "configmap", "owner"]);
+    let (ok, out) = k(&["create", "configmap", "owner"]);
     assert!(ok, "{out}");
-    let (_, uid) = kubectl(
-        &assets,
-        &kc,
-        &[
-            "get",
-            "configmap",
-            "owner",
-            "-o",
-            "jsonpath={.metadata.uid}",
-        ],
-    );
+    let (_, uid) = k(&[
+        "get",
+        "configmap",
+        "owner",
+        "-o",
+        "jsonpath={.metadata.uid}",
+    ]);
     let dependent = format!(
         "{{\"apiVersion\":\"v1\",\"kind\":\"ConfigMap\",\"metadata\":{{\"name\":\"dependent\",\
          \"ownerReferences\":[{{\"apiVersion\":\"v1\",\"kind\":\"ConfigMap\",\"name\":\"owner\",\"uid\":\"{uid}\"}}]}}}}"
     );
     let path = dir.join("dependent.json");
     std::fs::write(&path, dependent).unwrap();
-    let (ok, out) = kubectl(&assets, &kc, &["create", "-f", &path.display().to_string()]);
+    let (ok, out) = k(&["create", "-f", &path.display().to_string()]);
     assert!(ok, "{out}");
-    let (ok, out) = kubectl(&assets, &kc, &["delete", "configmap", "owner"]);
+    let (ok, out) = k(&["delete", "configmap", "owner"]);
     assert!(ok, "{out}");
     assert!(
         eventually(Duration::from_secs(120), || {
-            let (ok, out) = kubectl(&assets, &kc, &["get", "configmap", "dependent"]);
+            let (ok, out) = k(&["get", "configmap", "dependent"]);
             !ok && out.contains("NotFound")
         }),
         "kube-controller-manager's garbage collector did not delete the dependent"

@@ -325,10 +325,7 @@ fn an_agent_writes_only_its_own_cilium_node_and_never_its_instance_or_our_finali
         return;
     };
     let cp = ControlPlane::start(&assets).expect("control plane");
-    let admin = Kubectl {
-        bin: assets.join("kubectl"),
-        kubeconfig: cp.kubeconfig(),
-    };
+    let admin = Kubectl::admin(&assets, &cp);
     let manifests = root().join("manifests");
     for f in [
         "01-namespace.yaml",

@@ -188,22 +188,15 @@ fn every_setting_the_docs_name_is_a_value_the_operator_takes() {
     };
     let every = chart().join("ci/every-value.yaml");
     let s = operator_settings(&render(&helm, &["-f", &every.display().to_string()]).unwrap());
+    let tag = |key: &str, value: &str| {
+        let (key, value) = (key.into(), value.into());
+        Some(eni_operator::config::values::Tag { key, value })
+    };
     assert!(s.ipam.annotate_cilium_ignore);
-    assert_eq!(
-        s.handover
-            .handover_selector
-            .as_ref()
-            .map(|t| (t.key.as_str(), t.value.as_str())),
-        Some(("eni-operator.cilium.io/handover", "true"))
-    );
+    let selector = tag("eni-operator.cilium.io/handover", "true");
+    assert_eq!(s.handover.handover_selector, selector);
     assert_eq!(s.handover.handover_quiet.as_secs(), 150);
-    assert_eq!(
-        s.ipam
-            .static_ip_required_tag
-            .as_ref()
-            .map(|t| (t.key.as_str(), t.value.as_str())),
-        Some(("egress", "eni-operator"))
-    );
+    assert_eq!(s.ipam.static_ip_required_tag, tag("egress", "eni-operator"));
     assert!(!s.handover.watch_cilium_lease);
     assert_eq!(
         s.server.metrics_compat,

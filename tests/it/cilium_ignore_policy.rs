@@ -99,10 +99,7 @@ fn the_policy_annotates_ciliumnodes_at_creation_and_nobody_owns_the_annotation()
         return;
     };
     let cp = ControlPlane::start(&assets).expect("control plane");
-    let k = Kubectl {
-        bin: assets.join("kubectl"),
-        kubeconfig: cp.kubeconfig(),
-    };
+    let k = Kubectl::admin(&assets, &cp);
     let crd = root().join("tests/fixtures/ciliumnodes.cilium.io.yaml");
     k.ok(&["apply", "-f", &crd.display().to_string()], None);
     k.ok(

@@ -145,67 +145,60 @@ fn rule_refs(text: &str) -> Vec<u32> {
     found
 }
 
+/// Fails with `what` and every place where `unresolved` finds, in the text of a scanned file,
+/// a citation that does not resolve.
+fn assert_citations_resolve(what: &str, unresolved: impl Fn(&str) -> Vec<String>) {
+    let mut missing = Vec::new();
+    for (path, text) in scanned_files() {
+        missing.extend(unresolved(&text).into_iter().map(|c| format!("{path}{c}")));
+    }
+    assert!(missing.is_empty(), "{what}:\n{}", missing.join("\n"));
+}
+
+/// The citations among `refs` that are not `known`, each as `: {prefix}{n}`.
+fn unknown<N: Ord + std::fmt::Display>(
+    refs: Vec<N>,
+    known: &BTreeSet<N>,
+    prefix: impl std::fmt::Display,
+) -> Vec<String> {
+    let refs = refs.into_iter().filter(|n| !known.contains(n));
+    refs.map(|n| format!(": {prefix}{n}")).collect()
+}
+
 #[test]
 fn section_references_resolve_to_headings_of_the_rules_page() {
     let known = sections(&rules_page());
     assert!(known.contains("7.4") && known.contains("14"), "{known:?}");
-    let mut missing = Vec::new();
-    for (path, text) in scanned_files() {
-        for n in section_refs(&text) {
-            if !known.contains(&n) {
-                missing.push(format!("{path}: {SECTION}{n}"));
-            }
-        }
-    }
-    assert!(
-        missing.is_empty(),
-        "sections cited but not in docs/rules.md:\n{}",
-        missing.join("\n")
-    );
+    let what = "sections cited but not in docs/rules.md";
+    assert_citations_resolve(what, |text| unknown(section_refs(text), &known, SECTION));
 }
 
 #[test]
 fn rule_references_resolve_to_rules_of_the_rules_page() {
     let known = rules_defined(&rules_page());
     assert_eq!(known, (1..=10).collect::<BTreeSet<_>>());
-    let mut missing = Vec::new();
-    for (path, text) in scanned_files() {
-        for n in rule_refs(&text) {
-            if !known.contains(&n) {
-                missing.push(format!("{path}: C{n}"));
-            }
-        }
-    }
-    assert!(
-        missing.is_empty(),
-        "rules cited but not defined in docs/rules.md:\n{}",
-        missing.join("\n")
-    );
+    let what = "rules cited but not defined in docs/rules.md";
+    assert_citations_resolve(what, |text| unknown(rule_refs(text), &known, "C"));
 }
 
 #[test]
 fn no_file_points_outside_the_repository_for_its_rules() {
     // Spelt in pieces so that this file does not match itself.
     let stale = [concat!("shared", "/spec"), concat!("behaviour", ".md")];
-    let mut found = Vec::new();
-    for (path, text) in scanned_files() {
-        for (i, line) in text.lines().enumerate() {
-            if stale.iter().any(|s| line.contains(s)) {
-                found.push(format!("{path}:{}: {}", i + 1, line.trim()));
-            }
-        }
-    }
-    assert!(
-        found.is_empty(),
-        "references to a specification outside the repository (cite docs/ instead):\n{}",
-        found.join("\n")
-    );
+    let what = "references to a specification outside the repository (cite docs/ instead)";
+    assert_citations_resolve(what, |text| {
+        let lines = text.lines().enumerate();
+        lines
+            .filter(|(_, line)| stale.iter().any(|s| line.contains(s)))
+            .map(|(i, line)| format!(":{}: {}", i + 1, line.trim()))
+            .collect()
+    });
 }
 
 #[test]
 fn cited_docs_pages_exist() {
-    let mut missing = Vec::new();
-    for (path, text) in scanned_files() {
+    assert_citations_resolve("docs pages cited but missing", |text| {
+        let mut missing = Vec::new();
         for (i, _) in text.match_indices("docs/") {
             let name: String = text[i + 5..]
                 .chars()
@@ -213,15 +206,11 @@ fn cited_docs_pages_exist() {
                 .collect();
             let name = name.trim_end_matches('.');
             if name.ends_with(".md") && !root().join("docs").join(name).is_file() {
-                missing.push(format!("{path}: docs/{name}"));
+                missing.push(format!(": docs/{name}"));
             }
         }
-    }
-    assert!(
-        missing.is_empty(),
-        "docs pages cited but missing:\n{}",
-        missing.join("\n")
-    );
+        missing
+    });
 }
 
 #[test]

@@ -13,6 +13,7 @@ use crate::support::moto::{self, MotoServer, POD_TAG};
 use eni_operator::ec2::aws::{AwsClientConfig, AwsEc2};
 use eni_operator::ec2::gate::{Gate, GateConfig};
 use eni_operator::ec2::*;
+use testkit::every_page;
 use testkit::world::World;
 
 type Client = Gate<AwsEc2>;
@@ -43,9 +44,7 @@ fn vpc_filter(world: &World) -> ResourceFilter {
 }
 
 async fn enis(c: &Client, filter: &EniFilter) -> Vec<NetworkInterface> {
-    collect_pages(|t| c.describe_network_interfaces(filter, t))
-        .await
-        .expect("describe ENIs")
+    every_page(|t| c.describe_network_interfaces(filter, t)).await
 }
 
 async fn eni(c: &Client, id: &str) -> NetworkInterface {
@@ -77,9 +76,7 @@ async fn describes_round_trip() {
         "t3.medium".to_string(),
         "t2.micro".to_string(),
     ];
-    let limits = collect_pages(|t| c.describe_instance_types(&types, t))
-        .await
-        .unwrap();
+    let limits = every_page(|t| c.describe_instance_types(&types, t)).await;
     let get = |name: &str| limits.iter().find(|l| l.instance_type == name).unwrap();
     let m5 = get("m5.large");
     assert_eq!((m5.max_enis, m5.ipv4_per_eni, m5.ipv6_per_eni), (3, 10, 10));
@@ -104,9 +101,7 @@ async fn describes_round_trip() {
         vpc_id: Some(world.vpc_id.clone()),
         ..Default::default()
     };
-    let instances = collect_pages(|t| c.describe_instances(&all, t))
-        .await
-        .unwrap();
+    let instances = every_page(|t| c.describe_instances(&all, t)).await;
     assert_eq!(ids(&instances, |i| &i.id), ids(&world.instances, |i| &i.id));
     // The seeded facts, as moto reports them.
     for seeded in &world.instances {
@@ -134,9 +129,7 @@ async fn describes_round_trip() {
     );
 
     // Subnets: by VPC (moto's default VPC excluded), by tag, by ID; free counts.
-    let subnets = collect_pages(|t| c.describe_subnets(&in_vpc, t))
-        .await
-        .unwrap();
+    let subnets = every_page(|t| c.describe_subnets(&in_vpc, t)).await;
     assert_eq!(ids(&subnets, |s| &s.id), ids(&world.subnets, |s| &s.id));
     for seeded in &world.subnets {
         let subnet = subnets.iter().find(|s| s.id == seeded.id).unwrap();
@@ -180,9 +173,7 @@ async fn describes_round_trip() {
     assert_eq!(secondary, vec![world.vpc_secondary_cidr.clone()]);
 
     // Security groups: by VPC (the VPC's default group too), by tag.
-    let groups = collect_pages(|t| c.describe_security_groups(&in_vpc, t))
-        .await
-        .unwrap();
+    let groups = every_page(|t| c.describe_security_groups(&in_vpc, t)).await;
     let group_ids = ids(&groups, |g| &g.id);
     assert!(world.security_groups.iter().all(|g| group_ids.contains(g)));
     assert!(groups.iter().all(|g| g.vpc_id == world.vpc_id));
@@ -201,9 +192,7 @@ async fn describes_round_trip() {
     );
 
     // Route tables: the VPC's main table.
-    let tables = collect_pages(|t| c.describe_route_tables(&in_vpc, t))
-        .await
-        .unwrap();
+    let tables = every_page(|t| c.describe_route_tables(&in_vpc, t)).await;
     assert!(tables.iter().any(|t| t.main), "{tables:?}");
     assert!(tables.iter().all(|t| t.vpc_id == world.vpc_id));
 

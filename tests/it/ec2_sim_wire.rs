@@ -8,6 +8,8 @@ use std::net::SocketAddr;
 
 use eni_operator::ec2::aws::{AwsClientConfig, AwsEc2};
 use eni_operator::ec2::*;
+use testkit::cluster::{Network, network};
+use testkit::every_page;
 use testkit::sim::Simulator;
 use testkit::wire::Server;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -22,14 +24,7 @@ struct World {
 
 async fn world() -> World {
     let sim = Simulator::new();
-    let vpc = sim.add_vpc("10.0.0.0/16".parse().unwrap(), &[]);
-    let subnet = sim.add_subnet(
-        &vpc,
-        "us-east-1a",
-        "10.0.0.0/20".parse().unwrap(),
-        Tags::new(),
-    );
-    let sg = sim.add_security_group(&vpc, Tags::new());
+    let Network { subnet, sg, .. } = network(&sim, "10.0.0.0/16", "us-east-1a", "10.0.0.0/20");
     let instance = sim
         .run_instance("m5.24xlarge", &subnet, std::slice::from_ref(&sg))
         .id;
@@ -203,9 +198,7 @@ async fn max_results_pages_through_the_sdk() {
         subnet_ids: vec![w.subnet.clone()],
         ..EniFilter::default()
     };
-    let all = collect_pages(|t| aws.describe_network_interfaces(&filter, t))
-        .await
-        .unwrap();
+    let all = every_page(|t| aws.describe_network_interfaces(&filter, t)).await;
     // 12 created + the instance's primary ENI, in pages of 5.
     assert_eq!(all.len(), 13);
     let ids: std::collections::BTreeSet<_> = all.iter().map(|e| &e.id).collect();
@@ -317,9 +310,7 @@ async fn a_p5_with_efa_interfaces_reads_back_with_cards_and_interface_types() {
     assert_eq!(status, 200, "{body}");
     let c = client(w.addr, None).await;
     let p5 = ["p5.48xlarge".to_owned()];
-    let types = collect_pages(|t| c.describe_instance_types(&p5, t))
-        .await
-        .unwrap();
+    let types = every_page(|t| c.describe_instance_types(&p5, t)).await;
     assert_eq!(types[0].max_enis, 64);
     assert_eq!(types[0].enis_per_card, vec![2; 32]);
     assert_eq!(types[0].pod_max_enis(), 2);
@@ -334,9 +325,7 @@ async fn a_p5_with_efa_interfaces_reads_back_with_cards_and_interface_types() {
         instance_ids: vec![instance.clone()],
         ..EniFilter::default()
     };
-    let enis = collect_pages(|t| c.describe_network_interfaces(&filter, t))
-        .await
-        .unwrap();
+    let enis = every_page(|t| c.describe_network_interfaces(&filter, t)).await;
     let mut seen: Vec<(u32, u32, String, bool)> = enis
         .iter()
         .map(|e| {

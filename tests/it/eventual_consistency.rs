@@ -9,12 +9,13 @@ use std::time::Duration;
 use crate::support::{cache_with, cached_ips};
 use eni_operator::crd::CiliumNode;
 use eni_operator::ec2::{
-    AddressRequest, Ec2, EniFilter, EniState, NetworkInterface, Operation, Tags, collect_pages,
+    AddressRequest, Ec2, EniFilter, EniState, NetworkInterface, Operation, Tags,
 };
 use eni_operator::event_loop::core::{Core, CoreConfig, NodeInput};
 use eni_operator::ipam::{Action, Assign, IpamConfig, Release};
 use eni_operator::reconcile::executor::Executor;
 use eni_operator::reconcile::metrics::RuntimeMetrics;
+use testkit::every_page;
 use testkit::running;
 use testkit::sim::Simulator;
 use testkit::sink::MemorySink;
@@ -151,9 +152,7 @@ async fn an_eni_ec2_does_not_show_yet_after_its_create_is_attached_not_created_a
     assert_eq!(creates, 1, "the ENI was waited for, not created again");
     tokio::time::sleep(Duration::from_secs(10)).await;
     let f = EniFilter::default();
-    let all = collect_pages(|t| sim.describe_network_interfaces(&f, t))
-        .await
-        .unwrap();
+    let all = every_page(|t| sim.describe_network_interfaces(&f, t)).await;
     let available: Vec<_> = all
         .iter()
         .filter(|e| e.state == EniState::Available)
@@ -214,9 +213,7 @@ async fn a_restarted_operator_acts_at_once_and_does_not_pool_an_address_unassign
     // Its pool written without the address.
     let (account, primary, assigned, gone) = unassigned_just_before(&sim).await;
     let f = EniFilter::default();
-    let shown = collect_pages(|t| sim.describe_network_interfaces(&f, t))
-        .await
-        .unwrap();
+    let shown = every_page(|t| sim.describe_network_interfaces(&f, t)).await;
     assert!(
         shown
             .iter()
@@ -352,9 +349,7 @@ fn first_mutation_within_5s(sim: &Simulator, started: tokio::time::Instant) {
 /// Every ENI as describes show it now.
 async fn described(sim: &Simulator) -> Vec<NetworkInterface> {
     let f = EniFilter::default();
-    collect_pages(|t| sim.describe_network_interfaces(&f, t))
-        .await
-        .unwrap()
+    every_page(|t| sim.describe_network_interfaces(&f, t)).await
 }
 
 /// An assign whose answer was lost is judged by a describe; right after our unassign that

@@ -122,6 +122,24 @@ impl World {
             .unwrap_or_default()
     }
 
+    /// Waits until each named node's `operator-status` error starts with its reason (a refusal
+    /// is said before anything else happens), failing with what each one says instead.
+    async fn refused_with(&self, expected: &[(&str, &str)]) {
+        self.refused_within(expected, Duration::from_secs(60)).await;
+    }
+
+    async fn refused_within(&self, expected: &[(&str, &str)], within: Duration) {
+        let all = || {
+            expected
+                .iter()
+                .all(|(name, reason)| self.error(name).starts_with(reason))
+        };
+        if !wait_until(all, within).await {
+            let said: Vec<_> = expected.iter().map(|(n, _)| (*n, self.error(n))).collect();
+            panic!("not refused as {expected:?} within {within:?}: {said:?}");
+        }
+    }
+
     fn reasons(&self, name: &str) -> Vec<String> {
         self.sink
             .events(name)
@@ -166,19 +184,12 @@ async fn a_forged_cilium_node_gets_no_ec2_call() {
     t.cilium_node("m", &victim.id).await;
     // And one more naming the real node's instance: it must not starve the real one.
     t.cilium_node("squatter", &real.id).await;
-    assert!(
-        wait_until(
-            || t.error("forged").starts_with("NoNode")
-                && t.error("m").starts_with("InstanceMismatch")
-                && t.error("squatter").starts_with("NoNode"),
-            Duration::from_secs(60)
-        )
-        .await,
-        "forged: {:?}, m: {:?}, squatter: {:?}",
-        t.error("forged"),
-        t.error("m"),
-        t.error("squatter")
-    );
+    t.refused_with(&[
+        ("forged", "NoNode"),
+        ("m", "InstanceMismatch"),
+        ("squatter", "NoNode"),
+    ])
+    .await;
     tokio::time::sleep(Duration::from_secs(180)).await;
     assert_eq!(t.enis_of(&victim.id), 1, "only the victim's primary ENI");
     assert_eq!(
@@ -217,15 +228,8 @@ async fn a_cilium_node_before_its_node_is_served_once_the_node_appears() {
     let reason = waiting.map(|w| w.reason);
     assert_eq!(reason, Some(WaitReason::NodeNotSeen));
     t.send(NodeInput::NodesListed).await;
-    assert!(
-        wait_until(
-            || t.error("n").starts_with("NoNode"),
-            Duration::from_secs(30)
-        )
-        .await,
-        "{}",
-        t.error("n")
-    );
+    t.refused_within(&[("n", "NoNode")], Duration::from_secs(30))
+        .await;
     t.node("n", &inst).await;
     assert!(wait_until(|| served(&t.sink, "n", 8), Duration::from_secs(30)).await);
 }
@@ -248,15 +252,7 @@ async fn the_finalizer_of_a_stale_cilium_node_leaves_the_live_nodes_enis_alone()
     // The instance re-registers as "new".
     t.sink.put_node("new", &[]);
     t.cilium_node("new", &inst.id).await;
-    assert!(
-        wait_until(
-            || t.error("new").starts_with("InstanceNamedTwice"),
-            Duration::from_secs(60)
-        )
-        .await,
-        "{}",
-        t.error("new")
-    );
+    t.refused_with(&[("new", "InstanceNamedTwice")]).await;
     assert!(t.reasons("new").iter().any(|r| r == "InstanceNamedTwice"));
     assert!(t.errors("InstanceNamedTwice") >= 1);
 
@@ -309,15 +305,7 @@ async fn an_instance_without_the_cluster_tag_is_not_touched() {
     }
     assert!(wait_until(|| served(&t.sink, "eks", 8), Duration::from_secs(60)).await);
     assert!(wait_until(|| served(&t.sink, "k8s", 8), Duration::from_secs(60)).await);
-    assert!(
-        wait_until(
-            || t.error("foreign").starts_with("NotClusterInstance"),
-            Duration::from_secs(60)
-        )
-        .await,
-        "{}",
-        t.error("foreign")
-    );
+    t.refused_with(&[("foreign", "NotClusterInstance")]).await;
     tokio::time::sleep(Duration::from_secs(120)).await;
     assert_eq!(t.enis_of(&foreign.id), 1, "only its primary ENI");
     let node = t.sink.get("foreign").unwrap();
@@ -353,15 +341,7 @@ async fn a_deletion_mark_ends_the_wait_of_a_node_refused_for_its_missing_node() 
         facts: None,
     })
     .await;
-    assert!(
-        wait_until(
-            || t.error("n").starts_with("NoNode"),
-            Duration::from_secs(60)
-        )
-        .await,
-        "{}",
-        t.error("n")
-    );
+    t.refused_with(&[("n", "NoNode")]).await;
     assert!(t.w.sim.terminate_instance(&inst.id));
     t.send(NodeInput::NodePresent {
         name: "n".into(),
@@ -487,15 +467,7 @@ async fn an_agent_changing_the_instance_id_does_not_redirect_the_finalizer() {
         .update("n", |n| n.spec.instance_id = other.id.clone())
         .unwrap();
     t.send(NodeInput::Upsert(Box::new(changed))).await;
-    assert!(
-        wait_until(
-            || t.error("n").starts_with("InstanceMismatch"),
-            Duration::from_secs(60)
-        )
-        .await,
-        "{}",
-        t.error("n")
-    );
+    t.refused_with(&[("n", "InstanceMismatch")]).await;
     assert!(t.w.sim.terminate_instance(&own.id));
     t.delete_node("n").await;
     assert!(
@@ -527,17 +499,8 @@ async fn a_refused_cilium_nodes_instance_is_not_managed() {
     t.send(NodeInput::NodesListed).await;
     t.cilium_node("forged", &foreign.id).await;
     t.cilium_node("m", &foreign.id).await;
-    assert!(
-        wait_until(
-            || t.error("forged").starts_with("NoNode")
-                && t.error("m").starts_with("InstanceMismatch"),
-            Duration::from_secs(60)
-        )
-        .await,
-        "forged: {}, m: {}",
-        t.error("forged"),
-        t.error("m")
-    );
+    t.refused_with(&[("forged", "NoNode"), ("m", "InstanceMismatch")])
+        .await;
     tokio::time::sleep(Duration::from_secs(180)).await;
     assert!(!t.cache.read().unwrap().manages(&foreign.id));
 
@@ -613,15 +576,7 @@ async fn a_node_without_provider_id_gets_nothing_for_a_stranger_its_agent_names(
     t.node_at_ip("n", &own).await;
     t.send(NodeInput::NodesListed).await;
     t.cilium_node("n", &stranger.id).await;
-    assert!(
-        wait_until(
-            || t.error("n").starts_with("InstanceMismatch"),
-            Duration::from_secs(60)
-        )
-        .await,
-        "{}",
-        t.error("n")
-    );
+    t.refused_with(&[("n", "InstanceMismatch")]).await;
     assert_eq!(
         t.w.sim.times_named(&stranger.id),
         0,

@@ -114,38 +114,38 @@ fn crd() -> CustomResourceDefinition {
 fn objects() -> Objects {
     let mut o = Objects::default();
     for (file, v) in documents() {
-        let kind = v["kind"].as_str().unwrap_or_default().to_string();
-        let api = v["apiVersion"].as_str().unwrap_or_default().to_string();
-        match (api.as_str(), kind.as_str()) {
-            ("apiextensions.k8s.io/v1", "CustomResourceDefinition") => {
-                o.crds.push(typed(&file, &v))
-            }
-            ("v1", "Namespace") => o.namespaces.push(typed(&file, &v)),
-            ("v1", "ServiceAccount") => o.service_accounts.push(typed(&file, &v)),
-            ("rbac.authorization.k8s.io/v1", "ClusterRole") => {
-                o.cluster_roles.push(typed(&file, &v))
-            }
-            ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding") => {
-                o.cluster_role_bindings.push(typed(&file, &v))
-            }
-            ("rbac.authorization.k8s.io/v1", "Role") => o.roles.push(typed(&file, &v)),
-            ("rbac.authorization.k8s.io/v1", "RoleBinding") => {
-                o.role_bindings.push(typed(&file, &v))
-            }
-            ("v1", "ConfigMap") => o.config_maps.push(typed(&file, &v)),
-            ("apps/v1", "Deployment") => o.deployments.push(typed(&file, &v)),
-            ("policy/v1", "PodDisruptionBudget") => o.pdbs.push(typed(&file, &v)),
-            ("v1", "Service") => o.services.push(typed(&file, &v)),
-            ("admissionregistration.k8s.io/v1", "ValidatingAdmissionPolicy") => {
-                o.admission_policies.push(typed(&file, &v))
-            }
-            ("admissionregistration.k8s.io/v1", "ValidatingAdmissionPolicyBinding") => {
-                o.admission_policy_bindings.push(typed(&file, &v))
-            }
-            _ => panic!("{file}: unexpected object {api} {kind}"),
-        }
+        let known = take(&mut o.crds, &file, &v)
+            || take(&mut o.namespaces, &file, &v)
+            || take(&mut o.service_accounts, &file, &v)
+            || take(&mut o.cluster_roles, &file, &v)
+            || take(&mut o.cluster_role_bindings, &file, &v)
+            || take(&mut o.roles, &file, &v)
+            || take(&mut o.role_bindings, &file, &v)
+            || take(&mut o.config_maps, &file, &v)
+            || take(&mut o.deployments, &file, &v)
+            || take(&mut o.pdbs, &file, &v)
+            || take(&mut o.services, &file, &v)
+            || take(&mut o.admission_policies, &file, &v)
+            || take(&mut o.admission_policy_bindings, &file, &v);
+        assert!(
+            known,
+            "{file}: unexpected object {} {}",
+            v["apiVersion"], v["kind"]
+        );
     }
     o
+}
+
+/// Parses `v` into `into` if its apiVersion and kind are those of `K`.
+fn take<K>(into: &mut Vec<K>, file: &str, v: &Value) -> bool
+where
+    K: k8s_openapi::Resource + DeserializeOwned + Serialize,
+{
+    let is = v["apiVersion"] == K::API_VERSION && v["kind"] == K::KIND;
+    if is {
+        into.push(typed(file, v));
+    }
+    is
 }
 
 #[test]

@@ -20,7 +20,8 @@ use testkit::{served, wait_until};
 /// github.com/cilium/cilium `operator/pkg/ipam/metrics/metrics.go` (commit
 /// 09b89c6c9e2548486913ac5dfce38c0bcabdd6e6: namespace `cilium_operator`, subsystem `ipam`) and
 /// `pkg/api/metrics/metrics.go` (commit 19e73125f5e5f1a598bde216a00fd84aa63f57bd, subsystem
-/// `ec2` from `operator/pkg/ipam/allocator/aws/metrics.go`).
+/// `ec2` from `operator/pkg/ipam/allocator/aws/metrics.go`); the triggers' families are added by
+/// [`cilium_families`].
 const CILIUM: &[(&str, &str, &[&str])] = &[
     (
         "cilium_operator_ipam_available_ips",
@@ -69,46 +70,6 @@ const CILIUM: &[(&str, &str, &[&str])] = &[
         &["status"],
     ),
     (
-        "cilium_operator_ipam_deficit_resolver_queued_total",
-        "counter",
-        &[],
-    ),
-    ("cilium_operator_ipam_deficit_resolver_folds", "gauge", &[]),
-    (
-        "cilium_operator_ipam_deficit_resolver_duration_seconds",
-        "histogram",
-        &[],
-    ),
-    (
-        "cilium_operator_ipam_deficit_resolver_latency_seconds",
-        "histogram",
-        &[],
-    ),
-    ("cilium_operator_ipam_k8s_sync_queued_total", "counter", &[]),
-    ("cilium_operator_ipam_k8s_sync_folds", "gauge", &[]),
-    (
-        "cilium_operator_ipam_k8s_sync_duration_seconds",
-        "histogram",
-        &[],
-    ),
-    (
-        "cilium_operator_ipam_k8s_sync_latency_seconds",
-        "histogram",
-        &[],
-    ),
-    ("cilium_operator_ipam_resync_queued_total", "counter", &[]),
-    ("cilium_operator_ipam_resync_folds", "gauge", &[]),
-    (
-        "cilium_operator_ipam_resync_duration_seconds",
-        "histogram",
-        &[],
-    ),
-    (
-        "cilium_operator_ipam_resync_latency_seconds",
-        "histogram",
-        &[],
-    ),
-    (
         "cilium_operator_ec2_api_duration_seconds",
         "histogram",
         &["operation", "response_code"],
@@ -119,6 +80,25 @@ const CILIUM: &[(&str, &str, &[&str])] = &[
         &["operation"],
     ),
 ];
+
+/// Cilium's IPAM triggers: each has the four families of Cilium's `pkg/trigger` metrics
+/// (`_queued_total`, `_folds`, `_duration_seconds`, `_latency_seconds`), without labels.
+const CILIUM_TRIGGERS: [&str; 3] = ["deficit_resolver", "k8s_sync", "resync"];
+
+/// [`CILIUM`] and the families of [`CILIUM_TRIGGERS`].
+fn cilium_families() -> Vec<(String, &'static str, &'static [&'static str])> {
+    let fixed = CILIUM.iter().map(|(f, k, l)| (f.to_string(), *k, *l));
+    let triggers = CILIUM_TRIGGERS.iter().flat_map(|t| {
+        [
+            ("queued_total", "counter"),
+            ("folds", "gauge"),
+            ("duration_seconds", "histogram"),
+            ("latency_seconds", "histogram"),
+        ]
+        .map(|(suffix, kind)| (format!("cilium_operator_ipam_{t}_{suffix}"), kind, &[][..]))
+    });
+    fixed.chain(triggers).collect()
+}
 
 async fn scrape(compat: MetricsCompat) -> (&'static str, String) {
     let c = Cluster::new();
@@ -149,18 +129,22 @@ async fn cilium_compat_exposes_every_cilium_family_with_its_name_type_and_labels
         .filter_map(|l| l.strip_prefix("# TYPE "))
         .filter_map(|l| l.split_once(' '))
         .collect();
-    for (family, kind, labels) in CILIUM {
-        assert_eq!(types.get(family), Some(kind), "# TYPE of {family}");
+    for (family, kind, labels) in cilium_families() {
+        assert_eq!(
+            types.get(family.as_str()),
+            Some(&kind),
+            "# TYPE of {family}"
+        );
         let want: BTreeSet<&str> = labels.iter().copied().collect();
         for s in text.lines().filter_map(parse_sample) {
-            let base = match *kind {
+            let base = match kind {
                 "histogram" => ["_bucket", "_sum", "_count"]
                     .iter()
                     .find_map(|suffix| s.name.strip_suffix(suffix))
                     .unwrap_or(&s.name),
                 _ => &s.name,
             };
-            if base != *family {
+            if base != family {
                 continue;
             }
             let got: BTreeSet<&str> = s

@@ -93,15 +93,9 @@ async fn a_node_deleted_and_created_again_keeps_its_cilium_node() {
 /// one `Ec2Error` Event per retry and nothing on its status.
 #[tokio::test(start_paused = true)]
 async fn a_finalizer_that_cannot_finish_says_so_and_lets_go_after_the_grace_period() {
-    let Served {
-        w,
-        sink,
-        tx,
-        metrics,
-        inst,
-        grace,
-        _task,
-    } = served_node().await;
+    let node = served_node().await;
+    let (w, sink, tx, metrics) = (&node.w, &node.sink, &node.tx, &node.metrics);
+    let (inst, grace) = (&node.inst, node.grace);
 
     // The instance is terminated and its Node deleted, but every detach is refused.
     w.sim.inject_error(
@@ -113,7 +107,7 @@ async fn a_finalizer_that_cannot_finish_says_so_and_lets_go_after_the_grace_peri
         .set_instance_state(&inst.id, InstanceState::Terminated);
     sink.set_node_exists("n", false);
     let marked = sink.begin_delete("n").expect("held by our finalizer");
-    running::node_present(&tx, "n", false).await;
+    running::node_present(tx, "n", false).await;
     tx.send(NodeInput::Upsert(Box::new(marked))).await.unwrap();
     let error = |sink: &MemorySink| {
         sink.get("n")
@@ -122,17 +116,17 @@ async fn a_finalizer_that_cannot_finish_says_so_and_lets_go_after_the_grace_peri
     };
     assert!(
         wait_until(
-            || error(&sink).starts_with("FinalizerBlocked"),
+            || error(sink).starts_with("FinalizerBlocked"),
             Duration::from_secs(120)
         )
         .await,
         "reported on the object: {:?}",
-        error(&sink)
+        error(sink)
     );
     assert!(
-        error(&sink).contains("UnauthorizedOperation"),
+        error(sink).contains("UnauthorizedOperation"),
         "{}",
-        error(&sink)
+        error(sink)
     );
     // Retried meanwhile, reported once.
     tokio::time::sleep(grace / 2).await;
@@ -147,7 +141,7 @@ async fn a_finalizer_that_cannot_finish_says_so_and_lets_go_after_the_grace_peri
             .filter(|r| *r == "FinalizerBlocked")
             .count()
     };
-    assert_eq!(blocked(&sink), 1, "{:?}", reasons(&sink));
+    assert_eq!(blocked(sink), 1, "{:?}", reasons(sink));
     assert!(sink.raw("n").is_some(), "held within the grace period");
     assert_eq!(
         metrics
@@ -160,12 +154,12 @@ async fn a_finalizer_that_cannot_finish_says_so_and_lets_go_after_the_grace_peri
     // After the grace period the object goes; nothing of the name is held any longer.
     assert!(wait_until(|| sink.raw("n").is_none(), grace).await);
     assert!(
-        reasons(&sink).iter().any(|r| r == "FinalizerLetGo"),
+        reasons(sink).iter().any(|r| r == "FinalizerLetGo"),
         "{:?}",
-        reasons(&sink)
+        reasons(sink)
     );
     assert_eq!(metrics.finalizers_let_go.get(), 1);
-    assert_eq!(blocked(&sink), 1);
+    assert_eq!(blocked(sink), 1);
 }
 
 /// Issue 29 item 6 (the e2e `node-reregister`): a CiliumNode deleted while its instance runs

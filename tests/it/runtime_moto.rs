@@ -11,14 +11,14 @@ use std::time::Duration;
 use crate::support::moto::{MotoServer, aws_ec2, seed};
 use eni_operator::crd::CiliumNode;
 use eni_operator::ec2::gate::{Gate, GateConfig};
-use eni_operator::ec2::{Ec2, EniFilter, Operation, collect_pages};
+use eni_operator::ec2::{Ec2, EniFilter, Operation};
 use eni_operator::event_loop::core::{CoreConfig, NodeInput};
 use eni_operator::ipam::IpamConfig;
 use eni_operator::ipam::ownership::ownership_tags;
 use eni_operator::reconcile::metrics::RuntimeMetrics;
 use testkit::sink::MemorySink;
-use testkit::wait_until;
 use testkit::world::{SeededInstance, World};
+use testkit::{every_page, wait_until};
 
 const CLUSTER: &str = "moto-test";
 
@@ -137,9 +137,7 @@ async fn classic_nodes_get_new_enis_with_our_tags_over_the_wire() {
             tags: ownership_tags(CLUSTER, &instance.id),
             ..EniFilter::default()
         };
-        let ours = collect_pages(|t| gate.describe_network_interfaces(&filter, t))
-            .await
-            .unwrap();
+        let ours = every_page(|t| gate.describe_network_interfaces(&filter, t)).await;
         assert!(!ours.is_empty(), "{} got an ENI of ours", instance.id);
         for eni in &ours {
             assert_eq!(eni.instance_id(), Some(instance.id.as_str()), "{}", eni.id);

@@ -341,12 +341,7 @@ async fn a_deficit_lasts_until_the_write_not_the_ec2_call_before_it() {
 #[tokio::test(start_paused = true)]
 async fn a_shadow_reports_other_subnet_and_security_group_choices() {
     let w = Cluster::new();
-    let small = w.sim.add_subnet(
-        &w.vpc,
-        "zone-a",
-        "10.0.64.0/24".parse().unwrap(),
-        Tags::new(),
-    );
+    let small = w.add_subnet("10.0.64.0/24");
     let sg2 = w.sim.add_security_group(&w.vpc, Tags::new());
     let sink = Arc::new(MemorySink::with_ciliums_crd());
     let other = OtherAllocator::new(w.sim.clone(), &small, &[sg2]);

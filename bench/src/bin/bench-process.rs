@@ -33,7 +33,7 @@ use bench::process::{
     self as p, Ec2Calls, Load, Requests, ec2_between, ec2_mutating, ec2_summary, percentile,
     requests_between, requests_summary, writes_to,
 };
-use bench::scenario::{Settings, burst_bound, served};
+use bench::scenario::{BurstFlags, burst_bound, served};
 use clap::Parser;
 use eni_operator::crd::CiliumNode;
 use futures::{StreamExt, TryStreamExt};
@@ -77,13 +77,8 @@ struct Args {
     /// The ec2-sim binary.
     #[arg(long)]
     ec2_sim: PathBuf,
-    #[arg(long, default_value_t = 300)]
-    mutating_latency_ms: u64,
-    #[arg(long, default_value_t = 150)]
-    describe_latency_ms: u64,
-    /// `min-allocate` of every node (the simulated burst's 30).
-    #[arg(long, default_value_t = 30)]
-    ips_per_node: i64,
+    #[command(flatten)]
+    burst: BurstFlags,
     /// Pods every agent runs (plus router and health) once addresses are there.
     #[arg(long, default_value_t = 10)]
     pods: usize,
@@ -280,8 +275,8 @@ fn one_world(args: &Args, kind: Kind, assets: &Path, log_dir: &Path) -> Result<O
     eprintln!("bench-process: control plane ready at {}", cp.server());
     let mut sim = Proc::ec2_sim(
         &args.ec2_sim,
-        args.mutating_latency_ms,
-        args.describe_latency_ms,
+        args.burst.mutating_latency_ms,
+        args.burst.describe_latency_ms,
         log_dir,
     )?;
     let endpoint = sim.endpoint.clone().expect("ec2-sim prints its endpoint");
@@ -385,7 +380,7 @@ fn start_case(
     (kubeconfig, endpoint, log_dir): (&Path, &str, &Path),
 ) -> Result<String> {
     let g: Shared = Arc::default();
-    let want = a.ips_per_node as usize;
+    let want = a.burst.ips_per_node as usize;
     let usable = endpoints(a.pods);
     let watch = rt.spawn(watch_nodes(kube.clone(), g.clone(), want, usable));
     let min_interval = Duration::from_secs(a.agent_min_interval_secs);
@@ -573,7 +568,7 @@ async fn join(
         .entry(name.into())
         .or_default()
         .created = Some(Instant::now());
-    cluster::create_ciliumnode(kube, w, name, instance, uid, a.ips_per_node).await?;
+    cluster::create_ciliumnode(kube, w, name, instance, uid, a.burst.ips_per_node).await?;
     g.lock().expect("poisoned").creates += 2;
     Ok(())
 }
@@ -769,7 +764,7 @@ async fn run(
     eprintln!("bench-process: operator {} leads", op.pid());
 
     let g: Shared = Arc::default();
-    let want = a.ips_per_node as usize;
+    let want = a.burst.ips_per_node as usize;
     let usable = endpoints(a.pods);
     let watch = tokio::spawn(watch_nodes(kube.clone(), g.clone(), want, usable));
     let agents = tokio::spawn(run_agents(
@@ -822,12 +817,7 @@ async fn run(
     tokio::time::sleep(Duration::from_secs(a.agent_min_interval_secs + 5)).await;
 
     // The burst.
-    let settings = Settings {
-        ips_per_node: a.ips_per_node,
-        mutating_latency: Duration::from_millis(a.mutating_latency_ms),
-        describe_latency: Duration::from_millis(a.describe_latency_ms),
-        ..Settings::default()
-    };
+    let settings = a.burst.settings();
     let bound = burst_bound(&settings, a.nodes + a.burst_probes, a.prefix);
     sampler.lock().expect("poisoned").load = Load::default();
     let before = snap(&kube, &http, &sim, &pids, &g).await?;
@@ -1041,7 +1031,7 @@ async fn run(
         ),
         format!(
             "new-node time to its whole min-allocate ({}): quiet p50 {} p99 {}; probes p50 {} p99 {}; burst nodes p50 {} p99 {}",
-            a.ips_per_node,
+            a.burst.ips_per_node,
             ms(percentile(&quiet_met, 50.0)),
             ms(percentile(&quiet_met, 99.0)),
             ms(percentile(&probe_met, 50.0)),

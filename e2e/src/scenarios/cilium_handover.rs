@@ -17,7 +17,7 @@ use testkit::agent::Generation;
 use testkit::wire::clients::MutatingCall;
 
 use super::adopt::HANDOVER_LABEL;
-use super::real_cilium::work_dir;
+use super::real_cilium::{Beside, record_since, work_dir};
 use super::{Abort, Suite, all_met, eventually};
 use crate::checks::NodeVariant;
 use crate::cilium_op::{self, CiliumOperator, Version};
@@ -90,9 +90,7 @@ impl Suite {
         sim: &SimControl,
         from: usize,
     ) -> Result<Vec<MutatingCall>> {
-        let mut r = sim.clients().await?;
-        r.mutating.drain(..from.min(r.mutating.len()));
-        Ok(r.mutating)
+        Ok(record_since(sim, from).await?.mutating)
     }
 
     /// Waits until `idxs` are served while Cilium's operator (if one runs) is alive.
@@ -143,30 +141,49 @@ impl Suite {
             .is_some_and(|v| v == "true"))
     }
 
+    /// Ours started beside Cilium's operator as docs/migrating-from-cilium.md installs it for a
+    /// handover: the canary label's selector, `--annotate-cilium-ignore`, and `extra` flags.
+    pub(super) async fn start_ours_for_handover(&mut self, extra: &[&str]) -> Result<()> {
+        let selector = format!("{}={}", HANDOVER_LABEL.0, HANDOVER_LABEL.1);
+        let mut extra_args = vec![
+            format!("--handover-selector={selector}"),
+            "--annotate-cilium-ignore".into(),
+        ];
+        extra_args.extend(extra.iter().map(|a| a.to_string()));
+        let options = OperatorOptions {
+            cilium_operator_present: true,
+            extra_args,
+            ..Default::default()
+        };
+        self.start_ops(options, 1).await
+    }
+
     /// Labels `idxs` for the handover and waits until ours has annotated them and says it
     /// waits for Cilium's leader (the guard: that leader knew the nodes before the annotation).
     async fn label_and_wait_for_guard(&self, idxs: &[usize]) -> Result<()> {
         for &i in idxs {
             self.set_handover_label(i, true).await?;
         }
-        eventually(
-            self.cfg.timeout,
-            "ours to annotate the labelled nodes and wait for Cilium's restart",
-            async || {
-                let mut notes = Vec::new();
-                for &i in idxs {
-                    let status = super::operator_error(&self.cn(i).await?);
-                    if !self.cilium_ignore_on(i).await? || !status.contains("took over at") {
-                        notes.push(format!(
-                            "{}: annotated {}, operator-status {status:?}",
-                            self.nodes[i].name,
-                            self.cilium_ignore_on(i).await?
-                        ));
-                    }
+        let what = "ours to annotate the labelled nodes and wait for Cilium's restart";
+        self.wait_for_guard(idxs, what).await
+    }
+
+    /// Waits until ours has annotated `idxs` and says it waits for Cilium's leader.
+    pub(super) async fn wait_for_guard(&self, idxs: &[usize], what: &str) -> Result<()> {
+        eventually(self.cfg.timeout, what, async || {
+            let mut notes = Vec::new();
+            for &i in idxs {
+                let status = super::operator_error(&self.cn(i).await?);
+                if !self.cilium_ignore_on(i).await? || !status.contains("took over at") {
+                    notes.push(format!(
+                        "{}: annotated {}, operator-status {status:?}",
+                        self.nodes[i].name,
+                        self.cilium_ignore_on(i).await?
+                    ));
                 }
-                all_met(notes)
-            },
-        )
+            }
+            all_met(notes)
+        })
         .await
     }
 
@@ -280,21 +297,12 @@ impl Suite {
         }
         let first = self.nodes[idxs[0]].instance.id.clone();
         sim.set_metadata_instance(&first).await?;
-        let seen = sim.clients().await?.mutating.len();
-        let op = self.start_cilium(v).await?;
-        let op = Mutex::new(Some(op));
-        let body = self.cilium_handover_steps(sim, v, &op, &idxs, seen).await;
-        self.stop_cilium(op, body).await
+        let steps = async |s: &mut Self, c: Beside<'_>| s.cilium_handover_steps(c, &idxs).await;
+        self.beside_cilium(sim, v, steps).await
     }
 
-    async fn cilium_handover_steps(
-        &mut self,
-        sim: &SimControl,
-        v: Version,
-        op: &Mutex<Option<CiliumOperator>>,
-        idxs: &[usize],
-        seen: usize,
-    ) -> Result<()> {
+    async fn cilium_handover_steps(&mut self, c: Beside<'_>, idxs: &[usize]) -> Result<()> {
+        let Beside { sim, v, op, seen } = c;
         let (a, b, c) = (idxs[0], idxs[1], idxs[2]);
         let ids: Vec<String> = self.nodes.iter().map(|n| n.instance.id.clone()).collect();
         let inst = |i: usize| ids[i].clone();
@@ -313,26 +321,15 @@ impl Suite {
         for &i in idxs {
             before.push(self.cn(i).await?.spec.ipam.pool.len());
         }
+        // The agents' longest waits count from here.
         for &i in idxs {
-            let _ = self.nodes[i].agent.as_ref().map(|h| h.take_longest_wait());
+            self.longest_wait(i);
         }
 
         // Steps 2 and 4 of the doc, in the safe order: ours installed and ready first, beside
         // Cilium's running operator; the guard keeps it off every node Cilium serves.
-        let selector = format!("{}={}", HANDOVER_LABEL.0, HANDOVER_LABEL.1);
-        self.start_ops(
-            OperatorOptions {
-                cilium_operator_present: true,
-                extra_args: vec![
-                    format!("--handover-selector={selector}"),
-                    "--annotate-cilium-ignore".into(),
-                    "--metrics-compat=cilium".into(),
-                ],
-                ..Default::default()
-            },
-            1,
-        )
-        .await?;
+        self.start_ours_for_handover(&["--metrics-compat=cilium"])
+            .await?;
         eventually(self.cfg.timeout, "ours to lead", async || {
             Ok(match self.ops.leader().await? {
                 Some(_) => Ok(()),
@@ -381,16 +378,8 @@ impl Suite {
             self.has_our_finalizer(a).await?,
             "A served without our finalizer"
         );
-        let a_wait = self.nodes[a]
-            .agent
-            .as_ref()
-            .map(|h| h.take_longest_wait())
-            .unwrap_or_default();
-        let b_wait = self.nodes[b]
-            .agent
-            .as_ref()
-            .map(|h| h.take_longest_wait())
-            .unwrap_or_default();
+        let a_wait = self.longest_wait(a);
+        let b_wait = self.longest_wait(b);
         let calls = self.calls_since(sim, mark).await?;
         ensure!(
             calls_on(&calls, &inst(b), None).is_empty(),
@@ -434,11 +423,7 @@ impl Suite {
         }
         let mut all_wait = Duration::ZERO;
         for &i in &[b, c] {
-            let w = self.nodes[i]
-                .agent
-                .as_ref()
-                .map(|h| h.take_longest_wait())
-                .unwrap_or_default();
+            let w = self.longest_wait(i);
             all_wait = all_wait.max(w);
         }
         println!(
@@ -505,11 +490,7 @@ impl Suite {
             c_pool_after >= c_pool,
             "rollback: C's pool shrank {c_pool} -> {c_pool_after}"
         );
-        let c_wait = self.nodes[c]
-            .agent
-            .as_ref()
-            .map(|h| h.take_longest_wait())
-            .unwrap_or_default();
+        let c_wait = self.longest_wait(c);
         println!(
             "     cilium-handover {v}: rollback: C served by Cilium again {:.1}s after its demand grew ({} calls of Cilium's), nothing released",
             t.as_secs_f64(),

@@ -27,7 +27,7 @@ use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 
 use super::cilium_handover::calls_on;
-use super::real_cilium::work_dir;
+use super::real_cilium::{Beside, work_dir};
 use super::{Suite, eventually};
 use crate::cilium_op::{self, CiliumOperator, Version};
 use crate::operator::OperatorOptions;
@@ -120,6 +120,26 @@ impl Suite {
             .collect())
     }
 
+    /// Watches node `g` for [`WATCH`] after a change of its demand (`after`) and says what
+    /// Cilium did meanwhile: its writes and its EC2 calls for the node since `mark`.
+    async fn watch_frozen_copy(
+        &self,
+        sim: &SimControl,
+        mark: usize,
+        g: usize,
+        since: Timestamp,
+        after: &str,
+    ) -> Result<(Watched, Vec<String>)> {
+        let watched = self.watch_node(g, since, WATCH).await?;
+        let calls = self.cilium_calls_on(sim, mark, g).await?;
+        println!(
+            "     cilium-frozen-copy: {}s after {after}: Cilium's EC2 calls for G {calls:?}; {}",
+            WATCH.as_secs(),
+            watched.summary()
+        );
+        Ok((watched, calls))
+    }
+
     /// For a scenario on Cilium 1.20: ec2-sim's control connection and a classic node whose
     /// instance Cilium's operator runs on (its metadata answers with it).
     async fn cilium_120_node(&mut self, scenario: &str) -> Result<Option<(SimControl, usize)>> {
@@ -137,17 +157,12 @@ impl Suite {
         let Some((sim, g)) = self.cilium_120_node("cilium-frozen-copy").await? else {
             return Ok(());
         };
-        let op = Mutex::new(Some(self.start_cilium(Version::V120).await?));
-        let body = self.frozen_copy_steps(&sim, &op, g).await;
-        self.stop_cilium(op, body).await
+        let steps = async |s: &mut Self, c: Beside<'_>| s.frozen_copy_steps(c, g).await;
+        self.beside_cilium(&sim, Version::V120, steps).await
     }
 
-    async fn frozen_copy_steps(
-        &mut self,
-        sim: &SimControl,
-        op: &Mutex<Option<CiliumOperator>>,
-        g: usize,
-    ) -> Result<()> {
+    async fn frozen_copy_steps(&mut self, c: Beside<'_>, g: usize) -> Result<()> {
+        let Beside { sim, op, .. } = c;
         self.served_beside(op, &[g], "Cilium's operator to serve G first")
             .await?;
         let first_pool = self.cn(g).await?.spec.ipam.pool.len();
@@ -188,24 +203,17 @@ impl Suite {
         self.set_pods(g, 14);
         self.served_beside(op, &[g], "ours to meet G's new demand")
             .await?;
-        let up = self.watch_node(g, annotated, WATCH).await?;
-        let calls_up = self.cilium_calls_on(sim, mark, g).await?;
-        println!(
-            "     cilium-frozen-copy: {}s after G's demand rose 4 -> 14 pods (served by ours): Cilium's EC2 calls for G {calls_up:?}; {}",
-            WATCH.as_secs(),
-            up.summary()
-        );
+        let after = "G's demand rose 4 -> 14 pods (served by ours)";
+        self.watch_frozen_copy(sim, mark, g, annotated, after)
+            .await?;
 
         // Demand falls: ours releases (5 s delay) below what Cilium's copy last asked for.
         let mark_down = sim.clients().await?.mutating.len();
         self.set_pods(g, 1);
-        let down = self.watch_node(g, annotated, WATCH).await?;
-        let calls_down = self.cilium_calls_on(sim, mark_down, g).await?;
-        println!(
-            "     cilium-frozen-copy: {}s after G's demand fell to 1 pod (release on in ours): Cilium's EC2 calls for G {calls_down:?}; {}",
-            WATCH.as_secs(),
-            down.summary()
-        );
+        let after = "G's demand fell to 1 pod (release on in ours)";
+        let (down, calls_down) = self
+            .watch_frozen_copy(sim, mark_down, g, annotated, after)
+            .await?;
         let leader = op.lock().expect("op").as_ref().map(|o| {
             o.log_lines("Resolving IP deficit").len() + o.log_lines("Releasing excess").len()
         });

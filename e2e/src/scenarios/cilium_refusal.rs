@@ -5,16 +5,14 @@
 //! operator (after which, on the old main, ours took the node over beside it). A child module of
 //! `scenarios`.
 
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use anyhow::{Result, ensure};
 
-use super::adopt::HANDOVER_LABEL;
 use super::cilium_handover::calls_on;
+use super::real_cilium::Beside;
 use super::{Suite, eventually};
-use crate::cilium_op::{self, CiliumOperator, Version};
-use crate::operator::OperatorOptions;
+use crate::cilium_op::{self, Version};
 use crate::simctl::SimControl;
 
 impl Suite {
@@ -29,24 +27,15 @@ impl Suite {
         }
         sim.set_metadata_instance(&self.nodes[idxs[0]].instance.id)
             .await?;
-        let seen = sim.clients().await?.mutating.len();
         // A cluster that runs 1.16 has never had a newer Cilium; the suite's 1.20 runs left
         // their label, which 1.16 would not lower.
         cilium_op::forget_crd_schema_label(&self.kube).await?;
-        let op = self.start_cilium(v).await?;
-        let op = Mutex::new(Some(op));
-        let body = self.cilium_refusal_steps(sim, v, &op, &idxs, seen).await;
-        self.stop_cilium(op, body).await
+        let steps = async |s: &mut Self, c: Beside<'_>| s.cilium_refusal_steps(c, &idxs).await;
+        self.beside_cilium(sim, v, steps).await
     }
 
-    async fn cilium_refusal_steps(
-        &mut self,
-        sim: &SimControl,
-        v: Version,
-        op: &Mutex<Option<CiliumOperator>>,
-        idxs: &[usize],
-        seen: usize,
-    ) -> Result<()> {
+    async fn cilium_refusal_steps(&mut self, c: Beside<'_>, idxs: &[usize]) -> Result<()> {
+        let Beside { sim, v, op, seen } = c;
         let (a, b) = (idxs[0], idxs[1]);
         let t = self
             .served_beside(op, idxs, "Cilium's operator to serve two nodes")
@@ -58,19 +47,7 @@ impl Suite {
             eni_operator::ipam::cilium_version::SCHEMA_LABEL,
         );
         // Ours installed beside it as for the real handover, the canary labelled.
-        let selector = format!("{}={}", HANDOVER_LABEL.0, HANDOVER_LABEL.1);
-        self.start_ops(
-            OperatorOptions {
-                cilium_operator_present: true,
-                extra_args: vec![
-                    format!("--handover-selector={selector}"),
-                    "--annotate-cilium-ignore".into(),
-                ],
-                ..Default::default()
-            },
-            1,
-        )
-        .await?;
+        self.start_ours_for_handover(&[]).await?;
         self.set_handover_label(a, true).await?;
         let refused = |s: &str| s.starts_with("CiliumIgnoresAnnotation") && s.contains("1.16");
         let t_refused = Instant::now();

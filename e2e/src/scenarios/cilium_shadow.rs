@@ -11,7 +11,7 @@ use anyhow::{Context, Result, ensure};
 use serde_json::Value;
 use testkit::agent::Generation;
 
-use super::real_cilium::{mutating_by_others, work_dir};
+use super::real_cilium::{mutating_by_others, record_since, work_dir};
 use super::{Abort, Suite, eventually};
 use crate::checks::NodeVariant;
 use crate::cilium_op::{self, CiliumOperator, Version};
@@ -255,8 +255,7 @@ impl Suite {
             self.ops.leader().await?.is_none(),
             "a leader Lease of ours exists: the shadow took part in an election"
         );
-        let mut record = sim.clients().await?;
-        record.mutating.drain(..seen.min(record.mutating.len()));
+        let record = record_since(sim, seen).await?;
         let others = mutating_by_others(&record, cilium_op::ACCESS_KEY, &instances);
         ensure!(
             others.is_empty(),

@@ -23,11 +23,11 @@ use kube::core::GroupVersionKind;
 use testkit::agent::Generation;
 
 use super::cilium_handover::calls_on;
-use super::{Suite, all_met, eventually, is_status};
+use super::real_cilium::Beside;
+use super::{Suite, eventually, is_status};
 use crate::checks::{self, NodeVariant};
 use crate::cilium_op::{self, CiliumOperator, Version};
 use crate::operator::OperatorOptions;
-use crate::simctl::SimControl;
 
 /// The promise for a node that joins after the handover, with the policy.
 const FIRST_ADDRESSES: Duration = Duration::from_secs(5);
@@ -136,9 +136,8 @@ impl Suite {
         }
         let id = self.nodes[first[0]].instance.id.clone();
         sim.set_metadata_instance(&id).await?;
-        let op = Mutex::new(Some(self.start_cilium(Version::V120).await?));
-        let body = self.steady_state_steps(&sim, &op, &first).await;
-        let body = self.stop_cilium(op, body).await;
+        let steps = async |s: &mut Self, c: Beside<'_>| s.steady_state_steps(c, &first).await;
+        let body = self.beside_cilium(&sim, Version::V120, steps).await;
         let removed = self.remove_cilium_ignore_policy().await;
         body.and(removed)?;
         println!(
@@ -168,21 +167,8 @@ impl Suite {
             1,
         )
         .await?;
-        eventually(
-            self.cfg.timeout,
-            "ours to annotate every node and wait for Cilium's restart",
-            async || {
-                let mut notes = Vec::new();
-                for &i in idxs {
-                    let status = super::operator_error(&self.cn(i).await?);
-                    if !self.cilium_ignore_on(i).await? || !status.contains("took over at") {
-                        notes.push(format!("{}: {status:?}", self.nodes[i].name));
-                    }
-                }
-                all_met(notes)
-            },
-        )
-        .await?;
+        let what = "ours to annotate every node and wait for Cilium's restart";
+        self.wait_for_guard(idxs, what).await?;
         self.restart_cilium(op, Version::V120).await?;
         self.wait_taken_over(idxs, "ours to take every node over")
             .await?;
@@ -191,25 +177,16 @@ impl Suite {
         Ok(())
     }
 
-    async fn steady_state_steps(
-        &mut self,
-        sim: &SimControl,
-        op: &Mutex<Option<CiliumOperator>>,
-        first: &[usize],
-    ) -> Result<()> {
-        self.hand_over_all(op, first).await?;
-        self.joins_with_policy(sim, op, first).await?;
+    async fn steady_state_steps(&mut self, c: Beside<'_>, first: &[usize]) -> Result<()> {
+        self.hand_over_all(c.op, first).await?;
+        self.joins_with_policy(c, first).await?;
         self.remove_cilium_ignore_policy_and_wait().await?;
-        let mark = sim.clients().await?.mutating.len();
-        self.joins_without_policy(sim, op, mark).await
+        let mark = c.sim.clients().await?.mutating.len();
+        self.joins_without_policy(c, mark).await
     }
 
-    async fn joins_with_policy(
-        &mut self,
-        sim: &SimControl,
-        op: &Mutex<Option<CiliumOperator>>,
-        first: &[usize],
-    ) -> Result<()> {
+    async fn joins_with_policy(&mut self, c: Beside<'_>, first: &[usize]) -> Result<()> {
+        let Beside { sim, op, .. } = c;
         let name = variant(true);
         let mark = sim.clients().await?.mutating.len();
         let t = self.install_cilium_ignore_policy().await?;
@@ -333,12 +310,8 @@ impl Suite {
 
     /// Without the policy: Cilium's running leader sees a joining node before our annotation;
     /// ours waits for its next leader and says so, and makes no call for the node.
-    async fn joins_without_policy(
-        &mut self,
-        sim: &SimControl,
-        op: &Mutex<Option<CiliumOperator>>,
-        mark: usize,
-    ) -> Result<()> {
+    async fn joins_without_policy(&mut self, c: Beside<'_>, mark: usize) -> Result<()> {
+        let Beside { sim, op, .. } = c;
         let inst = self.world.launch(&self.ec2, "m5.large", 0).await?;
         let t0 = Instant::now();
         let g = self
@@ -378,17 +351,14 @@ impl Suite {
             held.as_secs_f64(),
             unserved.unwrap_or_else(|| "served".into())
         );
-        self.join_annotated_by_creator(sim, op).await
+        self.join_annotated_by_creator(c).await
     }
 
     /// Without the policy, a node whose creator sends `ipam.cilium.io/ignore` in its create
     /// (a script, an agent configured so): Cilium's leader never takes it up, and ours serves
     /// it at once (the annotation's managedFields entry is the create's).
-    async fn join_annotated_by_creator(
-        &mut self,
-        sim: &SimControl,
-        op: &Mutex<Option<CiliumOperator>>,
-    ) -> Result<()> {
+    async fn join_annotated_by_creator(&mut self, c: Beside<'_>) -> Result<()> {
+        let Beside { sim, op, .. } = c;
         let mark = sim.clients().await?.mutating.len();
         let (k, t_k) = self
             .join_and_time_as(NodeVariant {

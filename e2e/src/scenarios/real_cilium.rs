@@ -38,6 +38,27 @@ impl Suite {
         .await
     }
 
+    /// Cilium's operator `v` started on `sim`'s world, `steps` run beside it, then
+    /// [`Suite::stop_cilium`]. The steps get the operator and the count of mutating calls
+    /// ec2-sim had seen before it started.
+    pub(super) async fn beside_cilium(
+        &mut self,
+        sim: &SimControl,
+        v: Version,
+        steps: impl AsyncFnOnce(&mut Self, Beside<'_>) -> Result<()>,
+    ) -> Result<()> {
+        let seen = sim.clients().await?.mutating.len();
+        let op = std::sync::Mutex::new(Some(self.start_cilium(v).await?));
+        let beside = Beside {
+            sim,
+            v,
+            op: &op,
+            seen,
+        };
+        let body = steps(self, beside).await;
+        self.stop_cilium(op, body).await
+    }
+
     /// After a scenario's steps: stop the operator they left running (if any) and remove its
     /// Lease, so the next scenario starts without Cilium; the steps' error comes first.
     pub(super) async fn stop_cilium(
@@ -54,12 +75,30 @@ impl Suite {
     }
 }
 
+/// What steps run beside Cilium's operator get ([`Suite::beside_cilium`]).
+#[derive(Clone, Copy)]
+pub(super) struct Beside<'a> {
+    pub sim: &'a SimControl,
+    pub v: Version,
+    /// The running operator (`None` once the steps stopped it).
+    pub op: &'a std::sync::Mutex<Option<CiliumOperator>>,
+    /// Mutating calls ec2-sim had seen before it started.
+    pub seen: usize,
+}
+
 /// The versions whose binaries are given, 1.20 first.
 pub fn versions() -> Vec<Version> {
     [Version::V120, Version::V116]
         .into_iter()
         .filter(|v| v.binary().is_some())
         .collect()
+}
+
+/// ec2-sim's record, its mutating calls from the `seen`-th on (those before are another step's).
+pub(super) async fn record_since(sim: &SimControl, seen: usize) -> Result<Record> {
+    let mut record = sim.clients().await?;
+    record.mutating.drain(..seen.min(record.mutating.len()));
+    Ok(record)
 }
 
 /// Mutating calls by anyone but `client` on `instances`.
@@ -240,8 +279,7 @@ impl Suite {
                 "     cilium-operator {v}: 14 pods (a second ENI) served {:.1}s after the demand",
                 grew.as_secs_f64()
             );
-            let mut record = sim.clients().await?;
-            record.mutating.drain(..seen.min(record.mutating.len()));
+            let record = record_since(sim, seen).await?;
             let others = mutating_by_others(&record, cilium_op::ACCESS_KEY, &instances);
             ensure!(
                 others.is_empty(),

@@ -54,12 +54,7 @@ impl Suite {
 
         // The kubelet registers the Node again (a new object, a new UID) and the agent
         // creates its CiliumNode, retrying while the old one is still there.
-        let node = checks::node_object(&name, &inst, &self.world.run_id);
-        let node = self
-            .k8s_nodes()
-            .create(&PostParams::default(), &node)
-            .await
-            .context("registering the Node again")?;
+        let node = self.register_node(&name, &inst).await?;
         let back = Instant::now();
         let fresh = checks::cilium_node_object(&node, &inst, &self.world, &NodeVariant::default());
         loop {

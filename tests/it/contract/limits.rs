@@ -4,7 +4,7 @@ use std::net::Ipv4Addr;
 
 use eni_operator::ec2::{AddressRequest, Ec2, ErrorKind, Resource};
 
-use super::{all_ips, create_request, eni, expect_err, net, subnet};
+use super::{all_ips, create_request, eni, expect_err, net, new_eni, subnet};
 use testkit::world::World;
 
 /// AWS's limits and capacity rules, which moto does not enforce.
@@ -26,20 +26,14 @@ async fn eni_and_address_limits<E: Ec2>(ec2: &E, world: &World) {
     let node = &world.instances[1];
     let mut enis = Vec::new();
     for device in 1..=2 {
-        let e = ec2
-            .create_network_interface(&create_request(world, 2, AddressRequest::Ips(0), ""))
-            .await
-            .unwrap();
+        let e = new_eni(ec2, world, 2, AddressRequest::Ips(0)).await;
         assert_eq!(e.availability_zone, world.zone_b);
         ec2.attach_network_interface(&e.id, &node.id, device)
             .await
             .unwrap();
         enis.push(e.id);
     }
-    let extra = ec2
-        .create_network_interface(&create_request(world, 2, AddressRequest::Ips(0), ""))
-        .await
-        .unwrap();
+    let extra = new_eni(ec2, world, 2, AddressRequest::Ips(0)).await;
     let r = ec2.attach_network_interface(&extra.id, &node.id, 3).await;
     let e = expect_err(
         r,
@@ -87,10 +81,7 @@ async fn eni_and_address_limits<E: Ec2>(ec2: &E, world: &World) {
 /// <https://docs.aws.amazon.com/AWSEC2/latest/APIReference/API_DeleteNetworkInterface.html>
 async fn attachment_rules<E: Ec2>(ec2: &E, world: &World) {
     let node = &world.instances[0];
-    let e = ec2
-        .create_network_interface(&create_request(world, 0, AddressRequest::Ips(1), ""))
-        .await
-        .unwrap();
+    let e = new_eni(ec2, world, 0, AddressRequest::Ips(1)).await;
     let r = ec2.attach_network_interface(&e.id, &node.id, 0).await;
     let err = expect_err(
         r,
@@ -117,10 +108,7 @@ async fn attachment_rules<E: Ec2>(ec2: &E, world: &World) {
     assert_eq!(err.code, "OperationNotPermitted");
 
     // An ENI lives in its subnet's zone: zone b cannot go on a zone a instance.
-    let zone_b = ec2
-        .create_network_interface(&create_request(world, 2, AddressRequest::Ips(0), ""))
-        .await
-        .unwrap();
+    let zone_b = new_eni(ec2, world, 2, AddressRequest::Ips(0)).await;
     let r = ec2.attach_network_interface(&zone_b.id, &node.id, 2).await;
     expect_err(r, ErrorKind::Other, "attach across zones");
 
@@ -147,10 +135,7 @@ async fn attachment_rules<E: Ec2>(ec2: &E, world: &World) {
 async fn subnet_exhaustion<E: Ec2>(ec2: &E, world: &World) {
     let tiny = &world.subnets[3];
     let cidr = net(&tiny.cidr);
-    let full = ec2
-        .create_network_interface(&create_request(world, 3, AddressRequest::Ips(10), ""))
-        .await
-        .unwrap();
+    let full = new_eni(ec2, world, 3, AddressRequest::Ips(10)).await;
     let ips = all_ips(&full);
     assert_eq!(ips.len(), 11);
     let reserved: Vec<Ipv4Addr> = [0u32, 1, 2, 3, 15]
@@ -204,15 +189,7 @@ async fn prefix_fragmentation<E: Ec2>(ec2: &E, world: &World) {
         if free == 0 {
             break;
         }
-        let e = ec2
-            .create_network_interface(&create_request(
-                world,
-                0,
-                AddressRequest::Ips(free.min(25) - 1),
-                "",
-            ))
-            .await
-            .unwrap();
+        let e = new_eni(ec2, world, 0, AddressRequest::Ips(free.min(25) - 1)).await;
         enis.push(e);
         assert!(enis.len() <= 20, "the subnet never fills");
     }

@@ -15,10 +15,11 @@ use std::time::Duration;
 use eni_operator::ec2::{
     AddressRequest, CreateEniRequest, Ec2, Ec2Error, EniFilter, EniState, ErrorKind,
     InstanceFilter, InstanceState, NetworkInterface, Resource, ResourceFilter, Result, Subnet,
-    Tags, collect_pages,
+    Tags,
 };
 use ipnet::Ipv4Net;
 
+use testkit::every_page;
 use testkit::world::World;
 
 mod addresses;
@@ -68,16 +69,26 @@ fn create_request(
     }
 }
 
+/// An ENI of ours created in `world.subnets[subnet]` (no client token).
+async fn new_eni<E: Ec2>(
+    ec2: &E,
+    world: &World,
+    subnet: usize,
+    addresses: AddressRequest,
+) -> NetworkInterface {
+    let request = create_request(world, subnet, addresses, "");
+    ec2.create_network_interface(&request).await.unwrap()
+}
+
 async fn eni<E: Ec2>(ec2: &E, id: &str) -> NetworkInterface {
     let filter = EniFilter {
         ids: vec![id.to_owned()],
         ..EniFilter::default()
     };
-    let mut found = collect_pages(|t| ec2.describe_network_interfaces(&filter, t))
-        .await
-        .expect("describe the ENI");
-    assert_eq!(found.len(), 1, "{id}");
-    found.remove(0)
+    the_one(
+        id,
+        every_page(|t| ec2.describe_network_interfaces(&filter, t)).await,
+    )
 }
 
 async fn subnet<E: Ec2>(ec2: &E, id: &str) -> Subnet {
@@ -85,9 +96,11 @@ async fn subnet<E: Ec2>(ec2: &E, id: &str) -> Subnet {
         ids: vec![id.to_owned()],
         ..ResourceFilter::default()
     };
-    let mut found = collect_pages(|t| ec2.describe_subnets(&filter, t))
-        .await
-        .expect("describe the subnet");
+    the_one(id, every_page(|t| ec2.describe_subnets(&filter, t)).await)
+}
+
+/// The one thing a describe by `id` found.
+fn the_one<T>(id: &str, mut found: Vec<T>) -> T {
     assert_eq!(found.len(), 1, "{id}");
     found.remove(0)
 }
@@ -117,9 +130,7 @@ pub async fn describes<E: Ec2>(ec2: &E, world: &World) {
         ..ResourceFilter::default()
     };
 
-    let vpcs = collect_pages(|t| ec2.describe_vpcs(&in_vpc, t))
-        .await
-        .unwrap();
+    let vpcs = every_page(|t| ec2.describe_vpcs(&in_vpc, t)).await;
     assert_eq!(vpcs.len(), 1);
     assert_eq!(vpcs[0].id, world.vpc_id);
     assert_eq!(vpcs[0].primary_cidr, net(&world.vpc_cidr));
@@ -130,9 +141,7 @@ pub async fn describes<E: Ec2>(ec2: &E, world: &World) {
         "{vpcs:?}"
     );
 
-    let subnets = collect_pages(|t| ec2.describe_subnets(&in_vpc, t))
-        .await
-        .unwrap();
+    let subnets = every_page(|t| ec2.describe_subnets(&in_vpc, t)).await;
     for seeded in &world.subnets {
         let s = subnets
             .iter()
@@ -163,15 +172,11 @@ pub async fn describes<E: Ec2>(ec2: &E, world: &World) {
         tags: tags(&[POD_TAG]),
         ..in_vpc.clone()
     };
-    let pod_subnets = collect_pages(|t| ec2.describe_subnets(&tagged, t))
-        .await
-        .unwrap();
+    let pod_subnets = every_page(|t| ec2.describe_subnets(&tagged, t)).await;
     let ids: Vec<_> = pod_subnets.iter().map(|s| s.id.as_str()).collect();
     assert_eq!(ids, [world.subnets[1].id.as_str()]);
 
-    let groups = collect_pages(|t| ec2.describe_security_groups(&in_vpc, t))
-        .await
-        .unwrap();
+    let groups = every_page(|t| ec2.describe_security_groups(&in_vpc, t)).await;
     for g in &world.security_groups {
         assert!(
             groups
@@ -180,15 +185,11 @@ pub async fn describes<E: Ec2>(ec2: &E, world: &World) {
             "{g}"
         );
     }
-    let pod_groups = collect_pages(|t| ec2.describe_security_groups(&tagged, t))
-        .await
-        .unwrap();
+    let pod_groups = every_page(|t| ec2.describe_security_groups(&tagged, t)).await;
     let ids: Vec<_> = pod_groups.iter().map(|g| g.id.as_str()).collect();
     assert_eq!(ids, [world.security_groups[0].as_str()]);
 
-    let tables = collect_pages(|t| ec2.describe_route_tables(&in_vpc, t))
-        .await
-        .unwrap();
+    let tables = every_page(|t| ec2.describe_route_tables(&in_vpc, t)).await;
     assert!(
         tables.iter().any(|r| r.main && r.vpc_id == world.vpc_id),
         "every VPC has a main route table: {tables:?}"
@@ -199,9 +200,7 @@ pub async fn describes<E: Ec2>(ec2: &E, world: &World) {
         ids: instance_ids.clone(),
         ..InstanceFilter::default()
     };
-    let instances = collect_pages(|t| ec2.describe_instances(&by_id, t))
-        .await
-        .unwrap();
+    let instances = every_page(|t| ec2.describe_instances(&by_id, t)).await;
     assert_eq!(instances.len(), world.instances.len());
     for seeded in &world.instances {
         let i = instances.iter().find(|i| i.id == seeded.id).unwrap();
@@ -215,9 +214,7 @@ pub async fn describes<E: Ec2>(ec2: &E, world: &World) {
         vpc_id: Some(world.vpc_id.clone()),
         ..InstanceFilter::default()
     };
-    let in_vpc_instances = collect_pages(|t| ec2.describe_instances(&by_vpc, t))
-        .await
-        .unwrap();
+    let in_vpc_instances = every_page(|t| ec2.describe_instances(&by_vpc, t)).await;
     assert!(
         instance_ids
             .iter()
@@ -225,9 +222,7 @@ pub async fn describes<E: Ec2>(ec2: &E, world: &World) {
     );
 
     let types = ["m5.large".to_owned(), "t3.medium".to_owned()];
-    let limits = collect_pages(|t| ec2.describe_instance_types(&types, t))
-        .await
-        .unwrap();
+    let limits = every_page(|t| ec2.describe_instance_types(&types, t)).await;
     let m5 = limits
         .iter()
         .find(|l| l.instance_type == "m5.large")
@@ -239,9 +234,7 @@ pub async fn describes<E: Ec2>(ec2: &E, world: &World) {
     assert_eq!((m5.max_enis, m5.ipv4_per_eni, m5.nitro), (3, 10, true));
     assert_eq!((t3.max_enis, t3.ipv4_per_eni, t3.nitro), (3, 6, true));
     assert!(m5.supports_prefix_delegation());
-    let every_type = collect_pages(|t| ec2.describe_instance_types(&[], t))
-        .await
-        .unwrap();
+    let every_type = every_page(|t| ec2.describe_instance_types(&[], t)).await;
     assert!(every_type.iter().any(|l| l.instance_type == "m5.large"));
 
     // Each instance's primary ENI, found by `attachment.instance-id`.
@@ -250,9 +243,7 @@ pub async fn describes<E: Ec2>(ec2: &E, world: &World) {
             instance_ids: vec![seeded.id.clone()],
             ..EniFilter::default()
         };
-        let enis = collect_pages(|t| ec2.describe_network_interfaces(&filter, t))
-            .await
-            .unwrap();
+        let enis = every_page(|t| ec2.describe_network_interfaces(&filter, t)).await;
         assert_eq!(enis.len(), 1, "{}: {enis:?}", seeded.id);
         let p = &enis[0];
         assert_eq!(p.id, seeded.primary_eni_id);
@@ -312,9 +303,7 @@ pub async fn create_attach_assign_unassign_detach_delete<E: Ec2>(ec2: &E, world:
         state: Some(EniState::Available),
         ..EniFilter::default()
     };
-    let found = collect_pages(|t| ec2.describe_network_interfaces(&filter, t))
-        .await
-        .unwrap();
+    let found = every_page(|t| ec2.describe_network_interfaces(&filter, t)).await;
     assert_eq!(
         found.iter().map(|e| &e.id).collect::<Vec<_>>(),
         [&created.id]
@@ -324,9 +313,7 @@ pub async fn create_attach_assign_unassign_detach_delete<E: Ec2>(ec2: &E, world:
         tags: tags(&[OWNER_TAG]),
         ..EniFilter::default()
     };
-    let found = collect_pages(|t| ec2.describe_network_interfaces(&elsewhere, t))
-        .await
-        .unwrap();
+    let found = every_page(|t| ec2.describe_network_interfaces(&elsewhere, t)).await;
     assert!(found.is_empty(), "{found:?}");
 
     let attachment = ec2
@@ -343,9 +330,7 @@ pub async fn create_attach_assign_unassign_detach_delete<E: Ec2>(ec2: &E, world:
         instance_ids: vec![node.id.clone()],
         ..EniFilter::default()
     };
-    let node_enis = collect_pages(|t| ec2.describe_network_interfaces(&on_node, t))
-        .await
-        .unwrap();
+    let node_enis = every_page(|t| ec2.describe_network_interfaces(&on_node, t)).await;
     let ids: BTreeSet<_> = node_enis.iter().map(|e| e.id.as_str()).collect();
     assert_eq!(
         ids,
@@ -521,10 +506,7 @@ pub async fn not_found_errors<E: Ec2>(ec2: &E, world: &World) {
     let node = &world.instances[0];
     let r = ec2.attach_network_interface(ENI, &node.id, 1).await;
     expect_err(r, eni_nf, "attach unknown ENI");
-    let real = ec2
-        .create_network_interface(&create_request(world, 0, AddressRequest::Ips(0), ""))
-        .await
-        .unwrap();
+    let real = new_eni(ec2, world, 0, AddressRequest::Ips(0)).await;
     let r = ec2.attach_network_interface(&real.id, INSTANCE, 1).await;
     expect_err(
         r,
@@ -574,9 +556,7 @@ pub async fn idempotent_create<E: Ec2>(ec2: &E, world: &World) {
         tags: tags(&[OWNER_TAG]),
         ..EniFilter::default()
     };
-    let owned = collect_pages(|t| ec2.describe_network_interfaces(&filter, t))
-        .await
-        .unwrap();
+    let owned = every_page(|t| ec2.describe_network_interfaces(&filter, t)).await;
     assert_eq!(owned.len(), 1, "{owned:?}");
     // The free count moved once (primary + 2), not twice.
     let s = subnet(ec2, &world.subnets[1].id).await;
@@ -589,10 +569,7 @@ pub async fn idempotent_create<E: Ec2>(ec2: &E, world: &World) {
 pub async fn pagination<E: Ec2>(ec2: &E, world: &World) {
     let mut created = BTreeSet::new();
     for _ in 0..5 {
-        let e = ec2
-            .create_network_interface(&create_request(world, 1, AddressRequest::Ips(0), ""))
-            .await
-            .unwrap();
+        let e = new_eni(ec2, world, 1, AddressRequest::Ips(0)).await;
         created.insert(e.id);
     }
     let filter = EniFilter {
@@ -624,9 +601,7 @@ pub async fn pagination<E: Ec2>(ec2: &E, world: &World) {
         vpc_id: Some(world.vpc_id.clone()),
         ..ResourceFilter::default()
     };
-    let subnets = collect_pages(|t| ec2.describe_subnets(&in_vpc, t))
-        .await
-        .unwrap();
+    let subnets = every_page(|t| ec2.describe_subnets(&in_vpc, t)).await;
     assert_eq!(subnets.len(), world.subnets.len());
 
     if world.enforces_aws_rules {

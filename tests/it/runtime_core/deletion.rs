@@ -15,7 +15,7 @@ use eni_operator::reconcile::gc::EniGc;
 use ipnet::Ipv4Net;
 use kube::api::DynamicObject;
 use kube::runtime::watcher::Event;
-use testkit::cluster::{Cluster, agent_node};
+use testkit::cluster::{Cluster, Network, agent_node, network};
 use testkit::running;
 use testkit::sim::Simulator;
 use testkit::sink::MemorySink;
@@ -26,6 +26,19 @@ use super::support::{
     start, started,
 };
 
+/// An ENI without our tags in the cluster's subnet, as another tool creates one.
+async fn untagged_eni(w: &Cluster, description: &str) -> NetworkInterface {
+    let request = CreateEniRequest {
+        subnet_id: w.subnet.clone(),
+        security_groups: vec![w.sg.clone()],
+        description: description.into(),
+        tags: Tags::new(),
+        addresses: AddressRequest::Ips(0),
+        client_token: String::new(),
+    };
+    w.sim.create_network_interface(&request).await.unwrap()
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_crash_between_create_and_attach_leaves_an_eni_that_gc_removes() {
     let w = Cluster::new();
@@ -35,18 +48,7 @@ async fn a_crash_between_create_and_attach_leaves_an_eni_that_gc_removes() {
     // The operator dies while the attach is in flight.
     let leaked = crash_between_create_and_attach(&w, &sink, &n).await.id;
     // An untagged ENI in the same state must survive.
-    let foreign = w
-        .sim
-        .create_network_interface(&CreateEniRequest {
-            subnet_id: w.subnet.clone(),
-            security_groups: vec![w.sg.clone()],
-            description: "someone else's".into(),
-            tags: Tags::new(),
-            addresses: AddressRequest::Ips(0),
-            client_token: String::new(),
-        })
-        .await
-        .unwrap();
+    let foreign = untagged_eni(&w, "someone else's").await;
 
     let mut gc = EniGc::new(CLUSTER, 25).with_vpcs([w.vpc.clone()]);
     let first = gc.run_once(&w.sim, &[]).await.unwrap();
@@ -70,18 +72,7 @@ async fn the_finalizer_deletes_only_our_enis_and_only_when_the_node_is_gone() {
     let gone = w.instance();
     let kept = w.instance();
     // Someone else's ENI on the instance whose node goes away: never ours to delete.
-    let foreign = w
-        .sim
-        .create_network_interface(&CreateEniRequest {
-            subnet_id: w.subnet.clone(),
-            security_groups: vec![w.sg.clone()],
-            description: "vendor".into(),
-            tags: Tags::new(),
-            addresses: AddressRequest::Ips(0),
-            client_token: String::new(),
-        })
-        .await
-        .unwrap();
+    let foreign = untagged_eni(&w, "vendor").await;
     for (name, inst) in [("gone", &gone), ("kept", &kept)] {
         running::add(&sink, &tx, &agent_node(&w, name, &inst.id, 8)).await;
     }
@@ -338,14 +329,11 @@ async fn a_deleted_node_of_a_running_instance_keeps_its_enis_until_the_grace_per
 #[tokio::test(start_paused = true)]
 async fn two_clusters_with_the_default_name_never_collect_each_others_enis() {
     let a = Cluster::new();
-    let vpc_b = a.sim.add_vpc("10.1.0.0/16".parse().unwrap(), &[]);
-    let subnet_b = a.sim.add_subnet(
-        &vpc_b,
-        "zone-a",
-        "10.1.0.0/18".parse().unwrap(),
-        Tags::new(),
-    );
-    let sg_b = a.sim.add_security_group(&vpc_b, Tags::new());
+    let Network {
+        subnet: subnet_b,
+        sg: sg_b,
+        ..
+    } = network(&a.sim, "10.1.0.0/16", "zone-a", "10.1.0.0/18");
     let leftover = |subnet: &str, sg: &str, instance: &str| CreateEniRequest {
         subnet_id: subnet.into(),
         security_groups: vec![sg.into()],

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use eni_operator::ec2::{Operation, Tags};
 use eni_operator::event_loop::core::NodeInput;
-use testkit::cluster::{Cluster, agent_node};
+use testkit::cluster::{Cluster, agent_node, network};
 use testkit::sim::Simulator;
 use testkit::sink::MemorySink;
 use testkit::{served, wait_until};
@@ -121,12 +121,7 @@ async fn a_subnet_filter_never_hides_a_nodes_primary_eni() {
     // subnet). The primary ENI must still be published (C5) from the first pass on, and after
     // every full refresh; new ENIs go only to the pod subnet.
     let w = Cluster::new();
-    let pod_subnet = w.sim.add_subnet(
-        &w.vpc,
-        "zone-a",
-        "10.0.64.0/18".parse().unwrap(),
-        Tags::new(),
-    );
+    let pod_subnet = w.add_subnet("10.0.64.0/18");
     let sink = Arc::new(MemorySink::new());
     let mut cfg = config(4);
     cfg.scope.subnet_ids = vec![pod_subnet.clone()];
@@ -163,17 +158,10 @@ async fn the_ec2_cache_holds_only_the_managed_nodes_vpc_and_forgets_the_rest() {
     // #41392 lists the whole Region), and an instance that is neither managed nor listed any
     // more is forgotten.
     let w = Cluster::new();
-    let other_vpc = w.sim.add_vpc("10.1.0.0/16".parse().unwrap(), &[]);
-    let other_subnet = w.sim.add_subnet(
-        &other_vpc,
-        "zone-a",
-        "10.1.0.0/18".parse().unwrap(),
-        Tags::new(),
-    );
-    let other_sg = w.sim.add_security_group(&other_vpc, Tags::new());
+    let other = network(&w.sim, "10.1.0.0/16", "zone-a", "10.1.0.0/18");
     let elsewhere = w
         .sim
-        .run_instance("m5.large", &other_subnet, std::slice::from_ref(&other_sg));
+        .run_instance("m5.large", &other.subnet, std::slice::from_ref(&other.sg));
     let bystander = w.instance();
     let inst = w.instance();
     let sink = Arc::new(MemorySink::new());
@@ -194,7 +182,7 @@ async fn the_ec2_cache_holds_only_the_managed_nodes_vpc_and_forgets_the_rest() {
         "a terminated instance no node names is forgotten"
     );
     assert!(
-        !cache.subnets.contains_key(&other_subnet),
+        !cache.subnets.contains_key(&other.subnet),
         "subnets scoped to the VPC"
     );
 }

@@ -8,7 +8,7 @@ use eni_operator::event_loop::core::NodeInput;
 use eni_operator::k8s::source::{parse_node, to_input};
 use testkit::cluster::{Cluster, agent_node};
 use testkit::sink::MemorySink;
-use testkit::{served, wait_until};
+use testkit::{all_served, served, wait_until};
 
 use super::support::{config, join, operator_error, start_with_cache, started};
 
@@ -35,13 +35,7 @@ async fn a_node_with_a_bad_spec_gets_an_error_and_the_rest_proceed() {
         tx.send(NodeInput::Upsert(Box::new(n))).await.unwrap();
         good.push(name);
     }
-    assert!(
-        wait_until(
-            || good.iter().all(|n| served(&sink, n, 12)),
-            Duration::from_secs(120)
-        )
-        .await
-    );
+    assert!(all_served(&sink, &good, 12, Duration::from_secs(120)).await);
     let bad_error = operator_error(&sink, "bad").expect("bad node has an error");
     assert!(bad_error.contains("InvalidSpec"), "{bad_error}");
     assert!(

@@ -11,7 +11,7 @@ use eni_operator::reconcile::metrics::RuntimeMetrics;
 use testkit::cluster::{Cluster, agent_node};
 use testkit::lease::{MemoryLease, MemoryLeaseClient};
 use testkit::sink::MemorySink;
-use testkit::{served, wait_until};
+use testkit::{all_served, wait_until};
 use tokio::sync::mpsc;
 
 use super::support::config;
@@ -87,13 +87,7 @@ async fn two_cores_racing_for_one_lease_never_both_mutate() {
         }
         names.push(name);
     }
-    assert!(
-        wait_until(
-            || names.iter().all(|n| served(&sink, n, 8)),
-            Duration::from_secs(60)
-        )
-        .await
-    );
+    assert!(all_served(&sink, &names, 8, Duration::from_secs(60)).await);
     assert_eq!(lease.holder().as_deref(), Some("a"));
 
     // "a" loses the API server; demand grows meanwhile, watched by both. "a" may still act
@@ -125,13 +119,7 @@ async fn two_cores_racing_for_one_lease_never_both_mutate() {
         .await
     );
     grow(16).await;
-    assert!(
-        wait_until(
-            || names.iter().all(|n| served(&sink, n, 16)),
-            Duration::from_secs(180)
-        )
-        .await
-    );
+    assert!(all_served(&sink, &names, 16, Duration::from_secs(180)).await);
     let a_result = tokio::time::timeout(Duration::from_secs(1), &mut tasks[0]).await;
     assert!(
         matches!(a_result, Ok(Ok(Err(LeadershipLost)))),

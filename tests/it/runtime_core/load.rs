@@ -12,7 +12,7 @@ use testkit::cluster::Cluster;
 use testkit::prune::StructuralSchema;
 use testkit::sim::Simulator;
 use testkit::sink::MemorySink;
-use testkit::{served, wait_until};
+use testkit::{all_served, served};
 
 use super::support::{
     config, join, join_many, operator_error, our_available_enis, start, started_gated,
@@ -29,11 +29,7 @@ async fn a_burst_of_nodes_all_reach_their_demand() {
     let (core, tx, _task) = start(gate, &sink, config(50));
     let names = join_many(&w, &sink, &tx, NODES, WANT).await;
     let started = tokio::time::Instant::now();
-    let all = wait_until(
-        || names.iter().all(|n| served(&sink, n, WANT as usize)),
-        Duration::from_secs(600),
-    )
-    .await;
+    let all = all_served(&sink, &names, WANT as usize, Duration::from_secs(600)).await;
     let took = started.elapsed();
     for n in &names {
         assert!(
@@ -129,11 +125,7 @@ async fn steady_state_writes_nothing_under_ciliums_crd_or_ours() {
         let resync = cfg.resync_interval;
         let (_core, tx, task) = start(gate, &sink, cfg);
         let names = join_many(&w, &sink, &tx, NODES, WANT).await;
-        let all = wait_until(
-            || names.iter().all(|n| served(&sink, n, WANT as usize)),
-            Duration::from_secs(600),
-        )
-        .await;
+        let all = all_served(&sink, &names, WANT as usize, Duration::from_secs(600)).await;
         assert!(all, "{crd} CRD: nodes not served");
         // In-flight passes (confirmations of the new ENIs) finish first.
         tokio::time::sleep(Duration::from_secs(30)).await;
@@ -176,11 +168,7 @@ async fn twenty_nodes_under_a_tenth_of_the_aws_rates_all_get_their_enis() {
     }
     let (sink, (_core, tx, _task)) = started_gated(&w, config(20));
     let names = join_many(&w, &sink, &tx, NODES, 8).await;
-    let all = wait_until(
-        || names.iter().all(|n| served(&sink, n, 8)),
-        Duration::from_secs(600),
-    )
-    .await;
+    let all = all_served(&sink, &names, 8, Duration::from_secs(600)).await;
     let stuck: Vec<_> = names
         .iter()
         .filter(|n| !served(&sink, n, 8))
@@ -222,13 +210,7 @@ async fn a_burst_gives_every_node_its_first_eni_before_any_node_its_second() {
         instances.push(join(&w, &sink, &tx, &format!("node-{i}"), WANT).await.id);
     }
     let names: Vec<String> = (0..NODES).map(|i| format!("node-{i}")).collect();
-    assert!(
-        wait_until(
-            || names.iter().all(|n| served(&sink, n, WANT as usize)),
-            Duration::from_secs(300)
-        )
-        .await
-    );
+    assert!(all_served(&sink, &names, WANT as usize, Duration::from_secs(300)).await);
     // ENI IDs are handed out in creation order.
     let mut enis: Vec<_> = w
         .sim

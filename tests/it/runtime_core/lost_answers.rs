@@ -4,14 +4,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use eni_operator::ec2::gate::{Gate, GateConfig};
-use eni_operator::ec2::{AddressRequest, Ec2, EniFilter, Operation, collect_pages};
+use eni_operator::ec2::{AddressRequest, Ec2, EniFilter, Operation};
 use eni_operator::event_loop::core::NodeInput;
 use eni_operator::ipam::{Action, Release};
 use eni_operator::reconcile::executor::Executor;
 use testkit::cluster::{Cluster, agent_node};
-use testkit::{served, wait_until};
+use testkit::{every_page, served, wait_until};
 
-use super::support::{CLUSTER, config, join, operator_error, our_attached, started_gated};
+use super::support::{CLUSTER, assert_served, config, join, our_attached, started_gated};
 use crate::support::{cache_with, cached_ips};
 
 #[tokio::test(start_paused = true)]
@@ -36,11 +36,7 @@ async fn a_lost_answer_to_an_assign_does_not_double_the_addresses() {
         .update("n", |n| n.spec.ipam.min_allocate = want as i64)
         .unwrap();
     tx.send(NodeInput::Upsert(Box::new(n))).await.unwrap();
-    assert!(
-        wait_until(|| served(&sink, "n", want), Duration::from_secs(120)).await,
-        "served: {:?}",
-        operator_error(&sink, "n")
-    );
+    assert_served(&sink, "n", want, Duration::from_secs(120)).await;
     tokio::time::sleep(Duration::from_secs(5)).await;
     let enis = our_attached(&w.sim, &inst.id).await;
     let in_ec2: usize = enis.iter().map(|e| e.secondary_ips.len()).sum();
@@ -69,9 +65,7 @@ async fn an_unassign_that_took_effect_counts_released_when_its_retry_meets_a_5xx
         .await
         .unwrap();
     let f = EniFilter::default();
-    let enis = collect_pages(|t| w.sim.describe_network_interfaces(&f, t))
-        .await
-        .unwrap();
+    let enis = every_page(|t| w.sim.describe_network_interfaces(&f, t)).await;
     let cache = cache_with(CLUSTER, &inst.id, enis);
     let gate = Gate::new(w.sim.clone(), GateConfig::aws_defaults());
     let executor = Executor::new(Arc::new(gate), cache.clone());
@@ -122,11 +116,7 @@ async fn a_lost_answer_to_an_attach_is_found_attached() {
         .inject_lost_answer(Operation::AttachNetworkInterface, 1);
     let (sink, (_core, tx, _task)) = started_gated(&w, config(4));
     let inst = join(&w, &sink, &tx, "n", 8).await;
-    assert!(
-        wait_until(|| served(&sink, "n", 8), Duration::from_secs(60)).await,
-        "served: {:?}",
-        operator_error(&sink, "n")
-    );
+    assert_served(&sink, "n", 8, Duration::from_secs(60)).await;
     let stats = w.sim.stats();
     assert_eq!(
         stats.get(Operation::AttachNetworkInterface).calls,

@@ -75,19 +75,13 @@ async fn multi_pool_served() -> MultiPoolServed {
 
 #[tokio::test(start_paused = true)]
 async fn a_cidr_the_agent_takes_back_before_the_unassign_is_not_released() {
-    let MultiPoolServed {
-        w,
-        sink,
-        tx,
-        inst,
-        all,
-        _running,
-    } = multi_pool_served().await;
+    let mp = multi_pool_served().await;
+    let (w, sink, tx, inst, all) = (&mp.w, &mp.sink, &mp.tx, &mp.inst, &mp.all);
 
     // The agent holds every CIDR, then its demand drops: 8 in excess.
     let n = sink
         .update("mp", |n| {
-            set_allocated(n, &all);
+            set_allocated(n, all);
             set_requested(n, 8);
         })
         .unwrap();
@@ -102,7 +96,7 @@ async fn a_cidr_the_agent_takes_back_before_the_unassign_is_not_released() {
     tokio::time::sleep(Duration::from_secs(2)).await;
     // ... and re-adopts it as demand grows again (Cilium #46674), before the release delay is
     // up; the operator's copy still lacks it (a lagging watch, a throttled pass).
-    sink.update("mp", |n| set_allocated(n, &all)).unwrap();
+    sink.update("mp", |n| set_allocated(n, all)).unwrap();
     tokio::time::sleep(Duration::from_secs(60)).await;
     assert!(
         agent_cidrs(&w.sim, &inst.id).await.contains(&taken_back),
@@ -146,17 +140,11 @@ fn status_cidrs(sink: &MemorySink, name: &str) -> BTreeSet<String> {
 
 #[tokio::test(start_paused = true)]
 async fn a_dropped_cidr_leaves_the_status_before_its_unassign_even_when_writes_fail() {
-    let MultiPoolServed {
-        w,
-        sink,
-        tx,
-        inst,
-        all,
-        _running,
-    } = multi_pool_served().await;
+    let mp = multi_pool_served().await;
+    let (w, sink, tx, inst, all) = (&mp.w, &mp.sink, &mp.tx, &mp.inst, &mp.all);
     assert!(
         wait_until(
-            || status_cidrs(&sink, "mp").len() == all.len(),
+            || status_cidrs(sink, "mp").len() == all.len(),
             Duration::from_secs(30)
         )
         .await,
@@ -164,7 +152,7 @@ async fn a_dropped_cidr_leaves_the_status_before_its_unassign_even_when_writes_f
     );
     // The agent holds every CIDR; then its demand drops and it gives up one; the API server
     // fails the operator's next writes (a 5xx before commit: nothing written).
-    let n = sink.update("mp", |n| set_allocated(n, &all)).unwrap();
+    let n = sink.update("mp", |n| set_allocated(n, all)).unwrap();
     tx.send(NodeInput::Upsert(Box::new(n))).await.unwrap();
     tokio::time::sleep(Duration::from_secs(2)).await;
     let dropped = all.last().unwrap().clone();
@@ -184,7 +172,7 @@ async fn a_dropped_cidr_leaves_the_status_before_its_unassign_even_when_writes_f
     let mut released_at = None;
     for step in 0..480 {
         let on_ec2 = agent_cidrs(&w.sim, &inst.id).await;
-        let listed = status_cidrs(&sink, "mp");
+        let listed = status_cidrs(sink, "mp");
         let unassigned: Vec<&String> = listed.iter().filter(|c| !on_ec2.contains(c)).collect();
         assert!(
             unassigned.is_empty(),
@@ -198,7 +186,7 @@ async fn a_dropped_cidr_leaves_the_status_before_its_unassign_even_when_writes_f
     assert!(
         released_at.is_some(),
         "{dropped} was never released; status {:?}; events {:?}",
-        status_cidrs(&sink, "mp"),
+        status_cidrs(sink, "mp"),
         sink.events("mp")
     );
     assert_eq!(

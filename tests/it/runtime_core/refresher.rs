@@ -7,6 +7,7 @@ use std::time::Duration;
 use eni_operator::cache::Ec2Cache;
 use eni_operator::cache::refresher::{Refresher, Scope};
 use eni_operator::ec2::Tags;
+use testkit::cluster::network;
 use testkit::sim::Simulator;
 
 #[tokio::test(start_paused = true)]
@@ -17,15 +18,8 @@ async fn without_a_vpc_id_the_filtered_subnets_name_the_vpc_to_list() {
     let pods = sim.add_subnet(&vpc, "zone-a", "10.0.64.0/18".parse().unwrap(), Tags::new());
     let sg = sim.add_security_group(&vpc, Tags::new());
     let ours = sim.run_instance("m5.large", &nodes, std::slice::from_ref(&sg));
-    let other_vpc = sim.add_vpc("10.1.0.0/16".parse().unwrap(), &[]);
-    let far = sim.add_subnet(
-        &other_vpc,
-        "zone-a",
-        "10.1.0.0/18".parse().unwrap(),
-        Tags::new(),
-    );
-    let far_sg = sim.add_security_group(&other_vpc, Tags::new());
-    let elsewhere = sim.run_instance("m5.large", &far, std::slice::from_ref(&far_sg));
+    let far = network(&sim, "10.1.0.0/16", "zone-a", "10.1.0.0/18");
+    let elsewhere = sim.run_instance("m5.large", &far.subnet, std::slice::from_ref(&far.sg));
     let cache = Arc::new(RwLock::new(Ec2Cache::new()));
     let scope = Scope {
         subnet_ids: vec![pods.clone()],

@@ -7,16 +7,14 @@ use std::time::Duration;
 use eni_operator::cache::Ec2Cache;
 use eni_operator::crd::CiliumNode;
 use eni_operator::ec2::gate::{Gate, GateConfig};
-use eni_operator::ec2::{
-    Ec2, EniFilter, EniState, NetworkInterface, Operation, Result, collect_pages,
-};
+use eni_operator::ec2::{Ec2, EniFilter, EniState, NetworkInterface, Operation, Result};
 use eni_operator::event_loop::core::{Core, CoreConfig, NodeInput};
 use eni_operator::reconcile::metrics::RuntimeMetrics;
 use testkit::cluster::{Cluster, agent_node};
 use testkit::running;
 use testkit::sim::Simulator;
 use testkit::sink::MemorySink;
-use testkit::wait_until;
+use testkit::{every_page, served, wait_until};
 use tokio::sync::mpsc;
 
 pub const CLUSTER: &str = "test-cluster";
@@ -105,14 +103,22 @@ pub fn operator_error(sink: &MemorySink, name: &str) -> Option<String> {
     sink.get(name)?.status?.ipam.operator_status.error
 }
 
+/// Waits up to `limit` for node `name` to be served `want` addresses; fails with its
+/// operator-status error otherwise.
+pub async fn assert_served(sink: &MemorySink, name: &str, want: usize, limit: Duration) {
+    assert!(
+        wait_until(|| served(sink, name, want), limit).await,
+        "{name} not served: {:?}",
+        operator_error(sink, name)
+    );
+}
+
 pub async fn our_available_enis(sim: &Simulator) -> Vec<NetworkInterface> {
     let filter = EniFilter {
         state: Some(EniState::Available),
         ..Default::default()
     };
-    collect_pages(|t| sim.describe_network_interfaces(&filter, t))
-        .await
-        .unwrap()
+    every_page(|t| sim.describe_network_interfaces(&filter, t)).await
 }
 
 pub async fn attached_enis(sim: &Simulator, instance: &str) -> Vec<NetworkInterface> {
@@ -120,9 +126,7 @@ pub async fn attached_enis(sim: &Simulator, instance: &str) -> Vec<NetworkInterf
         instance_ids: vec![instance.to_string()],
         ..Default::default()
     };
-    collect_pages(|t| sim.describe_network_interfaces(&filter, t))
-        .await
-        .unwrap()
+    every_page(|t| sim.describe_network_interfaces(&filter, t)).await
 }
 
 /// Our ENIs attached to the instance (the primary excluded).

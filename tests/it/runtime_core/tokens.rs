@@ -13,8 +13,9 @@ use testkit::sink::MemorySink;
 use testkit::{served, wait_until};
 
 use super::support::{
-    CLUSTER, an_eni_created, config, crash_between_create_and_attach, join, ok_calls,
-    operator_error, our_attached, our_available_enis, start, started, started_gated, throttled,
+    CLUSTER, an_eni_created, assert_served, config, crash_between_create_and_attach, join,
+    ok_calls, operator_error, our_attached, our_available_enis, start, started, started_gated,
+    throttled,
 };
 
 fn create_calls(sim: &Simulator) -> u64 {
@@ -33,11 +34,7 @@ async fn a_throttled_attach_keeps_the_eni_and_the_next_pass_attaches_it() {
     );
     let (sink, (_core, tx, _task)) = started_gated(&w, config(4));
     let inst = join(&w, &sink, &tx, "n", 8).await;
-    assert!(
-        wait_until(|| served(&sink, "n", 8), Duration::from_secs(120)).await,
-        "served: {:?}",
-        operator_error(&sink, "n")
-    );
+    assert_served(&sink, "n", 8, Duration::from_secs(120)).await;
     assert_eq!(
         create_calls(&w.sim),
         1,
@@ -66,11 +63,7 @@ async fn a_refused_attach_does_not_leave_the_node_stuck_on_its_token() {
     let sink = Arc::new(MemorySink::new());
     let (_core, tx, _task) = start(w.sim.clone(), &sink, config(4));
     let inst = join(&w, &sink, &tx, "n", 8).await;
-    assert!(
-        wait_until(|| served(&sink, "n", 8), Duration::from_secs(120)).await,
-        "served: {:?}",
-        operator_error(&sink, "n")
-    );
+    assert_served(&sink, "n", 8, Duration::from_secs(120)).await;
     assert_eq!(create_calls(&w.sim), 2, "one fresh token after the refusal");
     assert_eq!(our_attached(&w.sim, &inst.id).await.len(), 1);
     assert!(our_available_enis(&w.sim).await.is_empty());
@@ -111,11 +104,7 @@ async fn restart_serves(
     tx.send(NodeInput::Upsert(Box::new(sink.get("n").unwrap())))
         .await
         .unwrap();
-    assert!(
-        wait_until(|| served(sink, "n", 8), limit).await,
-        "served: {:?}",
-        operator_error(sink, "n")
-    );
+    assert_served(sink, "n", 8, limit).await;
     let mut attached = our_attached(&w.sim, &inst.id).await;
     assert_eq!(attached.len(), 1);
     assert!(our_available_enis(&w.sim).await.is_empty());
@@ -217,11 +206,7 @@ async fn the_gc_removing_a_kept_eni_does_not_block_the_node() {
     assert_eq!(report.deleted.len(), 1);
     w.sim
         .set_fault_rate(Operation::AttachNetworkInterface, 0.0, throttled());
-    assert!(
-        wait_until(|| served(&sink, "n", 8), Duration::from_secs(300)).await,
-        "served: {:?}",
-        operator_error(&sink, "n")
-    );
+    assert_served(&sink, "n", 8, Duration::from_secs(300)).await;
     assert_eq!(our_attached(&w.sim, &inst.id).await.len(), 1);
     assert!(our_available_enis(&w.sim).await.is_empty());
 }

@@ -188,10 +188,11 @@ impl State {
 mod tests {
     use std::time::Duration;
 
+    use crate::every_page;
     use crate::sim::Simulator;
+    use eni_operator::ec2::Ec2;
     use eni_operator::ec2::error::{ErrorKind, Resource};
     use eni_operator::ec2::model::*;
-    use eni_operator::ec2::{Ec2, collect_pages};
 
     /// One /24 subnet, one m5.large, eventual consistency of up to 5 s (seeded).
     fn world(refuse_unseen: bool) -> (Simulator, CreateEniRequest, Instance) {
@@ -214,9 +215,7 @@ mod tests {
 
     async fn described(sim: &Simulator, id: &str) -> Option<NetworkInterface> {
         let f = EniFilter::default();
-        let all = collect_pages(|t| sim.describe_network_interfaces(&f, t))
-            .await
-            .unwrap();
+        let all = every_page(|t| sim.describe_network_interfaces(&f, t)).await;
         all.into_iter().find(|e| e.id == id)
     }
 

@@ -205,27 +205,21 @@ fn resource_match(f: &ResourceFilter, id: &str, vpc_id: &str, tags: &Tags) -> bo
 }
 
 fn eni_not_found(op: Operation, id: &str) -> Ec2Error {
-    aws_err(
-        op,
-        "InvalidNetworkInterfaceID.NotFound",
-        format!("The networkInterface ID '{id}' does not exist"),
-    )
+    not_found(op, "InvalidNetworkInterfaceID", "networkInterface", id)
 }
 
 fn instance_not_found(op: Operation, id: &str) -> Ec2Error {
-    aws_err(
-        op,
-        "InvalidInstanceID.NotFound",
-        format!("The instance ID '{id}' does not exist"),
-    )
+    not_found(op, "InvalidInstanceID", "instance", id)
 }
 
 fn attachment_not_found(op: Operation, id: &str) -> Ec2Error {
-    aws_err(
-        op,
-        "InvalidAttachmentID.NotFound",
-        format!("The attachment ID '{id}' does not exist"),
-    )
+    not_found(op, "InvalidAttachmentID", "attachment", id)
+}
+
+/// AWS's answer naming an ID of `what` that does not exist (`<code>.NotFound`).
+fn not_found(op: Operation, code: &str, what: &str, id: &str) -> Ec2Error {
+    let message = format!("The {what} ID '{id}' does not exist");
+    aws_err(op, &format!("{code}.NotFound"), message)
 }
 
 fn prefix_unsupported(op: Operation, instance_type: &str) -> Ec2Error {
