@@ -22,6 +22,13 @@ fn root() -> &'static Path {
 trait AgentKubectl {
     fn refused(&self, args: &[&str], stdin: Option<&str>) -> String;
     fn with_token(&self, cp: &ControlPlane, name: &str, token: &str) -> Kubectl;
+    fn as_service_account(
+        &self,
+        cp: &ControlPlane,
+        name: &str,
+        account: (&str, &str),
+        pod: Option<&str>,
+    ) -> Kubectl;
 }
 
 impl AgentKubectl for Kubectl {
@@ -53,6 +60,23 @@ impl AgentKubectl for Kubectl {
             bin: self.bin.clone(),
             kubeconfig,
         }
+    }
+
+    /// A token of ServiceAccount `account` (namespace, name), bound to `pod` in its namespace
+    /// if given (such a token names the Pod's node), as another identity.
+    fn as_service_account(
+        &self,
+        cp: &ControlPlane,
+        name: &str,
+        (namespace, account): (&str, &str),
+        pod: Option<&str>,
+    ) -> Kubectl {
+        let mut args = vec!["create", "token", account, "-n", namespace];
+        if let Some(pod) = pod {
+            args.extend(["--bound-object-kind", "Pod", "--bound-object-name", pod]);
+        }
+        let token = self.ok(&args, None);
+        self.with_token(cp, name, token.trim())
     }
 }
 
@@ -161,21 +185,8 @@ fn check_the_policy(cp: &ControlPlane, admin: &Kubectl, crd: &Path) {
         ],
         None,
     );
-    let token = admin.ok(
-        &[
-            "create",
-            "token",
-            "cilium",
-            "-n",
-            "kube-system",
-            "--bound-object-kind",
-            "Pod",
-            "--bound-object-name",
-            "cilium-a",
-        ],
-        None,
-    );
-    let agent = admin.with_token(cp, "agent-a", token.trim());
+    let agent =
+        admin.as_service_account(cp, "agent-a", ("kube-system", "cilium"), Some("cilium-a"));
     wait_for_the_policy(admin, &agent);
 
     // Its own CiliumNode: created, updated (spec, status, metadata).
@@ -245,11 +256,7 @@ fn check_the_policy(cp: &ControlPlane, admin: &Kubectl, crd: &Path) {
         "{err}"
     );
 
-    let operator_token = admin.ok(
-        &["create", "token", "eni-operator", "-n", "eni-operator"],
-        None,
-    );
-    let operator = admin.with_token(cp, "operator", operator_token.trim());
+    let operator = admin.as_service_account(cp, "operator", ("eni-operator", "eni-operator"), None);
     for node in ["node-a", "node-b"] {
         operator.ok(&args(&merge(node, &add)), None);
         operator.ok(
@@ -306,8 +313,7 @@ fn check_the_policy(cp: &ControlPlane, admin: &Kubectl, crd: &Path) {
     }
 
     // The same ServiceAccount with a token bound to no Pod names no node: refused.
-    let unbound = admin.ok(&["create", "token", "cilium", "-n", "kube-system"], None);
-    let unbound = admin.with_token(cp, "agent-unbound", unbound.trim());
+    let unbound = admin.as_service_account(cp, "agent-unbound", ("kube-system", "cilium"), None);
     let err = unbound.refused(
         &args(&merge("node-a", r#"{"metadata": {"labels": {"x": "w"}}}"#)),
         None,
@@ -471,21 +477,8 @@ fn an_agent_writes_only_its_own_node_and_never_its_addresses_or_provider_id() {
     for (node, ip) in [("node-a", "10.0.1.10"), ("node-b", "10.0.2.20")] {
         admin.ok(&args(&node_status(node, &internal_ip(ip))), None);
     }
-    let token = admin.ok(
-        &[
-            "create",
-            "token",
-            "cilium",
-            "-n",
-            "kube-system",
-            "--bound-object-kind",
-            "Pod",
-            "--bound-object-name",
-            "cilium-a",
-        ],
-        None,
-    );
-    let agent = admin.with_token(&cp, "agent-a", token.trim());
+    let agent =
+        admin.as_service_account(&cp, "agent-a", ("kube-system", "cilium"), Some("cilium-a"));
     let annotate = |n: &str| node_status(n, r#"{"metadata": {"annotations": {"c": "1"}}}"#);
     eventually(
         &agent,
@@ -573,11 +566,8 @@ fn an_agent_writes_only_its_own_node_and_never_its_addresses_or_provider_id() {
     assert_eq!(addresses("node-b"), "10.0.2.20");
 
     // Our operator's ServiceAccount, with the same RBAC, and the kubelet: not matched.
-    let operator_token = admin.ok(
-        &["create", "token", "eni-operator", "-n", "eni-operator"],
-        None,
-    );
-    let operator = admin.with_token(&cp, "operator", operator_token.trim());
+    let operator =
+        admin.as_service_account(&cp, "operator", ("eni-operator", "eni-operator"), None);
     operator.ok(
         &args(&node_status("node-b", &internal_ip("10.0.2.21"))),
         None,
@@ -646,8 +636,7 @@ fn an_agent_writes_only_its_own_node_and_never_its_addresses_or_provider_id() {
     assert_eq!(got, "|z");
 
     // The same ServiceAccount with a token bound to no Pod names no node: refused.
-    let unbound = admin.ok(&["create", "token", "cilium", "-n", "kube-system"], None);
-    let unbound = admin.with_token(&cp, "agent-unbound", unbound.trim());
+    let unbound = admin.as_service_account(&cp, "agent-unbound", ("kube-system", "cilium"), None);
     let err = unbound.refused(&args(&annotate("node-a")), None);
     assert!(err.contains("its token names no node"), "{err}");
 }
