@@ -410,6 +410,19 @@ mod tests {
         [Bucket::CreateNetworkInterface].into()
     }
 
+    /// The backlog's first ENIs run out during the run: the reserves that follow must not wait
+    /// for the last urgent passes, or the create bucket idles while they finish.
+    #[tokio::test(start_paused = true)]
+    async fn the_account_is_used_whole_after_a_spell_of_90_s() {
+        let row = run(
+            &Settings::default(),
+            &SpellCase::spell(Duration::from_secs(90)),
+        )
+        .await;
+        assert!(row.met(), "{row:?}");
+        assert_eq!(row.failed_operations, 0);
+    }
+
     #[test]
     fn recovered_where_the_good_windows_start_and_stay() {
         // 5/s left: a window needs 22.5 successes. Slow until 10, then full speed, with one

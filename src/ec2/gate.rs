@@ -28,9 +28,11 @@
 //!   behaves exactly as the static limiter. The current rate of each bucket is the gauge
 //!   `ec2_rate_limit_qps{bucket}`; probes that reached the ceiling count in
 //!   `ec2_rate_limit_recoveries_total{bucket}`.
-//! * **Order under scarcity.** While a bucket's rate is below its ceiling, calls that complete
-//!   half-done work (attach, delete-on-termination, unassign, ...) take its next slot before
-//!   calls that start new work
+//! * **Order.** Calls of a pass for a node with no free address, or with pods waiting, take a
+//!   bucket's next slot before calls that top up a reserve ([`urgency`]): the passes run side by
+//!   side, so the account is used whole, and the urgent ones are served first. While a bucket's
+//!   rate is below its ceiling, calls that complete half-done work (attach,
+//!   delete-on-termination, unassign, ...) also go before calls that start new work
 //!   (`CreateNetworkInterface`); describes keep their place (`Class`).
 //! * **Time** is tokio's (a governor [`Clock`] over `tokio::time::Instant`, waits with
 //!   `tokio::time::sleep`), so tests and benchmarks run under `tokio::time::pause()` at simulated
@@ -306,9 +308,9 @@ impl GateLayer {
         };
         let bucket = self.bucket(op);
         let waiting = Instant::now();
-        let class = Class::of(op);
+        let (class, urgent) = (Class::of(op), urgency::current());
         for _ in 0..tokens {
-            bucket.acquire(class).await;
+            bucket.acquire(class, urgent).await;
         }
         let waited = waiting.elapsed();
         self.metrics
@@ -443,6 +445,7 @@ mod bucket;
 pub mod local;
 mod metrics;
 pub mod rate;
+pub mod urgency;
 
 #[cfg(test)]
 mod tests;

@@ -5,6 +5,7 @@
 use std::sync::Arc;
 
 use crate::ec2::Ec2;
+use crate::ec2::gate::urgency;
 
 use crate::clock::now;
 use crate::event_loop::owners;
@@ -25,12 +26,13 @@ impl Loop {
             };
             self.workers += 1;
             let inner = inner.clone();
-            let on_panic = Done::Pass(name.clone(), Outcome::Failed, Some(inner.priority(&name)));
+            let priority = inner.priority(&name);
+            let on_panic = Done::Pass(name.clone(), Outcome::Failed, Some(priority));
             self.tasks.spawn(
-                async move {
+                urgency::scope(priority.is_urgent(), async move {
                     let (outcome, again) = pass(&inner, &name).await;
                     Done::Pass(name, outcome, again)
-                },
+                }),
                 on_panic,
             );
         }

@@ -6,9 +6,9 @@
 //!   that has none outranks one that has some whatever the counts), then nodes whose pods wait
 //!   for addresses, then reserves by the biggest deficit, then excess to release, then routine
 //!   passes;
-//! * first addresses before reserves: while a pass for a node's first addresses (no free
-//!   address, or pods waiting) runs, no reserve pass starts; the calls both make wait on the
-//!   same EC2 buckets, where a waiting reserve pass takes a token as often as an urgent one;
+//! * first addresses before reserves: the order above hands out workers; the EC2 gate orders
+//!   the calls of the passes that run (`ec2::gate::urgency`), so a reserve pass may start
+//!   beside an urgent one without taking its tokens, and the account is used whole;
 //! * a node keeps its urgency through a failed pass or a wait: after its delay it comes back
 //!   where it was, not behind every reserve;
 //! * one entry per node (a push while queued raises the priority, never duplicates);
@@ -42,11 +42,6 @@ impl Priority {
     /// The node lacks addresses a pod needs now (its first ones, or for pods waiting).
     pub fn is_urgent(self) -> bool {
         matches!(self, Priority::NoFreeIp | Priority::PodsWaiting(_))
-    }
-
-    /// Only the node's reserve is short: it can wait for the urgent passes.
-    pub fn is_reserve(self) -> bool {
-        matches!(self, Priority::Deficit(_))
     }
 
     /// From the node's last known demand figures and the pods waiting on it.
@@ -109,8 +104,6 @@ pub struct DeficitQueue<K: Clone + Eq + Hash + Ord> {
     due: BTreeSet<(Instant, K)>,
     /// Handed out, with the priority it had: a failed or waiting pass queues it at that again.
     running: HashMap<K, Priority>,
-    /// Of `running`, the urgent ones ([`Priority::is_urgent`]): reserves wait while any runs.
-    urgent_running: usize,
     /// Pushed while running: re-queue on finish.
     again: HashMap<K, Priority>,
     /// Woken while running ([`DeficitQueue::wake`]): re-queued on finish without the delay
@@ -130,7 +123,6 @@ impl<K: Clone + Eq + Hash + Ord> Default for DeficitQueue<K> {
             delayed: HashMap::new(),
             due: BTreeSet::new(),
             running: HashMap::new(),
-            urgent_running: 0,
             again: HashMap::new(),
             woken: HashSet::new(),
             failures: HashMap::new(),
@@ -200,23 +192,11 @@ impl<K: Clone + Eq + Hash + Ord> DeficitQueue<K> {
         }
     }
 
-    /// The most urgent ready node; it counts as running until [`finish`](Self::finish). A
-    /// reserve waits while an urgent pass runs (the one ordering the EC2 gate cannot give:
-    /// waiting calls take its tokens in no order of urgency).
+    /// The most urgent ready node; it counts as running until [`finish`](Self::finish).
     pub fn pop(&mut self, now: Instant) -> Option<K> {
         self.promote(now);
-        let hold = self.urgent_running > 0;
-        let first = self
-            .ready
-            .iter()
-            .find(|(key, _)| !(hold && key.priority.is_reserve()))
-            .cloned()?;
-        self.ready.remove(&first);
-        let (key, node) = first;
+        let (key, node) = self.ready.pop_first()?;
         self.queued.remove(&node);
-        if key.priority.is_urgent() {
-            self.urgent_running += 1;
-        }
         self.running.insert(node.clone(), key.priority);
         Some(node)
     }
@@ -224,9 +204,6 @@ impl<K: Clone + Eq + Hash + Ord> DeficitQueue<K> {
     /// A worker is done with `node`. `jitter` in [0, 1) spreads backoff delays.
     pub fn finish(&mut self, node: &K, outcome: Outcome, now: Instant, jitter: f64) {
         let held = self.running.remove(node);
-        if held.is_some_and(Priority::is_urgent) {
-            self.urgent_running -= 1;
-        }
         let again = self.again.remove(node);
         // What a failed or waiting pass did not serve is as urgent as before it.
         let kept = again.max(held).unwrap_or(Priority::Routine);

@@ -35,6 +35,9 @@ pub(crate) trait Backend {
     /// Another tenant takes `share` of every bucket's refill from now on (0: nobody); with
     /// `empty`, its burst first takes every token left.
     async fn other_tenant(&mut self, share: f64, empty: bool) -> Result<()>;
+    /// `count` of the node's pods wait for an address: Pods in phase Pending, which the
+    /// operator's Pod watch counts per node.
+    async fn pods_waiting(&mut self, name: &str, count: usize) -> Result<()>;
 }
 
 /// One node's agent as the driver plays it.
@@ -46,6 +49,8 @@ struct Played {
     last_write: Option<Instant>,
     /// A step produced patches the write interval held back.
     owes_write: bool,
+    /// Pods without an address when the agent last looked.
+    waiting: usize,
 }
 
 /// The result of a run.
@@ -110,6 +115,7 @@ pub(crate) async fn drive<B: Backend>(
                     seen: None,
                     last_write: None,
                     owes_write: false,
+                    waiting: 0,
                 },
             );
             f.apply(
@@ -142,6 +148,10 @@ pub(crate) async fn drive<B: Backend>(
                     "{name}: the agent saw the operator misbehave: {:?}",
                     step.violations
                 );
+            }
+            if step.unsatisfied != a.waiting {
+                a.waiting = step.unsatisfied;
+                b.pods_waiting(name, a.waiting).await?;
             }
             let patches = step.spec_patch.is_some() || step.status_patch.is_some();
             let mut ready = 0;

@@ -92,6 +92,11 @@ impl Backend for Memory {
         }
         Ok(())
     }
+
+    async fn pods_waiting(&mut self, name: &str, count: usize) -> Result<()> {
+        self.world.pods_waiting(name, count);
+        Ok(())
+    }
 }
 
 /// Run `plan` in memory (call from a paused current-thread runtime). `pace`: real seconds per

@@ -73,14 +73,57 @@ pub(super) struct BucketState {
     limiter: Limiter,
     penalty: Mutex<Penalty>,
     pacing: Mutex<Pacing>,
-    /// Callers waiting that complete half-done work; new work yields to them.
-    urgent_waiting: AtomicUsize,
+    /// Mutating callers waiting, by [`Rank`]: a caller yields to those ranked before it.
+    waiting: Waiting,
 }
 
-/// Decrements the urgent-waiter count when the wait ends, also when the caller is cancelled.
-struct UrgentGuard<'a>(&'a AtomicUsize);
+/// Where a waiting mutating call stands: calls for a node's first addresses (or pods waiting,
+/// [`super::urgency`]) before reserves; under scarcity, within each, calls that complete
+/// half-done work before calls that start new work.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct Rank {
+    pub urgent: bool,
+    pub completes: bool,
+}
 
-impl Drop for UrgentGuard<'_> {
+impl Rank {
+    fn index(self) -> usize {
+        usize::from(self.urgent) * 2 + usize::from(self.completes)
+    }
+
+    /// Whether a caller of this rank lets one of `other` take the next token first.
+    pub(super) fn yields_to(self, other: Rank, scarce: bool) -> bool {
+        if self.urgent != other.urgent {
+            return other.urgent;
+        }
+        scarce && !self.completes && other.completes
+    }
+}
+
+/// Counts of waiting callers per [`Rank`].
+#[derive(Debug, Default)]
+struct Waiting([AtomicUsize; 4]);
+
+impl Waiting {
+    fn any_before(&self, me: Rank, scarce: bool) -> bool {
+        [false, true]
+            .into_iter()
+            .flat_map(|urgent| [false, true].map(|completes| Rank { urgent, completes }))
+            .any(|r| me.yields_to(r, scarce) && self.0[r.index()].load(Ordering::Relaxed) > 0)
+    }
+}
+
+/// Counts a caller as waiting until its wait ends, also when it is cancelled.
+struct WaitGuard<'a>(&'a AtomicUsize);
+
+impl<'a> WaitGuard<'a> {
+    fn new(count: &'a AtomicUsize) -> Self {
+        count.fetch_add(1, Ordering::Relaxed);
+        Self(count)
+    }
+}
+
+impl Drop for WaitGuard<'_> {
     fn drop(&mut self) {
         self.0.fetch_sub(1, Ordering::Relaxed);
     }
@@ -100,17 +143,18 @@ impl BucketState {
                 local: LocalBucket::new(burst, now),
                 reported: 0,
             }),
-            urgent_waiting: AtomicUsize::new(0),
+            waiting: Waiting::default(),
         }
     }
 
-    /// Wait out the penalty, the adaptive pacing (urgent callers first), then for a token.
-    pub(super) async fn acquire(&self, class: Class) {
-        let urgent = class == Class::Completes;
-        let _guard = urgent.then(|| {
-            self.urgent_waiting.fetch_add(1, Ordering::Relaxed);
-            UrgentGuard(&self.urgent_waiting)
+    /// Wait out the penalty, the adaptive pacing (callers ranked before first), then for a
+    /// token. Describes neither yield nor are yielded to.
+    pub(super) async fn acquire(&self, class: Class, urgent: bool) {
+        let rank = (class != Class::Neutral).then_some(Rank {
+            urgent,
+            completes: class == Class::Completes,
         });
+        let _guard = rank.map(|r| WaitGuard::new(&self.waiting.0[r.index()]));
         loop {
             let not_before = self.penalty.lock().expect("penalty lock").not_before;
             let now = Instant::now();
@@ -129,14 +173,11 @@ impl BucketState {
                 let rate = controller.rate();
                 local.refill(now, rate, controller.ceiling());
                 let token = local.wait(rate);
-                // Only under scarcity (the bucket was throttled and is not back at its
-                // ceiling): otherwise every call goes in its turn, as before.
+                // Completing before starting only under scarcity (the bucket was throttled
+                // and is not back at its ceiling); urgent passes first always.
                 let scarce = controller.is_limiting();
-                let wait = if scarce
-                    && class == Class::Starts
-                    && self.urgent_waiting.load(Ordering::Relaxed) > 0
-                {
-                    // New work lets the urgent callers take the next slot, then looks again.
+                let wait = if rank.is_some_and(|r| self.waiting.any_before(r, scarce)) {
+                    // Let the callers ranked before take the next slot, then look again.
                     token.unwrap_or_default() + Duration::from_secs_f64(1.0 / rate)
                 } else if let Some(token) = token {
                     token

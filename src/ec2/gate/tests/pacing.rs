@@ -137,6 +137,37 @@ async fn new_work_yields_the_next_slot_to_half_done_work() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn calls_of_an_urgent_pass_take_the_next_slot_before_reserves() {
+    // One token a second and nobody else in the account: the ceiling, no scarcity.
+    let config = GateConfig {
+        overrides: [(Bucket::CreateNetworkInterface, (1, 1.0))].into(),
+        ..GateConfig::aws_defaults()
+    };
+    let g = gate(Fake::default(), config);
+    let served = Arc::new(Mutex::new(Vec::new()));
+    let create = |urgent: bool| {
+        let (g, served) = (g.clone(), served.clone());
+        tokio::spawn(urgency::scope(urgent, async move {
+            g.create_network_interface(&create_request()).await.unwrap();
+            served.lock().unwrap().push(urgent);
+        }))
+    };
+    // Three reserves wait first (one takes the token at once), then two passes for first
+    // addresses.
+    let mut tasks: Vec<_> = (0..3).map(|_| create(false)).collect();
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    tasks.extend((0..2).map(|_| create(true)));
+    for t in tasks {
+        t.await.unwrap();
+    }
+    assert_eq!(
+        *served.lock().unwrap(),
+        [false, true, true, false, false],
+        "the urgent creates go next, although they came after the reserves"
+    );
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_throttled_answer_slows_the_whole_bucket() {
     let fake = Fake::failing(Operation::AttachNetworkInterface, "RequestLimitExceeded", 1);
     let g = gate(fake, GateConfig::aws_defaults());
