@@ -290,17 +290,19 @@ impl World {
     /// What the operator's Pod watch reports: `count` Pods on the node are Pending.
     pub(crate) fn pods_waiting(&self, name: &str, count: usize) {
         let count = u32::try_from(count).unwrap_or(u32::MAX);
-        self.tx
-            .try_send(NodeInput::PendingPods {
-                name: name.into(),
-                count,
-            })
-            .expect("the core keeps up with its input channel");
+        self.input(NodeInput::PendingPods {
+            name: name.into(),
+            count,
+        });
     }
 
     pub(crate) fn send(&self, node: CiliumNode) {
+        self.input(NodeInput::Upsert(Box::new(node)));
+    }
+
+    fn input(&self, input: NodeInput) {
         self.tx
-            .try_send(NodeInput::Upsert(Box::new(node)))
+            .try_send(input)
             .expect("the core keeps up with its input channel");
     }
 

@@ -81,9 +81,9 @@ pub(super) struct BucketState {
 /// [`super::urgency`]) before reserves; under scarcity, within each, calls that complete
 /// half-done work before calls that start new work.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) struct Rank {
-    pub urgent: bool,
-    pub completes: bool,
+struct Rank {
+    urgent: bool,
+    completes: bool,
 }
 
 impl Rank {
@@ -92,7 +92,7 @@ impl Rank {
     }
 
     /// Whether a caller of this rank lets one of `other` take the next token first.
-    pub(super) fn yields_to(self, other: Rank, scarce: bool) -> bool {
+    fn yields_to(self, other: Rank, scarce: bool) -> bool {
         if self.urgent != other.urgent {
             return other.urgent;
         }
